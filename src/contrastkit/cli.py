@@ -1,0 +1,68 @@
+"""The ``contrastkit`` command line.
+
+Each subcommand lives in ``contrastkit.commands.<name>`` with two functions,
+``add_arguments(parser)`` and ``run(args) -> int``; modules are imported only when their
+command runs, so ``contrastkit --help`` stays fast. Errors a user can fix (bad numbers,
+missing files, invalid options) print one line and exit with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "explain": ("contrastkit.commands.explain",
+                "show probabilities, gradients, hardness and limits of InfoNCE on given similarities"),
+}
+
+
+class UsageError(Exception):
+    """An error in what the user asked for; printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="contrastkit", description=__doc__.splitlines()[0])
+    from contrastkit import __version__
+
+    parser.add_argument("--version", action="version", version=f"contrastkit {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(_module=module_name)
+        # Arguments are added lazily in main() for the chosen command only.
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # Find the subcommand first, then let its module declare the arguments.
+    if argv and argv[0] in COMMANDS:
+        name = argv[0]
+        module = importlib.import_module(COMMANDS[name][0])
+        sub = argparse.ArgumentParser(prog=f"contrastkit {name}", description=COMMANDS[name][1])
+        module.add_arguments(sub)
+        args = sub.parse_args(argv[1:])
+        try:
+            return int(module.run(args) or 0)
+        except (UsageError, ValueError, TypeError, FileNotFoundError, IsADirectoryError,
+                PermissionError, FileExistsError) as err:
+            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            print(f"contrastkit {name}: error: {message}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"contrastkit {name}: interrupted", file=sys.stderr)
+            return 130
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

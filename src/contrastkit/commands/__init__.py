@@ -1,0 +1,1 @@
+"""Subcommands of the ``contrastkit`` command line (see :mod:`contrastkit.cli`)."""

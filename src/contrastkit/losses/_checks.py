@@ -1,0 +1,146 @@
+"""Input validation shared by every loss.
+
+Every check raises ``TypeError`` (wrong kind of object or dtype) or ``ValueError`` (wrong
+value or shape) and names the argument, so a user never has to debug a silent NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+TemperatureLike = Union[float, int, Tensor, torch.nn.Module]
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def check_embeddings(x: object, name: str, *, ndim: int = 2, allow_empty: bool = False) -> Tensor:
+    """Check that ``x`` is a finite floating tensor with ``ndim`` dimensions and rows."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if not allow_empty and x.shape[0] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): a loss needs at least one row")
+    if x.shape[-1] == 0:
+        raise ValueError(f"{name} has a zero-sized feature dimension (shape {tuple(x.shape)})")
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name} contains {bad} NaN or infinite value(s)")
+    return x
+
+
+def check_same(reference: Tensor, ref_name: str, other: Tensor, name: str, *, dims: tuple = ()) -> None:
+    """Check that ``other`` matches ``reference`` in dtype, device and the listed dimensions."""
+    if other.dtype != reference.dtype:
+        raise TypeError(f"{name} has dtype {other.dtype} but {ref_name} has dtype {reference.dtype}")
+    if other.device != reference.device:
+        raise ValueError(f"{name} is on {other.device} but {ref_name} is on {reference.device}")
+    for dim_other, dim_ref in dims:
+        if other.shape[dim_other] != reference.shape[dim_ref]:
+            raise ValueError(
+                f"{name} has shape {tuple(other.shape)}, incompatible with {ref_name} of shape "
+                f"{tuple(reference.shape)} (dimension {dim_other} of {name} must equal dimension "
+                f"{dim_ref} of {ref_name})"
+            )
+
+
+def check_reduction(reduction: str) -> str:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    return reduction
+
+
+def resolve_temperature(temperature: TemperatureLike, *, name: str = "temperature") -> Union[float, Tensor]:
+    """Return the temperature as a positive finite float or a 0-dim tensor.
+
+    A ``torch.nn.Module`` (such as :class:`contrastkit.losses.Temperature`) is called to get
+    its current value, so learnable temperatures pass straight through with their gradient.
+    """
+    if isinstance(temperature, torch.nn.Module):
+        temperature = temperature()
+    if isinstance(temperature, bool):
+        raise TypeError(f"{name} must be a number or a scalar tensor, got bool")
+    if isinstance(temperature, Tensor):
+        if temperature.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(temperature.shape)}")
+        value = float(temperature.detach())
+        temperature = temperature.reshape(())
+    elif isinstance(temperature, (int, float)):
+        value = float(temperature)
+        temperature = value
+    else:
+        raise TypeError(f"{name} must be a number or a scalar tensor, got {type(temperature).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be positive and finite, got {value}")
+    return temperature
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision inputs are computed in float32; float32 and float64 stay as they are."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def prepare(x: Tensor, normalize: bool, name: str) -> Tensor:
+    """Cast to the compute dtype and, if asked, L2-normalise the last dimension.
+
+    Zero-norm rows raise instead of being silently mapped to zero (``F.normalize`` would
+    clamp the norm and hide the problem).
+    """
+    x = x.to(compute_dtype(x.dtype))
+    if not normalize:
+        return x
+    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    zero = norms == 0
+    if bool(zero.any()):
+        rows = torch.nonzero(zero.reshape(zero.shape[:-1]), as_tuple=False)[:5].tolist()
+        raise ValueError(
+            f"{name} has {int(zero.sum())} zero-norm row(s) (first at {rows}); they cannot be "
+            "L2-normalised. Remove them or pass normalize=False"
+        )
+    return x / norms
+
+
+def check_index(index: object, name: str, *, length: int, upper: int, device: torch.device) -> Tensor:
+    """Check an integer index vector of the given length with values in [0, upper)."""
+    if not isinstance(index, Tensor):
+        try:
+            index = torch.as_tensor(index)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"{name} must be an integer tensor or sequence: {err}") from None
+    if index.dtype == torch.bool or index.is_floating_point() or index.is_complex():
+        raise TypeError(f"{name} must have an integer dtype, got {index.dtype}")
+    if index.dim() != 1 or index.shape[0] != length:
+        raise ValueError(f"{name} must have shape ({length},), got {tuple(index.shape)}")
+    index = index.to(device=device, dtype=torch.long)
+    if length and (int(index.min()) < 0 or int(index.max()) >= upper):
+        bad = index[(index < 0) | (index >= upper)][:5].tolist()
+        raise ValueError(f"{name} has values out of range [0, {upper}): {bad}")
+    return index
+
+
+def check_probability(value: float, name: str, *, low: float = 0.0, high: float = 1.0,
+                      open_high: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    ok = math.isfinite(value) and low <= value and (value < high if open_high else value <= high)
+    if not ok:
+        interval = f"[{low}, {high})" if open_high else f"[{low}, {high}]"
+        raise ValueError(f"{name} must lie in {interval}, got {value}")
+    return value
+
+
+def optional_int(value: Optional[int], name: str, *, minimum: int) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value

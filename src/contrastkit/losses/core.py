@@ -1,0 +1,139 @@
+"""The one primitive every InfoNCE-family loss reduces to.
+
+For anchor ``i`` with logits ``l_ij = s_ij / tau``, a denominator mask ``M`` and positives
+``P(i)``::
+
+    loss_i = -l_{i,p(i)} + log sum_j M_ij exp(l_ij)                      (one positive)
+    loss_i = log sum_j M_ij exp(l_ij) - mean_{p in P(i)} l_ip            (multi_positive="out")
+    loss_i = log sum_j M_ij exp(l_ij) - log mean_{p in P(i)} exp(l_ip)   (multi_positive="in")
+
+The log-sum-exp is always taken in at least float32 (half-precision inputs are upcast and
+autocast is switched off inside), so the loss stays finite at temperatures down to 0.01 and
+below. Whether the positive belongs to the denominator is decided by ``M`` alone: the
+standard losses keep it, the decoupled variant removes it.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ._checks import (
+    TemperatureLike,
+    check_embeddings,
+    check_index,
+    check_reduction,
+    compute_dtype,
+    resolve_temperature,
+)
+
+
+@contextmanager
+def full_precision(device: torch.device) -> Iterator[None]:
+    """Switch autocast off for the loss computation (it would run the GEMM in half precision)."""
+    with torch.autocast(device_type=device.type, enabled=False):
+        yield
+
+
+def reduce(losses: Tensor, reduction: str, valid: Optional[Tensor] = None) -> Tensor:
+    """Reduce per-anchor losses; anchors with ``valid == False`` are left out of the mean.
+
+    With ``reduction="none"`` invalid anchors are reported as 0 (never NaN).
+    """
+    if valid is not None:
+        losses = torch.where(valid, losses, torch.zeros((), dtype=losses.dtype, device=losses.device))
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    count = losses.shape[0] if valid is None else valid.sum()
+    if valid is not None and int(count) == 0:
+        raise ValueError("no anchor has a positive: the mean loss is undefined")
+    return losses.sum() / count
+
+
+def per_anchor_nll(
+    logits: Tensor,
+    positives: Tensor,
+    denominator_mask: Optional[Tensor] = None,
+    multi_positive: str = "out",
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """Per-anchor losses from already temperature-scaled logits (no validation).
+
+    ``positives`` is a long index ``(N,)`` or a boolean mask ``(N, K)``. Returns the losses
+    ``(N,)`` and, for a mask, which anchors have at least one positive (else ``None``).
+    """
+    masked = logits if denominator_mask is None else logits.masked_fill(~denominator_mask, float("-inf"))
+    log_denominator = torch.logsumexp(masked, dim=1)
+    if positives.dtype != torch.bool:
+        return log_denominator - logits.gather(1, positives[:, None]).squeeze(1), None
+    counts = positives.sum(dim=1)
+    valid = counts > 0
+    safe_counts = counts.clamp(min=1).to(logits.dtype)
+    if multi_positive == "out":
+        positive_term = torch.where(positives, logits, torch.zeros((), dtype=logits.dtype,
+                                                                     device=logits.device)).sum(1) / safe_counts
+    else:  # "in": log of the mean probability over positives
+        positive_term = torch.logsumexp(logits.masked_fill(~positives, float("-inf")), dim=1)
+        positive_term = torch.where(valid, positive_term, torch.zeros((), dtype=logits.dtype,
+                                                                      device=logits.device))
+        positive_term = positive_term - safe_counts.log()
+    return log_denominator - positive_term, valid
+
+
+def contrastive_loss(
+    similarities: Tensor,
+    positives: Tensor,
+    *,
+    temperature: TemperatureLike,
+    denominator_mask: Optional[Tensor] = None,
+    multi_positive: str = "out",
+    reduction: str = "mean",
+) -> Tensor:
+    """Temperature-scaled log-softmax loss on a similarity matrix — the core of the family.
+
+    Args:
+        similarities: ``(N, K)`` scores; row ``i`` is anchor ``i``, column ``j`` candidate ``j``.
+        positives: ``(N,)`` integer index of each anchor's positive candidate, or a boolean
+            ``(N, K)`` mask of positives (several per anchor; anchors with none are left out
+            of the mean and reported as 0 with ``reduction="none"``).
+        temperature: ``tau > 0``; logits are ``similarities / tau``.
+        denominator_mask: boolean ``(N, K)``; ``True`` marks candidates that enter the
+            log-sum-exp. ``None`` means all of them. The positive is in the denominator only
+            if the mask keeps it.
+        multi_positive: for a positive mask, ``"out"`` averages the log-probabilities of the
+            positives (SupCon L_out), ``"in"`` takes the log of their mean probability (L_in).
+        reduction: ``"mean"`` over anchors, ``"sum"``, or ``"none"`` for ``(N,)``.
+
+    Example:
+        >>> s = torch.tensor([[1.0, 0.5, 0.0]])
+        >>> round(float(contrastive_loss(s, torch.tensor([0]), temperature=0.5)), 6)
+        0.407606
+    """
+    check_reduction(reduction)
+    if multi_positive not in ("out", "in"):
+        raise ValueError(f"multi_positive must be 'out' or 'in', got {multi_positive!r}")
+    check_embeddings(similarities, "similarities")
+    tau = resolve_temperature(temperature)
+    n, k = similarities.shape
+    if isinstance(positives, Tensor) and positives.dtype == torch.bool:
+        if positives.shape != (n, k):
+            raise ValueError(f"positives mask must have shape {(n, k)}, got {tuple(positives.shape)}")
+        positives = positives.to(similarities.device)
+    else:
+        positives = check_index(positives, "positives", length=n, upper=k, device=similarities.device)
+    if denominator_mask is not None:
+        if not isinstance(denominator_mask, Tensor) or denominator_mask.dtype != torch.bool:
+            raise TypeError("denominator_mask must be a boolean tensor")
+        if denominator_mask.shape != (n, k):
+            raise ValueError(f"denominator_mask must have shape {(n, k)}, got {tuple(denominator_mask.shape)}")
+        denominator_mask = denominator_mask.to(similarities.device)
+        if not bool(denominator_mask.any(dim=1).all()):
+            raise ValueError("denominator_mask has a row with no candidate: that anchor's loss is undefined")
+    with full_precision(similarities.device):
+        logits = similarities.to(compute_dtype(similarities.dtype)) / tau
+        losses, valid = per_anchor_nll(logits, positives, denominator_mask, multi_positive)
+        return reduce(losses, reduction, valid)
