@@ -9,6 +9,11 @@ Conventions shared by every function here:
 * ``reduction`` is ``"mean"`` (over anchors), ``"sum"`` or ``"none"`` (one loss per anchor).
 * Half-precision inputs are computed in float32 with autocast switched off; the result has
   the compute dtype (float32 for fp16/bf16 inputs, else the input dtype).
+* ``chunk_size`` (losses that build an ``N x N`` or ``N x M`` similarity matrix):
+  ``None`` chooses automatically — the dense matrix for small problems, the exact tiled
+  kernels of :mod:`contrastkit.losses.tiled` above a measured size, whose memory grows
+  linearly with ``N``; an int forces tiling with tiles of that many rows. Both paths give
+  the same loss and gradients up to floating-point rounding.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from ._checks import (
     resolve_temperature,
 )
 from .core import full_precision, per_anchor_nll, reduce
+from .tiled import cross_logsumexp, self_logsumexp, use_tiled
 
 __all__ = [
     "info_nce",
@@ -82,6 +88,25 @@ def _views_logits(z_a: Tensor, z_b: Tensor, tau, normalize: bool) -> Tensor:
 
 def _self_mask(rows: int, device: torch.device) -> Tensor:
     return ~torch.eye(rows, dtype=torch.bool, device=device)
+
+
+def _tile_size(chunk_size: Optional[int], rows: int, cols: int) -> Optional[int]:
+    """Validated ``chunk_size`` -> tile size for an ``rows x cols`` matrix, or ``None`` (dense)."""
+    return use_tiled(rows, cols, optional_int(chunk_size, "chunk_size", minimum=1))
+
+
+def _divide_by_temperature(x: Tensor, tau, power: float) -> Tensor:
+    """``x / tau**power``: the tiled kernels see the temperature folded into their inputs, so
+    a learnable temperature gets its gradient through this product."""
+    if isinstance(tau, Tensor):
+        return x * tau.to(x.dtype).pow(-power)
+    return x / tau ** power
+
+
+def _tiled_self_losses(x: Tensor, positive_index: Tensor, tau, chunk: int) -> Tensor:
+    """Per-anchor NT-Xent with any positive map, from prepared rows ``x``, in tiles."""
+    x = _divide_by_temperature(x, tau, 0.5)
+    return self_logsumexp(x, chunk) - (x * x[positive_index]).sum(dim=1)
 
 
 # --------------------------------------------------------------------------- losses
@@ -142,6 +167,7 @@ def info_nce(
     negative_mode: str = "unpaired",
     reduction: str = "mean",
     normalize: bool = True,
+    chunk_size: Optional[int] = None,
 ) -> Tensor:
     """Candidate-choice InfoNCE (SPEC §1): each query picks its positive among candidates.
 
@@ -156,6 +182,9 @@ def info_nce(
         negative_mode: ``"unpaired"`` or ``"paired"`` (see ``negatives``).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` for ``(N,)``.
         normalize: L2-normalise every input first (cosine similarity).
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size that forces the
+            memory-linear tiled computation (in-batch and unpaired negatives; paired
+            negatives never build a matrix larger than the input, so it has no effect there).
 
     The positive is in the denominator: ``loss_i = -log softmax(candidates_i / tau)[pos]``.
 
@@ -179,9 +208,20 @@ def info_nce(
             check_embeddings(negatives, "negatives", ndim=3)
             check_same(query, "query", negatives, "negatives", dims=((0, 0), (2, 1)))
     tau = resolve_temperature(temperature)
+    candidates = query.shape[0] if negatives is None else negatives.shape[0]
+    chunk = _tile_size(chunk_size, query.shape[0], candidates)
     with full_precision(query.device):
         q = prepare(query, normalize, "query")
         p = prepare(positive, normalize, "positive")
+        if chunk is not None and (negatives is None or negative_mode == "unpaired"):
+            q = _divide_by_temperature(q, tau, 1.0)
+            positive_logit = (q * p).sum(dim=1)
+            if negatives is None:
+                lse, _ = cross_logsumexp(q, p, chunk, columns=False)
+            else:
+                bank_lse, _ = cross_logsumexp(q, prepare(negatives, normalize, "negatives"), chunk, columns=False)
+                lse = torch.logaddexp(positive_logit, bank_lse)
+            return reduce(lse - positive_logit, reduction)
         if negatives is None:
             logits = (q @ p.T) / tau
             index = torch.arange(q.shape[0], device=q.device)
@@ -220,6 +260,7 @@ def nt_xent(
     temperature: TemperatureLike,
     reduction: str = "mean",
     normalize: bool = True,
+    chunk_size: Optional[int] = None,
 ) -> Tensor:
     """Pairwise NT-Xent with any positive map (SPEC §2).
 
@@ -231,6 +272,8 @@ def nt_xent(
         temperature: ``tau > 0``.
         reduction: ``"mean"`` over all ``N`` anchors, ``"sum"``, or ``"none"`` for ``(N,)``.
         normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation.
 
     Denominator: every row but the anchor itself (the positive is kept). With ``N < 4`` a
     warning is issued (no real negatives). SimCLR's 2N-view loss is the map ``p(i) = i +/- N``
@@ -247,8 +290,11 @@ def nt_xent(
     n = z.shape[0]
     index = _check_positive_map(positive_index, n, z.device)
     _warn_few_rows(n)
+    chunk = _tile_size(chunk_size, n, n)
     with full_precision(z.device):
         x = prepare(z, normalize, "z")
+        if chunk is not None:
+            return reduce(_tiled_self_losses(x, index, tau, chunk), reduction)
         logits = (x @ x.T) / tau
         losses, _ = per_anchor_nll(logits, index, _self_mask(n, z.device))
         return reduce(losses, reduction)
@@ -261,6 +307,7 @@ def nt_xent_views(
     temperature: TemperatureLike,
     reduction: str = "mean",
     normalize: bool = True,
+    chunk_size: Optional[int] = None,
 ) -> Tensor:
     """SimCLR's NT-Xent on two views: ``2N`` anchors, each with ``2N - 2`` negatives.
 
@@ -271,6 +318,8 @@ def nt_xent_views(
         reduction: ``"mean"`` over all ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``
             (anchors of ``z_a`` first, then ``z_b``).
         normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation over the ``2N x 2N`` similarity matrix.
 
     Denominator: all ``2N - 1`` other rows (positive included, self excluded).
 
@@ -284,7 +333,11 @@ def nt_xent_views(
     tau = resolve_temperature(temperature)
     n = z_a.shape[0]
     _warn_few_rows(2 * n)
+    chunk = _tile_size(chunk_size, 2 * n, 2 * n)
     with full_precision(z_a.device):
+        if chunk is not None:
+            x = torch.cat([prepare(z_a, normalize, "z_a"), prepare(z_b, normalize, "z_b")])
+            return reduce(_tiled_self_losses(x, views_positive_index(n, z_a.device), tau, chunk), reduction)
         logits = _views_logits(z_a, z_b, tau, normalize)
         losses, _ = per_anchor_nll(logits, views_positive_index(n, z_a.device), _self_mask(2 * n, z_a.device))
         return reduce(losses, reduction)
@@ -298,6 +351,7 @@ def bidirectional_info_nce(
     weight: float = 0.5,
     reduction: str = "mean",
     normalize: bool = True,
+    chunk_size: Optional[int] = None,
 ) -> Tensor:
     """ConVIRT / CLIP loss: InfoNCE in both directions between paired modalities (SPEC §3).
 
@@ -312,6 +366,8 @@ def bidirectional_info_nce(
         weight: lambda in ``[0, 1]`` on the ``v -> u`` direction. 0.75 is ConVIRT, 0.5 CLIP.
         reduction: ``"mean"`` over the ``N`` pairs, ``"sum"``, or ``"none"`` for ``(N,)``.
         normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation; both directions come from the same tiles.
 
     Denominator: all ``N`` candidates of the other modality, the positive included.
 
@@ -326,7 +382,20 @@ def bidirectional_info_nce(
     check_same(v, "v", u, "u", dims=((0, 0), (1, 1)))
     weight = check_probability(weight, "weight")
     tau = resolve_temperature(temperature)
+    chunk = _tile_size(chunk_size, v.shape[0], u.shape[0])
     with full_precision(v.device):
+        if chunk is not None:
+            a = _divide_by_temperature(prepare(v, normalize, "v"), tau, 1.0)
+            b = prepare(u, normalize, "u")
+            diagonal = (a * b).sum(dim=1)
+            if weight == 1.0:
+                losses = cross_logsumexp(a, b, chunk, columns=False)[0] - diagonal
+            elif weight == 0.0:
+                losses = cross_logsumexp(b, a, chunk, columns=False)[0] - diagonal
+            else:
+                v_lse, u_lse = cross_logsumexp(a, b, chunk)
+                losses = weight * (v_lse - diagonal) + (1.0 - weight) * (u_lse - diagonal)
+            return reduce(losses, reduction)
         logits = (prepare(v, normalize, "v") @ prepare(u, normalize, "u").T) / tau
         diagonal = logits.diagonal()
         v_to_u = torch.logsumexp(logits, dim=1) - diagonal
@@ -342,6 +411,7 @@ def supcon(
     variant: str = "out",
     reduction: str = "mean",
     normalize: bool = True,
+    chunk_size: Optional[int] = None,
 ) -> Tensor:
     """Supervised contrastive loss (Khosla et al. 2020), L_out or L_in.
 
@@ -356,6 +426,10 @@ def supcon(
             ``"none"`` (anchors without a positive get 0). If no anchor has a positive,
             ``"mean"`` raises ``ValueError``.
         normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation. Tiling is available for ``variant="out"``
+            (whose positive term is a per-class sum); ``"in"`` is always dense and raises
+            ``ValueError`` if a ``chunk_size`` is given.
 
     Denominator: every other row (positives included, self excluded).
 
@@ -378,6 +452,12 @@ def supcon(
     labels = _check_labels(labels, z.shape[0] // views, z.device)
     labels = labels.repeat_interleave(views)
     n = z.shape[0]
+    if variant == "in" and chunk_size is not None:
+        raise ValueError("chunk_size (tiled computation) is only available for variant='out'")
+    chunk = _tile_size(chunk_size, n, n) if variant == "out" else None
+    if chunk is not None:
+        with full_precision(z.device):
+            return _tiled_supcon_out(prepare(z, normalize, "z"), labels, tau, chunk, reduction)
     not_self = _self_mask(n, z.device)
     positives = (labels[:, None] == labels[None, :]) & not_self
     with full_precision(z.device):
@@ -385,6 +465,19 @@ def supcon(
         logits = (x @ x.T) / tau
         losses, valid = per_anchor_nll(logits, positives, not_self, variant)
         return reduce(losses, reduction, valid)
+
+
+def _tiled_supcon_out(x: Tensor, labels: Tensor, tau, chunk: int, reduction: str) -> Tensor:
+    """SupCon L_out in tiles: the mean positive logit of anchor ``i`` is
+    ``x_i . (sum of its class - x_i) / (class size - 1)``, so only the denominator needs tiles."""
+    x = _divide_by_temperature(x, tau, 0.5)
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    class_sums = x.new_zeros(counts.shape[0], x.shape[1]).index_add(0, inverse, x)
+    positive_counts = counts[inverse] - 1
+    valid = positive_counts > 0
+    positive_mean = (x * (class_sums[inverse] - x)).sum(dim=1) / positive_counts.clamp(min=1).to(x.dtype)
+    losses = self_logsumexp(x, chunk) - positive_mean
+    return reduce(losses, reduction, valid)
 
 
 def _check_labels(labels: object, n: int, device: torch.device) -> Tensor:
