@@ -599,6 +599,8 @@ def debiased_nt_xent(
     ``pos = exp(s_{i,p(i)}/tau)``. ``tau_plus = 0`` recovers :func:`nt_xent_views`
     (as long as the floor does not bind).
 
+    Denominator: the positive plus the debiased negative mass ``Ng`` (self excluded).
+
     Args:
         z_a, z_b: ``(N, d)`` views, rows paired; ``N >= 2``.
         temperature: ``tau > 0``.
@@ -630,6 +632,8 @@ def hcl(
     Negatives are reweighted by importance ``w_j = exp(beta * s_j / tau) / mean_k
     exp(beta * s_k / tau)`` before the debiasing of :func:`debiased_nt_xent`; ``beta = 0``
     gives the debiased loss, larger ``beta`` concentrates on harder negatives.
+
+    Denominator: the positive plus the reweighted, debiased negative mass (self excluded).
 
     Args:
         z_a, z_b: ``(N, d)`` views, rows paired; ``N >= 2``.
