@@ -84,6 +84,13 @@ def _self_mask(rows: int, device: torch.device) -> Tensor:
     return ~torch.eye(rows, dtype=torch.bool, device=device)
 
 
+def _views_negatives_mask(n: int, device: torch.device) -> Tensor:
+    """(2N, 2N) mask of each view-anchor's negatives: neither itself nor its positive."""
+    mask = _self_mask(2 * n, device)
+    mask[torch.arange(2 * n, device=device), views_positive_index(n, device)] = False
+    return mask
+
+
 # --------------------------------------------------------------------------- losses
 
 
@@ -437,11 +444,9 @@ def dcl(
     tau = resolve_temperature(temperature)
     n = z_a.shape[0]
     index = views_positive_index(n, z_a.device)
-    mask = _self_mask(2 * n, z_a.device)
-    mask[torch.arange(2 * n, device=z_a.device), index] = False
     with full_precision(z_a.device):
         logits = _views_logits(z_a, z_b, tau, normalize)
-        losses, _ = per_anchor_nll(logits, index, mask)
+        losses, _ = per_anchor_nll(logits, index, _views_negatives_mask(n, z_a.device))
         return reduce(losses, reduction)
 
 
@@ -537,9 +542,7 @@ def hard_negative_nt_xent(
     with full_precision(z_a.device):
         logits = _views_logits(z_a, z_b, tau, normalize)
         with torch.no_grad():
-            negatives_only = logits.clone()
-            negatives_only[rows, rows] = float("-inf")
-            negatives_only[rows, index] = float("-inf")
+            negatives_only = logits.masked_fill(~_views_negatives_mask(n, z_a.device), float("-inf"))
             hardest = negatives_only.topk(k, dim=1).indices
             mask = torch.zeros_like(logits, dtype=torch.bool)
             mask.scatter_(1, hardest, True)
@@ -576,10 +579,7 @@ def _views_log_terms(z_a, z_b, tau, normalize):
     n = z_a.shape[0]
     logits = _views_logits(z_a, z_b, tau, normalize)
     index = views_positive_index(n, z_a.device)
-    rows = torch.arange(2 * n, device=z_a.device)
-    negatives = _self_mask(2 * n, z_a.device)
-    negatives[rows, index] = False
-    return logits, logits[rows, index], negatives
+    return logits, logits.gather(1, index[:, None]).squeeze(1), _views_negatives_mask(n, z_a.device)
 
 
 def debiased_nt_xent(
