@@ -109,6 +109,13 @@ def _tiled_self_losses(x: Tensor, positive_index: Tensor, tau, chunk: int) -> Te
     return self_logsumexp(x, chunk) - (x * x[positive_index]).sum(dim=1)
 
 
+def _views_negatives_mask(n: int, device: torch.device) -> Tensor:
+    """(2N, 2N) mask of each view-anchor's negatives: neither itself nor its positive."""
+    mask = _self_mask(2 * n, device)
+    mask[torch.arange(2 * n, device=device), views_positive_index(n, device)] = False
+    return mask
+
+
 # --------------------------------------------------------------------------- losses
 
 
@@ -530,11 +537,9 @@ def dcl(
     tau = resolve_temperature(temperature)
     n = z_a.shape[0]
     index = views_positive_index(n, z_a.device)
-    mask = _self_mask(2 * n, z_a.device)
-    mask[torch.arange(2 * n, device=z_a.device), index] = False
     with full_precision(z_a.device):
         logits = _views_logits(z_a, z_b, tau, normalize)
-        losses, _ = per_anchor_nll(logits, index, mask)
+        losses, _ = per_anchor_nll(logits, index, _views_negatives_mask(n, z_a.device))
         return reduce(losses, reduction)
 
 
@@ -630,9 +635,7 @@ def hard_negative_nt_xent(
     with full_precision(z_a.device):
         logits = _views_logits(z_a, z_b, tau, normalize)
         with torch.no_grad():
-            negatives_only = logits.clone()
-            negatives_only[rows, rows] = float("-inf")
-            negatives_only[rows, index] = float("-inf")
+            negatives_only = logits.masked_fill(~_views_negatives_mask(n, z_a.device), float("-inf"))
             hardest = negatives_only.topk(k, dim=1).indices
             mask = torch.zeros_like(logits, dtype=torch.bool)
             mask.scatter_(1, hardest, True)
@@ -669,10 +672,7 @@ def _views_log_terms(z_a, z_b, tau, normalize):
     n = z_a.shape[0]
     logits = _views_logits(z_a, z_b, tau, normalize)
     index = views_positive_index(n, z_a.device)
-    rows = torch.arange(2 * n, device=z_a.device)
-    negatives = _self_mask(2 * n, z_a.device)
-    negatives[rows, index] = False
-    return logits, logits[rows, index], negatives
+    return logits, logits.gather(1, index[:, None]).squeeze(1), _views_negatives_mask(n, z_a.device)
 
 
 def debiased_nt_xent(
@@ -691,6 +691,8 @@ def debiased_nt_xent(
     ``loss_i = -log(pos / (pos + Ng))``, with ``M = 2N - 2`` negatives per anchor,
     ``pos = exp(s_{i,p(i)}/tau)``. ``tau_plus = 0`` recovers :func:`nt_xent_views`
     (as long as the floor does not bind).
+
+    Denominator: the positive plus the debiased negative mass ``Ng`` (self excluded).
 
     Args:
         z_a, z_b: ``(N, d)`` views, rows paired; ``N >= 2``.
@@ -723,6 +725,8 @@ def hcl(
     Negatives are reweighted by importance ``w_j = exp(beta * s_j / tau) / mean_k
     exp(beta * s_k / tau)`` before the debiasing of :func:`debiased_nt_xent`; ``beta = 0``
     gives the debiased loss, larger ``beta`` concentrates on harder negatives.
+
+    Denominator: the positive plus the reweighted, debiased negative mass (self excluded).
 
     Args:
         z_a, z_b: ``(N, d)`` views, rows paired; ``N >= 2``.
