@@ -111,6 +111,15 @@ def _both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m:
     return shift, False
 
 
+def _refuse_double_backward() -> None:
+    # Grad mode is on in a backward pass only with create_graph=True; the tiled backward is
+    # not itself differentiable, and silently dropping its second-order term would be wrong.
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "the tiled contrastive losses support one backward pass only: create_graph=True "
+            "(double backward) is not supported; use the dense path (small batches) for it")
+
+
 def _buffers(like: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
     return like.new_empty(chunk * chunk), like.new_empty(chunk * chunk)
 
@@ -168,6 +177,7 @@ class _SelfLogSumExp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
+        _refuse_double_backward()
         x, lse = ctx.saved_tensors
         n = x.shape[0]
         dx = torch.zeros_like(x)
@@ -241,6 +251,7 @@ class _CrossLogSumExp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_row: Optional[Tensor], grad_col: Optional[Tensor]):  # type: ignore[override]
+        _refuse_double_backward()
         a, b, row_lse, col_lse = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         da = torch.zeros_like(a) if need_a else None
