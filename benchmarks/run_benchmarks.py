@@ -90,8 +90,9 @@ def table(results: List[Dict[str, object]], sizes: List[int]) -> List[str]:
     lines = []
     for group, (title, methods) in GROUPS.items():
         lines += [f"### {title}", "",
-                  "| N pairs | implementation | fwd+bwd time (s) | ratio to GEMM bound | extra peak (MiB) | loss | load |",
-                  "|---:|---|---:|---:|---:|---:|---:|"]
+                  "| N pairs | implementation | fwd+bwd wall (s) | wall / bound | CPU (s) | CPU / bound "
+                  "| extra peak (MiB) | loss | load |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         for n in sizes:
             bound = next((r for r in results if r["method"] == f"{group}/gemm-bound" and r["n"] == n
                           and r["status"] == "ok"), None)
@@ -100,12 +101,13 @@ def table(results: List[Dict[str, object]], sizes: List[int]) -> List[str]:
                 if r is None:
                     continue
                 if r["status"] != "ok":
-                    lines.append(f"| {n} | {name} | {r['status']} | | | | {r['load']:.1f} |")
+                    lines.append(f"| {n} | {name} | {r['status']} | | | | | | {r['load']:.1f} |")
                     continue
                 ratio = f"{r['seconds'] / bound['seconds']:.2f}x" if bound else "n/a"
+                cpu_ratio = f"{r['cpu_seconds'] / bound['cpu_seconds']:.2f}x" if bound else "n/a"
                 loss = "" if r["loss"] is None else f"{r['loss']:.6f}"
-                lines.append(f"| {n} | {name} | {r['seconds']:.3f} | {ratio} | {r['extra_peak_mib']:.0f} | "
-                             f"{loss} | {r['load']:.1f} |")
+                lines.append(f"| {n} | {name} | {r['seconds']:.3f} | {ratio} | {r['cpu_seconds']:.2f} | {cpu_ratio} "
+                             f"| {r['extra_peak_mib']:.0f} | {loss} | {r['load']:.1f} |")
         lines.append("")
     return lines
 

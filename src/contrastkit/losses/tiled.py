@@ -130,21 +130,32 @@ def _view(buffer: Tensor, rows: int, cols: int) -> Tensor:
 
 def _pair_weights(tile: Tensor, work: Tensor, shift: Tensor, shared: bool,
                   g_row: Tensor, lse_row: Tensor, g_col: Tensor, lse_col: Tensor) -> Tensor:
-    """``W = g_row * exp(tile - lse_row) + g_col * exp(tile - lse_col)``; overwrites both buffers.
+    """``W = g_row * exp(S - lse_row) + g_col * exp(S - lse_col)``; overwrites both buffers.
+
+    ``tile`` holds ``S - c`` if ``shared`` else ``S``.
 
     ``lse_row`` runs along the tile's rows (shape ``(r,)``), ``lse_col`` along its columns.
     Returns ``W`` (it lives in ``work`` or ``tile``).
     """
     if shared:
-        # exp(s - lse) = exp(s - c) * exp(c - lse): one exponential per element.
+        # exp(s - lse) = exp(s - c) * exp(c - lse): one exponential per element. The caller
+        # has already subtracted c (folded into the product, see _shifted_tile).
         alpha = g_row * torch.exp(shift - lse_row)
         beta = g_col * torch.exp(shift - lse_col)
-        tile.sub_(shift).exp_()
+        tile.exp_()
         torch.mul(tile, alpha[:, None], out=work)
         return work.addcmul_(tile, beta[None, :])
     torch.sub(tile, lse_row[:, None], out=work).exp_().mul_(g_row[:, None])
     tile.sub_(lse_col[None, :]).exp_().mul_(g_col[None, :])
     return tile.add_(work)
+
+
+def _shifted_tile(a: Tensor, b: Tensor, out: Tensor, shift: Tensor, shared: bool) -> Tensor:
+    """``A B^T - c`` when the tile uses the shared shift ``c`` (the subtraction rides on the
+    product for free), else ``A B^T``."""
+    if shared:
+        return torch.addmm(-shift, a, b.T, out=out)
+    return torch.mm(a, b.T, out=out)
 
 
 # --------------------------------------------------------------------------- one modality
@@ -196,8 +207,8 @@ class _SelfLogSumExp(torch.autograd.Function):
                 dx[i0:i1].addmm_(tile, xi).addmm_(tile.T, xi)
                 for j0, j1 in blocks[bi + 1:]:
                     xj = x[j0:j1]
-                    tile = torch.mm(xi, xj.T, out=_view(tile_buf, i1 - i0, j1 - j0))
                     shift, shared = next(shifts)
+                    tile = _shifted_tile(xi, xj, _view(tile_buf, i1 - i0, j1 - j0), shift, shared)
                     weights = _pair_weights(tile, _view(work_buf, i1 - i0, j1 - j0), shift, shared,
                                             grad[i0:i1], lse[i0:i1], grad[j0:j1], lse[j0:j1])
                     dx[i0:i1].addmm_(weights, xj)
@@ -269,13 +280,15 @@ class _CrossLogSumExp(torch.autograd.Function):
                 ai = a[i0:i1]
                 for j0, j1 in _blocks(k, ctx.chunk):
                     bj = b[j0:j1]
-                    tile = torch.mm(ai, bj.T, out=_view(tile_buf, i1 - i0, j1 - j0))
+                    tile_view = _view(tile_buf, i1 - i0, j1 - j0)
                     if ctx.columns:
                         shift, shared = next(shifts)
+                        tile = _shifted_tile(ai, bj, tile_view, shift, shared)
                         weights = _pair_weights(tile, _view(work_buf, i1 - i0, j1 - j0), shift, shared,
                                                 grad_row[i0:i1], row_lse[i0:i1],
                                                 grad_col[j0:j1], col_lse[j0:j1])
                     else:
+                        tile = torch.mm(ai, bj.T, out=tile_view)
                         weights = tile.sub_(row_lse[i0:i1, None]).exp_().mul_(grad_row[i0:i1, None])
                     if need_a:
                         da[i0:i1].addmm_(weights, bj)
