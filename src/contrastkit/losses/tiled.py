@@ -42,7 +42,7 @@ DEFAULT_CHUNK_SIZE = 1024
 
 #: Automatic dispatch: similarity matrices with at most this many entries are computed
 #: densely, larger ones in tiles (measured crossover, see docs/tiled.md).
-DENSE_MAX_ENTRIES = 4096 * 4096
+DENSE_MAX_ENTRIES = 1024 * 1024
 
 # A tile shared between rows and columns uses one scalar shift c (the tile maximum). If every
 # row and column of the tile keeps sum exp(s - c) >= exp(-margin), no term that matters can
