@@ -120,6 +120,12 @@ def _refuse_double_backward() -> None:
             "(double backward) is not supported; use the dense path (small batches) for it")
 
 
+def _no_autocast(like: Tensor):
+    # Autocast would run the tile products in half precision (the backward may be called
+    # inside a user's autocast region); the kernels always compute in the input's dtype.
+    return torch.autocast(device_type=like.device.type, enabled=False)
+
+
 def _buffers(like: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
     return like.new_empty(chunk * chunk), like.new_empty(chunk * chunk)
 
@@ -170,7 +176,7 @@ class _SelfLogSumExp(torch.autograd.Function):
         blocks = _blocks(n, chunk)
         tile_buf, work_buf = _buffers(x, min(chunk, n))
         shifts: List[Tuple[Tensor, bool]] = []
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(x):
             for bi, (i0, i1) in enumerate(blocks):
                 xi = x[i0:i1]
                 tile = torch.mm(xi, xi.T, out=_view(tile_buf, i1 - i0, i1 - i0))
@@ -198,7 +204,7 @@ class _SelfLogSumExp(torch.autograd.Function):
         blocks = _blocks(n, ctx.chunk)
         tile_buf, work_buf = _buffers(x, min(ctx.chunk, n))
         shifts = iter(ctx.shifts)
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(x):
             for bi, (i0, i1) in enumerate(blocks):
                 xi = x[i0:i1]
                 tile = torch.mm(xi, xi.T, out=_view(tile_buf, i1 - i0, i1 - i0))
@@ -240,7 +246,7 @@ class _CrossLogSumExp(torch.autograd.Function):
         row_blocks, col_blocks = _blocks(n, chunk), _blocks(k, chunk)
         tile_buf, work_buf = _buffers(a, max(min(chunk, n), min(chunk, k)))
         shifts: List[Tuple[Tensor, bool]] = []
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(a):
             for i0, i1 in row_blocks:
                 ai = a[i0:i1]
                 for j0, j1 in col_blocks:
@@ -275,7 +281,7 @@ class _CrossLogSumExp(torch.autograd.Function):
         if ctx.columns:
             grad_col = a.new_zeros(k) if grad_col is None else grad_col.to(a.dtype)
         tile_buf, work_buf = _buffers(a, max(min(ctx.chunk, n), min(ctx.chunk, k)))
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(a):
             for i0, i1 in _blocks(n, ctx.chunk):
                 ai = a[i0:i1]
                 for j0, j1 in _blocks(k, ctx.chunk):
