@@ -122,6 +122,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--memory-gib", type=float, default=20.0)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--omp-wait-policy", default="PASSIVE",
+                        help="OMP_WAIT_POLICY for every run ('' keeps the environment's); PASSIVE keeps "
+                             "OpenMP threads from spinning, which on a shared, oversubscribed machine "
+                             "otherwise inflates wall time several-fold")
     parser.add_argument("--json", type=Path, help="append raw results (one JSON per line) here")
     parser.add_argument("--out", type=Path, help="write the markdown table here (refuses to overwrite)")
     parser.add_argument("--force", action="store_true", help="overwrite --out")
@@ -129,6 +133,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.out and args.out.exists() and not args.force:
         parser.error(f"{args.out} exists; pass --force to overwrite it")
 
+    if args.omp_wait_policy:
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
     results = []
     for n in args.sizes:
         for group in args.groups:
@@ -150,7 +156,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"d = {args.dim}, tau = {args.temperature}, float32, forward + backward.",
         f"Versions: {versions.stdout.strip()}",
         f"Limits per configuration: {args.memory_gib:g} GiB address space (RLIMIT_AS), "
-        f"{args.timeout:.0f} s wall clock. `load` = 1-minute load average when the run started.",
+        f"{args.timeout:.0f} s wall clock. OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}. "
+        "`load` = 1-minute load average when the run started.",
         "",
     ]
     text = "\n".join(header + table(results, args.sizes))
