@@ -48,14 +48,15 @@ def _segment_coverage(xx: np.ndarray, yy: np.ndarray, x0: np.ndarray, y0: np.nda
     ``xx, yy`` are pixel-centre coordinates ``(S, S)``; endpoints and thickness are ``(n,)``.
     A pixel at distance ``d`` from the segment gets ``clip(thickness/2 + 0.5 - d, 0, 1)``.
     """
-    x0, y0, x1, y1, thickness = (a[:, None, None] for a in (x0, y0, x1, y1, thickness))
+    x0, y0, x1, y1, thickness = (a.astype(np.float32)[:, None, None] for a in (x0, y0, x1, y1, thickness))
     dx, dy = x1 - x0, y1 - y0
     length2 = dx * dx + dy * dy
     # Projection parameter of each pixel onto the segment, clamped to the segment.
-    t = ((xx - x0) * dx + (yy - y0) * dy) / np.maximum(length2, 1e-12)
-    t = np.clip(t, 0.0, 1.0)
-    px, py = x0 + t * dx, y0 + t * dy
-    dist = np.sqrt((xx - px) ** 2 + (yy - py) ** 2)
+    rx, ry = xx - x0, yy - y0
+    t = (rx * dx + ry * dy) / np.maximum(length2, np.float32(1e-12))
+    np.clip(t, 0.0, 1.0, out=t)
+    ex, ey = rx - t * dx, ry - t * dy
+    dist = np.sqrt(ex * ex + ey * ey)
     return np.clip(thickness / 2.0 + 0.5 - dist, 0.0, 1.0)
 
 
@@ -92,11 +93,11 @@ def render_scenes(labels: np.ndarray, size: int, rng: np.random.Generator, *,
     background = rng.uniform(0.0, 0.25, size=n)
     grad_amp = rng.uniform(0.0, 0.15, size=n)
     grad_dir = rng.uniform(0.0, 2 * np.pi, size=n)
-    coords = np.arange(size, dtype=np.float64) + 0.5
+    coords = np.arange(size, dtype=np.float32) + 0.5
     yy, xx = np.meshgrid(coords, coords, indexing="ij")
     ramp = ((xx[None] - s / 2) * np.cos(grad_dir)[:, None, None]
             + (yy[None] - s / 2) * np.sin(grad_dir)[:, None, None]) / s
-    img = background[:, None, None] + grad_amp[:, None, None] * ramp
+    img = (background[:, None, None] + grad_amp[:, None, None] * ramp).astype(np.float32)
     # --- distractors, drawn under the bar ---
     lo, hi = clutter
     n_distractors = rng.integers(lo, hi + 1, size=n)
@@ -110,9 +111,13 @@ def render_scenes(labels: np.ndarray, size: int, rng: np.random.Generator, *,
         dcx = rng.uniform(1.0, s - 1.0, size=n)
         dcy = rng.uniform(1.0, s - 1.0, size=n)
         hx, hy = np.cos(d_ang) * d_len / 2, -np.sin(d_ang) * d_len / 2
-        cov = _segment_coverage(xx, yy, dcx - hx, dcy - hy, dcx + hx, dcy + hy, d_thick)
-        cov = cov * present[:, None, None]
-        img = img * (1 - cov) + d_int[:, None, None] * cov
+        # Parameters are drawn for every scene (so streams do not depend on counts), but
+        # only scenes with a k-th distractor are rendered.
+        at = np.flatnonzero(present)
+        if at.size:
+            cov = _segment_coverage(xx, yy, (dcx - hx)[at], (dcy - hy)[at], (dcx + hx)[at], (dcy + hy)[at],
+                                    d_thick[at])
+            img[at] = img[at] * (1 - cov) + d_int[at, None, None] * cov
     hx, hy = ux * length / 2, uy * length / 2
     cov = _segment_coverage(xx, yy, cx - hx, cy - hy, cx + hx, cy + hy, thickness)
     img = img * (1 - cov) + intensity[:, None, None] * cov
