@@ -18,6 +18,17 @@ from contrastkit.data.base import stratified_split
 # fixture writers (real file formats, tiny contents)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a shared, busy machine
+    thread contention makes kornia calls several times slower; restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+
 def _unique_images(n, c, h, w, seed):
     """uint8 images whose first pixel encodes the index, so samples can be traced through splits."""
     rng = np.random.default_rng(seed)

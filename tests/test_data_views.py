@@ -7,6 +7,17 @@ import torch
 from contrastkit.data import Dataset, Split, load_dataset, make_views
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a shared, busy machine
+    thread contention makes kornia calls several times slower; restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+
 @pytest.fixture(scope="module")
 def glyph():
     return load_dataset("glyphlab", seed=0, train_scenes=24, val_scenes=6, test_scenes=6, realisations=3)

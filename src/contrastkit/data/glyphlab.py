@@ -107,7 +107,7 @@ def render_scenes(labels: np.ndarray, size: int, rng: np.random.Generator, *,
         d_len = np.where(is_dot, 0.0, rng.uniform(0.06, 0.15, size=n) * s)
         d_ang = rng.uniform(0.0, np.pi, size=n)
         d_thick = np.where(is_dot, rng.uniform(2.0, 3.5, size=n), rng.uniform(1.0, 2.0, size=n)) * unit
-        d_int = rng.uniform(0.35, 0.6, size=n)
+        d_int = rng.uniform(0.4, 0.65, size=n)
         dcx = rng.uniform(1.0, s - 1.0, size=n)
         dcy = rng.uniform(1.0, s - 1.0, size=n)
         hx, hy = np.cos(d_ang) * d_len / 2, -np.sin(d_ang) * d_len / 2

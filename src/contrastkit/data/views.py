@@ -78,7 +78,8 @@ def _build_augmentation(channels: int, height: int, width: int, strength: float,
     s = strength
     level = min(s, 1.0)
     lo = 1.0 - (1.0 - crop_scale[0]) * level
-    steps = [K.RandomResizedCrop((height, width), scale=(lo, crop_scale[1]), ratio=(3 / 4, 4 / 3))]
+    steps = [K.RandomResizedCrop((height, width), scale=(lo, crop_scale[1]), ratio=(3 / 4, 4 / 3),
+                                    cropping_mode="resample")]
     if flip:
         steps.append(K.RandomHorizontalFlip(p=0.5 * level))
     # SimCLR's colour distortion with s = 0.5 (its CIFAR-10 setting) at strength 1.
