@@ -161,6 +161,11 @@ def test_bar_lies_inside_the_image():
     half_dy = np.abs(np.sin(np.radians(p["angle"]))) * p["length"] / 2
     assert np.all(p["cx"] - half_dx > 0) and np.all(p["cx"] + half_dx < 32)
     assert np.all(p["cy"] - half_dy > 0) and np.all(p["cy"] + half_dy < 32)
+    # The centre stays in the central half of each axis, so crops keeping >= 60% of the area
+    # keep the bar (checked on views in test_data_views).
+    for key in ("cx", "cy"):
+        assert np.all(p[key] >= 8) and np.all(p[key] <= 24)
+        assert p[key].max() - p[key].min() > 12  # positions still vary
 
 
 def test_larger_images_and_more_realisations():

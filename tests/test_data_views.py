@@ -107,7 +107,7 @@ def test_augmentations_keep_the_glyph_class(clean_glyph):
     a, b = make_views(clean_glyph, "augment")(split, torch.arange(len(split)))
     labels = split.labels.tolist()
     agree = sum(_moment_class(v[0].numpy()) == c for views in (a, b) for v, c in zip(views, labels))
-    assert agree / (2 * len(labels)) >= 0.95
+    assert agree / (2 * len(labels)) >= 0.98
     assert not torch.equal(a, split.images)
 
 

@@ -6,7 +6,8 @@ Each scene holds one *glyph* -- a long bright bar -- whose orientation is the cl
     1 ``horizontal``  bar at 0 degrees (+- ``jitter``)
     2 ``diagonal``    bar at 45 or 135 degrees (+- ``jitter``)
 
-The bar's position, length, thickness and brightness vary, the background has a random level
+The bar's position (centre in the central half of each axis), length, thickness and
+brightness vary, the background has a random level
 and a linear gradient, and 2..5 *distractor* marks (dots and short strokes of random
 orientation, dimmer and at most a third as long as the shortest bar) add clutter that does not
 decide the class. A scene is rendered once without noise; its ``R`` *noise realisations* add
@@ -39,6 +40,9 @@ CLASS_NAMES = ["vertical", "horizontal", "diagonal"]
 CLASS_ANGLES = {0: (90.0,), 1: (0.0,), 2: (45.0, 135.0)}
 
 _SPLIT_KEYS = ("train", "val", "test")
+
+#: The bar's centre lies in [CENTRE_BOX, 1 - CENTRE_BOX] times the side, in both directions.
+CENTRE_BOX = 0.25
 
 
 def _segment_coverage(xx: np.ndarray, yy: np.ndarray, x0: np.ndarray, y0: np.ndarray,
@@ -87,8 +91,10 @@ def render_scenes(labels: np.ndarray, size: int, rng: np.random.Generator, *,
     margin = 1.5 * unit + thickness / 2
     half_x = np.abs(ux) * length / 2 + margin
     half_y = np.abs(uy) * length / 2 + margin
-    cx = rng.uniform(half_x, s - half_x)
-    cy = rng.uniform(half_y, s - half_y)
+    # The centre stays in the central box [CENTRE_BOX * s, (1 - CENTRE_BOX) * s] (so that a crop
+    # keeping most of the image keeps the bar's centre) and the whole bar inside the image.
+    cx = rng.uniform(np.maximum(half_x, CENTRE_BOX * s), np.minimum(s - half_x, (1 - CENTRE_BOX) * s))
+    cy = rng.uniform(np.maximum(half_y, CENTRE_BOX * s), np.minimum(s - half_y, (1 - CENTRE_BOX) * s))
     # --- background: level + linear gradient in a random direction ---
     background = rng.uniform(0.0, 0.25, size=n)
     grad_amp = rng.uniform(0.0, 0.15, size=n)
@@ -146,8 +152,9 @@ def load_glyphlab(seed: int = 0, *, train_scenes: int = 120, val_scenes: int = 6
         realisations: ``R >= 2`` noise realisations per scene.
         noise: standard deviation of the Gaussian pixel noise (>= 0; 0 gives noiseless
             realisations, useful for inspection).
-        jitter: maximum deviation in degrees of the bar from its class angle (0 <= jitter < 20,
-            so that classes stay >= 5 degrees x 2 apart and decidable by eye).
+        jitter: maximum deviation in degrees of the bar from its class angle (0 <= jitter < 20;
+            class angles are 45 degrees apart, so bars of different classes stay more than
+            5 degrees apart and decidable by eye).
         clutter: ``(min, max)`` number of distractor marks per scene.
 
     Returns a :class:`Dataset` with ``image_shape (1, size, size)``; each split has
