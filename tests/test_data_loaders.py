@@ -1,9 +1,7 @@
 """Loaders on small fixtures written here: digits, npz, MNIST idx, CIFAR-10 batches, image folders,
 and one clear error for each kind of bad data."""
 
-import gzip
 import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from _data_fixtures import ids_of, unique_images, write_cifar, write_idx, write_image_folder, write_mnist
 from contrastkit.data import load_dataset
 from contrastkit.data.base import stratified_split
 
 # ---------------------------------------------------------------------------------------
-# fixture writers (real file formats, tiny contents)
+# digits
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -26,89 +25,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-
-def _unique_images(n, c, h, w, seed):
-    """uint8 images whose first pixel encodes the index, so samples can be traced through splits."""
-    rng = np.random.default_rng(seed)
-    x = rng.integers(0, 256, size=(n, c, h, w), dtype=np.uint8)
-    x[:, 0, 0, 0] = np.arange(n) % 256
-    x[:, 0, 0, 1] = np.arange(n) // 256
-    return x
-
-
-def _ids(images):
-    """Recover the index encoded by _unique_images from float images."""
-    px = (images[:, 0, 0, :2] * 255).round().long()
-    return (px[:, 0] + 256 * px[:, 1]).tolist()
-
-
-def write_idx(path, array, gz=False):
-    array = np.asarray(array, dtype=np.uint8)
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
-    data = header + array.tobytes()
-    if gz:
-        with gzip.open(str(path) + ".gz", "wb") as f:
-            f.write(data)
-    else:
-        Path(path).write_bytes(data)
-
-
-def write_mnist(folder, n_train=40, n_test=20, gz=False, seed=0):
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    xtr = _unique_images(n_train, 1, 28, 28, seed)[:, 0]
-    xte = _unique_images(n_test, 1, 28, 28, seed + 1)[:, 0]
-    ytr, yte = np.arange(n_train) % 10, rng.integers(0, 10, n_test)
-    write_idx(folder / "train-images-idx3-ubyte", xtr, gz)
-    write_idx(folder / "train-labels-idx1-ubyte", ytr, gz)
-    write_idx(folder / "t10k-images-idx3-ubyte", xte, gz)
-    write_idx(folder / "t10k-labels-idx1-ubyte", yte, gz)
-    return xtr, ytr, xte, yte
-
-
-def write_cifar(folder, per_batch=6, n_test=8, meta=True):
-    folder.mkdir(parents=True, exist_ok=True)
-    xs, ys = [], []
-    for b in range(1, 6):
-        x = _unique_images(per_batch, 3, 32, 32, b)
-        x[:, 0, 0, 0] = np.arange(per_batch) + per_batch * (b - 1)  # unique over all batches
-        y = [(i + b) % 10 for i in range(per_batch)]
-        with open(folder / f"data_batch_{b}", "wb") as f:
-            pickle.dump({b"batch_label": b"x", b"data": x.reshape(per_batch, -1), b"labels": y}, f, protocol=2)
-        xs.append(x)
-        ys.extend(y)
-    xte = _unique_images(n_test, 3, 32, 32, 99)
-    yte = [i % 10 for i in range(n_test)]
-    with open(folder / "test_batch", "wb") as f:
-        pickle.dump({b"data": xte.reshape(n_test, -1), b"labels": yte}, f, protocol=2)
-    if meta:
-        names = [f"class{i}".encode() for i in range(10)]
-        with open(folder / "batches.meta", "wb") as f:
-            pickle.dump({b"label_names": names, b"num_cases_per_batch": per_batch}, f, protocol=2)
-    return np.concatenate(xs), np.array(ys), xte, np.array(yte)
-
-
-def write_image_folder(root, classes=("cat", "dog", "eel"), per_class=10, mode="L", sizes=((12, 10),)):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    written = {}
-    for ci, name in enumerate(classes):
-        (root / name).mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            h, w = sizes[i % len(sizes)]
-            shape = (h, w) if mode == "L" else (h, w, 3)
-            arr = rng.integers(0, 256, size=shape, dtype=np.uint8)
-            path = root / name / f"img_{i:03d}.png"
-            Image.fromarray(arr, mode=mode).save(path)
-            written[path] = (arr, ci)
-    return written
-
-
-# ---------------------------------------------------------------------------------------
-# digits
 
 
 def test_digits_shapes_split_and_alignment():
@@ -165,8 +81,8 @@ def test_stratified_split_partitions_and_keeps_proportions():
 
 @pytest.mark.parametrize("layout", ["NHW", "NHWC", "NCHW"])
 def test_npz_layouts_give_the_same_tensors(tmp_path, layout):
-    x = _unique_images(50, 1, 9, 7, 0)  # NCHW
-    xt = _unique_images(10, 1, 9, 7, 1)
+    x = unique_images(50, 1, 9, 7, 0)  # NCHW
+    xt = unique_images(10, 1, 9, 7, 1)
     y, yt = np.arange(50) % 5, np.arange(10) % 5
     conv = {"NHW": lambda a: a[:, 0], "NHWC": lambda a: a.transpose(0, 2, 3, 1), "NCHW": lambda a: a}[layout]
     np.savez(tmp_path / "d.npz", x_train=conv(x), y_train=y, x_test=conv(xt), y_test=yt)
@@ -175,11 +91,11 @@ def test_npz_layouts_give_the_same_tensors(tmp_path, layout):
     assert torch.equal(ds.test.images, torch.from_numpy(xt).float() / 255)
     assert ds.test.labels.tolist() == yt.tolist()
     # train and val partition the stored training set, labels stay with their images.
-    ids = _ids(ds.train.images) + _ids(ds.val.images)
+    ids = ids_of(ds.train.images) + ids_of(ds.val.images)
     assert sorted(ids) == list(range(50))
     assert len(ds.val) == 10 and torch.bincount(ds.val.labels).tolist() == [2] * 5
     for split in (ds.train, ds.val):
-        for i, label in zip(_ids(split.images), split.labels.tolist()):
+        for i, label in zip(ids_of(split.images), split.labels.tolist()):
             assert y[i] == label
 
 
@@ -206,8 +122,8 @@ def test_mnist_idx(tmp_path, gz):
     assert [len(s) for _, s in ds.splits()] == [36, 4, 20]
     assert torch.equal(ds.test.images[:, 0], torch.from_numpy(xte).float() / 255)
     assert ds.test.labels.tolist() == yte.tolist()
-    assert sorted(_ids(ds.train.images) + _ids(ds.val.images)) == list(range(40))
-    for i, label in zip(_ids(ds.val.images), ds.val.labels.tolist()):
+    assert sorted(ids_of(ds.train.images) + ids_of(ds.val.images)) == list(range(40))
+    for i, label in zip(ids_of(ds.val.images), ds.val.labels.tolist()):
         assert ytr[i] == label
 
 
@@ -230,10 +146,10 @@ def test_cifar_batches(tmp_path, nested):
     assert torch.equal(ds.test.images, torch.from_numpy(xte).float() / 255)
     assert ds.test.labels.tolist() == yte.tolist()
     # Channel order: the stored row is R plane, G plane, B plane.
-    ids = sorted(_ids(ds.train.images) + _ids(ds.val.images))
+    ids = sorted(ids_of(ds.train.images) + ids_of(ds.val.images))
     assert ids == list(range(30))
     for split in (ds.train, ds.val):
-        for img, i, label in zip(split.images, _ids(split.images), split.labels.tolist()):
+        for img, i, label in zip(split.images, ids_of(split.images), split.labels.tolist()):
             assert torch.equal(img, torch.from_numpy(xtr[i]).float() / 255) and ytr[i] == label
 
 
