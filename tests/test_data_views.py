@@ -177,3 +177,25 @@ def test_bad_indices(glyph):
         make_views(glyph, "A")(glyph, torch.arange(2))
     with pytest.raises(TypeError, match="Dataset"):
         make_views(glyph.train, "A")
+
+
+def test_split_rejects_out_of_range_or_mismatched_tensors():
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        Split(images=torch.full((2, 1, 4, 4), 1.5), labels=torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        Split(images=torch.full((2, 1, 4, 4), float("nan")), labels=torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="2 images but 3 labels"):
+        Split(images=torch.zeros(2, 1, 4, 4), labels=torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="realisations"):
+        Split(images=torch.zeros(2, 1, 4, 4), labels=torch.zeros(2, dtype=torch.long),
+              realisations=torch.zeros(2, 1, 1, 4, 4))
+    with pytest.raises(ValueError, match="empty"):
+        Dataset(name="x", class_names=["a"], train=Split(torch.zeros(1, 1, 2, 2), torch.zeros(1, dtype=torch.long)),
+                val=Split(torch.zeros(0, 1, 2, 2), torch.zeros(0, dtype=torch.long)),
+                test=Split(torch.zeros(1, 1, 2, 2), torch.zeros(1, dtype=torch.long)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when CUDA is missing")
+def test_cuda_device_without_cuda(glyph):
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        make_views(glyph, "A", device="cuda")

@@ -17,6 +17,14 @@ import torch
 from torch import Tensor
 
 
+def _check_unit_range(x: Tensor, name: str) -> None:
+    if x.numel() == 0:
+        return
+    low, high = torch.aminmax(x)
+    if not (float(low) >= 0.0 and float(high) <= 1.0):  # also catches NaN
+        raise ValueError(f"{name} must lie in [0, 1] (no NaN), got range [{float(low):.4g}, {float(high):.4g}]")
+
+
 @dataclass
 class Split:
     """One split (train, val or test) of a data set.
@@ -47,6 +55,7 @@ class Split:
             raise ValueError("Split.labels must be a 1-D int64 tensor, got "
                              f"{getattr(labels, 'dtype', type(labels).__name__)} "
                              f"{tuple(getattr(labels, 'shape', ()))}")
+        _check_unit_range(images, "Split.images")
         n = images.shape[0]
         if labels.shape[0] != n:
             raise ValueError(f"Split has {n} images but {labels.shape[0]} labels")
@@ -57,6 +66,7 @@ class Split:
                                  f"({n}, R, {', '.join(map(str, images.shape[1:]))}), got {tuple(r.shape)}")
             if r.dtype != torch.float32:
                 raise TypeError(f"Split.realisations must be float32, got {r.dtype}")
+            _check_unit_range(r, "Split.realisations")
         if self.groups is not None:
             g = self.groups
             if g.dim() != 1 or g.shape[0] != n or g.dtype != torch.int64:

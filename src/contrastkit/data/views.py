@@ -209,10 +209,10 @@ def make_views(dataset: Dataset, mode: str = "augment", device: Union[torch.devi
     if mode == "B" and h != w:
         raise ValueError(f"views 'B' rotate by 90 degrees and need square images, got {h}x{w}")
     device = torch.device("cpu") if device is None else torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} was asked for, but CUDA is not available")
     strength = (1.0 if mode == "augment" else 0.0) if strength is None else _check_strength(strength)
-    source_key = getattr(dataset, "source", dataset.name)
-    defaults = _DEFAULTS.get(source_key) or _DEFAULTS.get(dataset.name) or (
-        _RGB_DEFAULT if c == 3 else _GRAY_DEFAULT)
+    defaults = _DEFAULTS.get(dataset.source) or (_RGB_DEFAULT if c == 3 else _GRAY_DEFAULT)
     if crop_scale is None:
         crop_scale = defaults["crop_scale"]
     else:
