@@ -376,3 +376,12 @@ def test_path_option_errors(tmp_path, options, match):
     write_image_folder(tmp_path)
     with pytest.raises(ValueError, match=match):
         load_dataset(tmp_path, **options)
+
+
+def test_stratified_split_small_classes_still_fill_small_parts():
+    labels = np.repeat(np.arange(10), 4)  # 10 classes of 4: 10% of each class rounds to 0
+    train, val = stratified_split(labels, [0.9, 0.1], seed=0)
+    assert len(val) == 4 and len(train) == 36
+    assert len(set(labels[val].tolist())) == 4  # four different classes, one sample each
+    _, half = stratified_split(np.zeros(5, dtype=np.int64), [0.9, 0.1], seed=0)
+    assert len(half) == 1  # 0.5 rounds up

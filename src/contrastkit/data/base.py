@@ -187,7 +187,7 @@ def to_labels(array: np.ndarray, source: str) -> Tensor:
 def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: int) -> List[np.ndarray]:
     """Split sample indices into parts of the given fractions, keeping class proportions.
 
-    Part ``k > 0`` gets ``round(fraction_k * n)`` samples and part 0 the rest. Each class is
+    Part ``k > 0`` gets ``fraction_k * n`` samples rounded half up, and part 0 the rest. Each class is
     shuffled with ``numpy.random.default_rng(seed)``; sample ``j`` of a class of size ``n_c``
     gets the key ``(j + 0.5) / n_c``, and the samples, sorted by key, are cut into consecutive
     blocks. Every class thus lands in each part in proportion (within one sample), and even
@@ -206,7 +206,7 @@ def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: in
         keys[order] = (np.arange(idx.size) + 0.5) / idx.size
     # Random tie-break between classes with equal keys.
     ranked = np.lexsort((rng.random(n), keys))
-    sizes = [int(round(f * n)) for f in fractions[1:]]
+    sizes = [int(math.floor(f * n + 0.5)) for f in fractions[1:]]  # half up, not to even
     first = max(n - sum(sizes), 0)
     bounds = np.cumsum([0, first] + sizes)
     return [np.sort(ranked[bounds[k]:min(bounds[k + 1], n)]) for k in range(len(fractions))]

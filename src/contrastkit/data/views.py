@@ -171,8 +171,9 @@ class ViewMaker:
         view_a = view_a.to(self.device, dtype=torch.float32, non_blocking=True)
         view_b = view_b.to(self.device, dtype=torch.float32, non_blocking=True)
         if self._augment is not None:
-            view_a = self._augment(view_a)
-            view_b = self._augment(view_b)
+            # One kornia call on both views: parameters are drawn per row, so the two halves
+            # are independent augmentations, and the per-call overhead is paid once.
+            view_a, view_b = self._augment(torch.cat([view_a, view_b])).chunk(2)
         if self.mode == "B":
             view_b = torch.rot90(view_b, k=1, dims=(-2, -1))
         # kornia keeps values in range for these ops; clamp guards interpolation overshoot.
