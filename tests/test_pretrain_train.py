@@ -224,6 +224,9 @@ def test_bad_options_are_clear_errors(tmp_path):
                                ({"method": "moco", "queue_size": 12}, "multiple of the batch size")]:
         with pytest.raises(ValueError, match=message):
             pretrain(tiny_config(tmp_path / "x", **overrides), progress=False)
+    with pytest.raises(FileNotFoundError):
+        pretrain(tiny_config(tmp_path / "y", data=str(tmp_path / "missing.npz")), progress=False)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()  # a failed start leaves nothing
 
 
 def test_warmup_cosine_schedule():
