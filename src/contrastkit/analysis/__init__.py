@@ -4,7 +4,7 @@
 negatives and the temperature limits; :func:`plot_temperature` draws them (needs matplotlib).
 """
 
-from .explain import Explanation, Sweep, explain, sweep
+from .explanation import Explanation, Sweep, explain, sweep
 from .plots import plot_temperature
 
 __all__ = ["Explanation", "Sweep", "explain", "sweep", "plot_temperature"]

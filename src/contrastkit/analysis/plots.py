@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .explain import PositiveLike, SimilaritiesLike, _check_tau, _explain, _prepare
+from .explanation import PositiveLike, SimilaritiesLike, _check_tau, _explain, _prepare
 
 __all__ = ["plot_temperature"]
 

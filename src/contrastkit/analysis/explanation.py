@@ -82,6 +82,8 @@ def _prepare(similarities: SimilaritiesLike, positive: PositiveLike, exclude_dia
     if not isinstance(exclude_diagonal, bool):
         raise TypeError(f"exclude_diagonal must be a bool, got {type(exclude_diagonal).__name__}")
     s = _as_float64(similarities)
+    if s.numel() == 0:
+        raise ValueError(f"similarities is empty (shape {tuple(s.shape)}): give a positive and at least one negative")
     single_row = s.dim() == 1
     if single_row:
         if exclude_diagonal:
@@ -356,15 +358,16 @@ def _explain(problem: _Problem, tau: float) -> Explanation:
     positive_logit = logits[rows, positive]
     log_z = losses + positive_logit
     probabilities = torch.where(mask, (logits - log_z[:, None]).exp(), torch.zeros(()))
-    # p_+ = exp(-loss) and 1 - p_+ = -expm1(-loss): exact even when p_+ is within 1e-17 of 1.
     probabilities[rows, positive] = torch.exp(-losses)
+    negative = mask.clone()
+    negative[rows, positive] = False
+    # 1 - p_+ as the sum of the negatives' probabilities, each accurate to a few ulps: 1 - exp(-loss)
+    # would inherit the loss's absolute rounding (ulp of log Z) and lose digits when p_+ is near 1.
     gradients = probabilities / tau
-    gradients[rows, positive] = torch.expm1(-losses) / tau + 0.0  # + 0.0 turns -0.0 into 0.0
+    gradients[rows, positive] = -torch.where(negative, probabilities, torch.zeros(())).sum(dim=1) / tau
 
     # Relative penalty over negatives: the core's loss with the positive dropped from the
     # denominator (the decoupled denominator) gives log of the negatives' normaliser.
-    negative = mask.clone()
-    negative[rows, positive] = False
     hardest = s.masked_fill(~negative, float("-inf")).argmax(dim=1)
     hardest_logit = logits[rows, hardest]
     log_z_neg = contrastive_loss(s, hardest, temperature=tau, denominator_mask=negative,
@@ -443,7 +446,7 @@ def explain(
 
     Example (SPEC §1):
         >>> e = explain([1.0, 0.5, 0.0], temperature=0.5)
-        >>> [round(p, 4) for p in e.probabilities[0]], round(e.loss, 6)
+        >>> e.probabilities[0].round(4).tolist(), round(e.loss, 6)
         ([0.6652, 0.2447, 0.09], 0.407606)
     """
     tau = _check_tau(temperature)
@@ -462,7 +465,7 @@ def sweep(
     Example (SPEC §3, image-to-text, positives on the diagonal):
         >>> s = [[0.879, -0.06, -0.06, -0.06], [-0.06, 0.879, -0.06, -0.06],
         ...      [-0.06, -0.06, 0.879, 0.724], [-0.06, -0.06, 0.724, 0.879]]
-        >>> [round(x, 4) for x in sweep(s, temperatures=[0.01, 0.1, 1.0], positive=range(4)).losses]
+        >>> sweep(s, temperatures=[0.01, 0.1, 1.0], positive=range(4)).losses.round(4).tolist()
         [0.0, 0.0964, 0.8732]
     """
     if isinstance(temperatures, (str, bytes)) or not hasattr(temperatures, "__iter__"):
