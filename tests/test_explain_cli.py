@@ -224,6 +224,16 @@ def test_bad_input_is_one_line_and_exit_2(argv, fragment, bad_files, capsys):
     assert captured.out == ""
 
 
+@pytest.mark.parametrize("argv, fragment", [(["--tau"], "--tau"), (["--bogus"], "unrecognized"),
+                                             (["--positives", "1,0", "--diagonal"], "not allowed")])
+def test_argparse_errors_are_one_line_too(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explain", *argv])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("contrastkit explain: error: ") and fragment in lines[0]
+
+
 def test_bad_input_in_a_subprocess_has_no_traceback():
     # the remaining bad inputs are checked in-process above; a subprocess costs a Python start-up
     done = run_cli("1", "abc", "--tau", "0.5")

@@ -15,7 +15,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -27,6 +27,12 @@ _MAX_PROBABILITY_COLUMNS = 6
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+    def one_line_error(message: str) -> None:
+        # argparse would print the whole usage first; every error of this command is one line
+        parser.exit(2, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
+
+    parser.error = one_line_error  # type: ignore[method-assign]
     parser.epilog = (
         "With no similarities and no --matrix, the worked example s = 1 0.5 0 (positive first), "
         f"tau = {DEFAULT_TAU} is explained. Negative numbers work as arguments (-0.5); for "
