@@ -150,6 +150,26 @@ def test_plot_writes_png_and_never_overwrites(tmp_path, capsys):
     assert path.read_bytes() != data
 
 
+def test_plot_panels_are_labelled():
+    from contrastkit.analysis import plot_temperature
+
+    # ten candidates: the positive, the six hardest negatives and one summed line per panel
+    row = [0.5, 0.9, 0.8, 0.7, 0.6, 0.4, 0.3, 0.2, 0.1, 0.0]
+    fig = plot_temperature(row, temperatures=[0.1, 0.5])
+    axes = fig.axes
+    assert len(axes) == 3
+    for ax in axes:
+        assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
+        assert ax.get_legend() is not None
+    assert axes[0].get_xscale() == "log" and axes[1].get_xscale() == "log"
+    labels = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert any("positive" in x for x in labels) and any("3 other negatives" in x for x in labels)
+    # panel (c): the dots are the actual penalty shares of the negatives at tau = 0.1
+    dots = [line for line in axes[2].get_lines() if line.get_marker() == "o"]
+    shares = explain(row, temperature=0.1).penalty[0, 1:]
+    np.testing.assert_allclose(dots[0].get_ydata(), shares, rtol=1e-12)
+
+
 def test_plot_matrix_anchor(tmp_path, spec2_npy):
     path = tmp_path / "anchor.png"
     assert main(["explain", "--matrix", str(spec2_npy), "--positives", "1,0,3,2", "--row", "1",
