@@ -9,6 +9,17 @@ Conventions shared by every function here:
 * ``reduction`` is ``"mean"`` (over anchors), ``"sum"`` or ``"none"`` (one loss per anchor).
 * Half-precision inputs are computed in float32 with autocast switched off; the result has
   the compute dtype (float32 for fp16/bf16 inputs, else the input dtype).
+* The losses with in-batch negatives (:func:`info_nce` without a bank, :func:`nt_xent_views`,
+  :func:`bidirectional_info_nce`, :func:`supcon`, :func:`dcl`) take ``distributed=``:
+  ``False`` (default), ``True`` (the default torch.distributed process group) or a
+  ``ProcessGroup``. The inputs of every rank are gathered (row counts may differ) so that the
+  negatives are those of the concatenated global batch, rank 0's rows first, and after DDP's
+  gradient averaging the parameter gradients equal single-process training on that batch.
+  ``distributed_mode="global"`` computes every anchor of the global batch on every rank and
+  returns the global loss; ``"local"`` computes only this rank's anchors (``1/W`` of the
+  similarity matrix) and returns a value whose mean over ranks is the global loss (with
+  equal batch sizes and ``reduction="mean"``: the mean over this rank's anchors); with
+  ``reduction="none"`` it returns this rank's anchors only. See ``docs/distributed.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +30,8 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+
+from contrastkit.distributed.gather import DistributedArg
 
 from ._checks import (
     TemperatureLike,
@@ -31,6 +44,7 @@ from ._checks import (
     prepare,
     resolve_temperature,
 )
+from ._sharding import Shard, select
 from .core import full_precision, per_anchor_nll, reduce
 
 __all__ = [
@@ -74,14 +88,20 @@ def _warn_few_rows(rows: int) -> None:
         )
 
 
-def _views_logits(z_a: Tensor, z_b: Tensor, tau, normalize: bool) -> Tensor:
-    """(2N, 2N) logits of the stacked views, in the compute dtype, autocast already off."""
+def _views_logits(z_a: Tensor, z_b: Tensor, tau, normalize: bool, anchor_rows: Optional[Tensor] = None) -> Tensor:
+    """(2N, 2N) logits of the stacked views, in the compute dtype, autocast already off; only
+    the rows ``anchor_rows`` (of the 2N) when given."""
     z = torch.cat([prepare(z_a, normalize, "z_a"), prepare(z_b, normalize, "z_b")])
-    return (z @ z.T) / tau
+    return (select(z, anchor_rows) @ z.T) / tau
 
 
-def _self_mask(rows: int, device: torch.device) -> Tensor:
-    return ~torch.eye(rows, dtype=torch.bool, device=device)
+def _self_mask(rows: int, device: torch.device, anchor_rows: Optional[Tensor] = None) -> Tensor:
+    """Denominator mask without the anchor itself: ``(rows, rows)``, or only ``anchor_rows``."""
+    if anchor_rows is None:
+        return ~torch.eye(rows, dtype=torch.bool, device=device)
+    mask = torch.ones(anchor_rows.shape[0], rows, dtype=torch.bool, device=device)
+    mask[torch.arange(anchor_rows.shape[0], device=device), anchor_rows] = False
+    return mask
 
 
 # --------------------------------------------------------------------------- losses
@@ -142,6 +162,8 @@ def info_nce(
     negative_mode: str = "unpaired",
     reduction: str = "mean",
     normalize: bool = True,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """Candidate-choice InfoNCE (SPEC §1): each query picks its positive among candidates.
 
@@ -156,6 +178,10 @@ def info_nce(
         negative_mode: ``"unpaired"`` or ``"paired"`` (see ``negatives``).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` for ``(N,)``.
         normalize: L2-normalise every input first (cosine similarity).
+        distributed: in-batch negatives only: gather ``positive`` (and, in ``"global"`` mode,
+            ``query``) from every rank, see the module docstring. Not allowed with
+            ``negatives``: a bank shared over ranks is :class:`contrastkit.distributed.KeyQueue`.
+        distributed_mode: ``"global"`` or ``"local"`` (this rank's queries only).
 
     The positive is in the denominator: ``loss_i = -log softmax(candidates_i / tau)[pos]``.
 
@@ -165,26 +191,38 @@ def info_nce(
         >>> round(float(info_nce(q, p, n, temperature=1.0)), 6)  # -log(e / (e + 1 + 1/e))
         0.407606
     """
-    check_reduction(reduction)
-    check_embeddings(query, "query")
-    check_embeddings(positive, "positive")
-    check_same(query, "query", positive, "positive", dims=((0, 0), (1, 1)))
-    if negative_mode not in ("unpaired", "paired"):
-        raise ValueError(f"negative_mode must be 'unpaired' or 'paired', got {negative_mode!r}")
-    if negatives is not None:
-        if negative_mode == "unpaired":
-            check_embeddings(negatives, "negatives", ndim=2)
-            check_same(query, "query", negatives, "negatives", dims=((1, 1),))
-        else:
-            check_embeddings(negatives, "negatives", ndim=3)
-            check_same(query, "query", negatives, "negatives", dims=((0, 0), (2, 1)))
-    tau = resolve_temperature(temperature)
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        check_embeddings(query, "query")
+        check_embeddings(positive, "positive")
+        check_same(query, "query", positive, "positive", dims=((0, 0), (1, 1)))
+        if negative_mode not in ("unpaired", "paired"):
+            raise ValueError(f"negative_mode must be 'unpaired' or 'paired', got {negative_mode!r}")
+        if negatives is not None:
+            if shard.active:
+                raise ValueError("distributed= gathers in-batch negatives and cannot be combined with "
+                                 "negatives=; share a bank across ranks with contrastkit.distributed.KeyQueue")
+            if negative_mode == "unpaired":
+                check_embeddings(negatives, "negatives", ndim=2)
+                check_same(query, "query", negatives, "negatives", dims=((1, 1),))
+            else:
+                check_embeddings(negatives, "negatives", ndim=3)
+                check_same(query, "query", negatives, "negatives", dims=((0, 0), (2, 1)))
+        tau = resolve_temperature(temperature)
+    if shard.local:  # own queries against every rank's positives
+        (positive,) = shard.gather(positive)
+    else:
+        query, positive = shard.gather(query, positive)
     with full_precision(query.device):
         q = prepare(query, normalize, "query")
         p = prepare(positive, normalize, "positive")
         if negatives is None:
             logits = (q @ p.T) / tau
-            index = torch.arange(q.shape[0], device=q.device)
+            if shard.local:
+                index = shard.layout.local_rows(q.device)
+            else:
+                index = torch.arange(q.shape[0], device=q.device)
         else:
             neg = prepare(negatives, normalize, "negatives")
             positive_logit = (q * p).sum(dim=1, keepdim=True)
@@ -195,7 +233,7 @@ def info_nce(
             logits = torch.cat([positive_logit, negative_logits], dim=1) / tau
             index = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
         losses, _ = per_anchor_nll(logits, index)
-        return reduce(losses, reduction)
+        return shard.reduce(losses, reduction, anchors_total=shard.layout.total if shard.local else None)
 
 
 def _check_positive_map(positive_index: object, n: int, device: torch.device) -> Tensor:
@@ -261,6 +299,8 @@ def nt_xent_views(
     temperature: TemperatureLike,
     reduction: str = "mean",
     normalize: bool = True,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """SimCLR's NT-Xent on two views: ``2N`` anchors, each with ``2N - 2`` negatives.
 
@@ -271,6 +311,9 @@ def nt_xent_views(
         reduction: ``"mean"`` over all ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``
             (anchors of ``z_a`` first, then ``z_b``).
         normalize: L2-normalise rows first.
+        distributed, distributed_mode: global negatives over ranks (module docstring); ``N``
+            is then the global batch and ``"local"`` mode's ``"none"`` gives this rank's
+            ``z_a`` anchors, then its ``z_b`` anchors.
 
     Denominator: all ``2N - 1`` other rows (positive included, self excluded).
 
@@ -279,15 +322,20 @@ def nt_xent_views(
         >>> round(float(nt_xent_views(z, z, temperature=0.5)), 6) == round(math.log(5), 6)
         True
     """
-    check_reduction(reduction)
-    _pair(z_a, z_b)
-    tau = resolve_temperature(temperature)
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        _pair(z_a, z_b)
+        tau = resolve_temperature(temperature)
+    z_a, z_b = shard.gather(z_a, z_b)
     n = z_a.shape[0]
     _warn_few_rows(2 * n)
+    rows = shard.anchor_rows(blocks=2, device=z_a.device)
     with full_precision(z_a.device):
-        logits = _views_logits(z_a, z_b, tau, normalize)
-        losses, _ = per_anchor_nll(logits, views_positive_index(n, z_a.device), _self_mask(2 * n, z_a.device))
-        return reduce(losses, reduction)
+        logits = _views_logits(z_a, z_b, tau, normalize, rows)
+        index = select(views_positive_index(n, z_a.device), rows)
+        losses, _ = per_anchor_nll(logits, index, _self_mask(2 * n, z_a.device, rows))
+        return shard.reduce(losses, reduction, anchors_total=2 * n)
 
 
 def bidirectional_info_nce(
@@ -298,6 +346,8 @@ def bidirectional_info_nce(
     weight: float = 0.5,
     reduction: str = "mean",
     normalize: bool = True,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """ConVIRT / CLIP loss: InfoNCE in both directions between paired modalities (SPEC §3).
 
@@ -312,6 +362,8 @@ def bidirectional_info_nce(
         weight: lambda in ``[0, 1]`` on the ``v -> u`` direction. 0.75 is ConVIRT, 0.5 CLIP.
         reduction: ``"mean"`` over the ``N`` pairs, ``"sum"``, or ``"none"`` for ``(N,)``.
         normalize: L2-normalise rows first.
+        distributed, distributed_mode: global negatives over ranks (module docstring);
+            ``"local"`` mode computes the rows and columns of this rank's pairs.
 
     Denominator: all ``N`` candidates of the other modality, the positive included.
 
@@ -320,18 +372,30 @@ def bidirectional_info_nce(
         >>> round(float(bidirectional_info_nce(v, u, temperature=1.0, weight=0.75)), 6)
         0.551445
     """
-    check_reduction(reduction)
-    check_embeddings(v, "v")
-    check_embeddings(u, "u")
-    check_same(v, "v", u, "u", dims=((0, 0), (1, 1)))
-    weight = check_probability(weight, "weight")
-    tau = resolve_temperature(temperature)
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        check_embeddings(v, "v")
+        check_embeddings(u, "u")
+        check_same(v, "v", u, "u", dims=((0, 0), (1, 1)))
+        weight = check_probability(weight, "weight")
+        tau = resolve_temperature(temperature)
+    v, u = shard.gather(v, u)
+    rows = shard.anchor_rows(device=v.device)
     with full_precision(v.device):
-        logits = (prepare(v, normalize, "v") @ prepare(u, normalize, "u").T) / tau
-        diagonal = logits.diagonal()
-        v_to_u = torch.logsumexp(logits, dim=1) - diagonal
-        u_to_v = torch.logsumexp(logits, dim=0) - diagonal
-        return reduce(weight * v_to_u + (1.0 - weight) * u_to_v, reduction)
+        v, u = prepare(v, normalize, "v"), prepare(u, normalize, "u")
+        if rows is None:
+            logits = (v @ u.T) / tau
+            diagonal = logits.diagonal()
+            v_to_u = torch.logsumexp(logits, dim=1) - diagonal
+            u_to_v = torch.logsumexp(logits, dim=0) - diagonal
+        else:  # rows and columns of this rank's pairs only
+            v_rows = (v[rows] @ u.T) / tau
+            u_rows = (u[rows] @ v.T) / tau
+            diagonal = v_rows.gather(1, rows[:, None]).squeeze(1)
+            v_to_u = torch.logsumexp(v_rows, dim=1) - diagonal
+            u_to_v = torch.logsumexp(u_rows, dim=1) - diagonal
+        return shard.reduce(weight * v_to_u + (1.0 - weight) * u_to_v, reduction, anchors_total=u.shape[0])
 
 
 def supcon(
@@ -342,6 +406,8 @@ def supcon(
     variant: str = "out",
     reduction: str = "mean",
     normalize: bool = True,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """Supervised contrastive loss (Khosla et al. 2020), L_out or L_in.
 
@@ -356,6 +422,9 @@ def supcon(
             ``"none"`` (anchors without a positive get 0). If no anchor has a positive,
             ``"mean"`` raises ``ValueError``.
         normalize: L2-normalise rows first.
+        distributed, distributed_mode: global negatives over ranks (module docstring); the
+            labels are gathered too, so positives are found on every rank. ``"mean"`` is then
+            over the global batch's anchors that have a positive.
 
     Denominator: every other row (positives included, self excluded).
 
@@ -364,27 +433,38 @@ def supcon(
         >>> round(float(supcon(z, torch.tensor([0, 0, 1, 1]), temperature=1.0)), 6)
         0.551445
     """
-    check_reduction(reduction)
-    if variant not in ("out", "in"):
-        raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")
-    if isinstance(z, Tensor) and z.dim() == 3:
-        check_embeddings(z, "z", ndim=3)
-        views = z.shape[1]
-        z = z.reshape(-1, z.shape[2])
-    else:
-        check_embeddings(z, "z")
-        views = 1
-    tau = resolve_temperature(temperature)
-    labels = _check_labels(labels, z.shape[0] // views, z.device)
-    labels = labels.repeat_interleave(views)
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        if variant not in ("out", "in"):
+            raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")
+        if isinstance(z, Tensor) and z.dim() == 3:
+            check_embeddings(z, "z", ndim=3)
+            views = z.shape[1]
+        else:
+            check_embeddings(z, "z")
+            views = 1
+        tau = resolve_temperature(temperature)
+        labels = _check_labels(labels, z.shape[0], z.device)
+    (z,) = shard.gather(z)
+    labels = shard.gather_labels(labels).repeat_interleave(views)
+    z = z.reshape(-1, z.shape[-1])
     n = z.shape[0]
-    not_self = _self_mask(n, z.device)
-    positives = (labels[:, None] == labels[None, :]) & not_self
+    rows = shard.anchor_rows(per_row=views, device=z.device)
+    not_self = _self_mask(n, z.device, rows)
+    positives = (select(labels, rows)[:, None] == labels[None, :]) & not_self
     with full_precision(z.device):
         x = prepare(z, normalize, "z")
-        logits = (x @ x.T) / tau
+        logits = (select(x, rows) @ x.T) / tau
         losses, valid = per_anchor_nll(logits, positives, not_self, variant)
-        return reduce(losses, reduction, valid)
+        return shard.reduce(losses, reduction, valid,
+                            anchors_total=_anchors_with_positive(labels) if shard.local else None)
+
+
+def _anchors_with_positive(labels: Tensor) -> int:
+    """How many rows share their label with at least one other row (O(N), no N x N mask)."""
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    return int((counts[inverse] > 1).sum())
 
 
 def _check_labels(labels: object, n: int, device: torch.device) -> Tensor:
@@ -410,6 +490,8 @@ def dcl(
     temperature: TemperatureLike,
     reduction: str = "mean",
     normalize: bool = True,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """Decoupled contrastive loss (Yeh et al. 2022): NT-Xent with the positive removed from
     the denominator (SPEC §2 exercise F4).
@@ -424,25 +506,31 @@ def dcl(
         temperature: ``tau > 0``.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first.
+        distributed, distributed_mode: global negatives over ranks (module docstring), as in
+            :func:`nt_xent_views`; ``N >= 2`` then applies to the global batch.
 
     Example:
         >>> z_a = torch.tensor([[1.0, 0.0], [0.0, 1.0]]); z_b = z_a.clone()
         >>> round(float(dcl(z_a, z_b, temperature=1.0)), 6)  # -1 + log(2 * exp(0)) < 0
         -0.306853
     """
-    check_reduction(reduction)
-    _pair(z_a, z_b)
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        _pair(z_a, z_b)
+        tau = resolve_temperature(temperature)
+    z_a, z_b = shard.gather(z_a, z_b)
     if z_a.shape[0] < 2:
         raise ValueError("dcl needs at least 2 pairs: with one pair the denominator is empty")
-    tau = resolve_temperature(temperature)
     n = z_a.shape[0]
-    index = views_positive_index(n, z_a.device)
-    mask = _self_mask(2 * n, z_a.device)
-    mask[torch.arange(2 * n, device=z_a.device), index] = False
+    rows = shard.anchor_rows(blocks=2, device=z_a.device)
+    index = select(views_positive_index(n, z_a.device), rows)
+    mask = _self_mask(2 * n, z_a.device, rows)
+    mask[torch.arange(index.shape[0], device=z_a.device), index] = False
     with full_precision(z_a.device):
-        logits = _views_logits(z_a, z_b, tau, normalize)
+        logits = _views_logits(z_a, z_b, tau, normalize, rows)
         losses, _ = per_anchor_nll(logits, index, mask)
-        return reduce(losses, reduction)
+        return shard.reduce(losses, reduction, anchors_total=2 * n)
 
 
 def simple_loss(
