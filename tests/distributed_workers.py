@@ -90,6 +90,19 @@ LOSSES: Dict[str, Callable] = {
     "supcon_views": lambda a, b, y, t, **kw: L.supcon(torch.stack([a, b], dim=1), y, temperature=t, **kw),
     "supcon_in": lambda a, b, y, t, **kw: L.supcon(a, y, temperature=t, variant="in", **kw),
 }
+# Tiled variants (tiles of 3 rows: several per rank, ragged at the edges); in "local" mode they
+# run the ring exchange. Their reference is the dense loss of the same name.
+TILE = 3
+TILED = {
+    "nt_xent_views_tiled": "nt_xent_views",
+    "info_nce_tiled": "info_nce",
+    "bidirectional_info_nce_tiled": "bidirectional_info_nce",
+    "supcon_views_tiled": "supcon_views",
+}
+for _name, _dense in TILED.items():
+    LOSSES[_name] = (lambda dense: lambda a, b, y, t, **kw: LOSSES[dense](a, b, y, t, chunk_size=TILE, **kw))(_dense)
+# SupCon has no ring: tiled + local raises, so that combination is not run.
+SKIP = {("supcon_views_tiled", "local")}
 
 
 def loss_and_grads(model: Encoder, name: str, data, reduction: str, **options):
@@ -116,15 +129,31 @@ def _average(grads: dict, group=None) -> dict:
 
 def losses_worker(rank: int, world: int, seed: int, sizes: Sequence[int], reductions: Sequence[str]):
     """Every loss, both modes, the given reductions: value and averaged parameter gradients."""
+    import contrastkit.losses.functional as F
+
     data = batches(seed, sizes)[rank]
     model = Encoder()
-    results = {}
-    for name in LOSSES:
-        for mode in MODES:
-            for reduction in reductions:
-                value, grads = loss_and_grads(model, name, data, reduction, distributed=True,
-                                              distributed_mode=mode)
-                results[(name, mode, reduction)] = (value, _average(grads))
+    results, ring_calls = {}, {}
+    ring = F.ring_logsumexp
+
+    def counting_ring(*args, **kwargs):
+        ring_calls[current] = ring_calls.get(current, 0) + 1
+        return ring(*args, **kwargs)
+
+    F.ring_logsumexp = counting_ring
+    try:
+        for name in LOSSES:
+            for mode in MODES:
+                if (name, mode) in SKIP:
+                    continue
+                current = (name, mode)
+                for reduction in reductions:
+                    value, grads = loss_and_grads(model, name, data, reduction, distributed=True,
+                                                  distributed_mode=mode)
+                    results[(name, mode, reduction)] = (value, _average(grads))
+    finally:
+        F.ring_logsumexp = ring
+    results["ring_calls"] = ring_calls
     return results
 
 
@@ -159,6 +188,8 @@ def errors_worker(rank: int, world: int):
                                             temperature=0.5, distributed=True, distributed_mode="local"),
         "bank_with_distributed": lambda: L.info_nce(z, z, z, temperature=0.5, distributed=True),
         "bad_mode": lambda: L.dcl(z, z, temperature=0.5, distributed=True, distributed_mode="sideways"),
+        "supcon_tiled_local": lambda: L.supcon(z, torch.tensor([0, 0, 1, 1]), temperature=0.5, chunk_size=2,
+                                               distributed=True, distributed_mode="local"),
         "no_positive_anywhere": lambda: L.supcon(z, torch.arange(4) + 4 * rank, temperature=0.5,
                                                  distributed=True, distributed_mode="local"),
     }
@@ -193,6 +224,23 @@ def ddp_worker(rank: int, world: int, seed: int, sizes: Sequence[int], steps: in
     return results
 
 
+def queue_worker(rank: int, world: int, seed: int, size: int, steps: int):
+    """Keys of different counts per rank and step into a small queue: its content after each step."""
+    from contrastkit.distributed import KeyQueue
+
+    queue = KeyQueue(size, D_OUT, distributed=True, dtype=torch.float64)
+    history = []
+    for step in range(steps):
+        queue.enqueue(queue_keys(seed, step, world)[rank])
+        history.append(queue.negatives())
+    return {"history": history, "state": {k: v.clone() for k, v in queue.state_dict().items()}}
+
+
+def queue_keys(seed: int, step: int, world: int) -> List[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    return [torch.randn(1 + (rank + step) % 3, D_OUT, generator=g, dtype=torch.float64) for rank in range(world)]
+
+
 def suite_worker(rank: int, world: int, seed: int, sizes: Sequence[int], reductions: Sequence[str],
                  extras: Sequence[str]):
     """All checks of one spawned run (spawning is the slow part), keyed by check name."""
@@ -201,12 +249,15 @@ def suite_worker(rank: int, world: int, seed: int, sizes: Sequence[int], reducti
         results["subgroup"] = subgroup_worker(rank, world, seed, SUBGROUP_SIZES[:world])
     if "errors" in extras:
         results["errors"] = errors_worker(rank, world)
+    if "queue" in extras:
+        results["queue"] = queue_worker(rank, world, seed, QUEUE_SIZE, QUEUE_STEPS)
     if "ddp" in extras:
         results["ddp"] = ddp_worker(rank, world, seed, DDP_SIZES[:world], DDP_STEPS, DDP_LR)
     return results
 
 
 SUBGROUP_SIZES = (3, 5, 2)
+QUEUE_SIZE, QUEUE_STEPS = 7, 5
 DDP_SIZES, DDP_STEPS, DDP_LR = (3, 5), 3, 0.5
 
 

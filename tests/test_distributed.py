@@ -22,13 +22,18 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 def reference(name: str, sizes, reduction: str):
-    """Single-process loss and parameter gradients on the concatenated batch."""
-    return W.loss_and_grads(W.Encoder(), name, W.concatenated(W.batches(SEED, sizes)), reduction)
+    """Single-process loss and parameter gradients on the concatenated batch (always dense)."""
+    dense = W.TILED.get(name, name)
+    return W.loss_and_grads(W.Encoder(), dense, W.concatenated(W.batches(SEED, sizes)), reduction)
+
+
+CASES = [(name, mode) for name in W.LOSSES for mode in W.MODES if (name, mode) not in W.SKIP]
 
 
 def own_anchor_losses(name: str, per_anchor: torch.Tensor, sizes, rank: int) -> torch.Tensor:
     """The entries of the global ``reduction="none"`` losses that belong to ``rank``'s anchors."""
     start, stop, total = sum(sizes[:rank]), sum(sizes[:rank + 1]), sum(sizes)
+    name = W.TILED.get(name, name)
     if name in ("nt_xent_views", "dcl"):
         return torch.cat([per_anchor[start:stop], per_anchor[total + start:total + stop]])
     if name == "supcon_views":
@@ -38,16 +43,18 @@ def own_anchor_losses(name: str, per_anchor: torch.Tensor, sizes, rank: int) -> 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    """One spawned 2-process run: every loss (equal batches), error handling, DDP training."""
+    """One spawned 2-process run: every loss (equal batches), error handling, DDP training,
+    the MoCo key queue."""
     return EQUAL, W.spawn(W.suite_worker, 2, tmp_path_factory.mktemp("two"), SEED, EQUAL, REDUCTIONS,
-                          ("errors", "ddp"))
+                          ("errors", "ddp", "queue"))
 
 
 @pytest.fixture(scope="module")
 def three_ranks(tmp_path_factory):
-    """One spawned 3-process run: every loss (uneven batches), a sub-group of two ranks."""
+    """One spawned 3-process run: every loss (uneven batches), a sub-group of two ranks, the
+    MoCo key queue."""
     return UNEVEN, W.spawn(W.suite_worker, 3, tmp_path_factory.mktemp("three"), SEED, UNEVEN, REDUCTIONS,
-                           ("subgroup",))
+                           ("subgroup", "queue"))
 
 
 @pytest.fixture(params=["two_ranks", "three_ranks"], ids=["2-ranks-equal", "3-ranks-uneven"])
@@ -56,9 +63,8 @@ def loss_run(request):
     return sizes, [r["losses"] for r in results]
 
 
-@pytest.mark.parametrize("mode", W.MODES)
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("name", list(W.LOSSES))
+@pytest.mark.parametrize("name, mode", CASES)
 def test_value_and_averaged_gradients_match_single_process(loss_run, name, mode, reduction):
     sizes, results = loss_run
     ref_value, ref_grads = reference(name, sizes, reduction)
@@ -76,8 +82,7 @@ def test_value_and_averaged_gradients_match_single_process(loss_run, name, mode,
             torch.testing.assert_close(grads[key], ref_grad, **TOL, msg=lambda m: f"{key}: {m}")
 
 
-@pytest.mark.parametrize("mode", W.MODES)
-@pytest.mark.parametrize("name", list(W.LOSSES))
+@pytest.mark.parametrize("name, mode", CASES)
 def test_per_anchor_losses(loss_run, name, mode):
     sizes, results = loss_run
     ref_losses, _ = reference(name, sizes, "none")
@@ -121,6 +126,7 @@ def test_errors_are_raised_on_every_rank(two_ranks):
         assert "negatives" in r["bank_with_distributed"]
         assert "distributed_mode" in r["bad_mode"]
         assert "no anchor has a positive" in r["no_positive_anywhere"]
+        assert "chunk_size" in r["supcon_tiled_local"] and "local" in r["supcon_tiled_local"]
 
 
 def test_three_sgd_steps_under_ddp_equal_single_process_training(two_ranks):
@@ -134,6 +140,35 @@ def test_three_sgd_steps_under_ddp_equal_single_process_training(two_ranks):
                 for key, value in expected.items():
                     torch.testing.assert_close(r[(name, mode)][key], value, **TOL,
                                                msg=lambda m: f"{name}/{mode}/{key}: {m}")
+
+
+@pytest.mark.parametrize("run", ["two_ranks", "three_ranks"])
+def test_key_queue_is_identical_on_every_rank_and_equals_single_process(request, run):
+    from contrastkit.distributed import KeyQueue
+
+    results = [r["queue"] for r in request.getfixturevalue(run)[1]]
+    world = len(results)
+    single = KeyQueue(W.QUEUE_SIZE, W.D_OUT, dtype=torch.float64)
+    wrapped = False
+    for step in range(W.QUEUE_STEPS):
+        keys = torch.cat(W.queue_keys(SEED, step, world))  # rank 0's keys first
+        single.enqueue(keys)
+        wrapped |= int(single.filled) == W.QUEUE_SIZE
+        for r in results:
+            assert torch.equal(r["history"][step], single.negatives())
+    assert wrapped, "the test must exercise the wrap-around"
+    for r in results:
+        for key, value in single.state_dict().items():
+            assert torch.equal(r["state"][key], value)
+
+
+def test_ring_exchange_runs_exactly_for_tiled_local_mode(loss_run):
+    """The equalities above cover the ring only if the tiled local cases really took it."""
+    _, results = loss_run
+    for r in results:
+        calls = r["ring_calls"]
+        expected = {(name, "local") for name in W.TILED} - W.SKIP
+        assert set(calls) == expected
 
 
 # --------------------------------------------------------------------------- single process

@@ -16,9 +16,11 @@ from .gather import (
     is_active,
     resolve_group,
 )
+from .queue import KeyQueue
 
 __all__ = [
     "DistributedArg",
+    "KeyQueue",
     "RowLayout",
     "all_gather_no_grad",
     "all_gather_with_grad",

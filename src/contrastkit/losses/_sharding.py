@@ -69,15 +69,25 @@ class Shard:
         except (ValueError, TypeError) as err:
             self._error = err
 
+    def exchange(self, *tensors: Tensor) -> int:
+        """Share row counts (and any input error) with the other ranks; returns the number of
+        rows of the global batch (the local count when not distributed)."""
+        if not self.active:
+            return tensors[0].shape[0]
+        if self._error is not None:
+            exchange_layout(0, (), torch.float64, self.group, error=self._error)
+        width = sum(t[0].numel() for t in tensors)
+        self.layout = exchange_layout(tensors[0].shape[0], (width,), tensors[0].dtype, self.group)
+        return self.layout.total
+
     def gather(self, *tensors: Tensor) -> Tuple[Tensor, ...]:
         """Concatenate each tensor (same row count, same dtype) over ranks, in one collective."""
         if not self.active:
             return tensors
-        if self._error is not None:
-            exchange_layout(0, (), torch.float64, self.group, error=self._error)
+        if self.layout is None:
+            self.exchange(*tensors)
         flat = [t.reshape(t.shape[0], -1) for t in tensors]
         joined = flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
-        self.layout = exchange_layout(joined.shape[0], joined.shape[1:], joined.dtype, self.group)
         objective = "per_rank" if self.local else "replicated"
         gathered = all_gather_with_grad(joined, self.group, objective=objective, layout=self.layout)
         pieces = gathered.split([f.shape[1] for f in flat], dim=1)
