@@ -12,7 +12,7 @@ from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, P
 # Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
 _FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
            "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
-           "queue_size", "projection_dim", "seed", "device", "log_every", "eval_every", "out")
+           "queue_size", "projection_dim", "seed", "device", "threads", "log_every", "eval_every", "out")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--projection-dim", type=int, default=None, help=f"size of z (default {d.projection_dim})")
     add("--seed", type=int, default=None, help=f"(default {d.seed})")
     add("--device", default=None, help="auto, cpu, cuda, cuda:1, ... (default auto)")
+    add("--threads", type=int, default=None,
+        help="CPU threads (default 1: fastest on a CPU shared with other jobs; 0 = torch's default)")
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
     add("--eval-every", type=int, default=None,
         help="epochs between val kNN checks logged to metrics.jsonl (default 0: never)")

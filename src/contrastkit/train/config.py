@@ -22,7 +22,8 @@ DEFAULT_WEIGHT_DECAY = {"adamw": 1e-4, "sgd": 5e-4}
 
 # Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
 # stretches the cosine schedule from the resumed step on.
-RESUME_MAY_CHANGE = frozenset({"epochs", "device", "out", "log_every", "eval_every"})
+# ``threads`` and ``device`` may change too, at the price of bit-exactness (reduction order).
+RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every"})
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -54,7 +55,7 @@ class PretrainConfig:
     temperature: Optional[float] = None
     learnable_temperature: bool = False
     epochs: int = 150
-    batch_size: int = 64
+    batch_size: int = 60             # divides glyphlab's 120 training scenes (the last partial batch is dropped)
     optimizer: str = "adamw"
     lr: Optional[float] = None
     weight_decay: Optional[float] = None
@@ -64,6 +65,7 @@ class PretrainConfig:
     projection_dim: int = 64
     seed: int = 0
     device: str = "auto"
+    threads: int = 1                # CPU threads (0: torch's default); see setup.limit_threads
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val kNN checks (0: never)
     knn_k: int = 20
@@ -112,6 +114,7 @@ class PretrainConfig:
         _positive_int(c.projection_dim, "projection_dim")
         if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
+        _positive_int(c.threads, "threads", 0)
         _positive_int(c.log_every, "log_every")
         _positive_int(c.eval_every, "eval_every", 0)
         _positive_int(c.knn_k, "knn_k")

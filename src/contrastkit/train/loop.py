@@ -26,7 +26,7 @@ from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_sta
 from .config import RESUME_MAY_CHANGE, PretrainConfig
 from .evaluate import evaluate_encoders, extract_features
 from .parallel import LossForward, Parallel, setup
-from .setup import build_model, load_data, resolve_device
+from .setup import build_model, limit_threads, load_data, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -176,8 +176,14 @@ def pretrain(
     the ranks by a ``DistributedSampler``; only rank 0 writes files and evaluates, and the
     other ranks return ``None``. Resuming needs the same number of processes.
     """
-    started = time.perf_counter()
     config = config.resolved()
+    with limit_threads(config.threads):
+        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end)
+
+
+def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
+              views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]]) -> Optional[Dict[str, Any]]:
+    started = time.perf_counter()
     device = resolve_device(config.device)
     parallel = setup(device)
     if parallel.active and device.type == "cuda":
@@ -239,8 +245,8 @@ def pretrain(
         except (RuntimeError, ValueError, KeyError) as err:
             raise ValueError(f"checkpoint {checkpoint_path} does not match this model/optimizer: "
                              f"{str(err).splitlines()[0]}") from None
-        # A changed --epochs reshapes the schedule from here on.
-        scheduler.lr_lambdas = [warmup_cosine(total_steps, warmup_steps)]
+        # The schedule's functions are not in the state (only its step): a changed --epochs
+        # reshapes the cosine from the resumed step on.
         set_rng_state(state["rng_per_rank"][parallel.rank] if parallel.active else state["rng"])
         epoch, step = int(state["epoch"]), int(state["step"])
         train_seconds = float(state.get("train_seconds", 0.0))
