@@ -272,3 +272,36 @@ def reference_training(name: str, seed: int, sizes: Sequence[int], steps: int, l
         LOSSES[name](z_a, z_b, y, tau).backward()
         optimizer.step()
     return {k: p.detach().clone() for k, p in model.named_parameters()}
+
+
+# --------------------------------------------------------------------------- pretraining
+
+
+class StopAfterFirstEpoch(Exception):
+    pass
+
+
+def _stop_after_first_epoch(epoch, record):
+    if epoch == 1:
+        raise StopAfterFirstEpoch()
+
+
+def pretrain_worker(rank: int, world: int, options: dict, straight: str, interrupted: str):
+    """Data-parallel pretraining through the Python API: an uninterrupted run, a run stopped
+    after its first epoch, a refused overwrite, and the resume of the stopped run."""
+    from contrastkit.train import PretrainConfig, pretrain
+
+    results = {}
+    results["straight"] = pretrain(PretrainConfig(out=straight, **options), progress=False)
+    try:
+        pretrain(PretrainConfig(out=interrupted, **options), progress=False, on_epoch_end=_stop_after_first_epoch)
+        results["stopped"] = False
+    except StopAfterFirstEpoch:
+        results["stopped"] = True
+    try:
+        pretrain(PretrainConfig(out=interrupted, **options), progress=False)
+        results["overwrite"] = None
+    except FileExistsError as err:
+        results["overwrite"] = str(err)
+    results["resumed"] = pretrain(PretrainConfig(out=interrupted, **options), resume=True, progress=False)
+    return results

@@ -165,7 +165,8 @@ def pretrain(
         progress: show the rich progress bar; ``None`` means "if stderr is a terminal".
         dataset, views: an already loaded data set and view maker (by default
             ``contrastkit.data.load_dataset`` / ``make_views`` from the config).
-        on_epoch_end: called as ``on_epoch_end(epoch, record)`` after each epoch's checkpoint.
+        on_epoch_end: called as ``on_epoch_end(epoch, record)`` after each epoch's checkpoint
+            (on every rank under torchrun).
 
     The per-epoch shuffling uses its own generator seeded from ``(seed, epoch)``; the views
     draw from torch's global RNG, whose state (with numpy's and python's) is checkpointed,
@@ -327,8 +328,9 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                         "epoch": epoch, "step": step, "train_seconds": train_seconds,
                         "epoch_losses": epoch_losses,
                     })
-                    if on_epoch_end is not None:
-                        on_epoch_end(epoch, record)
+                parallel.barrier()  # the checkpoint is complete before any rank goes on
+                if on_epoch_end is not None:
+                    on_epoch_end(epoch, record)
     finally:
         bar.close()
     if not parallel.is_main:
