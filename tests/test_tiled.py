@@ -203,6 +203,17 @@ def test_autocast_does_not_lower_the_tiled_precision():
     assert torch.allclose(cast, plain, rtol=1e-6)
 
 
+def test_backward_inside_autocast_stays_in_full_precision():
+    z_a, z_b = leaf(20, 8, dtype=torch.float32, seed=1), leaf(20, 8, dtype=torch.float32, seed=2)
+    bidirectional_info_nce(z_a, z_b, temperature=0.05, chunk_size=6).backward()
+    expected = z_a.grad.clone()
+    z_a.grad = z_b.grad = None
+    loss = bidirectional_info_nce(z_a, z_b, temperature=0.05, chunk_size=6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss.backward()
+    assert_close_rel(z_a.grad, expected, 1e-6)
+
+
 def test_learnable_temperature_module_gets_the_same_gradient():
     z_a, z_b = leaf(30, 8, dtype=torch.float32, seed=8), leaf(30, 8, dtype=torch.float32, seed=9)
     grads = []

@@ -42,7 +42,7 @@ DEFAULT_CHUNK_SIZE = 1024
 
 #: Automatic dispatch: similarity matrices with at most this many entries are computed
 #: densely, larger ones in tiles (measured crossover, see docs/tiled.md).
-DENSE_MAX_ENTRIES = 4096 * 4096
+DENSE_MAX_ENTRIES = 1024 * 1024
 
 # A tile shared between rows and columns uses one scalar shift c (the tile maximum). If every
 # row and column of the tile keeps sum exp(s - c) >= exp(-margin), no term that matters can
@@ -120,6 +120,12 @@ def _refuse_double_backward() -> None:
             "(double backward) is not supported; use the dense path (small batches) for it")
 
 
+def _no_autocast(like: Tensor):
+    # Autocast would run the tile products in half precision (the backward may be called
+    # inside a user's autocast region); the kernels always compute in the input's dtype.
+    return torch.autocast(device_type=like.device.type, enabled=False)
+
+
 def _buffers(like: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
     return like.new_empty(chunk * chunk), like.new_empty(chunk * chunk)
 
@@ -130,21 +136,32 @@ def _view(buffer: Tensor, rows: int, cols: int) -> Tensor:
 
 def _pair_weights(tile: Tensor, work: Tensor, shift: Tensor, shared: bool,
                   g_row: Tensor, lse_row: Tensor, g_col: Tensor, lse_col: Tensor) -> Tensor:
-    """``W = g_row * exp(tile - lse_row) + g_col * exp(tile - lse_col)``; overwrites both buffers.
+    """``W = g_row * exp(S - lse_row) + g_col * exp(S - lse_col)``; overwrites both buffers.
+
+    ``tile`` holds ``S - c`` if ``shared`` else ``S``.
 
     ``lse_row`` runs along the tile's rows (shape ``(r,)``), ``lse_col`` along its columns.
     Returns ``W`` (it lives in ``work`` or ``tile``).
     """
     if shared:
-        # exp(s - lse) = exp(s - c) * exp(c - lse): one exponential per element.
+        # exp(s - lse) = exp(s - c) * exp(c - lse): one exponential per element. The caller
+        # has already subtracted c (folded into the product, see _shifted_tile).
         alpha = g_row * torch.exp(shift - lse_row)
         beta = g_col * torch.exp(shift - lse_col)
-        tile.sub_(shift).exp_()
+        tile.exp_()
         torch.mul(tile, alpha[:, None], out=work)
         return work.addcmul_(tile, beta[None, :])
     torch.sub(tile, lse_row[:, None], out=work).exp_().mul_(g_row[:, None])
     tile.sub_(lse_col[None, :]).exp_().mul_(g_col[None, :])
     return tile.add_(work)
+
+
+def _shifted_tile(a: Tensor, b: Tensor, out: Tensor, shift: Tensor, shared: bool) -> Tensor:
+    """``A B^T - c`` when the tile uses the shared shift ``c`` (the subtraction rides on the
+    product for free), else ``A B^T``."""
+    if shared:
+        return torch.addmm(-shift, a, b.T, out=out)
+    return torch.mm(a, b.T, out=out)
 
 
 # --------------------------------------------------------------------------- one modality
@@ -159,7 +176,7 @@ class _SelfLogSumExp(torch.autograd.Function):
         blocks = _blocks(n, chunk)
         tile_buf, work_buf = _buffers(x, min(chunk, n))
         shifts: List[Tuple[Tensor, bool]] = []
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(x):
             for bi, (i0, i1) in enumerate(blocks):
                 xi = x[i0:i1]
                 tile = torch.mm(xi, xi.T, out=_view(tile_buf, i1 - i0, i1 - i0))
@@ -187,7 +204,7 @@ class _SelfLogSumExp(torch.autograd.Function):
         blocks = _blocks(n, ctx.chunk)
         tile_buf, work_buf = _buffers(x, min(ctx.chunk, n))
         shifts = iter(ctx.shifts)
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(x):
             for bi, (i0, i1) in enumerate(blocks):
                 xi = x[i0:i1]
                 tile = torch.mm(xi, xi.T, out=_view(tile_buf, i1 - i0, i1 - i0))
@@ -196,8 +213,8 @@ class _SelfLogSumExp(torch.autograd.Function):
                 dx[i0:i1].addmm_(tile, xi).addmm_(tile.T, xi)
                 for j0, j1 in blocks[bi + 1:]:
                     xj = x[j0:j1]
-                    tile = torch.mm(xi, xj.T, out=_view(tile_buf, i1 - i0, j1 - j0))
                     shift, shared = next(shifts)
+                    tile = _shifted_tile(xi, xj, _view(tile_buf, i1 - i0, j1 - j0), shift, shared)
                     weights = _pair_weights(tile, _view(work_buf, i1 - i0, j1 - j0), shift, shared,
                                             grad[i0:i1], lse[i0:i1], grad[j0:j1], lse[j0:j1])
                     dx[i0:i1].addmm_(weights, xj)
@@ -229,7 +246,7 @@ class _CrossLogSumExp(torch.autograd.Function):
         row_blocks, col_blocks = _blocks(n, chunk), _blocks(k, chunk)
         tile_buf, work_buf = _buffers(a, max(min(chunk, n), min(chunk, k)))
         shifts: List[Tuple[Tensor, bool]] = []
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(a):
             for i0, i1 in row_blocks:
                 ai = a[i0:i1]
                 for j0, j1 in col_blocks:
@@ -264,18 +281,20 @@ class _CrossLogSumExp(torch.autograd.Function):
         if ctx.columns:
             grad_col = a.new_zeros(k) if grad_col is None else grad_col.to(a.dtype)
         tile_buf, work_buf = _buffers(a, max(min(ctx.chunk, n), min(ctx.chunk, k)))
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(a):
             for i0, i1 in _blocks(n, ctx.chunk):
                 ai = a[i0:i1]
                 for j0, j1 in _blocks(k, ctx.chunk):
                     bj = b[j0:j1]
-                    tile = torch.mm(ai, bj.T, out=_view(tile_buf, i1 - i0, j1 - j0))
+                    tile_view = _view(tile_buf, i1 - i0, j1 - j0)
                     if ctx.columns:
                         shift, shared = next(shifts)
+                        tile = _shifted_tile(ai, bj, tile_view, shift, shared)
                         weights = _pair_weights(tile, _view(work_buf, i1 - i0, j1 - j0), shift, shared,
                                                 grad_row[i0:i1], row_lse[i0:i1],
                                                 grad_col[j0:j1], col_lse[j0:j1])
                     else:
+                        tile = torch.mm(ai, bj.T, out=tile_view)
                         weights = tile.sub_(row_lse[i0:i1, None]).exp_().mul_(grad_row[i0:i1, None])
                     if need_a:
                         da[i0:i1].addmm_(weights, bj)
