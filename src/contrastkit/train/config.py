@@ -54,7 +54,7 @@ class PretrainConfig:
     view_strength: Optional[float] = None  # make_views strength; None: its per-mode default
     temperature: Optional[float] = None
     learnable_temperature: bool = False
-    epochs: int = 150
+    epochs: int = 60
     batch_size: int = 60             # divides glyphlab's 120 training scenes (the last partial batch is dropped)
     optimizer: str = "adamw"
     lr: Optional[float] = None
