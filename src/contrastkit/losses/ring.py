@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .tiled import _blocks, _buffers, _merge_, _refuse_double_backward, _row_stats, _view
+from .tiled import _blocks, _buffers, _merge_, _no_autocast, _refuse_double_backward, _row_stats, _view
 
 __all__ = ["ring_logsumexp"]
 
@@ -66,7 +66,7 @@ class _RingLogSumExp(torch.autograd.Function):
         side = max(min(chunk, n), min(chunk, max(sizes)))
         tile_buf, work_buf = _buffers(anchors, side)
         block = candidates.detach()
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(anchors):
             for step in range(world):
                 requests = []
                 if step < world - 1:
@@ -97,7 +97,7 @@ class _RingLogSumExp(torch.autograd.Function):
         block, d_block = candidates.detach(), torch.zeros_like(candidates)
         side = max(min(chunk, n), min(chunk, max(sizes)))
         tile_buf, _ = _buffers(anchors, side)
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(anchors):
             for step in range(world):
                 # The block must be fully used before it moves on with its gradient, so the
                 # candidates (not yet their gradient) are prefetched while computing.
