@@ -148,8 +148,8 @@ def exchange_layout(
     raises (the message of each failing rank is shared), instead of the healthy ranks waiting
     forever in the next collective.
     """
-    if tuple(trailing_shape) and len(trailing_shape) > 6:
-        raise ValueError("at most 6 trailing dimensions can be gathered")
+    if len(trailing_shape) > 6:
+        raise ValueError(f"at most 6 trailing dimensions can be gathered, got shape (rows, *{tuple(trailing_shape)})")
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     code = _DTYPES.index(dtype) if dtype in _DTYPES else -1
