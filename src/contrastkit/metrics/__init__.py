@@ -1,9 +1,14 @@
-"""Metrics of learned representations (pure torch, chunked so large evaluation sets fit in memory).
+"""Metrics on frozen features (pure functions).
 
-See :mod:`contrastkit.metrics.representation`.
+* Read-out: linear probe and weighted kNN (:mod:`contrastkit.metrics.probe`); scikit-learn
+  is imported lazily inside the functions that need it.
+* Representation geometry: alignment, uniformity, tolerance, positive vs nearest-negative
+  similarity, penalty entropy, effective rank (:mod:`contrastkit.metrics.representation`;
+  pure torch, chunked so large evaluation sets fit in memory).
 """
 
-from contrastkit.metrics.representation import (
+from .probe import DEFAULT_C_GRID, ProbeResult, knn_accuracy, knn_predict, linear_probe
+from .representation import (
     SimilarityProfile,
     alignment,
     effective_rank,
@@ -15,12 +20,7 @@ from contrastkit.metrics.representation import (
 )
 
 __all__ = [
-    "alignment",
-    "uniformity",
-    "tolerance",
-    "similarity_profile",
-    "SimilarityProfile",
-    "penalty_entropy",
-    "effective_rank",
-    "representation_metrics",
+    "DEFAULT_C_GRID", "ProbeResult", "knn_accuracy", "knn_predict", "linear_probe",
+    "alignment", "uniformity", "tolerance", "similarity_profile", "SimilarityProfile",
+    "penalty_entropy", "effective_rank", "representation_metrics",
 ]
