@@ -17,6 +17,8 @@ from typing import List, Optional
 COMMANDS = {
     "explain": ("contrastkit.commands.explain",
                 "show probabilities, gradients, hardness and limits of InfoNCE on given similarities"),
+    "sweep": ("contrastkit.commands.sweep", "pretrain over a grid of temperatures and seeds; metrics, plots, verdicts"),
+    "experiment": ("contrastkit.commands.experiment", "run an experiment of the source texts (positive-pairs)"),
 }
 
 

@@ -94,6 +94,11 @@ class TemperatureSchedule:
         """``tau`` (a float) at ``step`` of ``total_steps`` (0-based)."""
         raise NotImplementedError
 
+    @property
+    def lowest(self) -> float:
+        """The smallest ``tau`` the schedule can take (the initial one for ``learnable``)."""
+        raise NotImplementedError
+
     def __call__(self, step: int, total_steps: int) -> Union[float, Temperature]:
         return self.value(step, total_steps)
 
@@ -115,6 +120,10 @@ class ConstantSchedule(TemperatureSchedule):
 
     def value(self, step: int, total_steps: int) -> float:
         _check_step(step, total_steps)
+        return self.tau
+
+    @property
+    def lowest(self) -> float:
         return self.tau
 
     def config(self) -> Dict[str, Any]:
@@ -149,6 +158,10 @@ class CosineSchedule(TemperatureSchedule):
             phase = 2.0 * step / self.period
         return self.tau_min + 0.5 * (self.tau_max - self.tau_min) * (1.0 + math.cos(math.pi * phase))
 
+    @property
+    def lowest(self) -> float:
+        return self.tau_min
+
     def config(self) -> Dict[str, Any]:
         return {"kind": self.kind, "tau_min": self.tau_min, "tau_max": self.tau_max, "period": self.period}
 
@@ -164,6 +177,10 @@ class LinearSchedule(TemperatureSchedule):
 
     def value(self, step: int, total_steps: int) -> float:
         return self.start + (self.end - self.start) * _progress(step, total_steps)
+
+    @property
+    def lowest(self) -> float:
+        return min(self.start, self.end)
 
     def config(self) -> Dict[str, Any]:
         return {"kind": self.kind, "start": self.start, "end": self.end}
@@ -201,6 +218,10 @@ class StepSchedule(TemperatureSchedule):
         done = step / total_steps
         return self.values[sum(1 for f in self.milestones if done >= f)]
 
+    @property
+    def lowest(self) -> float:
+        return min(self.values)
+
     def config(self) -> Dict[str, Any]:
         return {"kind": self.kind, "values": list(self.values), "milestones": list(self.milestones)}
 
@@ -223,6 +244,10 @@ class LearnableSchedule(TemperatureSchedule):
     def value(self, step: int, total_steps: int) -> float:
         _check_step(step, total_steps)
         return self.module.value
+
+    @property
+    def lowest(self) -> float:
+        return self.initial
 
     def __call__(self, step: int, total_steps: int) -> Temperature:
         _check_step(step, total_steps)
