@@ -128,7 +128,7 @@ def plot_positive_pairs(rows: Sequence[Dict[str, Any]], path: str) -> str:
 def _table(rows: Sequence[Dict[str, Any]]) -> str:
     header = f"{'setting':<12} {'runs':>4} {'probe accuracy':>17} {'kNN accuracy':>17}  per seed (probe)"
     lines = [header, "-" * len(header)]
-    for setting in dict.fromkeys(r["setting"] for r in rows):
+    for setting in [s for s in ("pairs A", "pairs B", "random init", "raw pixels") if _accuracies(rows, s)]:
         probe = _accuracies(rows, setting)
         knn = _accuracies(rows, setting, "knn_accuracy")
         (pm, ps), (km, ks) = mean_std(probe), mean_std(knn)
