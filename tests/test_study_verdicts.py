@@ -52,7 +52,7 @@ def test_mean_std_sample_deviation():
 
 
 def test_parse_data_options():
-    assert parse_data_options(["train_scenes=24", "noise=0.3", "clutter=2,5", "name=x"]) == {
+    assert parse_data_options(["train_scenes=24", "noise=0.3", "clutter=[2,5]", "name=x"]) == {
         "train_scenes": 24, "noise": 0.3, "clutter": [2, 5], "name": "x"}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_data_options(["train_scenes"])

@@ -23,7 +23,8 @@ DEFAULT_WEIGHT_DECAY = {"adamw": 1e-4, "sgd": 5e-4}
 
 # Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
 # stretches the cosine schedule from the resumed step on.
-RESUME_MAY_CHANGE = frozenset({"epochs", "device", "out", "log_every", "eval_every"})
+# ``threads`` and ``device`` may change too, at the price of bit-exactness (reduction order).
+RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every"})
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -71,11 +72,12 @@ class PretrainConfig:
     method: str = "simclr"
     encoder: str = "small"
     views: str = "augment"
+    view_strength: Optional[float] = None  # make_views strength; None: its per-mode default
     temperature: Optional[float] = None
     learnable_temperature: bool = False
     temperature_schedule: str = "constant"  # contrastkit.temperature.parse_schedule form
     epochs: int = 150
-    batch_size: int = 64
+    batch_size: int = 60             # divides glyphlab's 120 training scenes (the last partial batch is dropped)
     optimizer: str = "adamw"
     lr: Optional[float] = None
     weight_decay: Optional[float] = None
@@ -85,6 +87,7 @@ class PretrainConfig:
     projection_dim: int = 64
     seed: int = 0
     device: str = "auto"
+    threads: int = 1                # CPU threads (0: torch's default); see setup.limit_threads
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val kNN checks (0: never)
     knn_k: int = 20
@@ -103,6 +106,8 @@ class PretrainConfig:
             raise ValueError(f"encoder must be one of {ENCODER_NAMES}, got {c.encoder!r}")
         if c.views not in VIEW_MODES:
             raise ValueError(f"views must be one of {VIEW_MODES}, got {c.views!r}")
+        if c.view_strength is not None:
+            c.view_strength = _positive_float(c.view_strength, "view_strength", allow_zero=True)
         if not isinstance(c.data, str) or not c.data:
             raise ValueError(f"data must be 'glyphlab', 'digits' or a path, got {c.data!r}")
         if c.data not in ("glyphlab", "digits") and os.path.exists(c.data):
@@ -132,6 +137,7 @@ class PretrainConfig:
         _positive_int(c.projection_dim, "projection_dim")
         if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
+        _positive_int(c.threads, "threads", 0)
         _positive_int(c.log_every, "log_every")
         _positive_int(c.eval_every, "eval_every", 0)
         _positive_int(c.knn_k, "knn_k")
