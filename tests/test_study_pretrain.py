@@ -110,3 +110,21 @@ def test_simple_and_hard_negative_methods_train(tmp_path):
         assert summary["method"] == method and math.isfinite(summary["final_loss"])
         assert "random_init_probe_accuracy" not in summary and summary["beats_baselines"] is None
         assert not any(r["kind"] == "tau" for r in records(out))  # constant tau: not logged per step
+
+
+def test_pretrain_command_takes_a_schedule(tmp_path, capsys):
+    from contrastkit.cli import main
+
+    out = str(tmp_path / "run")
+    args = ["pretrain", "--data", "glyphlab", "--data-option", "train_scenes=16", "--data-option", "val_scenes=9",
+            "--data-option", "test_scenes=12", "--data-option", "size=28", "--epochs", "2", "--batch-size", "8",
+            "--temperature-schedule", "linear:0.1,0.3", "--out", out, "--quiet", "--json", "--device", "cpu"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["temperature_schedule"] == "linear:0.1,0.3"
+    # 4 steps: 0.1, 0.1 + 0.2/3, 0.1 + 0.4/3, 0.3
+    assert [r["tau"] for r in records(out) if r["kind"] == "tau"] == pytest.approx([0.1, 0.1 + 0.2 / 3,
+                                                                                    0.1 + 0.4 / 3, 0.3])
+    assert "h" in summary["representation"]
+    assert main(args[:-6] + ["--temperature-schedule", "cosine:0.5", "--out", str(tmp_path / "bad")]) == 2
+    assert "expected cosine" in capsys.readouterr().err
