@@ -11,6 +11,7 @@ from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, P
 
 # Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
 _FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
+           "temperature_schedule",
            "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
            "queue_size", "projection_dim", "seed", "device", "threads", "log_every", "eval_every", "out")
 
@@ -38,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--temperature", type=float, default=None,
         help="initial tau (default per method: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_TEMPERATURE.items()) + ")")
     add("--learnable-temperature", action="store_true", default=None, help="train tau (CLIP parameterisation)")
+    add("--temperature-schedule", default=None, metavar="SCHEDULE",
+        help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], linear:START,END, "
+             "step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; see docs/temperature-study.md)")
     add("--epochs", type=int, default=None, help=f"(default {d.epochs})")
     add("--batch-size", type=int, default=None, help=f"source images per step (default {d.batch_size})")
     add("--optimizer", choices=OPTIMIZERS, default=None, help=f"(default {d.optimizer})")
