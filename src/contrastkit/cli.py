@@ -17,6 +17,7 @@ from typing import List, Optional
 COMMANDS = {
     "explain": ("contrastkit.commands.explain",
                 "show probabilities, gradients, hardness and limits of InfoNCE on given similarities"),
+    "explore": ("contrastkit.commands.explore", "write (or serve) the interactive temperature explorer page and open it"),
 }
 
 
