@@ -123,9 +123,13 @@ def assert_shown(text, full, expected, decimals, what):
     if math.isinf(expected):
         assert displayed_number(text) == expected and float(full) == expected, what
         return
-    assert abs(displayed_number(text) - expected) <= 0.5 * 10 ** -decimals + 1e-12 * max(1, abs(expected)), \
-        f"{what}: page shows {text}, explain gives {expected!r}"
-    assert len(text.split(".")[1]) == decimals if decimals else "." not in text, f"{what}: {text}"
+    if "e" in text:  # tiny but not zero: 3 significant digits
+        assert 0 < abs(expected) < 0.5 * 10 ** -decimals, f"{what}: {text} for {expected!r}"
+        assert displayed_number(text) == pytest.approx(expected, rel=0.5e-2), f"{what}: {text} for {expected!r}"
+    else:
+        assert abs(displayed_number(text) - expected) <= 0.5 * 10 ** -decimals + 1e-12 * max(1, abs(expected)), \
+            f"{what}: page shows {text}, explain gives {expected!r}"
+        assert len(text.split(".")[1]) == decimals if decimals else "." not in text, f"{what}: {text}"
     assert float(full) == pytest.approx(expected, rel=1e-12, abs=1e-13), f"{what}: {full} vs {expected!r}"
 
 

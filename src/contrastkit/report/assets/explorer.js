@@ -45,13 +45,15 @@
       throw new RangeError("temperature " + tau + " is too small for these similarities: the loss overflows");
     }
     const probabilities = logits.map(function (l) { return Math.exp(l - logZ); });
-    // p_+ = exp(-L) and 1 - p_+ = -expm1(-L): exact even when p_+ is within 1e-17 of 1.
     probabilities[positive] = Math.exp(-loss);
-    const gradients = probabilities.map(function (p) { return p / tau; });
-    gradients[positive] = Math.expm1(-loss) / tau;
-
     const negatives = [];
     for (let j = 0; j < k; j++) if (j !== positive) negatives.push(j);
+    // 1 - p_+ as the sum of the negatives' probabilities, each accurate to a few ulps
+    // (1 - exp(-L) would lose digits when p_+ is near 1).
+    const gradients = probabilities.map(function (p) { return p / tau; });
+    let rest = 0;
+    for (const j of negatives) rest += probabilities[j];
+    gradients[positive] = -rest / tau;
     let hardest = negatives[0];
     for (const j of negatives) if (s[j] > s[hardest]) hardest = j;   // first on ties
     const logZNeg = logSumExp(negatives.map(function (j) { return logits[j]; }));
@@ -107,6 +109,8 @@
     if (value === Infinity) return "+∞";
     if (value === -Infinity) return "−∞";
     if (Number.isNaN(value)) return "—";
+    // Too small for the fixed decimals but not zero: 3 significant digits ("2.06e-9").
+    if (value !== 0 && Math.abs(value) < 0.5 * Math.pow(10, -decimals)) return value.toExponential(2);
     let text = value.toFixed(decimals);
     if (/^-0\.?0*$/.test(text)) text = text.slice(1);  // no "-0.000"
     return text;
