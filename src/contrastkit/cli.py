@@ -18,6 +18,7 @@ COMMANDS = {
     "explain": ("contrastkit.commands.explain",
                 "show probabilities, gradients, hardness and limits of InfoNCE on given similarities"),
     "explore": ("contrastkit.commands.explore", "write (or serve) the interactive temperature explorer page and open it"),
+    "report": ("contrastkit.commands.report", "write one self-contained HTML report of a run, sweep or experiment folder"),
 }
 
 

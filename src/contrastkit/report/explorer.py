@@ -22,6 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from .document import is_generated_by, write_page
+
 __all__ = ["PRESETS", "GENERATOR", "explorer_html", "write_explorer", "is_explorer_page", "ExplorerServer"]
 
 #: Marks a file as written by contrastkit, so that it may be replaced without ``--force``.
@@ -119,12 +121,7 @@ def explorer_html(*, presets: Optional[Sequence[Dict[str, Any]]] = None) -> str:
 
 def is_explorer_page(path: PathLike) -> bool:
     """Whether ``path`` is a page written by :func:`write_explorer` (so it may be replaced)."""
-    try:
-        with open(path, "r", encoding="utf-8", errors="replace") as handle:
-            head = handle.read(4096)
-    except OSError:
-        return False
-    return f'<meta name="generator" content="{GENERATOR}">' in head
+    return is_generated_by(path, GENERATOR)
 
 
 def write_explorer(path: PathLike = "contrastkit-explorer.html", *, force: bool = False) -> Path:
@@ -133,25 +130,7 @@ def write_explorer(path: PathLike = "contrastkit-explorer.html", *, force: bool 
     An existing file is replaced only if it is an explorer page written earlier, or with
     ``force=True``; anything else raises ``FileExistsError``. The file is written atomically.
     """
-    target = Path(path)
-    if target.is_dir():
-        raise IsADirectoryError(f"--out {target} is a directory; give a file name such as {target / 'explorer.html'}")
-    if not target.parent.exists():
-        raise FileNotFoundError(f"--out {target}: the folder {target.parent} does not exist")
-    if target.exists() and not force and not is_explorer_page(target):
-        raise FileExistsError(f"{target} exists and was not written by contrastkit; pass --force to replace it")
-    return _write_atomically(target, explorer_html())
-
-
-def _write_atomically(target: Path, text: str) -> Path:
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, target)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
-    return target
+    return write_page(path, explorer_html(), generator=GENERATOR, force=force)
 
 
 class _PageHandler(BaseHTTPRequestHandler):
