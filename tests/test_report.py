@@ -146,17 +146,29 @@ def write_sweep(folder: Path, *, plots=True):
     return folder, rows
 
 
+EXPERIMENT_ROWS = [  # results.csv of `contrastkit experiment positive-pairs`: one row per run
+    ("pairs A", 0, 0.9167, 0.9000, 2.8731), ("pairs B", 0, 0.5417, 0.5250, 2.9110),
+    ("random init", 0, 0.6250, 0.6083, None), ("raw pixels", 0, 0.6667, 0.6500, None),
+    ("pairs A", 1, 0.9000, 0.8917, 2.8805), ("pairs B", 1, 0.5833, 0.5583, 2.9042),
+    ("random init", 1, 0.6417, 0.6167, None), ("raw pixels", 1, 0.6667, 0.6500, None),
+]
+
+
 def write_experiment(folder: Path):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "experiment.json").write_text(json.dumps({"experiment": "positive-pairs", "data": "glyphlab", "seeds": 3}))
+    (folder / "experiment.json").write_text(json.dumps({"data_options": {}, "seeds": 2, "temperature": 0.2,
+                                                        "epochs": 150, "batch_size": 40, "device": "auto"}))
     with open(folder / "results.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["pairs", "probe_accuracy_mean", "probe_accuracy_std", "runs"])
-        writer.writerows([["A", 0.9122, 0.0131, 3], ["B", 0.5478, 0.0412, 3], ["random init", 0.6311, 0.0089, 3]])
+        writer.writerow(["setting", "seed", "probe_accuracy", "knn_accuracy", "final_loss", "run"])
+        for setting, seed, probe, knn, loss in EXPERIMENT_ROWS:
+            run = f"{setting.split()[-1]}-seed{seed}" if setting.startswith("pairs") else f"A-seed{seed}"
+            writer.writerow([setting, seed, probe, knn, "" if loss is None else loss, run])
     (folder / "verdicts.json").write_text(json.dumps([{"claim": "B (90-degree rotation) is weaker than A",
-                                                       "status": "holds", "evidence": "0.548 vs 0.912",
+                                                       "status": "holds", "evidence": "0.562 vs 0.908",
                                                        "rule": "gap beyond the larger std"}]))
     (folder / "positive_pairs.png").write_bytes(tiny_png(rgb=(217, 72, 15)))
+    (folder / "runs").mkdir()
     return folder
 
 
@@ -304,8 +316,14 @@ def test_experiment_report(tmp_path):
     page = report_html(folder)
     assert_self_contained(page)
     assert "Experiment: positive-pairs" in page
-    for number in ("0.9122", "0.5478", "0.6311", "0.0412"):
-        assert f">{number}<" in page
+    # Mean +/- std per setting, recomputed here (sample std over the two seeds).
+    for setting in ("pairs A", "pairs B", "random init", "raw pixels"):
+        values = [probe for s, _, probe, _, _ in EXPERIMENT_ROWS if s == setting]
+        mean = sum(values) / 2
+        std = abs(values[0] - values[1]) / math.sqrt(2)
+        assert f"{mean:.3f} ± {std:.3f}" in page, setting
+    for shown in ("0.9167", "0.5417", "2.873"):  # every run, 4 significant digits
+        assert f">{shown}<" in page
     assert "B (90-degree rotation) is weaker than A" in page
     assert embedded_pngs(page) == [tiny_png(rgb=(217, 72, 15))]
 

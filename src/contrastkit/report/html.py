@@ -48,7 +48,10 @@ PLOT_CAPTIONS = {
     "tolerance_vs_tau.png": "Tolerance (mean similarity of same-class pairs) against the temperature.",
     "uniformity_tolerance.png": "The uniformity-tolerance dilemma: each point is one setting.",
     "similarity_profile.png": "Positive similarity against the 10 most similar negatives, per temperature.",
+    "positive_pairs.png": "Linear-probe accuracy per positive-pair definition and baseline (mean ± std over seeds).",
 }
+GROUP_COLUMNS = ("setting", "loss", "method")  # a results table is summarised per value of the first present
+NOT_AGGREGATED = ("seed", "run", "tau")
 READOUTS = (("linear probe accuracy", "probe_accuracy"), ("kNN accuracy", "knn_accuracy"))
 BASELINES = (("pretrained encoder", ""), ("random-init encoder", "random_init_"), ("raw pixels", "raw_pixel_"))
 REPRESENTATION_KEYS = (
@@ -656,6 +659,9 @@ def _experiment_page(folder: Path) -> Page:
     tables = []
     for path in sorted(folder.glob("*.csv")):
         header, rows = _read_csv(path)
+        summary = _grouped_table(page, header, rows)
+        if summary:
+            tables.append(f"<h3>{page.text(path.name)}: mean ± std per setting</h3>" + summary)
         tables.append(f"<h3>{page.text(path.name)}</h3>" + (_csv_table(page, header, rows, path.name) if rows
                                                             else page.paragraph("no rows")))
     if tables:
@@ -666,6 +672,25 @@ def _experiment_page(folder: Path) -> Page:
     if settings:
         page.section("Settings", page.key_values(_settings_pairs(settings)), section_id="configuration")
     return page
+
+
+def _grouped_table(page: Page, header: Sequence[str], rows: Sequence[Dict[str, Any]]) -> str:
+    """Mean ± std of every numeric column per value of the grouping column (one row per run)."""
+    key = next((c for c in GROUP_COLUMNS if c in header), None)
+    if key is None or not rows:
+        return ""
+    numeric = [c for c in header if c not in NOT_AGGREGATED and c != key
+               and any(isinstance(r.get(c), float) for r in rows)
+               and all(isinstance(r.get(c), float) or r.get(c) is None for r in rows)]
+    if not numeric:
+        return ""
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(str(row.get(key)), []).append(row)
+    table = [[name, len(group)] + [_pm([r[c] for r in group if isinstance(r.get(c), float)]) for c in numeric]
+             for name, group in groups.items()]
+    return page.table([key, "runs"] + numeric, table, numeric=[False, True] + [True] * len(numeric),
+                      caption="Mean ± standard deviation over the runs of each setting.")
 
 
 # --------------------------------------------------------------------------- entry points
