@@ -360,6 +360,22 @@ def test_report_after_run_warns_instead_of_failing(tmp_path):
     assert (run / "report.html").read_text() == "someone else's file"
 
 
+@pytest.mark.parametrize("no_report", [False, True])
+def test_pretrain_writes_the_report_unless_told_not_to(tmp_path, capsys, monkeypatch, no_report):
+    import contrastkit.train
+
+    def fake_pretrain(config, **kwargs):  # the run's files, without the minutes of training
+        write_run(Path(config.out), metrics=False, summary=False)
+        return dict(SUMMARY)
+
+    monkeypatch.setattr(contrastkit.train, "pretrain", fake_pretrain)
+    out = tmp_path / "run"
+    argv = ["pretrain", "--out", str(out), "--quiet"] + (["--no-report"] if no_report else [])
+    assert main(argv) == 0
+    assert (out / "report.html").is_file() is (not no_report)
+    assert (f"report: {out / 'report.html'}" in capsys.readouterr().out) is (not no_report)
+
+
 def test_cli(tmp_path, capsys):
     run = write_run(tmp_path / "run", metrics=False, summary=False)
     assert main(["report", str(run)]) == 0

@@ -218,6 +218,8 @@ def _training_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
             values = [r["tau"] for r in ordered]
             if max(values) / max(min(values), 1e-12) > 20:
                 ax.set_yscale("log")
+            elif max(values) == min(values):  # a fixed tau: show it against zero, not magnified rounding
+                ax.set_ylim(0, 1.5 * max(values) if max(values) > 0 else 1)
             ax.set_title("Temperature τ")
             ax.set_ylabel("τ")
         elif panel == "lr":
@@ -235,6 +237,7 @@ def _training_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             continue
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return figure
 
 
