@@ -399,7 +399,9 @@ def _verdicts_section(page: Page, folder: Path) -> None:
 def _settings_pairs(settings: Dict[str, Any]) -> List[Tuple[str, str]]:
     pairs = []
     for key, value in settings.items():
-        if isinstance(value, (dict, list)):
+        if value is None:
+            value = "–"
+        elif isinstance(value, (dict, list)):
             value = json.dumps(value, sort_keys=True)
         pairs.append((key, value if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)))
     return pairs
