@@ -135,7 +135,7 @@ def _check_tau(temperature: object, name: str = "temperature") -> float:
 # --------------------------------------------------------------------------- result
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Explanation:
     """One temperature, every anchor. Arrays are float64 numpy; ``(N, K)`` per candidate, ``(N,)`` per anchor.
 
@@ -254,7 +254,7 @@ class Explanation:
         return _write_csv(_records(self, table), path, overwrite)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Sweep:
     """The same similarities explained at several temperatures (in the order given)."""
 

@@ -15,7 +15,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -27,6 +27,12 @@ _MAX_PROBABILITY_COLUMNS = 6
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+    def one_line_error(message: str) -> None:
+        # argparse would print the whole usage first; every error of this command is one line
+        parser.exit(2, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
+
+    parser.error = one_line_error  # type: ignore[method-assign]
     parser.epilog = (
         "With no similarities and no --matrix, the worked example s = 1 0.5 0 (positive first), "
         f"tau = {DEFAULT_TAU} is explained. Negative numbers work as arguments (-0.5); for "
@@ -210,7 +216,6 @@ def _count(n: int) -> str:
 
 @dataclass
 class _Table:
-    title: str
     headers: List[str]
     rows: List[List[str]] = field(default_factory=list)
 
@@ -218,7 +223,7 @@ class _Table:
 class _Printer:
     """Plain aligned text, or rich tables on a terminal."""
 
-    def __init__(self, use_rich: bool, stream=None):
+    def __init__(self, use_rich: bool, stream=None, width: Optional[int] = None):
         self.stream = stream or sys.stdout
         self.console = None
         if use_rich:
@@ -227,40 +232,39 @@ class _Printer:
             except ImportError:
                 pass
             else:
-                self.console = Console(file=self.stream, highlight=False)
+                self.console = Console(file=self.stream, highlight=False, width=width)
 
     def line(self, text: str = "") -> None:
         if self.console is not None:
-            self.console.print(text, markup=False)
+            self.console.print(text, markup=False, soft_wrap=True)
         else:
             print(text, file=self.stream)
 
     def table(self, table: _Table) -> None:
-        if self.console is not None:
+        widths = [max(len(h), *(len(r[i]) for r in table.rows)) for i, h in enumerate(table.headers)]
+        # rich would shorten numbers with an ellipsis when the table is wider than the terminal
+        if self.console is not None and sum(widths) + 3 * len(widths) + 1 <= self.console.width:
             from rich.table import Table
 
-            rich_table = Table(title=table.title, title_justify="left")
+            rich_table = Table()
             for i, header in enumerate(table.headers):
                 rich_table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
             for row in table.rows:
                 rich_table.add_row(*row)
             self.console.print(rich_table)
             return
-        widths = [max(len(h), *(len(r[i]) for r in table.rows)) for i, h in enumerate(table.headers)]
 
         def render(cells: Sequence[str]) -> str:
             return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
-        if table.title:
-            print(table.title, file=self.stream)
-        print(render(table.headers).rstrip(), file=self.stream)
-        print("  ".join("-" * w for w in widths), file=self.stream)
-        for row in table.rows:
-            print(render(row).rstrip(), file=self.stream)
+        lines = [render(table.headers).rstrip(), "  ".join("-" * w for w in widths)]
+        lines += [render(row).rstrip() for row in table.rows]
+        for text in lines:
+            self.line(text)
 
 
 def _candidate_table(e, anchor: int) -> _Table:
-    table = _Table("", ["candidate", "similarity", "logit", "probability", "dL/ds", "penalty share"])
+    table = _Table(["candidate", "similarity", "logit", "probability", "dL/ds", "penalty share"])
     for j in range(e.similarities.shape[1]):
         name = f"{j} +" if j == e.positive[anchor] else str(j)
         if not e.in_denominator[anchor, j]:
@@ -309,7 +313,7 @@ def _explain_one(printer: _Printer, e, anchor: int, header: str) -> None:
 
 
 def _anchor_table(e) -> _Table:
-    table = _Table("", ["anchor", "positive", "s+", "p+", "loss", "dL/ds+", "hardest", "s+ - s_hard",
+    table = _Table(["anchor", "positive", "s+", "p+", "loss", "dL/ds+", "hardest", "s+ - s_hard",
                         "eff. negatives", "lim tau->0", "lim tau->inf"])
     for i in range(len(e.positive)):
         p = int(e.positive[i])
@@ -339,7 +343,7 @@ def _sweep_table(s, request: _Request) -> _Table:
         p = int(first.positive[0])
         show_all = k <= _MAX_PROBABILITY_COLUMNS
         prob_headers = [f"p{j}{' +' if j == p else ''}" for j in range(k)] if show_all else ["p+"]
-        table = _Table("", ["tau", "loss", *prob_headers, "dL/ds+", "hardest share", "penalty entropy",
+        table = _Table(["tau", "loss", *prob_headers, "dL/ds+", "hardest share", "penalty entropy",
                             "eff. negatives"])
         for e in s:
             probs = [fmt(x) for x in e.probabilities[0]] if show_all else [fmt(e.probabilities[0, p])]
@@ -347,7 +351,7 @@ def _sweep_table(s, request: _Request) -> _Table:
             table.rows.append([f"{e.temperature:g}", fmt(e.losses[0]), *probs, fmt(e.gradients[0, p]),
                                fmt(e.penalty[0, h]), fmt(e.penalty_entropy[0]), f"{e.effective_negatives[0]:.2f}"])
         return table
-    table = _Table("", ["tau", "mean loss", "mean p+", "min p+", "mean |dL/ds+|", "mean eff. negatives"])
+    table = _Table(["tau", "mean loss", "mean p+", "min p+", "mean |dL/ds+|", "mean eff. negatives"])
     for e in s:
         pp = e.positive_probability
         table.rows.append([f"{e.temperature:g}", fmt(e.loss), fmt(pp.mean()), fmt(pp.min()),
@@ -379,11 +383,11 @@ def _print_sweep(printer: _Printer, s, request: _Request) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contrastkit.analysis import explain, sweep
-
-    request = _request(args)
+    request = _request(args)  # before importing torch, so a typo is reported at once
     if args.plot and os.path.exists(args.plot) and not args.force:
         raise FileExistsError(f"--plot {args.plot} exists; pass --force to replace it")
+    from contrastkit.analysis import explain, sweep
+
     kwargs = dict(positive=request.positive, exclude_diagonal=request.exclude_diagonal)
     if len(request.taus) == 1:
         result = explain(request.similarities, temperature=request.taus[0], **kwargs)
