@@ -380,9 +380,10 @@
     setOut($("out-limit-inf"), result.limit_infinity, 6);
     setOut($("out-entropy"), result.penalty_entropy, 6);
     setOut($("out-effective"), result.effective_negatives, 4);
-    $("out-effective-why").textContent = "out of " + (k - 1) + " negatives: near 1 only the hardest matters " +
-      "(small τ); near " + (k - 1) + " all weigh the same (large τ), max entropy log " + (k - 1) + " = " +
-      fmt(Math.log(k - 1), 4) + ".";
+    $("out-effective-why").textContent = k === 2
+      ? "A single negative carries the whole penalty at every τ (H = 0)."
+      : "out of " + (k - 1) + " negatives: near 1 only the hardest matters (small τ); near " + (k - 1) +
+        " all weigh the same (large τ), max entropy log " + (k - 1) + " = " + fmt(Math.log(k - 1), 4) + ".";
     setOut($("out-hardest"), result.hardest_negative, 0, label(result.hardest_negative));
     setOut($("out-margin"), result.hardest_margin, 6);
     let negativeGradient = 0;
