@@ -292,6 +292,16 @@ def test_keyboard_only_preset_and_every_control_labelled(page):
     assert {"tau-range", "tau-number", "pos-0", "sim-range-0", "sim-0", "add-candidate"} <= reached
 
 
+def test_narrow_screen_scrolls_the_table_not_the_page(page):
+    page.set_viewport_size({"width": 700, "height": 900})
+    try:
+        page.click("#preset-s4-hardness")
+        assert page.evaluate("document.documentElement.scrollWidth") == 700
+        check_page_against_explain(page)
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})
+
+
 def test_javascript_formulas_equal_explain_on_random_rows(page):
     rng = random.Random(9)
     cases = []
