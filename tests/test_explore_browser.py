@@ -185,9 +185,14 @@ def test_spec_numbers_as_displayed(page):
     assert page.text_content("#out-limit-zero") == f"{math.log(2):.6f}"
     assert page.text_content("#out-loss") == f"{math.log(2):.6f}"
     page.click("#preset-s3-row3")
-    assert page.text_content("#prob-2") == "0.824800"  # SPEC §3: distribution [0, 0, 0.825, 0.175]
-    assert page.text_content("#prob-3") == "0.175062"
-    assert page.text_content("#out-loss") == "0.192614"  # SPEC §3: ~0.193
+    # SPEC §3 row 3: logits (-0.6, -0.6, 8.79, 7.24), distribution ~ (0, 0, 0.825, 0.175), loss ~ 0.193.
+    logits = [-0.6, -0.6, 8.79, 7.24]
+    z = sum(math.exp(v - 8.79) for v in logits)
+    p = [math.exp(v - 8.79) / z for v in logits]
+    assert [round(v, 3) for v in p] == [0, 0, 0.825, 0.175] and round(-math.log(p[2]), 3) == 0.193
+    assert [page.text_content(f"#logit-{j}") for j in range(4)] == ["-0.6000", "-0.6000", "8.7900", "7.2400"]
+    assert [page.text_content(f"#prob-{j}") for j in (2, 3)] == [f"{p[2]:.6f}", f"{p[3]:.6f}"]
+    assert page.text_content("#out-loss") == f"{-math.log(p[2]):.6f}"
 
 
 def test_keyboard_moves_the_temperature_on_a_log_scale(page):
