@@ -138,6 +138,12 @@ def test_cli_writes_the_page(tmp_path, capsys, monkeypatch):
     assert "wrote contrastkit-explorer.html" in capsys.readouterr().out
     assert opened == []
 
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setattr("sys.platform", "linux")
+    assert main(["explore"]) == 0  # no display: say where the page is instead of a console browser
+    assert "no display found: open file://" in capsys.readouterr().out and opened == []
+
     monkeypatch.setenv("DISPLAY", ":0")
     assert main(["explore", "--out", "other.html"]) == 0
     assert opened == [(tmp_path / "other.html").as_uri()]

@@ -376,12 +376,17 @@ def test_pretrain_writes_the_report_unless_told_not_to(tmp_path, capsys, monkeyp
     assert (f"report: {out / 'report.html'}" in capsys.readouterr().out) is (not no_report)
 
 
-def test_cli(tmp_path, capsys):
+def test_cli(tmp_path, capsys, monkeypatch):
     run = write_run(tmp_path / "run", metrics=False, summary=False)
     assert main(["report", str(run)]) == 0
     assert f"wrote {run / 'report.html'} (run report)" in capsys.readouterr().out
     out = tmp_path / "elsewhere.html"
     assert main(["report", str(run), "--out", str(out)]) == 0 and out.is_file()
+    opened = []
+    monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or True)
+    monkeypatch.setenv("DISPLAY", ":0")
+    assert main(["report", str(run), "--open"]) == 0 and opened == [(run / "report.html").resolve().as_uri()]
+    capsys.readouterr()
     for argv, message in (([str(tmp_path / "nope")], "does not exist"),
                           ([str(tmp_path)], "is not a contrastkit run, sweep or experiment folder"),
                           ([str(run), "--out", str(tmp_path / "no" / "r.html")], "does not exist")):

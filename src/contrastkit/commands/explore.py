@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import webbrowser
 from pathlib import Path
 
 DEFAULT_OUT = "contrastkit-explorer.html"
@@ -28,27 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-open", action="store_true", help="do not open a web browser")
 
 
-def _has_display() -> bool:
-    # Without a display, webbrowser falls back to console browsers that take over the terminal.
-    if sys.platform.startswith("linux"):
-        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
-    return True
-
-
-def _open(url: str) -> None:
-    if not _has_display():
-        print(f"no display found: open {url} in a web browser")
-        return
-    try:
-        opened = webbrowser.open(url)
-    except webbrowser.Error:
-        opened = False
-    if not opened:
-        print(f"could not start a web browser: open {url} yourself")
-
-
 def run(args: argparse.Namespace) -> int:
     from contrastkit.cli import UsageError
+    from contrastkit.report.document import open_in_browser
     from contrastkit.report.explorer import ExplorerServer, write_explorer
 
     if not args.serve and (args.port is not None or args.serve_seconds is not None):
@@ -64,12 +43,12 @@ def run(args: argparse.Namespace) -> int:
         path = write_explorer(Path(args.out if args.out is not None else DEFAULT_OUT), force=args.force)
         print(f"wrote {path}")
         if not args.serve and not args.no_open:
-            _open(path.resolve().as_uri())
+            open_in_browser(path.resolve().as_uri())
     if args.serve:
         server = ExplorerServer(port)
         print(f"serving the explorer on {server.url} for {seconds:g} s (Ctrl+C to stop)", flush=True)
         if not args.no_open:
-            _open(server.url)
+            open_in_browser(server.url)
         try:
             server.serve_for(seconds)
         except KeyboardInterrupt:

@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     path = write_report(args.folder, args.out, force=args.force)
     print(f"wrote {path} ({kind} report)")
     if args.open:
-        from contrastkit.commands.explore import _open
+        from contrastkit.report.document import open_in_browser
 
-        _open(path.resolve().as_uri())
+        open_in_browser(path.resolve().as_uri())
     return 0

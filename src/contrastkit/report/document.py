@@ -12,10 +12,12 @@ import html
 import io
 import math
 import os
+import sys
+import webbrowser
 from pathlib import Path
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
-__all__ = ["Page", "check_target", "is_generated_by", "write_page", "figure_png", "fmt"]
+__all__ = ["Page", "check_target", "is_generated_by", "write_page", "figure_png", "fmt", "open_in_browser"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -233,3 +235,24 @@ def write_page(path: PathLike, text: str, *, generator: str, force: bool = False
         if temporary.exists():
             temporary.unlink()
     return target
+
+
+def _has_display() -> bool:
+    # Without a display, webbrowser falls back to console browsers that take over the terminal.
+    if sys.platform.startswith("linux"):
+        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    return True
+
+
+def open_in_browser(url: str) -> bool:
+    """Open ``url`` in the user's web browser; where that is not possible, say where the page is."""
+    if not _has_display():
+        print(f"no display found: open {url} in a web browser")
+        return False
+    try:
+        opened = webbrowser.open(url)
+    except webbrowser.Error:
+        opened = False
+    if not opened:
+        print(f"could not start a web browser: open {url} yourself")
+    return bool(opened)
