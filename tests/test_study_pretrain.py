@@ -7,10 +7,15 @@ import os
 import pytest
 import torch
 
+from contrastkit.data import load_dataset, make_views
 from contrastkit.temperature import CosineSchedule
 from contrastkit.train import PretrainConfig, pretrain
 from contrastkit.train.geometry import geometry
-from pretrain_fakes import fake_dataset, fake_views
+
+
+def tiny(train_scenes=32, test_scenes=15):
+    return dict(data="glyphlab", data_options=dict(train_scenes=train_scenes, val_scenes=9, test_scenes=test_scenes,
+                                                   size=28), device="cpu")
 
 
 def records(out):
@@ -21,9 +26,9 @@ def records(out):
 @pytest.fixture(scope="module")
 def cosine_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("cosine"))
-    ds = fake_dataset(n_train=32, n_eval=15)
-    config = PretrainConfig(epochs=2, batch_size=8, eval_every=1, temperature_schedule="cosine:0.05,0.5", out=out)
-    summary = pretrain(config, progress=False, dataset=ds, views=fake_views(ds), baselines=False)
+    config = PretrainConfig(epochs=2, batch_size=8, eval_every=1, temperature_schedule="cosine:0.05,0.5", out=out,
+                            **tiny())
+    summary = pretrain(config, progress=False, baselines=False)
     return out, summary
 
 
@@ -63,16 +68,16 @@ def test_representation_metrics_in_summary_and_at_each_evaluation(cosine_run):
 
 
 def test_geometry_leaves_training_rng_alone_and_repeats():
-    ds = fake_dataset(n_train=16, n_eval=12)
-    config = PretrainConfig(epochs=1, batch_size=4).resolved()
     from contrastkit.train.setup import build_model
 
-    model = build_model(config, 1)
+    ds = load_dataset("glyphlab", **tiny(16, 12)["data_options"])
+    model = build_model(PretrainConfig(epochs=1, batch_size=4).resolved(), 1)
+    views = make_views(ds, mode="augment")
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    first = geometry(model, ds.test, fake_views(ds), torch.device("cpu"), temperature=0.2, batch_size=4)
+    first = geometry(model, ds.test, views, torch.device("cpu"), temperature=0.2, batch_size=4)
     assert torch.equal(torch.get_rng_state(), before)
-    second = geometry(model, ds.test, fake_views(ds), torch.device("cpu"), temperature=0.2, batch_size=4)
+    second = geometry(model, ds.test, views, torch.device("cpu"), temperature=0.2, batch_size=4)
     assert first == second
     assert model.training  # mode restored
 
@@ -98,11 +103,10 @@ def test_config_learnable_and_constant_forms():
 
 
 def test_simple_and_hard_negative_methods_train(tmp_path):
-    ds = fake_dataset(n_train=16, n_eval=9)
     for method in ("simple", "hard_negative"):
         out = str(tmp_path / method)
-        summary = pretrain(PretrainConfig(method=method, epochs=1, batch_size=8, out=out), progress=False,
-                           dataset=ds, views=fake_views(ds), baselines=False)
+        summary = pretrain(PretrainConfig(method=method, epochs=1, batch_size=8, out=out, **tiny(16, 9)),
+                           progress=False, baselines=False)
         assert summary["method"] == method and math.isfinite(summary["final_loss"])
         assert "random_init_probe_accuracy" not in summary and summary["beats_baselines"] is None
         assert not any(r["kind"] == "tau" for r in records(out))  # constant tau: not logged per step

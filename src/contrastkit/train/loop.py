@@ -177,11 +177,12 @@ def pretrain(
     """
     config = config.resolved()
     with limit_threads(config.threads):
-        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end)
+        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines)
 
 
 def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
-              views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]]) -> Dict[str, Any]:
+              views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
+              baselines: bool = True) -> Dict[str, Any]:
     started = time.perf_counter()
     _prepare_out(config.out, resume, force)
     device = resolve_device(config.device)
