@@ -21,6 +21,8 @@ COMMANDS = {
     "probe": ("contrastkit.commands.probe", "re-evaluate a pretraining run's checkpoint with the linear probe"),
     "sweep": ("contrastkit.commands.sweep", "pretrain over a grid of temperatures and seeds; metrics, plots, verdicts"),
     "experiment": ("contrastkit.commands.experiment", "run an experiment of the source texts (positive-pairs)"),
+    "explore": ("contrastkit.commands.explore", "write (or serve) the interactive temperature explorer page and open it"),
+    "report": ("contrastkit.commands.report", "write one self-contained HTML report of a run, sweep or experiment folder"),
 }
 
 

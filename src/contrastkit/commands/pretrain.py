@@ -66,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--force", action="store_true", help="start over in a non-empty OUT (deletes its run files)")
     add("--quiet", action="store_true", help="no progress bar")
     add("--json", action="store_true", help="print summary.json instead of the table")
+    add("--no-report", action="store_true", help="do not write OUT/report.html (see `contrastkit report`)")
 
 
 def _parse_data_options(items: Any) -> Dict[str, Any]:
@@ -139,4 +140,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(summary, f"{summary['method']} on {summary['data']} ({summary['encoder']} encoder, "
                              f"{summary['epochs']} epochs) -> {config.out}")
+    if not args.no_report:
+        from contrastkit.report import report_after_run
+
+        path = report_after_run(config.out)  # a failure is a warning: the run's results are on disk
+        if path is not None and not args.json:
+            print(f"report: {path}")
     return 0
