@@ -1,0 +1,44 @@
+"""Shared construction helpers: device, data set, model (used by training and re-evaluation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .config import PretrainConfig
+from .methods import ContrastiveModel
+
+__all__ = ["resolve_device", "load_data", "build_model"]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` -> CUDA if available else CPU; anything else must be a valid, present device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {name!r} is not a valid torch device: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for but CUDA is not available")
+    return device
+
+
+def load_data(config: PretrainConfig) -> Any:
+    """``contrastkit.data.load_dataset(config.data, seed=config.seed, **config.data_options)``."""
+    from contrastkit.data import load_dataset
+
+    return load_dataset(config.data, seed=config.seed, **config.data_options)
+
+
+def build_model(config: PretrainConfig, in_channels: int) -> ContrastiveModel:
+    """The model at its initialisation for ``config.seed``; the global RNG is left untouched,
+    so the random-init baseline can be rebuilt at any time with identical weights."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return ContrastiveModel(
+            config.method, config.encoder, in_channels,
+            temperature=config.temperature, learnable_temperature=config.learnable_temperature,
+            projection_dim=config.projection_dim, momentum=config.momentum, queue_size=config.queue_size,
+        )
