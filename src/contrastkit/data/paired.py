@@ -303,10 +303,10 @@ def glyphlab_report(facts: Dict[str, Any], rng: np.random.Generator) -> str:
 
 #: Zero-shot prompts for GlyphLab's three orientation classes (vocabulary of the reports).
 GLYPHLAB_PROMPTS = {
-    "vertical": ["a vertical bar", "a vertical stroke", "a vertical line", "an up-and-down glyph"],
-    "horizontal": ["a horizontal bar", "a horizontal stroke", "a horizontal line", "a flat-lying glyph"],
-    "diagonal": ["a rising diagonal bar", "a falling diagonal bar", "an ascending diagonal stroke",
-                 "a descending diagonal stroke"],
+    "vertical": ["a vertical bar", "a vertical stroke", "a vertical line", "a vertically oriented glyph"],
+    "horizontal": ["a horizontal bar", "a horizontal stroke", "a horizontal line", "a horizontally oriented glyph"],
+    "diagonal": ["a rising diagonal bar", "a falling diagonal bar", "a rising diagonal stroke",
+                 "a falling diagonal stroke"],
 }
 
 
