@@ -17,6 +17,8 @@ from typing import List, Optional
 COMMANDS = {
     "explain": ("contrastkit.commands.explain",
                 "show probabilities, gradients, hardness and limits of InfoNCE on given similarities"),
+    "pretrain": ("contrastkit.commands.pretrain", "contrastive pretraining judged by a frozen linear probe"),
+    "probe": ("contrastkit.commands.probe", "re-evaluate a pretraining run's checkpoint with the linear probe"),
 }
 
 

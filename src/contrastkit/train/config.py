@@ -50,6 +50,7 @@ class PretrainConfig:
     method: str = "simclr"
     encoder: str = "small"
     views: str = "augment"
+    view_strength: Optional[float] = None  # make_views strength; None: its per-mode default
     temperature: Optional[float] = None
     learnable_temperature: bool = False
     epochs: int = 150
@@ -81,6 +82,8 @@ class PretrainConfig:
             raise ValueError(f"encoder must be one of {ENCODER_NAMES}, got {c.encoder!r}")
         if c.views not in VIEW_MODES:
             raise ValueError(f"views must be one of {VIEW_MODES}, got {c.views!r}")
+        if c.view_strength is not None:
+            c.view_strength = _positive_float(c.view_strength, "view_strength", allow_zero=True)
         if not isinstance(c.data, str) or not c.data:
             raise ValueError(f"data must be 'glyphlab', 'digits' or a path, got {c.data!r}")
         if c.data not in ("glyphlab", "digits") and os.path.exists(c.data):

@@ -186,7 +186,7 @@ def pretrain(
     if views is None:
         from contrastkit.data import make_views
 
-        views = make_views(dataset, mode=config.views, device=device)
+        views = make_views(dataset, mode=config.views, device=device, strength=config.view_strength)
 
     model = build_model(config, dataset.image_shape[0]).to(device)
     decay, no_decay = [], []
@@ -229,6 +229,7 @@ def pretrain(
                "dataset": {"name": dataset.name, "num_classes": int(dataset.num_classes),
                            "image_shape": list(dataset.image_shape),
                            "sizes": {s: int(getattr(dataset, s).images.shape[0]) for s in ("train", "val", "test")}},
+               "views": getattr(views, "config", None),
                "parameters": sum(p.numel() for p in model.encoder.parameters()),
                "versions": {"contrastkit": __version__, "torch": torch.__version__,
                             "python": platform.python_version()}}
