@@ -150,6 +150,11 @@ class PairedDataset:
         return self.image_shape[0]
 
     @property
+    def num_classes(self) -> int:
+        """Number of classes (0 when the data carry no labels)."""
+        return len(self.class_names)
+
+    @property
     def has_labels(self) -> bool:
         return bool(self.class_names)
 

@@ -16,6 +16,7 @@ Pieces used by the pretraining loop for ``method="convirt"``:
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -27,8 +28,12 @@ from contrastkit.losses._checks import check_probability
 from contrastkit.models import ProjectionHead, build_encoder
 from contrastkit.models.text import TextEncoder, WordTokenizer
 
-__all__ = ["ConvirtModel", "PairedBatches", "build_tokenizer", "encode_pairs", "evaluate_convirt",
+__all__ = ["ConvirtModel", "PairedBatches", "build_tokenizer", "run_tokenizer", "encode_pairs",
+           "evaluate_convirt", "val_retrieval", "fact_ceiling", "TOKENIZER_FILE",
            "DEFAULT_WEIGHT", "DEFAULT_TEMPERATURE", "DEFAULT_DIM"]
+
+#: The run folder's tokenizer file.
+TOKENIZER_FILE = "tokenizer.json"
 
 #: SPEC section 3: ConVIRT's lambda, tau and joint-space size.
 DEFAULT_WEIGHT, DEFAULT_TEMPERATURE, DEFAULT_DIM = 0.75, 0.1, 512
@@ -38,6 +43,27 @@ def build_tokenizer(dataset: Any) -> WordTokenizer:
     """The word tokenizer of ``dataset.train.texts`` (deterministic: the same texts give the
     same vocabulary), so rebuilding it for a baseline or a resumed run gives the same ids."""
     return WordTokenizer.build(dataset.train.texts)
+
+
+def run_tokenizer(dataset: Any, out: str, resume: bool) -> WordTokenizer:
+    """The run's tokenizer, written to ``out/tokenizer.json``; on resume, the stored one (which
+    must equal the one the training texts give, else the data changed under the run)."""
+    path = os.path.join(out, TOKENIZER_FILE)
+    built = build_tokenizer(dataset)
+    if resume and os.path.isfile(path):
+        stored = WordTokenizer.load(path)
+        if stored.to_dict() != built.to_dict():
+            raise ValueError(f"{path} differs from the tokenizer of the training texts: the data changed "
+                             "since the run started; start over with --force")
+        return stored
+    os.makedirs(out, exist_ok=True)
+    built.save(path)
+    return built
+
+
+def load_run_tokenizer(run_dir: str) -> WordTokenizer:
+    """The tokenizer a convirt run saved in ``run_dir``."""
+    return WordTokenizer.load(os.path.join(run_dir, TOKENIZER_FILE))
 
 
 class ConvirtModel(nn.Module):
@@ -163,12 +189,33 @@ def encode_pairs(model: ConvirtModel, split: Any, device: torch.device) -> Tuple
     return encode_images(model, split.images, device), encode_texts(model, split.texts, device)
 
 
+def fact_ceiling(facts: List[Dict[str, Any]], ks: Tuple[int, ...] = (1, 5, 10)) -> Dict[str, float]:
+    """Recall@K of an ideal model that knows every fact and nothing else: pairs stating the
+    same facts are indistinguishable to it, so with ``m`` pairs sharing pair ``i``'s facts the
+    partner's expected Recall@K is ``min(1, K / m)`` (the retrieval tie rule). The instance-level
+    retrieval numbers of glyphlab-text are bounded by this."""
+    keys = [tuple(sorted(f.items())) for f in facts]
+    counts: Dict[Any, int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return {f"fact_ceiling_recall@{k}": float(np.mean([min(1.0, k / counts[key]) for key in keys])) for k in ks}
+
+
+def val_retrieval(model: ConvirtModel, dataset: Any, device: torch.device) -> Dict[str, float]:
+    """Image->text and text->image Recall@1 on the val pairs (for model selection / logs)."""
+    from contrastkit.metrics.retrieval import retrieval_metrics
+
+    val = retrieval_metrics(*encode_pairs(model, dataset.val, device), ks=(1,))
+    return {"val_retrieval_i2t_recall@1": val["i2t_recall@1"], "val_retrieval_t2i_recall@1": val["t2i_recall@1"]}
+
+
 def evaluate_convirt(model: ConvirtModel, dataset: Any, device: torch.device,
                      ks: Tuple[int, ...] = (1, 5, 10)) -> Dict[str, Any]:
     """Held-out read-outs of a ConVIRT model, flat keys for ``summary.json``.
 
     * ``retrieval_*``: :func:`contrastkit.metrics.retrieval.retrieval_metrics` on the test
       pairs (``i2t_recall@K``, ``t2i_recall@K``, ``chance_recall@K``, mean ranks, ``pairs``),
+      ``fact_ceiling_recall@K`` when the split records its facts (:func:`fact_ceiling`),
       and ``val_retrieval_i2t_recall@1`` / ``val_retrieval_t2i_recall@1``.
     * ``zero_shot_accuracy`` on the test images from ``dataset.class_prompts`` (class
       embedding = mean of its prompts' normalised text embeddings), with
@@ -180,9 +227,9 @@ def evaluate_convirt(model: ConvirtModel, dataset: Any, device: torch.device,
 
     v, u = encode_pairs(model, dataset.test, device)
     out: Dict[str, Any] = {f"retrieval_{k}": value for k, value in retrieval_metrics(v, u, ks).items()}
-    val = retrieval_metrics(*encode_pairs(model, dataset.val, device), ks=(1,))
-    out["val_retrieval_i2t_recall@1"] = val["i2t_recall@1"]
-    out["val_retrieval_t2i_recall@1"] = val["t2i_recall@1"]
+    if getattr(dataset.test, "facts", None) is not None:
+        out.update({f"retrieval_{k}": value for k, value in fact_ceiling(dataset.test.facts, ks).items()})
+    out.update(val_retrieval(model, dataset, device))
     prompts = getattr(dataset, "class_prompts", {}) or {}
     if dataset.class_names and all(name in prompts and prompts[name] for name in dataset.class_names):
         texts, classes = [], []
@@ -196,3 +243,22 @@ def evaluate_convirt(model: ConvirtModel, dataset: Any, device: torch.device,
         out["zero_shot_majority"] = float(np.bincount(labels, minlength=len(dataset.class_names)).max() / len(labels))
         out["zero_shot_prompt_unknown_fraction"] = model.tokenizer.unknown_fraction(texts)
     return out
+
+
+def retrieval_table(summary: Dict[str, Any]) -> Any:
+    """A rich table of a convirt summary's retrieval and zero-shot numbers."""
+    from rich.table import Table
+
+    ks = sorted(int(key.split("@")[1]) for key in summary if key.startswith("retrieval_i2t_recall@"))
+    table = Table(title=f"held-out retrieval ({summary.get('retrieval_pairs')} test pairs)")
+    for column in ["read-out"] + [f"R@{k}" for k in ks]:
+        table.add_column(column, justify="left" if column == "read-out" else "right")
+    rows = [("image -> text", "retrieval_i2t_recall@"), ("text -> image", "retrieval_t2i_recall@"),
+            ("chance", "retrieval_chance_recall@"), ("fact ceiling", "retrieval_fact_ceiling_recall@")]
+    for name, prefix in rows:
+        if f"{prefix}{ks[0]}" in summary:
+            table.add_row(name, *(f"{summary[f'{prefix}{k}']:.3f}" for k in ks))
+    if "zero_shot_accuracy" in summary:
+        table.caption = (f"zero-shot accuracy {summary['zero_shot_accuracy']:.3f} "
+                         f"(chance {summary['zero_shot_chance']:.3f}, majority {summary['zero_shot_majority']:.3f})")
+    return table

@@ -29,7 +29,7 @@ from .setup import build_model, load_data, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
-OUTPUT_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints")
+OUTPUT_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints", "tokenizer.json")
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
@@ -183,12 +183,18 @@ def pretrain(
     if batch_size < 2:
         raise ValueError(f"the training split of {config.data} has {n_train} image(s); at least 2 are needed")
     config = config.with_queue(batch_size, n_train)
+    tokenizer = None
+    if config.paired:  # convirt: a batch is images and the token ids of their texts
+        from .convirt import PairedBatches, run_tokenizer
+
+        tokenizer = run_tokenizer(dataset, config.out, resume)
+        views = PairedBatches(tokenizer, device) if views is None else views
     if views is None:
         from contrastkit.data import make_views
 
         views = make_views(dataset, mode=config.views, device=device, strength=config.view_strength)
 
-    model = build_model(config, dataset.image_shape[0]).to(device)
+    model = build_model(config, dataset.image_shape[0], tokenizer).to(device)
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
@@ -237,7 +243,7 @@ def pretrain(
 
     show = (sys.stderr.isatty() if progress is None else progress)
     bar = _Progress(show, total_steps, step)
-    labels_all = train.labels.to(device)
+    labels_all = train.labels.to(device) if train.labels is not None else None  # paired data may lack labels
     model.train()
     try:
         with open(metrics_path, "a", encoding="utf-8") as metrics:
@@ -249,7 +255,7 @@ def pretrain(
                 for batch in range(steps_per_epoch):
                     indices = order[batch * batch_size:(batch + 1) * batch_size]
                     view_a, view_b = views(train, indices)
-                    loss = model.loss(view_a, view_b, labels_all[indices.to(device)])
+                    loss = model.loss(view_a, view_b, None if labels_all is None else labels_all[indices.to(device)])
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     optimizer.step()
@@ -279,7 +285,12 @@ def pretrain(
                           "tau": model.temperature.value, "lr": scheduler.get_last_lr()[0],
                           "train_seconds": train_seconds}
                 if config.eval_every and epoch % config.eval_every == 0:
-                    record["val_knn_accuracy"] = _val_knn(model, dataset, device, config)
+                    if dataset.num_classes:
+                        record["val_knn_accuracy"] = _val_knn(model, dataset, device, config)
+                    if config.paired:
+                        from .convirt import val_retrieval
+
+                        record.update(val_retrieval(model, dataset, device))
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
                 save_checkpoint(checkpoint_path, {
@@ -294,9 +305,15 @@ def pretrain(
         bar.close()
 
     eval_started = time.perf_counter()
-    baseline = build_model(config, dataset.image_shape[0]).encoder.to(device)
-    numbers = evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline,
-                                knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+    baseline = build_model(config, dataset.image_shape[0], tokenizer).encoder.to(device)
+    numbers: Dict[str, Any] = {}
+    if dataset.num_classes:  # paired data from a CSV may carry no labels: no probe then
+        numbers = evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline,
+                                    knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+    if config.paired:
+        from .convirt import evaluate_convirt
+
+        numbers.update(evaluate_convirt(model, dataset, device))
     eval_seconds = time.perf_counter() - eval_started
     summary = {
         **numbers,
@@ -307,7 +324,8 @@ def pretrain(
         "seconds": time.perf_counter() - started,  # this invocation (train_seconds adds up resumes)
         "images_per_second": step * batch_size / train_seconds if train_seconds > 0 else None,
         "beats_baselines": bool(numbers["probe_accuracy"] > numbers["random_init_probe_accuracy"]
-                                and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"]),
+                                and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"])
+        if "probe_accuracy" in numbers else None,
     }
     _write_json(os.path.join(config.out, "summary.json"), summary)
     return summary
