@@ -223,7 +223,7 @@ def pretrain(
             raise ValueError(f"checkpoint {checkpoint_path} does not match this model/optimizer: "
                              f"{str(err).splitlines()[0]}") from None
         # A changed --epochs reshapes the schedule from here on.
-        scheduler.lr_lambdas = [warmup_cosine(total_steps, warmup_steps)]
+        scheduler.lr_lambdas = [warmup_cosine(total_steps, warmup_steps)] * len(optimizer.param_groups)
         set_rng_state(state["rng"])
         epoch, step = int(state["epoch"]), int(state["step"])
         train_seconds = float(state.get("train_seconds", 0.0))
