@@ -9,14 +9,16 @@ from typing import Any, Dict, Optional
 
 __all__ = ["PretrainConfig", "METHODS", "OPTIMIZERS", "DEFAULT_TEMPERATURE", "RESUME_MAY_CHANGE"]
 
-METHODS = ("simclr", "moco", "supcon", "dcl", "convirt")
+METHODS = ("simclr", "moco", "supcon", "dcl", "simple", "hard_negative", "convirt")
 OPTIMIZERS = ("adamw", "sgd")
 VIEW_MODES = ("augment", "A", "B")
 ENCODER_NAMES = ("small", "resnet18")
 
 # Per-method temperature defaults. MoCo v2 uses 0.2, SupCon 0.1 (Khosla et al.); for SimCLR
 # and DCL on small data sets 0.2 trained best in our sweeps on glyphlab and digits (docs/pretrain.md).
-DEFAULT_TEMPERATURE = {"simclr": 0.2, "moco": 0.2, "supcon": 0.1, "dcl": 0.2, "convirt": 0.1}
+DEFAULT_TEMPERATURE = {"simclr": 0.2, "moco": 0.2, "supcon": 0.1, "dcl": 0.2, "hard_negative": 0.2,
+                       "simple": 1.0,  # the simple loss has no temperature (reported only)
+                       "convirt": 0.1}  # ConVIRT's tau (SPEC section 3)
 DEFAULT_LR = {"adamw": 2e-3, "sgd": 0.1}
 # convirt (image-text pairs, SPEC section 3): ConVIRT's lambda and joint-space size d.
 CONVIRT_DEFAULTS = {"weight": 0.75, "projection_dim": 512, "text_encoder": "transformer"}
@@ -43,6 +45,26 @@ def _positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float
     return value
 
 
+def _resolve_schedule(c: "PretrainConfig") -> None:
+    """Validate ``temperature_schedule``; ``learnable`` and ``learnable_temperature`` agree."""
+    from contrastkit.temperature import parse_schedule
+
+    schedule = parse_schedule(c.temperature_schedule, c.temperature)
+    if c.learnable_temperature and schedule.kind not in ("constant", "learnable"):
+        raise ValueError(f"a learnable temperature cannot follow the schedule {c.temperature_schedule!r}")
+    if schedule.kind == "learnable" or c.learnable_temperature:
+        c.learnable_temperature = True
+        c.temperature_schedule = "learnable"
+    elif schedule.lowest < 0.01:
+        # The model's Temperature caps 1 / tau at 100; a lower tau would be silently raised.
+        raise ValueError(f"temperature schedule {c.temperature_schedule!r} goes down to {schedule.lowest}, "
+                         "below the supported minimum 0.01")
+    elif schedule.kind == "constant":
+        c.temperature_schedule = "constant"
+    # ``temperature`` is the tau the model starts with (a schedule's first value).
+    c.temperature = schedule.initial if schedule.kind == "learnable" else schedule.value(0, 1)
+
+
 @dataclass
 class PretrainConfig:
     """Everything that determines a pretraining run. ``None`` fields get method/optimizer
@@ -56,6 +78,7 @@ class PretrainConfig:
     view_strength: Optional[float] = None  # make_views strength; None: its per-mode default
     temperature: Optional[float] = None
     learnable_temperature: bool = False
+    temperature_schedule: str = "constant"  # contrastkit.temperature.parse_schedule form
     epochs: int = 150
     batch_size: int = 64
     optimizer: str = "adamw"
@@ -101,6 +124,7 @@ class PretrainConfig:
             raise TypeError(f"data_options must be a dict, got {type(c.data_options).__name__}")
         c.temperature = _positive_float(
             DEFAULT_TEMPERATURE[c.method] if c.temperature is None else c.temperature, "temperature")
+        _resolve_schedule(c)
         if c.learnable_temperature and c.temperature < 0.01:
             raise ValueError(f"a learnable temperature must start at >= 0.01, got {c.temperature}")
         c.learnable_temperature = bool(c.learnable_temperature)

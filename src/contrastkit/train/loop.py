@@ -21,10 +21,12 @@ import numpy as np
 import torch
 
 from contrastkit import __version__
+from contrastkit.temperature import parse_schedule
 
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RESUME_MAY_CHANGE, PretrainConfig
 from .evaluate import evaluate_encoders, extract_features
+from .geometry import geometry
 from .setup import build_model, load_data, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
@@ -153,6 +155,7 @@ def pretrain(
     dataset: Any = None,
     views: Any = None,
     on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]] = None,
+    baselines: bool = True,
 ) -> Dict[str, Any]:
     """Train ``config.method`` on ``config.data`` and evaluate it; returns the summary dict
     (also written to ``config.out/summary.json``).
@@ -165,6 +168,8 @@ def pretrain(
         dataset, views: an already loaded data set and view maker (by default
             ``contrastkit.data.load_dataset`` / ``make_views`` from the config).
         on_epoch_end: called as ``on_epoch_end(epoch, record)`` after each epoch's checkpoint.
+        baselines: also evaluate the random-init and raw-pixel baselines (a sweep of many
+            runs on the same data may skip them).
 
     The per-epoch shuffling uses its own generator seeded from ``(seed, epoch)``; the views
     draw from torch's global RNG, whose state (with numpy's and python's) is checkpointed,
@@ -195,6 +200,7 @@ def pretrain(
         views = make_views(dataset, mode=config.views, device=device, strength=config.view_strength)
 
     model = build_model(config, dataset.image_shape[0], tokenizer).to(device)
+    schedule = parse_schedule(config.temperature_schedule, config.temperature)
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
@@ -255,6 +261,9 @@ def pretrain(
                 for batch in range(steps_per_epoch):
                     indices = order[batch * batch_size:(batch + 1) * batch_size]
                     view_a, view_b = views(train, indices)
+                    tau_now = _follow_schedule(model, schedule, step, total_steps)
+                    if tau_now is not None:  # a varying tau is logged at every step
+                        metrics.write(json.dumps({"kind": "tau", "step": step + 1, "tau": tau_now}) + "\n")
                     loss = model.loss(view_a, view_b, None if labels_all is None else labels_all[indices.to(device)])
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -291,6 +300,9 @@ def pretrain(
                         from .convirt import val_retrieval
 
                         record.update(val_retrieval(model, dataset, device))
+                    else:
+                        record["val_geometry"] = geometry(model, dataset.val, views, device, batch_size=batch_size,
+                                                          temperature=model.temperature.value, seed=config.seed)
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
                 save_checkpoint(checkpoint_path, {
@@ -305,30 +317,45 @@ def pretrain(
         bar.close()
 
     eval_started = time.perf_counter()
-    baseline = build_model(config, dataset.image_shape[0], tokenizer).encoder.to(device)
+    baseline = build_model(config, dataset.image_shape[0], tokenizer).encoder.to(device) if baselines else None
     numbers: Dict[str, Any] = {}
     if dataset.num_classes:  # paired data from a CSV may carry no labels: no probe then
         numbers = evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline,
-                                    knn_k=config.knn_k, knn_temperature=config.knn_temperature)
-    if config.paired:
+                                    raw_pixels=baselines, knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+    if config.paired:  # image-text pairs: retrieval and zero-shot instead of two-view geometry
         from .convirt import evaluate_convirt
 
         numbers.update(evaluate_convirt(model, dataset, device))
+    else:
+        numbers["representation"] = geometry(model, dataset.test, views, device, batch_size=batch_size,
+                                             temperature=model.temperature.value, seed=config.seed)
     eval_seconds = time.perf_counter() - eval_started
     summary = {
         **numbers,
         "final_loss": epoch_losses[-1] if epoch_losses else None,
         "epochs": epoch, "steps": step, "method": config.method, "data": dataset.name,
         "encoder": config.encoder, "views": config.views, "final_temperature": model.temperature.value,
+        "temperature_schedule": config.temperature_schedule,
         "train_seconds": train_seconds, "eval_seconds": eval_seconds,
         "seconds": time.perf_counter() - started,  # this invocation (train_seconds adds up resumes)
         "images_per_second": step * batch_size / train_seconds if train_seconds > 0 else None,
         "beats_baselines": bool(numbers["probe_accuracy"] > numbers["random_init_probe_accuracy"]
                                 and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"])
-        if "probe_accuracy" in numbers else None,
+        if baselines and "probe_accuracy" in numbers else None,
     }
     _write_json(os.path.join(config.out, "summary.json"), summary)
     return summary
+
+
+def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> Optional[float]:
+    """Set the model's tau for this step of a varying schedule and return it (``None`` for a
+    constant or learnable tau, which the optimizer or nobody changes)."""
+    if schedule.kind in ("constant", "learnable"):
+        return None
+    tau = schedule.value(step, total_steps)
+    with torch.no_grad():
+        model.temperature.log_scale.fill_(math.log(1.0 / tau))
+    return tau
 
 
 def _val_knn(model: Any, dataset: Any, device: torch.device, config: PretrainConfig) -> float:

@@ -13,7 +13,11 @@ from torch import Tensor, nn
 from contrastkit import losses
 from contrastkit.models import ProjectionHead, build_encoder
 
-__all__ = ["ContrastiveModel"]
+__all__ = ["ContrastiveModel", "HARD_NEGATIVE_QUANTILE"]
+
+# Wang & Liu's hard contrastive loss keeps the K most similar negatives (K = 4096 in the
+# paper); with the few in-batch negatives of a small batch we keep the hardest quarter.
+HARD_NEGATIVE_QUANTILE = 0.75
 
 
 class ContrastiveModel(nn.Module):
@@ -23,8 +27,11 @@ class ContrastiveModel(nn.Module):
         method: ``"simclr"`` (:func:`~contrastkit.losses.nt_xent_views` on ``2N`` anchors),
             ``"moco"`` (:func:`~contrastkit.losses.info_nce`: queries from view A, the
             momentum encoder's keys of view B as positives, the queue as negatives),
-            ``"supcon"`` (:func:`~contrastkit.losses.supcon` on both views with labels) or
-            ``"dcl"`` (:func:`~contrastkit.losses.dcl`).
+            ``"supcon"`` (:func:`~contrastkit.losses.supcon` on both views with labels),
+            ``"dcl"`` (:func:`~contrastkit.losses.dcl`), or Wang & Liu's two variants:
+            ``"simple"`` (:func:`~contrastkit.losses.simple_loss`, no temperature) and
+            ``"hard_negative"`` (:func:`~contrastkit.losses.hard_negative_nt_xent` keeping the
+            hardest quarter of the ``2N - 2`` negatives, ``HARD_NEGATIVE_QUANTILE``).
         encoder: ``"small"`` or ``"resnet18"``; ``in_channels`` its input channels.
         temperature: initial ``tau``; ``learnable_temperature`` trains it (CLIP's
             parameterisation, :class:`~contrastkit.losses.Temperature`).
@@ -52,8 +59,8 @@ class ContrastiveModel(nn.Module):
                 parameter.requires_grad_(False)
             self.register_buffer("queue", F.normalize(torch.randn(queue_size, projection_dim), dim=1))
             self.register_buffer("queue_pointer", torch.zeros((), dtype=torch.long))
-        elif method not in ("simclr", "supcon", "dcl"):
-            raise ValueError(f"method must be simclr, moco, supcon or dcl, got {method!r}")
+        elif method not in ("simclr", "supcon", "dcl", "simple", "hard_negative"):
+            raise ValueError(f"method must be simclr, moco, supcon, dcl, simple or hard_negative, got {method!r}")
 
     def embed(self, images: Tensor) -> Tensor:
         """``(N, C, H, W)`` -> ``h`` ``(N, encoder.out_dim)``."""
@@ -72,6 +79,11 @@ class ContrastiveModel(nn.Module):
             return losses.nt_xent_views(z_a, z_b, temperature=self.temperature)
         if self.method == "dcl":
             return losses.dcl(z_a, z_b, temperature=self.temperature)
+        if self.method == "simple":
+            return losses.simple_loss(z_a, z_b)
+        if self.method == "hard_negative":
+            return losses.hard_negative_nt_xent(z_a, z_b, temperature=self.temperature,
+                                                quantile=HARD_NEGATIVE_QUANTILE)
         if labels is None:
             raise ValueError("supcon needs the labels of the batch")
         return losses.supcon(torch.stack([z_a, z_b], dim=1), labels, temperature=self.temperature)
