@@ -54,14 +54,14 @@ def test_config_rejects_what_convirt_cannot_use():
     with pytest.raises(ValueError, match="convirt only"):
         PretrainConfig(method="simclr", weight=0.5).resolved()
     c = PretrainConfig(method="convirt", data="glyphlab-text").resolved()
-    assert (c.weight, c.temperature, c.projection_dim, c.text_encoder) == (0.75, 0.1, 512, "transformer")
+    assert (c.weight, c.temperature, c.projection_dim, c.text_encoder) == (0.75, 0.1, 512, "mean")
     assert PretrainConfig(method="simclr").resolved().projection_dim == 64
 
 
 def test_tiny_end_to_end_run_resume_and_overwrite_guard(tmp_path, capsys):
     out = str(tmp_path / "run")
     args = ["pretrain", "--method", "convirt", "--data", "glyphlab-text", *TINY, "--batch-size", "16",
-            "--projection-dim", "32", "--text-encoder", "mean", "--weight", "0.25", "--out", out, "--quiet"]
+            "--projection-dim", "32", "--text-encoder", "transformer", "--weight", "0.25", "--out", out, "--quiet"]
     assert main(args + ["--epochs", "1"]) == 0
     capsys.readouterr()
     for name in ("config.json", "metrics.jsonl", "summary.json", "tokenizer.json", "checkpoints/last.pt"):
@@ -79,7 +79,7 @@ def test_tiny_end_to_end_run_resume_and_overwrite_guard(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["epochs"] == 2 and summary["method"] == "convirt" and summary["steps"] == 6
     config = json.load(open(os.path.join(out, "config.json")))["config"]
-    assert (config["weight"], config["text_encoder"], config["projection_dim"]) == (0.25, "mean", 32)
+    assert (config["weight"], config["text_encoder"], config["projection_dim"]) == (0.25, "transformer", 32)
     for key in ("retrieval_i2t_recall@1", "retrieval_t2i_recall@5", "retrieval_chance_recall@10",
                 "retrieval_fact_ceiling_recall@1", "zero_shot_accuracy", "probe_accuracy",
                 "random_init_probe_accuracy"):

@@ -272,7 +272,7 @@ def run_from_args(args: Any) -> int:
     settings = {"data_options": {**DEFAULT_DATA_OPTIONS, **parse_data_options(args.data_option)},
                 "seeds": args.seeds, "weights": weights, "temperatures": taus, "epochs": args.epochs,
                 "batch_size": args.batch_size, "device": args.device,
-                "text_encoder": args.text_encoder or "transformer"}
+                "text_encoder": args.text_encoder or "mean"}
     out = args.out or os.path.join("runs", f"experiment-{args.name}")
     result = run_convirt_ablation(settings, out, resume=args.resume, force=args.force,
                                   progress=not args.no_progress)

@@ -58,7 +58,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--temperatures", default=None,
                         help="convirt-ablation: taus, comma-separated (default 0.01,0.1,1)")
     parser.add_argument("--text-encoder", choices=("transformer", "mean"), default=None,
-                        help="convirt-ablation: text encoder (default transformer)")
+                        help="convirt-ablation: text encoder (default mean)")
 
 
 def _specs(settings: Dict[str, Any]) -> List[RunSpec]:

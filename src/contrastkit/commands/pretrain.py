@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--weight", type=float, default=None,
         help="convirt: lambda on the image->text InfoNCE, 1 - lambda on text->image (default 0.75)")
     add("--text-encoder", choices=("transformer", "mean"), default=None,
-        help="convirt: text encoder, a 2-layer transformer or mean-pooled embeddings (default transformer)")
+        help="convirt: text encoder, mean-pooled word embeddings or a 2-layer transformer (default mean)")
     add("--seed", type=int, default=None, help=f"(default {d.seed})")
     add("--device", default=None, help="auto, cpu, cuda, cuda:1, ... (default auto)")
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")

@@ -87,7 +87,7 @@ class ConvirtModel(nn.Module):
     def __init__(self, encoder: str, in_channels: int, tokenizer: WordTokenizer, *,
                  temperature: float = DEFAULT_TEMPERATURE, learnable_temperature: bool = False,
                  weight: float = DEFAULT_WEIGHT, projection_dim: int = DEFAULT_DIM,
-                 text_encoder: str = "transformer", text_width: int = 128) -> None:
+                 text_encoder: str = "mean", text_width: int = 128) -> None:
         super().__init__()
         self.method = "convirt"
         self.weight = float(check_probability(weight, "weight"))
