@@ -7,7 +7,9 @@
 
 ``load_dataset`` accepts a built-in name (``"glyphlab"``, ``"digits"``) or a filesystem path
 (a folder of class subfolders of images, a folder of MNIST idx files, a folder of CIFAR-10
-python batches, or a ``.npz`` file); see :func:`load_dataset`.
+python batches, or a ``.npz`` file); see :func:`load_dataset`. Nothing is downloaded unless
+asked: :func:`download_mnist` and :func:`download_cifar10` fetch the official files into a
+folder to load.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Union
 
 from contrastkit.data.base import Dataset, Split
+from contrastkit.data.download import download_cifar10, download_mnist
 from contrastkit.data.views import MODES, ViewMaker, make_views
 
-__all__ = ["load_dataset", "make_views", "Dataset", "Split", "ViewMaker", "MODES", "BUILTIN"]
+__all__ = ["load_dataset", "make_views", "Dataset", "Split", "ViewMaker", "MODES", "BUILTIN",
+           "download_mnist", "download_cifar10"]
 
 #: Built-in data set names.
 BUILTIN = ("glyphlab", "digits")

@@ -17,6 +17,14 @@ import torch
 from torch import Tensor
 
 
+def _check_unit_range(x: Tensor, name: str) -> None:
+    if x.numel() == 0:
+        return
+    low, high = torch.aminmax(x)
+    if not (float(low) >= 0.0 and float(high) <= 1.0):  # also catches NaN
+        raise ValueError(f"{name} must lie in [0, 1] (no NaN), got range [{float(low):.4g}, {float(high):.4g}]")
+
+
 @dataclass
 class Split:
     """One split (train, val or test) of a data set.
@@ -47,6 +55,7 @@ class Split:
             raise ValueError("Split.labels must be a 1-D int64 tensor, got "
                              f"{getattr(labels, 'dtype', type(labels).__name__)} "
                              f"{tuple(getattr(labels, 'shape', ()))}")
+        _check_unit_range(images, "Split.images")
         n = images.shape[0]
         if labels.shape[0] != n:
             raise ValueError(f"Split has {n} images but {labels.shape[0]} labels")
@@ -57,6 +66,7 @@ class Split:
                                  f"({n}, R, {', '.join(map(str, images.shape[1:]))}), got {tuple(r.shape)}")
             if r.dtype != torch.float32:
                 raise TypeError(f"Split.realisations must be float32, got {r.dtype}")
+            _check_unit_range(r, "Split.realisations")
         if self.groups is not None:
             g = self.groups
             if g.dim() != 1 or g.shape[0] != n or g.dtype != torch.int64:
@@ -140,7 +150,7 @@ def to_float_images(array: np.ndarray, source: str) -> Tensor:
     ``[0, 255]`` is rejected rather than guessed at).
     """
     if array.dtype == np.uint8:
-        return torch.from_numpy(np.ascontiguousarray(array)).float().div_(255.0)
+        return torch.from_numpy(np.array(array, dtype=np.uint8, copy=True)).float().div_(255.0)
     if np.issubdtype(array.dtype, np.floating):
         if array.size and not np.isfinite(array).all():
             raise ValueError(f"{source}: images contain NaN or infinite values")
@@ -175,29 +185,31 @@ def to_labels(array: np.ndarray, source: str) -> Tensor:
 
 
 def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: int) -> List[np.ndarray]:
-    """Split sample indices into parts of the given fractions, class by class.
+    """Split sample indices into parts of the given fractions, keeping class proportions.
 
-    Each class is shuffled with ``numpy.random.default_rng(seed)`` and cut into parts of
-    sizes ``round(fraction * class_count)`` (the first part takes the remainder), so class
-    proportions are kept in every part. Returns sorted index arrays, one per fraction.
+    Part ``k > 0`` gets ``fraction_k * n`` samples rounded half up, and part 0 the rest. Each class is
+    shuffled with ``numpy.random.default_rng(seed)``; sample ``j`` of a class of size ``n_c``
+    gets the key ``(j + 0.5) / n_c``, and the samples, sorted by key, are cut into consecutive
+    blocks. Every class thus lands in each part in proportion (within one sample), and even
+    classes smaller than ``1 / fraction`` contribute to the small parts in turn.
+    Returns sorted index arrays, one per fraction.
     """
     labels = np.asarray(labels)
-    if not math.isclose(sum(fractions), 1.0, abs_tol=1e-9):
-        raise ValueError(f"fractions must sum to 1, got {list(fractions)}")
+    if len(fractions) < 1 or any(f < 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-9):
+        raise ValueError(f"fractions must be non-negative and sum to 1, got {list(fractions)}")
+    n = labels.shape[0]
     rng = np.random.default_rng(seed)
-    parts: List[List[np.ndarray]] = [[] for _ in fractions]
+    keys = np.empty(n, dtype=np.float64)
     for cls in np.unique(labels):
         idx = np.flatnonzero(labels == cls)
-        idx = idx[rng.permutation(idx.size)]
-        sizes = [int(round(f * idx.size)) for f in fractions[1:]]
-        first = idx.size - sum(sizes)
-        if first < 0:  # rounding overshoot on tiny classes
-            sizes[-1] += first
-            first = 0
-        bounds = np.cumsum([0, first] + sizes)
-        for k in range(len(fractions)):
-            parts[k].append(idx[bounds[k]:bounds[k + 1]])
-    return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
+        order = idx[rng.permutation(idx.size)]
+        keys[order] = (np.arange(idx.size) + 0.5) / idx.size
+    # Random tie-break between classes with equal keys.
+    ranked = np.lexsort((rng.random(n), keys))
+    sizes = [int(math.floor(f * n + 0.5)) for f in fractions[1:]]  # half up, not to even
+    first = max(n - sum(sizes), 0)
+    bounds = np.cumsum([0, first] + sizes)
+    return [np.sort(ranked[bounds[k]:min(bounds[k + 1], n)]) for k in range(len(fractions))]
 
 
 def check_fraction(value: float, name: str) -> float:

@@ -6,7 +6,8 @@ Each scene holds one *glyph* -- a long bright bar -- whose orientation is the cl
     1 ``horizontal``  bar at 0 degrees (+- ``jitter``)
     2 ``diagonal``    bar at 45 or 135 degrees (+- ``jitter``)
 
-The bar's position, length, thickness and brightness vary, the background has a random level
+The bar's position (centre in the central half of each axis), length, thickness and
+brightness vary, the background has a random level
 and a linear gradient, and 2..5 *distractor* marks (dots and short strokes of random
 orientation, dimmer and at most a third as long as the shortest bar) add clutter that does not
 decide the class. A scene is rendered once without noise; its ``R`` *noise realisations* add
@@ -40,6 +41,9 @@ CLASS_ANGLES = {0: (90.0,), 1: (0.0,), 2: (45.0, 135.0)}
 
 _SPLIT_KEYS = ("train", "val", "test")
 
+#: The bar's centre lies in [CENTRE_BOX, 1 - CENTRE_BOX] times the side, in both directions.
+CENTRE_BOX = 0.25
+
 
 def _segment_coverage(xx: np.ndarray, yy: np.ndarray, x0: np.ndarray, y0: np.ndarray,
                       x1: np.ndarray, y1: np.ndarray, thickness: np.ndarray) -> np.ndarray:
@@ -48,14 +52,15 @@ def _segment_coverage(xx: np.ndarray, yy: np.ndarray, x0: np.ndarray, y0: np.nda
     ``xx, yy`` are pixel-centre coordinates ``(S, S)``; endpoints and thickness are ``(n,)``.
     A pixel at distance ``d`` from the segment gets ``clip(thickness/2 + 0.5 - d, 0, 1)``.
     """
-    x0, y0, x1, y1, thickness = (a[:, None, None] for a in (x0, y0, x1, y1, thickness))
+    x0, y0, x1, y1, thickness = (a.astype(np.float32)[:, None, None] for a in (x0, y0, x1, y1, thickness))
     dx, dy = x1 - x0, y1 - y0
     length2 = dx * dx + dy * dy
     # Projection parameter of each pixel onto the segment, clamped to the segment.
-    t = ((xx - x0) * dx + (yy - y0) * dy) / np.maximum(length2, 1e-12)
-    t = np.clip(t, 0.0, 1.0)
-    px, py = x0 + t * dx, y0 + t * dy
-    dist = np.sqrt((xx - px) ** 2 + (yy - py) ** 2)
+    rx, ry = xx - x0, yy - y0
+    t = (rx * dx + ry * dy) / np.maximum(length2, np.float32(1e-12))
+    np.clip(t, 0.0, 1.0, out=t)
+    ex, ey = rx - t * dx, ry - t * dy
+    dist = np.sqrt(ex * ex + ey * ey)
     return np.clip(thickness / 2.0 + 0.5 - dist, 0.0, 1.0)
 
 
@@ -86,17 +91,19 @@ def render_scenes(labels: np.ndarray, size: int, rng: np.random.Generator, *,
     margin = 1.5 * unit + thickness / 2
     half_x = np.abs(ux) * length / 2 + margin
     half_y = np.abs(uy) * length / 2 + margin
-    cx = rng.uniform(half_x, s - half_x)
-    cy = rng.uniform(half_y, s - half_y)
+    # The centre stays in the central box [CENTRE_BOX * s, (1 - CENTRE_BOX) * s] (so that a crop
+    # keeping most of the image keeps the bar's centre) and the whole bar inside the image.
+    cx = rng.uniform(np.maximum(half_x, CENTRE_BOX * s), np.minimum(s - half_x, (1 - CENTRE_BOX) * s))
+    cy = rng.uniform(np.maximum(half_y, CENTRE_BOX * s), np.minimum(s - half_y, (1 - CENTRE_BOX) * s))
     # --- background: level + linear gradient in a random direction ---
     background = rng.uniform(0.0, 0.25, size=n)
     grad_amp = rng.uniform(0.0, 0.15, size=n)
     grad_dir = rng.uniform(0.0, 2 * np.pi, size=n)
-    coords = np.arange(size, dtype=np.float64) + 0.5
+    coords = np.arange(size, dtype=np.float32) + 0.5
     yy, xx = np.meshgrid(coords, coords, indexing="ij")
     ramp = ((xx[None] - s / 2) * np.cos(grad_dir)[:, None, None]
             + (yy[None] - s / 2) * np.sin(grad_dir)[:, None, None]) / s
-    img = background[:, None, None] + grad_amp[:, None, None] * ramp
+    img = (background[:, None, None] + grad_amp[:, None, None] * ramp).astype(np.float32)
     # --- distractors, drawn under the bar ---
     lo, hi = clutter
     n_distractors = rng.integers(lo, hi + 1, size=n)
@@ -106,13 +113,17 @@ def render_scenes(labels: np.ndarray, size: int, rng: np.random.Generator, *,
         d_len = np.where(is_dot, 0.0, rng.uniform(0.06, 0.15, size=n) * s)
         d_ang = rng.uniform(0.0, np.pi, size=n)
         d_thick = np.where(is_dot, rng.uniform(2.0, 3.5, size=n), rng.uniform(1.0, 2.0, size=n)) * unit
-        d_int = rng.uniform(0.35, 0.6, size=n)
+        d_int = rng.uniform(0.4, 0.65, size=n)
         dcx = rng.uniform(1.0, s - 1.0, size=n)
         dcy = rng.uniform(1.0, s - 1.0, size=n)
         hx, hy = np.cos(d_ang) * d_len / 2, -np.sin(d_ang) * d_len / 2
-        cov = _segment_coverage(xx, yy, dcx - hx, dcy - hy, dcx + hx, dcy + hy, d_thick)
-        cov = cov * present[:, None, None]
-        img = img * (1 - cov) + d_int[:, None, None] * cov
+        # Parameters are drawn for every scene (so streams do not depend on counts), but
+        # only scenes with a k-th distractor are rendered.
+        at = np.flatnonzero(present)
+        if at.size:
+            cov = _segment_coverage(xx, yy, (dcx - hx)[at], (dcy - hy)[at], (dcx + hx)[at], (dcy + hy)[at],
+                                    d_thick[at])
+            img[at] = img[at] * (1 - cov) + d_int[at, None, None] * cov
     hx, hy = ux * length / 2, uy * length / 2
     cov = _segment_coverage(xx, yy, cx - hx, cy - hy, cx + hx, cy + hy, thickness)
     img = img * (1 - cov) + intensity[:, None, None] * cov
@@ -141,8 +152,9 @@ def load_glyphlab(seed: int = 0, *, train_scenes: int = 120, val_scenes: int = 6
         realisations: ``R >= 2`` noise realisations per scene.
         noise: standard deviation of the Gaussian pixel noise (>= 0; 0 gives noiseless
             realisations, useful for inspection).
-        jitter: maximum deviation in degrees of the bar from its class angle (0 <= jitter < 20,
-            so that classes stay >= 5 degrees x 2 apart and decidable by eye).
+        jitter: maximum deviation in degrees of the bar from its class angle (0 <= jitter < 20;
+            class angles are 45 degrees apart, so bars of different classes stay more than
+            5 degrees apart and decidable by eye).
         clutter: ``(min, max)`` number of distractor marks per scene.
 
     Returns a :class:`Dataset` with ``image_shape (1, size, size)``; each split has

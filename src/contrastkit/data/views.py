@@ -78,7 +78,8 @@ def _build_augmentation(channels: int, height: int, width: int, strength: float,
     s = strength
     level = min(s, 1.0)
     lo = 1.0 - (1.0 - crop_scale[0]) * level
-    steps = [K.RandomResizedCrop((height, width), scale=(lo, crop_scale[1]), ratio=(3 / 4, 4 / 3))]
+    steps = [K.RandomResizedCrop((height, width), scale=(lo, crop_scale[1]), ratio=(3 / 4, 4 / 3),
+                                    cropping_mode="resample")]
     if flip:
         steps.append(K.RandomHorizontalFlip(p=0.5 * level))
     # SimCLR's colour distortion with s = 0.5 (its CIFAR-10 setting) at strength 1.
@@ -170,8 +171,9 @@ class ViewMaker:
         view_a = view_a.to(self.device, dtype=torch.float32, non_blocking=True)
         view_b = view_b.to(self.device, dtype=torch.float32, non_blocking=True)
         if self._augment is not None:
-            view_a = self._augment(view_a)
-            view_b = self._augment(view_b)
+            # One kornia call on both views: parameters are drawn per row, so the two halves
+            # are independent augmentations, and the per-call overhead is paid once.
+            view_a, view_b = self._augment(torch.cat([view_a, view_b])).chunk(2)
         if self.mode == "B":
             view_b = torch.rot90(view_b, k=1, dims=(-2, -1))
         # kornia keeps values in range for these ops; clamp guards interpolation overshoot.
@@ -208,10 +210,10 @@ def make_views(dataset: Dataset, mode: str = "augment", device: Union[torch.devi
     if mode == "B" and h != w:
         raise ValueError(f"views 'B' rotate by 90 degrees and need square images, got {h}x{w}")
     device = torch.device("cpu") if device is None else torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} was asked for, but CUDA is not available")
     strength = (1.0 if mode == "augment" else 0.0) if strength is None else _check_strength(strength)
-    source_key = getattr(dataset, "source", dataset.name)
-    defaults = _DEFAULTS.get(source_key) or _DEFAULTS.get(dataset.name) or (
-        _RGB_DEFAULT if c == 3 else _GRAY_DEFAULT)
+    defaults = _DEFAULTS.get(dataset.source) or (_RGB_DEFAULT if c == 3 else _GRAY_DEFAULT)
     if crop_scale is None:
         crop_scale = defaults["crop_scale"]
     else:
