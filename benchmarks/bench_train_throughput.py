@@ -28,7 +28,8 @@ from contrastkit.train import PretrainConfig  # noqa: E402
 from contrastkit.train.setup import build_model  # noqa: E402
 
 
-def time_steps(config: PretrainConfig, dataset, views_mode: str, steps: int, warmup: int):
+def time_steps(config: PretrainConfig, dataset, views_mode: str, steps: int, warmup: int, threads: int):
+    torch.set_num_threads(threads)
     views = make_views(dataset, mode=views_mode, device="cpu")
     config = config.resolved().with_queue(config.batch_size, dataset.train.images.shape[0])
     model = build_model(config, dataset.image_shape[0])
@@ -45,7 +46,7 @@ def time_steps(config: PretrainConfig, dataset, views_mode: str, steps: int, war
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        float(loss)  # one sync so the step is really finished (a no-op cost on CPU)
+        float(loss.detach())  # one sync so the step is really finished (a no-op cost on CPU)
         t2 = time.perf_counter()
         if step >= warmup:
             view_times.append(t1 - t0)
@@ -68,20 +69,26 @@ def main() -> None:
     args = parser.parse_args()
     dataset = load_dataset("glyphlab", seed=0)
     base = dict(batch_size=args.batch_size)
+    threads = torch.get_num_threads()
     rows = [
-        ("small CNN, simclr, augment views (default)", PretrainConfig(**base), "augment", args.steps),
-        ("small CNN, simclr, A views (no kornia)", PretrainConfig(**base), "A", args.steps),
-        ("small CNN, moco, augment views", PretrainConfig(method="moco", **base), "augment", args.steps),
-        ("ResNet-18, simclr, augment views", PretrainConfig(encoder="resnet18", **base), "augment",
-         args.resnet_steps),
+        (f"small CNN, simclr, augment views (default), {threads} threads", PretrainConfig(**base), "augment",
+         args.steps, threads),
+        ("same, 1 thread", PretrainConfig(**base), "augment", args.steps, 1),
+        (f"small CNN, simclr, A views (no kornia), {threads} threads", PretrainConfig(**base), "A", args.steps,
+         threads),
+        (f"small CNN, moco, augment views, {threads} threads", PretrainConfig(method="moco", **base), "augment",
+         args.steps, threads),
+        (f"ResNet-18, simclr, augment views, {threads} threads", PretrainConfig(encoder="resnet18", **base),
+         "augment", args.resnet_steps, threads),
     ]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+    print(f"torch {torch.__version__}, {threads} threads by default, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}, {platform.processor() or platform.machine()}, "
           f"glyphlab {tuple(dataset.image_shape)}, batch {args.batch_size}\n")
     print("| configuration | images/s | ratio to default | view ms/step | model ms/step | view share |")
     print("|---|---:|---:|---:|---:|---:|")
     reference = None
-    for name, config, mode, steps in rows:
-        r = time_steps(config, dataset, mode, steps, args.warmup if steps > 3 else 1)
+    for name, config, mode, steps, n_threads in rows:
+        r = time_steps(config, dataset, mode, steps, args.warmup if steps > 3 else 1, n_threads)
         reference = reference or r["images_per_second"]
         print(f"| {name} | {r['images_per_second']:.0f} | {r['images_per_second'] / reference:.2f} | "
               f"{r['view_ms']:.1f} | {r['model_ms']:.1f} | {100 * r['view_share']:.0f}% |", flush=True)

@@ -27,8 +27,10 @@ def add_common_arguments(parser: Any, *, epochs_default: int, batch_default: int
     parser.add_argument("--batch-size", type=int, default=batch_default,
                         help=f"pairs per batch (default {batch_default})")
     parser.add_argument("--data-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a data set option, e.g. train_scenes=240 or noise=0.3 (repeatable)")
+                        help="a data set option, e.g. train_scenes=240 or clutter=[2,5] (repeatable)")
     parser.add_argument("--device", default="auto", help="torch device (default: CUDA if available, else CPU)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads per run (default 1, as contrastkit pretrain; 0 = torch's default)")
     parser.add_argument("--resume", action="store_true",
                         help="continue in an existing output folder: finished runs are skipped")
     parser.add_argument("--force", action="store_true",
@@ -36,30 +38,12 @@ def add_common_arguments(parser: Any, *, epochs_default: int, batch_default: int
     parser.add_argument("--no-progress", action="store_true", help="no live display, one line per run")
 
 
-def _parse_value(text: str) -> Any:
-    text = text.strip()
-    if "," in text:
-        return [_parse_value(part) for part in text.split(",")]
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    return text
-
-
 def parse_data_options(items: Sequence[str]) -> Dict[str, Any]:
-    """``["train_scenes=240", "clutter=2,5"]`` -> ``{"train_scenes": 240, "clutter": [2, 5]}``
-    (lists, not tuples, so that the settings survive a JSON round trip unchanged)."""
-    options: Dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise ValueError(f"--data-option must look like KEY=VALUE, got {item!r}")
-        options[key.strip()] = _parse_value(value)
-    return options
+    """``--data-option KEY=VALUE`` items as ``contrastkit pretrain`` reads them (VALUE as JSON
+    when it parses)."""
+    from contrastkit.commands.pretrain import _parse_data_options
+
+    return _parse_data_options(items)
 
 
 # ------------------------------------------------------------------------------ files

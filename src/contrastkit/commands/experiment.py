@@ -67,7 +67,8 @@ def _specs(settings: Dict[str, Any]) -> List[RunSpec]:
         for pairs in PAIRS:
             config = dict(data="glyphlab", data_options=settings["data_options"], method="simclr", views=pairs,
                           temperature=settings["temperature"], epochs=settings["epochs"],
-                          batch_size=settings["batch_size"], device=settings["device"], seed=seed)
+                          batch_size=settings["batch_size"], device=settings["device"],
+                          threads=settings["threads"], seed=seed)
             # A and B share the random initialisation of their seed: one baseline per seed.
             specs.append(RunSpec(f"pairs{pairs}-seed{seed}", PAIRS[pairs], f"seed {seed}", config,
                                  baselines=(pairs == "A")))
@@ -177,7 +178,7 @@ def _positive_pairs(args: Any) -> int:
 
     settings = {"data_options": parse_data_options(args.data_option), "seeds": args.seeds,
                 "temperature": DEFAULT_TEMPERATURE["simclr"] if args.temperature is None else args.temperature,
-                "epochs": args.epochs, "batch_size": args.batch_size, "device": args.device}
+                "epochs": args.epochs, "batch_size": args.batch_size, "device": args.device, "threads": args.threads}
     out = args.out or os.path.join("runs", f"experiment-{args.name}")
     result = run_positive_pairs(settings, out, resume=args.resume, force=args.force,
                                 progress=not args.no_progress)

@@ -11,8 +11,9 @@ from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, P
 
 # Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
 _FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
+           "temperature_schedule",
            "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
-           "queue_size", "projection_dim", "weight", "text_encoder", "seed", "device", "log_every",
+           "queue_size", "projection_dim", "weight", "text_encoder", "seed", "device", "threads", "log_every",
            "eval_every", "out")
 
 
@@ -40,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--temperature", type=float, default=None,
         help="initial tau (default per method: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_TEMPERATURE.items()) + ")")
     add("--learnable-temperature", action="store_true", default=None, help="train tau (CLIP parameterisation)")
+    add("--temperature-schedule", default=None, metavar="SCHEDULE",
+        help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], linear:START,END, "
+             "step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; see docs/temperature-study.md)")
     add("--epochs", type=int, default=None, help=f"(default {d.epochs})")
     add("--batch-size", type=int, default=None, help=f"source images per step (default {d.batch_size})")
     add("--optimizer", choices=OPTIMIZERS, default=None, help=f"(default {d.optimizer})")
@@ -57,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="convirt: text encoder, mean-pooled word embeddings or a 2-layer transformer (default mean)")
     add("--seed", type=int, default=None, help=f"(default {d.seed})")
     add("--device", default=None, help="auto, cpu, cuda, cuda:1, ... (default auto)")
+    add("--threads", type=int, default=None,
+        help="CPU threads (default 1: fastest on a CPU shared with other jobs; 0 = torch's default)")
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
     add("--eval-every", type=int, default=None,
         help="epochs between val kNN checks logged to metrics.jsonl (default 0: never)")

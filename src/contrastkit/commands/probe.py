@@ -13,6 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="output folder of `contrastkit pretrain`")
     parser.add_argument("--checkpoint", default=None, help="checkpoint file (default RUN_DIR/checkpoints/last.pt)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ... (default auto)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the run's setting)")
     parser.add_argument("--no-baselines", action="store_true", help="skip the random-init and raw-pixel baselines")
     parser.add_argument("--save", action="store_true", help="also write RUN_DIR/probe.json (replacing an earlier one)")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of the table")
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from contrastkit.train import evaluate_run
 
     result = evaluate_run(args.run_dir, checkpoint=args.checkpoint, device=args.device,
-                          baselines=not args.no_baselines)
+                          baselines=not args.no_baselines, threads=args.threads)
     if args.save:
         with open(os.path.join(args.run_dir, "probe.json"), "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=2, sort_keys=True)

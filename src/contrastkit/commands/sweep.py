@@ -42,9 +42,9 @@ __all__ = ["add_arguments", "run", "run_sweep", "sweep_rows", "sweep_verdicts", 
 
 DEFAULT_TEMPERATURES = (0.05, 0.1, 0.2, 0.5, 1.0)
 # 33 runs (5 tau x 3 seeds x 2 losses + 3 simple) in <= 30 minutes on 2 CPU cores on glyphlab:
-# about 50 s per run including its evaluation (measured in docs/temperature-study.md).
-DEFAULT_EPOCHS = 40
-DEFAULT_BATCH = 32
+# about 40 s per run (300 steps of ~0.11 s, one thread, plus evaluation; docs/temperature-study.md).
+DEFAULT_EPOCHS = 100
+DEFAULT_BATCH = 40
 LOSSES = {"nt_xent": "simclr", "hard_negative": "hard_negative", "simple": "simple"}
 PLOTS = ("accuracy_vs_tau.png", "uniformity_vs_tau.png", "tolerance_vs_tau.png", "uniformity_tolerance.png",
          "similarity_profile.png")
@@ -90,7 +90,8 @@ def _positive(value: int, name: str) -> int:
 
 def _specs(settings: Dict[str, Any]) -> List[RunSpec]:
     base = dict(data=settings["data"], data_options=settings["data_options"], views=settings["views"],
-                epochs=settings["epochs"], batch_size=settings["batch_size"], device=settings["device"])
+                epochs=settings["epochs"], batch_size=settings["batch_size"], device=settings["device"],
+                threads=settings["threads"])
     losses = ["nt_xent"] + ([] if settings["no_variants"] else ["hard_negative"])
     specs = []
     for seed in range(settings["seeds"]):  # seed-major: an interrupted sweep still has whole curves
@@ -405,6 +406,7 @@ def run(args: Any) -> int:
         "temperatures": _temperatures(args.temperatures), "seeds": _positive(args.seeds, "--seeds"),
         "views": args.views, "epochs": _positive(args.epochs, "--epochs"),
         "batch_size": _positive(args.batch_size, "--batch-size"), "device": args.device,
+        "threads": args.threads,
         "no_variants": bool(args.no_variants),
     }
     result = run_sweep(settings, args.out, resume=args.resume, force=args.force, progress=not args.no_progress)

@@ -193,7 +193,7 @@ def penalty_entropy(x: Tensor, y: Tensor, *, temperature: TemperatureLike, batch
     the ``2b`` stacked views are anchors and anchor ``i``'s negatives are the ``2b - 2`` rows
     other than itself and its positive; its penalty distribution is
     ``r_j = exp(s_ij / tau) / sum_{k neg} exp(s_ik / tau)``, the share of the gradient that
-    negative ``j`` receives (SPEC §4).
+    negative ``j`` receives (SPEC §4), as :func:`contrastkit.analysis.explain` computes it.
 
     Args:
         x, y: ``(N, d)`` two views, rows paired; ``N >= 2``.
@@ -205,6 +205,8 @@ def penalty_entropy(x: Tensor, y: Tensor, *, temperature: TemperatureLike, batch
     Returns the mean over all anchors of all batches. Low entropy: a few hard negatives
     take the whole penalty (small ``tau``); high: the loss treats negatives alike.
     """
+    from contrastkit.analysis import explain  # the one implementation of the penalty distribution
+
     batch = optional_int(batch_size, "batch_size", minimum=2)
     tau = float(resolve_temperature(temperature))
     a, b = _pair(x, y, normalize, minimum=2)
@@ -215,12 +217,8 @@ def penalty_entropy(x: Tensor, y: Tensor, *, temperature: TemperatureLike, batch
         if m < 2:
             break
         z = torch.cat([za, zb])
-        rows = torch.arange(2 * m)
-        negatives = ~torch.eye(2 * m, dtype=torch.bool)
-        negatives[rows, (rows + m) % (2 * m)] = False
-        logits = ((z @ z.T) / tau).masked_fill(~negatives, float("-inf"))
-        log_penalty = torch.log_softmax(logits, dim=1)
-        entropy = -(log_penalty.exp() * log_penalty.masked_fill(~negatives, 0.0)).sum(1)
+        positive = ((torch.arange(2 * m) + m) % (2 * m)).tolist()
+        entropy = explain(z @ z.T, temperature=tau, positive=positive, exclude_diagonal=True).penalty_entropy
         total += float(entropy.sum())
         count += 2 * m
     return total / count

@@ -29,7 +29,8 @@ DEFAULT_WEIGHT_DECAY = {"adamw": 1e-4, "sgd": 5e-4}
 
 # Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
 # stretches the cosine schedule from the resumed step on.
-RESUME_MAY_CHANGE = frozenset({"epochs", "device", "out", "log_every", "eval_every"})
+# ``threads`` and ``device`` may change too, at the price of bit-exactness (reduction order).
+RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every"})
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -82,7 +83,7 @@ class PretrainConfig:
     learnable_temperature: bool = False
     temperature_schedule: str = "constant"  # contrastkit.temperature.parse_schedule form
     epochs: int = 150
-    batch_size: int = 64
+    batch_size: int = 60             # divides glyphlab's 120 training scenes (the last partial batch is dropped)
     optimizer: str = "adamw"
     lr: Optional[float] = None
     weight_decay: Optional[float] = None
@@ -94,6 +95,7 @@ class PretrainConfig:
     text_encoder: Optional[str] = None    # convirt's text encoder (None: mean)
     seed: int = 0
     device: str = "auto"
+    threads: int = 1                # CPU threads (0: torch's default); see setup.limit_threads
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val kNN checks (0: never)
     knn_k: int = 20
@@ -147,6 +149,7 @@ class PretrainConfig:
         c.projection_dim = _positive_int(64 if c.projection_dim is None else c.projection_dim, "projection_dim")
         if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
+        _positive_int(c.threads, "threads", 0)
         _positive_int(c.log_every, "log_every")
         _positive_int(c.eval_every, "eval_every", 0)
         _positive_int(c.knn_k, "knn_k")

@@ -20,7 +20,7 @@ from contrastkit.metrics import knn_accuracy, linear_probe
 
 from .checkpoint import load_checkpoint
 from .config import PretrainConfig
-from .setup import build_model, load_data, resolve_device
+from .setup import build_model, limit_threads, load_data, resolve_device
 
 __all__ = ["extract_features", "evaluate_features", "evaluate_encoders", "evaluate_run"]
 
@@ -71,8 +71,9 @@ def evaluate_encoders(dataset: Any, encoder: nn.Module, device: torch.device, *,
 
 
 def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str = "auto",
-                 baselines: bool = True) -> Dict[str, Any]:
-    """Re-evaluate the checkpoint of a finished or interrupted run (``contrastkit probe``)."""
+                 baselines: bool = True, threads: Optional[int] = None) -> Dict[str, Any]:
+    """Re-evaluate the checkpoint of a finished or interrupted run (``contrastkit probe``);
+    ``threads`` defaults to the run's setting."""
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"run folder {run_dir} does not exist")
     config_path = os.path.join(run_dir, "config.json")
@@ -88,6 +89,12 @@ def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str 
     state = load_checkpoint(path)
     if state["config"] != config.to_dict():
         raise ValueError(f"checkpoint {path} does not belong to the run in {run_dir} (configurations differ)")
+    with limit_threads(config.threads if threads is None else threads):
+        return _evaluate_state(config, state, path, config_path, device, baselines)
+
+
+def _evaluate_state(config: PretrainConfig, state: Dict[str, Any], path: str, config_path: str, device: str,
+                    baselines: bool) -> Dict[str, Any]:
     started = time.perf_counter()
     torch_device = resolve_device(device)
     dataset = load_data(config)

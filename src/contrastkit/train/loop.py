@@ -27,7 +27,7 @@ from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_sta
 from .config import RESUME_MAY_CHANGE, PretrainConfig
 from .evaluate import evaluate_encoders, extract_features
 from .geometry import geometry
-from .setup import build_model, load_data, resolve_device
+from .setup import build_model, limit_threads, load_data, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -175,8 +175,15 @@ def pretrain(
     draw from torch's global RNG, whose state (with numpy's and python's) is checkpointed,
     so a resumed run on CPU ends with the same weights as an uninterrupted one.
     """
-    started = time.perf_counter()
     config = config.resolved()
+    with limit_threads(config.threads):
+        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines)
+
+
+def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
+              views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
+              baselines: bool = True) -> Dict[str, Any]:
+    started = time.perf_counter()
     _prepare_out(config.out, resume, force)
     device = resolve_device(config.device)
     _seed_everything(config.seed)
@@ -228,8 +235,8 @@ def pretrain(
         except (RuntimeError, ValueError, KeyError) as err:
             raise ValueError(f"checkpoint {checkpoint_path} does not match this model/optimizer: "
                              f"{str(err).splitlines()[0]}") from None
-        # A changed --epochs reshapes the schedule from here on.
-        scheduler.lr_lambdas = [warmup_cosine(total_steps, warmup_steps)] * len(optimizer.param_groups)
+        # The schedule's functions are not in the state (only its step): a changed --epochs
+        # reshapes the cosine from the resumed step on.
         set_rng_state(state["rng"])
         epoch, step = int(state["epoch"]), int(state["step"])
         train_seconds = float(state.get("train_seconds", 0.0))

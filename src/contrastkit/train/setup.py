@@ -2,14 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 
 from .config import PretrainConfig
 from .methods import ContrastiveModel
 
-__all__ = ["resolve_device", "load_data", "build_model"]
+__all__ = ["resolve_device", "load_data", "build_model", "limit_threads"]
+
+
+@contextlib.contextmanager
+def limit_threads(threads: int) -> Iterator[None]:
+    """Run with ``threads`` CPU threads for torch and for the BLAS/OpenMP pools scikit-learn
+    uses (0: leave the process settings alone); the previous settings come back afterwards.
+
+    Why the default is 1: on a CPU shared with other jobs, a 2-thread small-CNN step ran 6x
+    slower than a 1-thread one (threads spin-waiting for each other; benchmarks/RESULTS_train.md).
+    """
+    if not threads:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:  # comes with scikit-learn; without it only torch is limited
+            yield
+        else:
+            with threadpool_limits(limits=threads):
+                yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def resolve_device(name: str) -> torch.device:
