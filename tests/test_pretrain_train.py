@@ -79,8 +79,26 @@ def test_digits_subset_and_learnable_temperature(tmp_path):
     assert summary["final_temperature"] != pytest.approx(0.5, abs=1e-7)  # tau received gradient steps
 
 
+@pytest.mark.parametrize("kind", ["mnist", "cifar10", "imagefolder"])
+def test_path_data_kinds(tmp_path, kind):
+    from _data_fixtures import write_cifar, write_image_folder, write_mnist
+
+    folder = tmp_path / kind
+    if kind == "mnist":
+        write_mnist(folder, n_train=40, n_test=20)
+        options = {"val_fraction": 0.25}
+    elif kind == "cifar10":
+        write_cifar(folder, per_batch=10, n_test=20)
+        options = {"val_fraction": 0.2}
+    else:
+        write_image_folder(folder, per_class=10)
+        options = {}
+    out = tmp_path / "run"
+    summary = pretrain(tiny_config(out, data=str(folder), data_options=options), progress=False)
+    _check_run_folder(str(out), summary, 1)
+
+
 def test_npz_path_through_the_cli_and_probe_reproduces_summary(tmp_path, capsys):
-    pytest.importorskip("contrastkit.data.files")
     rng = np.random.default_rng(0)
     x_train = rng.integers(0, 255, size=(24, 12, 12), dtype=np.uint8)
     x_test = rng.integers(0, 255, size=(12, 12, 12), dtype=np.uint8)
@@ -90,7 +108,7 @@ def test_npz_path_through_the_cli_and_probe_reproduces_summary(tmp_path, capsys)
     code = main(["pretrain", "--data", str(path), "--data-option", "val_fraction=0.25", "--epochs", "1",
                  "--batch-size", "8", "--out", str(out), "--quiet", "--device", "cpu"])
     printed = capsys.readouterr().out
-    assert code == 0 and "linear probe accuracy" in printed and "random-init encoder" in printed
+    assert code == 0 and "linear probe accuracy" in printed and "random init" in printed
     with open(out / "summary.json", encoding="utf-8") as handle:
         summary = json.load(handle)
     assert main(["probe", str(out), "--json", "--device", "cpu"]) == 0
@@ -206,6 +224,9 @@ def test_bad_options_are_clear_errors(tmp_path):
                                ({"method": "moco", "queue_size": 12}, "multiple of the batch size")]:
         with pytest.raises(ValueError, match=message):
             pretrain(tiny_config(tmp_path / "x", **overrides), progress=False)
+    with pytest.raises(FileNotFoundError):
+        pretrain(tiny_config(tmp_path / "y", data=str(tmp_path / "missing.npz")), progress=False)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()  # a failed start leaves nothing
 
 
 def test_warmup_cosine_schedule():

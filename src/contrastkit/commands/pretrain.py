@@ -116,9 +116,9 @@ def print_table(summary: Dict[str, Any], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    table.add_column("read-out (test split)")
-    table.add_column("pretrained encoder", justify="right")
-    table.add_column("random-init encoder", justify="right")
+    table.add_column("test split")
+    table.add_column("pretrained", justify="right")
+    table.add_column("random init", justify="right")
     table.add_column("raw pixels", justify="right")
     table.add_row("linear probe accuracy", _fmt(summary.get("probe_accuracy")),
                   _fmt(summary.get("random_init_probe_accuracy")), _fmt(summary.get("raw_pixel_probe_accuracy")))

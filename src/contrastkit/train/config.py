@@ -14,8 +14,9 @@ OPTIMIZERS = ("adamw", "sgd")
 VIEW_MODES = ("augment", "A", "B")
 ENCODER_NAMES = ("small", "resnet18")
 
-# Per-method temperature defaults. MoCo v2 uses 0.2, SupCon 0.1 (Khosla et al.); for SimCLR
-# and DCL on small data sets 0.2 trained best in our sweeps on glyphlab and digits (docs/pretrain.md).
+# Per-method temperature defaults: MoCo v2's 0.2, SupCon's 0.1 (Khosla et al.); SimCLR and DCL
+# use 0.2 too (SimCLR's CIFAR-10 runs used 0.5; on glyphlab 0.2 and 0.5 read out the same,
+# docs/pretrain.md).
 DEFAULT_TEMPERATURE = {"simclr": 0.2, "moco": 0.2, "supcon": 0.1, "dcl": 0.2, "hard_negative": 0.2,
                        "simple": 1.0,  # the simple loss has no temperature (reported only)
                        "convirt": 0.1}  # ConVIRT's tau (SPEC section 3)
@@ -82,7 +83,7 @@ class PretrainConfig:
     temperature: Optional[float] = None
     learnable_temperature: bool = False
     temperature_schedule: str = "constant"  # contrastkit.temperature.parse_schedule form
-    epochs: int = 150
+    epochs: int = 60
     batch_size: int = 60             # divides glyphlab's 120 training scenes (the last partial batch is dropped)
     optimizer: str = "adamw"
     lr: Optional[float] = None

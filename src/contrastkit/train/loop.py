@@ -53,7 +53,8 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _prepare_out(out: str, resume: bool, force: bool) -> None:
+def _check_out(out: str, resume: bool, force: bool) -> None:
+    """Refuse before any work: a non-empty OUT needs --resume or --force."""
     if resume and force:
         raise ValueError("--resume and --force exclude each other: resume continues a run, force starts over")
     if os.path.exists(out) and not os.path.isdir(out):
@@ -63,11 +64,15 @@ def _prepare_out(out: str, resume: bool, force: bool) -> None:
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"nothing to resume: {checkpoint} does not exist")
         return
-    if os.path.isdir(out) and os.listdir(out):
-        if not force:
-            raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the run "
-                                  "in it or --force to start over (this deletes its config.json, "
-                                  "metrics.jsonl, summary.json and checkpoints/)")
+    if os.path.isdir(out) and os.listdir(out) and not force:
+        raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the run "
+                              "in it or --force to start over (this deletes its config.json, "
+                              "metrics.jsonl, summary.json and checkpoints/)")
+
+
+def _prepare_out(out: str, resume: bool) -> None:
+    """Once the run is set up: with --force delete the previous run's files (only those)."""
+    if not resume:
         for name in OUTPUT_FILES:
             path = os.path.join(out, name)
             if os.path.isdir(path):
@@ -184,7 +189,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
               views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
               baselines: bool = True) -> Dict[str, Any]:
     started = time.perf_counter()
-    _prepare_out(config.out, resume, force)
+    _check_out(config.out, resume, force)
     device = resolve_device(config.device)
     _seed_everything(config.seed)
     if dataset is None:
@@ -222,6 +227,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     warmup_steps = int(round(config.warmup_fraction * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
 
+    _prepare_out(config.out, resume)
     checkpoint_path = os.path.join(config.out, "checkpoints", "last.pt")
     metrics_path = os.path.join(config.out, "metrics.jsonl")
     epoch, step, train_seconds, epoch_losses = 0, 0, 0.0, []
