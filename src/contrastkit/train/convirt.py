@@ -46,8 +46,8 @@ def build_tokenizer(dataset: Any) -> WordTokenizer:
 
 
 def run_tokenizer(dataset: Any, out: str, resume: bool) -> WordTokenizer:
-    """The run's tokenizer, written to ``out/tokenizer.json``; on resume, the stored one (which
-    must equal the one the training texts give, else the data changed under the run)."""
+    """The run's tokenizer (the loop writes it to ``out/tokenizer.json``); on resume, the stored
+    one, which must equal the one the training texts give, else the data changed under the run."""
     path = os.path.join(out, TOKENIZER_FILE)
     built = build_tokenizer(dataset)
     if resume and os.path.isfile(path):
@@ -56,8 +56,6 @@ def run_tokenizer(dataset: Any, out: str, resume: bool) -> WordTokenizer:
             raise ValueError(f"{path} differs from the tokenizer of the training texts: the data changed "
                              "since the run started; start over with --force")
         return stored
-    os.makedirs(out, exist_ok=True)
-    built.save(path)
     return built
 
 

@@ -102,7 +102,7 @@ def _evaluate_state(config: PretrainConfig, state: Dict[str, Any], path: str, co
     if config.paired:
         from .convirt import load_run_tokenizer
 
-        tokenizer = load_run_tokenizer(run_dir)
+        tokenizer = load_run_tokenizer(os.path.dirname(config_path))
     model = build_model(config, dataset.image_shape[0], tokenizer)
     baseline = build_model(config, dataset.image_shape[0], tokenizer).encoder.to(torch_device) if baselines else None
     try:

@@ -228,6 +228,10 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
 
     _prepare_out(config.out, resume)
+    if tokenizer is not None:
+        from .convirt import TOKENIZER_FILE
+
+        tokenizer.save(os.path.join(config.out, TOKENIZER_FILE))
     checkpoint_path = os.path.join(config.out, "checkpoints", "last.pt")
     metrics_path = os.path.join(config.out, "metrics.jsonl")
     epoch, step, train_seconds, epoch_losses = 0, 0, 0.0, []
