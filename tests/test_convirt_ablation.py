@@ -13,7 +13,7 @@ from contrastkit.commands._study import FAILS, HOLDS, UNDECIDED
 
 
 def _row(lam, tau, i2t, t2i, seed=0):
-    return {"lambda": lam, "tau": tau, "seed": seed, "i2t_recall@5": i2t, "t2i_recall@5": t2i,
+    return {"lambda": lam, "tau": tau, "seed": seed, "i2t_recall@5": i2t, "t2i_recall@5": t2i, "pairs": 300,
             "chance_recall@5": 0.05, "fact_ceiling_recall@5": 0.9, "zero_shot_accuracy": 0.5}
 
 
@@ -56,7 +56,17 @@ def test_verdicts_when_the_claims_fail_or_are_mixed():
     assert low.status == UNDECIDED and "better in 3/5 cells" in low.evidence
     assert [v for c, v in verdicts.items() if "both hurt" in c][0].status == FAILS
     assert [v for c, v in verdicts.items() if "larger lambda" in c][0].status == FAILS  # constant: rho undefined
-    assert [v for c, v in verdicts.items() if "best retrieval" in c][0].status == FAILS
+    # lambda 0.5: 0.7 vs 0.75: 0.6; the binomial standard error at p = 0.6, 300 pairs is
+    # sqrt(0.24 / 300) = 0.0283, so a gap of 0.1 is more than two of them.
+    best = [v for c, v in verdicts.items() if "best retrieval" in c][0]
+    assert best.status == FAILS and "standard error 0.0283" in best.evidence
+
+
+def test_small_lambda_gap_is_inconclusive():
+    # lambda 0 ahead of 0.75 by 0.01 at p ~ 0.5 with 300 pairs: SE = sqrt(0.25 / 300) = 0.0289.
+    rows = _grid(lambda lam, tau: (0.51, 0.51) if lam == 0.0 else (0.5, 0.5))
+    best = [v for v in ablation_verdicts(rows) if "best retrieval" in v.claim][0]
+    assert best.status == UNDECIDED
 
 
 def test_table_lists_every_cell():

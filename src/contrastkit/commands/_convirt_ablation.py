@@ -69,6 +69,7 @@ def ablation_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
             row[key] = s.get(f"retrieval_{key}")
         row[f"chance_recall@{VERDICT_K}"] = s.get(f"retrieval_chance_recall@{VERDICT_K}")
         row[f"fact_ceiling_recall@{VERDICT_K}"] = s.get(f"retrieval_fact_ceiling_recall@{VERDICT_K}")
+        row["pairs"] = s.get("retrieval_pairs")
         row["zero_shot_accuracy"] = s.get("zero_shot_accuracy")
         row["probe_accuracy"] = s.get("probe_accuracy")
         row["random_init_probe_accuracy"] = s.get("random_init_probe_accuracy", "")
@@ -92,6 +93,16 @@ def _cell_means(rows: Sequence[Dict[str, Any]], key: Any) -> Dict[Tuple[float, f
     return {cell: statistics.fmean(values) for cell, values in cells.items()}
 
 
+def _standard_error(p: float, pairs: Any, runs: int) -> float:
+    """Binomial standard error of a recall ``p`` measured on ``pairs`` queries in ``runs`` runs
+    (``nan`` when the number of pairs is unknown)."""
+    try:
+        n = int(pairs) * max(1, runs)
+    except (TypeError, ValueError):
+        return math.nan
+    return math.sqrt(max(p * (1.0 - p), 0.0) / n) if n > 0 else math.nan
+
+
 def _paired_tau_verdict(rows: Sequence[Dict[str, Any]], reference_tau: float, other_tau: float) -> Verdict:
     """Claim: ``other_tau`` hurts retrieval vs ``reference_tau``, compared within each (lambda, seed)."""
     by_key = {(float(r["lambda"]), int(r["seed"]), float(r["tau"])): _retrieval(r) for r in rows}
@@ -109,8 +120,10 @@ def _paired_tau_verdict(rows: Sequence[Dict[str, Any]], reference_tau: float, ot
     ref = statistics.fmean(_retrieval(r) for r in rows if float(r["tau"]) == reference_tau)
     oth = statistics.fmean(_retrieval(r) for r in rows if float(r["tau"]) == other_tau)
     status = HOLDS if wins == len(gaps) else (FAILS if mean_gap <= 0 else UNDECIDED)
+    error = _standard_error(ref, rows[0].get("pairs"), 1)
     evidence = (f"mean R@{VERDICT_K} tau={reference_tau:g} {ref:.4f} vs tau={other_tau:g} {oth:.4f}; "
-                f"tau={reference_tau:g} better in {wins}/{len(gaps)} cells, mean gap {mean_gap:+.4f}")
+                f"tau={reference_tau:g} better in {wins}/{len(gaps)} cells, mean gap {mean_gap:+.4f} "
+                f"(binomial standard error of one cell {error:.4f})")
     return Verdict(claim, status, evidence, rule)
 
 
@@ -151,13 +164,18 @@ def ablation_verdicts(rows: Sequence[Dict[str, Any]], reference_tau: float = 0.1
         if (reference_weight, reference_tau) in means and len(weights) > 1:
             best = max(means, key=means.get)
             ours = means[(reference_weight, reference_tau)]
-            status = HOLDS if ours >= means[best] else FAILS
+            runs = sum(1 for r in at_ref if float(r["lambda"]) == reference_weight)
+            error = _standard_error(ours, at_ref[0].get("pairs"), runs)
+            gap = means[best] - ours
+            status = HOLDS if gap <= 0 else (FAILS if gap > 2 * error else UNDECIDED)
             verdicts.append(Verdict(
                 f"ConVIRT's lambda = {reference_weight:g} gives the best retrieval among the lambdas at "
                 f"tau = {reference_tau:g}", status,
                 ", ".join(f"lambda {lam:g}: {means[(lam, reference_tau)]:.4f}" for lam in lams)
-                + f"; best lambda {best[0]:g}",
-                f"holds if no other lambda has a higher mean R@{VERDICT_K} (mean of both directions, over seeds)"))
+                + f"; best lambda {best[0]:g}, gap {gap:+.4f}, binomial standard error {error:.4f}",
+                f"holds if no other lambda has a higher mean R@{VERDICT_K} (mean of both directions, over seeds); "
+                "does not hold if the best is higher by more than 2 binomial standard errors "
+                "(sqrt(p (1 - p) / pairs / runs)); inconclusive otherwise"))
     return verdicts
 
 
