@@ -9,6 +9,14 @@ import torch.nn.functional as F
 from contrastkit import losses
 from contrastkit.models import ProjectionHead, ResNet18, SmallCNN, build_encoder
 from contrastkit.train import ContrastiveModel
+from contrastkit.train.setup import limit_threads
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny problems: extra threads only add synchronisation cost on a shared CPU.
+    with limit_threads(1):
+        yield
 
 
 def test_small_cnn_shapes_and_channels():

@@ -6,6 +6,14 @@ import numpy as np
 import pytest
 
 from contrastkit.metrics import knn_accuracy, knn_predict, linear_probe
+from contrastkit.train.setup import limit_threads
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny problems: extra threads only add synchronisation cost on a shared CPU.
+    with limit_threads(1):
+        yield
 
 
 def _centres(classes, dim, rng):

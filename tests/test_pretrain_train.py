@@ -115,6 +115,10 @@ def test_npz_path_through_the_cli_and_probe_reproduces_summary(tmp_path, capsys)
     again = json.loads(capsys.readouterr().out)
     for key in ("probe_accuracy", "knn_accuracy", "random_init_probe_accuracy", "raw_pixel_probe_accuracy"):
         assert again[key] == summary[key], key
+    # --resume takes the options not given from OUT/config.json (data, batch size, ...).
+    assert main(["pretrain", "--out", str(out), "--resume", "--epochs", "2", "--quiet", "--json"]) == 0
+    resumed = json.loads(capsys.readouterr().out)
+    assert resumed["epochs"] == 2 and resumed["steps"] == 2 * summary["steps"]
 
 
 class _Interrupt(Exception):

@@ -44,7 +44,7 @@ def test_sweep_writes_csv_plots_and_verdicts(sweep_dir, capsys):
         assert png(os.path.join(sweep_dir, name)), name
     with open(os.path.join(sweep_dir, "verdicts.json"), encoding="utf-8") as handle:
         verdicts = json.load(handle)
-    assert len(verdicts) == 5 and all(v["status"] in STATUSES for v in verdicts)
+    assert len(verdicts) == 6 and all(v["status"] in STATUSES for v in verdicts)
     # two temperatures and one seed: nothing about the shape or the noise can be decided
     assert verdicts[0]["status"] == "inconclusive"
     with open(os.path.join(sweep_dir, "runs", "nt_xent-tau0.1-seed0", "summary.json"), encoding="utf-8") as handle:

@@ -69,6 +69,7 @@ def test_sweep_verdicts_hold_on_textbook_results():
         "Probe accuracy is reverse-U shaped in tau": HOLDS,
         "Smaller tau makes the embedding more uniform": HOLDS,
         "Larger tau makes the embedding more tolerant": HOLDS,
+        "Uniformity and tolerance trade off": HOLDS,
         "The simple loss trains worse than the best NT-Xent": HOLDS,
         "Hard-negative mining makes accuracy less sensitive to tau": HOLDS,
     }
@@ -81,7 +82,18 @@ def test_sweep_verdicts_fail_on_contrary_results():
     tolerance = {t: [0.5 - 0.1 * t] * 2 for t in TAUS}                      # falls with tau
     hard = {t: [0.5 + 0.3 * t] * 2 for t in TAUS}                           # spread 0.285 > 0.095
     verdicts = by_claim(sweep_verdicts(sweep_rows(accuracy, uniformity, tolerance, hard, [0.95, 0.96])))
+    # (both fall with tau, so they still trade off against each other)
+    assert verdicts.pop("Uniformity and tolerance trade off").status == HOLDS
     assert all(v.status == FAILS for v in verdicts.values()), {k: v.status for k, v in verdicts.items()}
+
+
+def test_dilemma_fails_when_uniform_embeddings_are_also_tolerant():
+    accuracy = {t: [0.9, 0.9] for t in TAUS}
+    uniformity = {t: [-1.0 - t] * 2 for t in TAUS}   # more uniform as tau grows
+    tolerance = {t: [0.2 + 0.5 * t] * 2 for t in TAUS}  # and more tolerant
+    verdicts = by_claim(sweep_verdicts(sweep_rows(accuracy, uniformity, tolerance)))
+    assert verdicts["Uniformity and tolerance trade off"].status == FAILS
+    assert "rho(uniformity, tolerance) over 10 runs" in verdicts["Uniformity and tolerance trade off"].evidence
 
 
 def test_sweep_verdicts_inconclusive_within_noise_or_one_seed():

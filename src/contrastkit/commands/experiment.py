@@ -128,7 +128,7 @@ def plot_positive_pairs(rows: Sequence[Dict[str, Any]], path: str) -> str:
     ax.set_ylabel("linear-probe test accuracy (3 orientation classes)")
     ax.set_ylim(0, 1.08)
     ax.axhline(1 / 3, color="grey", linestyle=":", label="chance (1/3)")
-    ax.set_title("GlyphLab: positive-pair definition A vs B (mean +/- std over seeds)")
+    ax.set_title("GlyphLab (SPEC F5): pairs A vs B, mean +/- std over seeds", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

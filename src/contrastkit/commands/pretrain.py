@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     summary = pretrain(config, resume=args.resume, force=args.force, progress=False if args.quiet else None)
+    if summary is None:  # a rank > 0 under torchrun: rank 0 reports
+        return 0
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:

@@ -180,6 +180,25 @@ def _trend_verdict(claim: str, curve: Dict[float, List[float]], what: str, expec
     return Verdict(claim, status, f"{what}: {_fmt_curve(curve)}; Spearman rho = {rho:+.2f}", rule)
 
 
+def _dilemma_verdict(rows: Sequence[Dict[str, Any]]) -> Verdict:
+    """Across all runs, a more uniform ``z`` goes with a less tolerant one."""
+    points = [(float(r["z_uniformity"]), float(r["z_tolerance"])) for r in rows
+              if _number(r.get("z_uniformity")) is not None and _number(r.get("z_tolerance")) is not None]
+    rho = spearman([u for u, _ in points], [t for _, t in points]) if len(points) >= 3 else math.nan
+    if math.isnan(rho):
+        status = UNDECIDED
+    elif rho >= 0.8:
+        status = HOLDS
+    elif rho <= 0:
+        status = FAILS
+    else:
+        status = UNDECIDED
+    return Verdict("Uniformity and tolerance trade off (a more uniform z is a less tolerant one)", status,
+                   f"Spearman rho(uniformity, tolerance) over {len(points)} runs of every loss = {rho:+.2f}",
+                   "holds if rho >= +0.8 (uniformity falls, i.e. improves, together with tolerance); does not "
+                   "hold if rho <= 0; inconclusive otherwise (needs >= 3 runs)")
+
+
 def sweep_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
     """The claims of SPEC §4 (Wang & Liu), each judged from the sweep's rows by a stated rule.
 
@@ -216,6 +235,7 @@ def sweep_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
                                    +1))
     verdicts.append(_trend_verdict("Larger tau makes the embedding more tolerant (tolerance rises with tau)",
                                    _by_tau(rows, "nt_xent", "z_tolerance"), "tolerance of z", +1))
+    verdicts.append(_dilemma_verdict(rows))
     simple = [float(r["probe_accuracy"]) for r in rows if r["loss"] == "simple"]
     if simple and taus:
         best = max(taus, key=lambda t: means[t])

@@ -97,6 +97,8 @@ class ConvirtModel(nn.Module):
                                          out_dim=projection_dim)
         self.text_head = ProjectionHead(text_width, hidden_dim=text_width, out_dim=projection_dim)
         self.temperature = losses.Temperature(temperature, learnable=learnable_temperature)
+        # Set by the training loop under torchrun; convirt has no cross-rank form yet.
+        self.distributed = False
 
     def embed(self, images: Tensor) -> Tensor:
         """``(N, C, H, W)`` -> ``h`` ``(N, encoder.out_dim)`` (what the probe reads)."""
@@ -114,6 +116,8 @@ class ConvirtModel(nn.Module):
         """Mean ConVIRT loss over the ``N`` pairs of the batch: ``images`` ``(N, C, H, W)`` and
         ``tokens = (ids, mask)`` ``(N, L)``, row ``i`` of each forming pair ``i``. ``labels``
         are ignored (pairs, not classes, define the positives)."""
+        if self.distributed:
+            raise ValueError("method 'convirt' has no cross-rank form yet; run it without torchrun")
         ids, mask = tokens
         v = self.image_embeddings(images)
         u = self.text_embeddings(ids, mask)

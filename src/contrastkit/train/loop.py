@@ -27,6 +27,7 @@ from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_sta
 from .config import RESUME_MAY_CHANGE, PretrainConfig
 from .evaluate import evaluate_encoders, extract_features
 from .geometry import geometry
+from .parallel import LossForward, Parallel, setup
 from .setup import build_model, limit_threads, load_data, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
@@ -161,7 +162,7 @@ def pretrain(
     views: Any = None,
     on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]] = None,
     baselines: bool = True,
-) -> Dict[str, Any]:
+) -> Optional[Dict[str, Any]]:
     """Train ``config.method`` on ``config.data`` and evaluate it; returns the summary dict
     (also written to ``config.out/summary.json``).
 
@@ -172,13 +173,19 @@ def pretrain(
         progress: show the rich progress bar; ``None`` means "if stderr is a terminal".
         dataset, views: an already loaded data set and view maker (by default
             ``contrastkit.data.load_dataset`` / ``make_views`` from the config).
-        on_epoch_end: called as ``on_epoch_end(epoch, record)`` after each epoch's checkpoint.
+        on_epoch_end: called as ``on_epoch_end(epoch, record)`` after each epoch's checkpoint
+            (on every rank under torchrun).
         baselines: also evaluate the random-init and raw-pixel baselines (a sweep of many
             runs on the same data may skip them).
 
     The per-epoch shuffling uses its own generator seeded from ``(seed, epoch)``; the views
     draw from torch's global RNG, whose state (with numpy's and python's) is checkpointed,
     so a resumed run on CPU ends with the same weights as an uninterrupted one.
+
+    Under ``torchrun`` (``WORLD_SIZE > 1``) the processes train one model data-parallel
+    (:mod:`contrastkit.train.parallel`): ``batch_size`` is the global batch, split evenly over
+    the ranks by a ``DistributedSampler``; only rank 0 writes files and evaluates, and the
+    other ranks return ``None``. Resuming needs the same number of processes.
     """
     config = config.resolved()
     with limit_threads(config.threads):
@@ -187,10 +194,13 @@ def pretrain(
 
 def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
               views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
-              baselines: bool = True) -> Dict[str, Any]:
+              baselines: bool = True) -> Optional[Dict[str, Any]]:
     started = time.perf_counter()
-    _check_out(config.out, resume, force)
     device = resolve_device(config.device)
+    parallel = setup(device)
+    if parallel.active and device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
     if dataset is None:
         dataset = load_data(config)
@@ -199,6 +209,9 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     batch_size = min(config.batch_size, n_train)
     if batch_size < 2:
         raise ValueError(f"the training split of {config.data} has {n_train} image(s); at least 2 are needed")
+    if parallel.active and batch_size % parallel.world_size:
+        raise ValueError(f"the batch size {batch_size} must be a multiple of the number of processes "
+                         f"({parallel.world_size})")
     config = config.with_queue(batch_size, n_train)
     tokenizer = None
     if config.paired:  # convirt: a batch is images and the token ids of their texts
@@ -213,6 +226,11 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
 
     model = build_model(config, dataset.image_shape[0], tokenizer).to(device)
     schedule = parse_schedule(config.temperature_schedule, config.temperature)
+    trainer = None
+    if parallel.active:
+        model.distributed = True
+        trainer = torch.nn.parallel.DistributedDataParallel(LossForward(model))
+        torch.manual_seed(config.seed + 1_000_003 * parallel.rank)  # different views on each rank
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
@@ -223,21 +241,27 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     else:
         optimizer = torch.optim.SGD(groups, lr=config.lr, momentum=0.9, nesterov=True)
     steps_per_epoch = n_train // batch_size  # the last partial batch is dropped (fixed batch size)
+    rank_batch = batch_size // parallel.world_size
+    if parallel.active:
+        steps_per_epoch = (n_train // parallel.world_size) // rank_batch
     total_steps = steps_per_epoch * config.epochs
     warmup_steps = int(round(config.warmup_fraction * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
 
-    _prepare_out(config.out, resume)
+    parallel.run_on_main(lambda: _prepare_out(config.out, resume))
     if tokenizer is not None:
         from .convirt import TOKENIZER_FILE
 
-        tokenizer.save(os.path.join(config.out, TOKENIZER_FILE))
+        parallel.run_on_main(lambda: tokenizer.save(os.path.join(config.out, TOKENIZER_FILE)))
     checkpoint_path = os.path.join(config.out, "checkpoints", "last.pt")
     metrics_path = os.path.join(config.out, "metrics.jsonl")
     epoch, step, train_seconds, epoch_losses = 0, 0, 0.0, []
     if resume:
         state = load_checkpoint(checkpoint_path)
         _check_resumable(state, config, checkpoint_path)
+        if int(state.get("world_size", 1)) != parallel.world_size:
+            raise ValueError(f"checkpoint {checkpoint_path} was written by {state.get('world_size', 1)} "
+                             f"process(es); resume it with the same number (now {parallel.world_size})")
         try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -247,11 +271,12 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                              f"{str(err).splitlines()[0]}") from None
         # The schedule's functions are not in the state (only its step): a changed --epochs
         # reshapes the cosine from the resumed step on.
-        set_rng_state(state["rng"])
+        set_rng_state(state["rng_per_rank"][parallel.rank] if parallel.active else state["rng"])
         epoch, step = int(state["epoch"]), int(state["step"])
         train_seconds = float(state.get("train_seconds", 0.0))
         epoch_losses = [float(v) for v in state.get("epoch_losses", [])]
-        _truncate_metrics(metrics_path, epoch, step)
+        if parallel.is_main:
+            _truncate_metrics(metrics_path, epoch, step)
 
     derived = {"batch_size": batch_size, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
                "warmup_steps": warmup_steps, "device": str(device),
@@ -260,28 +285,34 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                            "sizes": {s: int(getattr(dataset, s).images.shape[0]) for s in ("train", "val", "test")}},
                "views": getattr(views, "config", None),
                "parameters": sum(p.numel() for p in model.encoder.parameters()),
+               "world_size": parallel.world_size,
                "versions": {"contrastkit": __version__, "torch": torch.__version__,
                             "python": platform.python_version()}}
-    _write_json(os.path.join(config.out, "config.json"), {"config": config.to_dict(), "derived": derived})
+    if parallel.is_main:
+        _write_json(os.path.join(config.out, "config.json"), {"config": config.to_dict(), "derived": derived})
 
-    show = (sys.stderr.isatty() if progress is None else progress)
+    show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
     bar = _Progress(show, total_steps, step)
     labels_all = train.labels.to(device) if train.labels is not None else None  # paired data may lack labels
     model.train()
     try:
-        with open(metrics_path, "a", encoding="utf-8") as metrics:
+        with (open(metrics_path, "a", encoding="utf-8") if parallel.is_main else open(os.devnull, "w")) as metrics:
             while epoch < config.epochs:
                 epoch_started = time.perf_counter()
-                order = torch.randperm(n_train, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
+                if parallel.active:
+                    order = _rank_order(n_train, config.seed, epoch, parallel)
+                else:
+                    order = torch.randperm(n_train, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
                 loss_sum = torch.zeros((), device=device)
                 window_started, window_steps = time.perf_counter(), 0
                 for batch in range(steps_per_epoch):
-                    indices = order[batch * batch_size:(batch + 1) * batch_size]
+                    indices = order[batch * rank_batch:(batch + 1) * rank_batch]
                     view_a, view_b = views(train, indices)
                     tau_now = _follow_schedule(model, schedule, step, total_steps)
                     if tau_now is not None:  # a varying tau is logged at every step
                         metrics.write(json.dumps({"kind": "tau", "step": step + 1, "tau": tau_now}) + "\n")
-                    loss = model.loss(view_a, view_b, None if labels_all is None else labels_all[indices.to(device)])
+                    step_loss = model.loss if trainer is None else trainer
+                    loss = step_loss(view_a, view_b, None if labels_all is None else labels_all[indices.to(device)])
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     optimizer.step()
@@ -290,7 +321,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                     step += 1
                     window_steps += 1
                     if step % config.log_every == 0 or batch == steps_per_epoch - 1:
-                        value = float(loss.detach())  # the only host sync, at logging cadence
+                        value = float(parallel.mean(loss))  # the only host sync, at logging cadence
                         if not math.isfinite(value):
                             raise FloatingPointError(f"the loss became {value} at step {step}; "
                                                      "lower --lr or raise --temperature")
@@ -304,13 +335,13 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                                    tau=f"{tau:.3f}", speed=f"{speed:.0f}")
                         window_started, window_steps = now, 0
                 epoch += 1
-                epoch_loss = float(loss_sum) / steps_per_epoch
+                epoch_loss = float(parallel.mean(loss_sum)) / steps_per_epoch
                 epoch_losses.append(epoch_loss)
                 train_seconds += time.perf_counter() - epoch_started
                 record = {"kind": "epoch", "epoch": epoch, "step": step, "loss": epoch_loss,
                           "tau": model.temperature.value, "lr": scheduler.get_last_lr()[0],
                           "train_seconds": train_seconds}
-                if config.eval_every and epoch % config.eval_every == 0:
+                if config.eval_every and epoch % config.eval_every == 0 and parallel.is_main:
                     if dataset.num_classes:
                         record["val_knn_accuracy"] = _val_knn(model, dataset, device, config)
                     if config.paired:
@@ -322,16 +353,24 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                                                           temperature=model.temperature.value, seed=config.seed)
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
-                save_checkpoint(checkpoint_path, {
-                    "config": config.to_dict(), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "rng": rng_state(), "epoch": epoch, "step": step, "train_seconds": train_seconds,
-                    "epoch_losses": epoch_losses,
-                })
+                rng_per_rank = parallel.gather_objects(rng_state())
+                if parallel.is_main:
+                    save_checkpoint(checkpoint_path, {
+                        "config": config.to_dict(), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
+                        "epoch": epoch, "step": step, "train_seconds": train_seconds,
+                        "epoch_losses": epoch_losses,
+                    })
+                parallel.barrier()  # the checkpoint is complete before any rank goes on
                 if on_epoch_end is not None:
                     on_epoch_end(epoch, record)
     finally:
         bar.close()
+    if not parallel.is_main:
+        parallel.barrier()  # rank 0 evaluates and writes the summary
+        parallel.teardown()
+        return None
 
     eval_started = time.perf_counter()
     baseline = build_model(config, dataset.image_shape[0], tokenizer).encoder.to(device) if baselines else None
@@ -361,6 +400,8 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         if baselines and "probe_accuracy" in numbers else None,
     }
     _write_json(os.path.join(config.out, "summary.json"), summary)
+    parallel.barrier()
+    parallel.teardown()
     return summary
 
 
@@ -373,6 +414,17 @@ def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> 
     with torch.no_grad():
         model.temperature.log_scale.fill_(math.log(1.0 / tau))
     return tau
+
+
+def _rank_order(n_train: int, seed: int, epoch: int, parallel: Parallel) -> torch.Tensor:
+    """This rank's share of the epoch's shuffled images (``DistributedSampler``: the same
+    permutation on every rank, every ``world_size``-th image from ``rank`` on)."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(n_train), num_replicas=parallel.world_size, rank=parallel.rank,
+                                 shuffle=True, seed=seed, drop_last=True)
+    sampler.set_epoch(epoch)
+    return torch.tensor(list(sampler), dtype=torch.long)
 
 
 def _val_knn(model: Any, dataset: Any, device: torch.device, config: PretrainConfig) -> float:

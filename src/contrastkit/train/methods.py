@@ -45,6 +45,9 @@ class ContrastiveModel(nn.Module):
                  momentum: float = 0.99, queue_size: Optional[int] = None) -> None:
         super().__init__()
         self.method = method
+        # Set by the training loop under torchrun: the losses then use every rank's negatives
+        # (local mode) and MoCo's queue receives every rank's keys.
+        self.distributed = False
         self.encoder = build_encoder(encoder, in_channels)
         self.head = ProjectionHead(self.encoder.out_dim, hidden_dim=max(self.encoder.out_dim, projection_dim),
                                    out_dim=projection_dim)
@@ -75,10 +78,13 @@ class ContrastiveModel(nn.Module):
         # One forward pass over both views: BatchNorm sees both, as in SimCLR.
         z = self.head(self.encoder(torch.cat([view_a, view_b], dim=0)))
         z_a, z_b = z[:n], z[n:]
+        across_ranks = {"distributed": True, "distributed_mode": "local"} if self.distributed else {}
         if self.method == "simclr":
-            return losses.nt_xent_views(z_a, z_b, temperature=self.temperature)
+            return losses.nt_xent_views(z_a, z_b, temperature=self.temperature, **across_ranks)
         if self.method == "dcl":
-            return losses.dcl(z_a, z_b, temperature=self.temperature)
+            return losses.dcl(z_a, z_b, temperature=self.temperature, **across_ranks)
+        if self.method in ("simple", "hard_negative") and self.distributed:
+            raise ValueError(f"method {self.method!r} has no cross-rank form yet; run it without torchrun")
         if self.method == "simple":
             return losses.simple_loss(z_a, z_b)
         if self.method == "hard_negative":
@@ -86,7 +92,7 @@ class ContrastiveModel(nn.Module):
                                                 quantile=HARD_NEGATIVE_QUANTILE)
         if labels is None:
             raise ValueError("supcon needs the labels of the batch")
-        return losses.supcon(torch.stack([z_a, z_b], dim=1), labels, temperature=self.temperature)
+        return losses.supcon(torch.stack([z_a, z_b], dim=1), labels, temperature=self.temperature, **across_ranks)
 
     @torch.no_grad()
     def _momentum_update(self) -> None:
@@ -116,6 +122,10 @@ class ContrastiveModel(nn.Module):
 
     @torch.no_grad()
     def _enqueue(self, keys: Tensor) -> None:
+        if self.distributed:  # every rank writes every rank's keys, in rank order
+            from contrastkit.distributed import all_gather_no_grad
+
+            keys = all_gather_no_grad(keys)
         size = self.queue.shape[0]
         n = keys.shape[0]
         if size % n:
