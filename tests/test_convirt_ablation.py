@@ -77,7 +77,6 @@ def test_table_lists_every_cell():
     assert " 0.750  0.250" in table
 
 
-@pytest.mark.slow  # four pretraining runs: about 30 s of CPU; run with --runslow
 def test_tiny_ablation_end_to_end(tmp_path, capsys):
     out = str(tmp_path / "ablation")
     args = ["experiment", "convirt-ablation", "--weights", "0,1", "--temperatures", "0.1,1", "--epochs", "1",
