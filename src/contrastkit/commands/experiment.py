@@ -18,6 +18,7 @@ import csv
 import os
 from typing import Any, Callable, Dict, List, Sequence
 
+from contrastkit.commands._convirt_ablation import ABLATION_DEFAULTS
 from contrastkit.commands._study import (
     RunSpec,
     Verdict,
@@ -44,11 +45,20 @@ OWNED = ("runs", "results.csv", "experiment.json", "verdicts.json", "positive_pa
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("name", choices=sorted(EXPERIMENTS), help="which experiment to run")
-    parser.add_argument("--seeds", type=int, default=3, help="runs per setting, seeds 0..N-1 (default 3)")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="runs per setting, seeds 0..N-1 (default 3; convirt-ablation 1)")
     parser.add_argument("--out", default=None, help="output folder (default runs/experiment-NAME)")
     parser.add_argument("--temperature", type=float, default=None,
                         help="tau of the NT-Xent loss (default: contrastkit pretrain's simclr default)")
     add_common_arguments(parser, epochs_default=DEFAULT_EPOCHS, batch_default=DEFAULT_BATCH)
+    # None: the experiment's own default (EXPERIMENT_DEFAULTS), e.g. convirt-ablation's.
+    parser.set_defaults(epochs=None, batch_size=None)
+    parser.add_argument("--weights", default=None,
+                        help="convirt-ablation: lambdas, comma-separated (default 0,0.25,0.5,0.75,1)")
+    parser.add_argument("--temperatures", default=None,
+                        help="convirt-ablation: taus, comma-separated (default 0.01,0.1,1)")
+    parser.add_argument("--text-encoder", choices=("transformer", "mean"), default=None,
+                        help="convirt-ablation: text encoder (default mean)")
 
 
 def _specs(settings: Dict[str, Any]) -> List[RunSpec]:
@@ -180,12 +190,28 @@ def _positive_pairs(args: Any) -> int:
     return 0
 
 
+def _convirt_ablation(args: Any) -> int:
+    from contrastkit.commands._convirt_ablation import run_from_args
+
+    return run_from_args(args)
+
+
 #: name -> (runner, one-line description); new experiments register here.
 EXPERIMENTS: Dict[str, tuple] = {
     "positive-pairs": (_positive_pairs, "SPEC §2 F5: pair definition A vs B vs random init on GlyphLab"),
+    "convirt-ablation": (_convirt_ablation, "SPEC §3: ConVIRT lambda x tau on glyphlab-text, judged by retrieval"),
+}
+
+#: Per-experiment defaults of the shared options (``None`` on the command line).
+EXPERIMENT_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "positive-pairs": {"epochs": DEFAULT_EPOCHS, "batch_size": DEFAULT_BATCH, "seeds": 3},
+    "convirt-ablation": ABLATION_DEFAULTS,
 }
 
 
 def run(args: Any) -> int:
+    for key, value in EXPERIMENT_DEFAULTS.get(args.name, {}).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
     runner: Callable[[Any], int] = EXPERIMENTS[args.name][0]
     return runner(args)

@@ -13,7 +13,8 @@ from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, P
 _FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
            "temperature_schedule",
            "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
-           "queue_size", "projection_dim", "seed", "device", "threads", "log_every", "eval_every", "out")
+           "queue_size", "projection_dim", "weight", "text_encoder", "seed", "device", "threads", "log_every",
+           "eval_every", "out")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Every default is None so that --resume can tell given options from defaults.
     add = parser.add_argument
     add("--data", default=None, help=f"glyphlab, digits, or a path (image folder, MNIST idx, CIFAR-10 "
-                                     f"batches, .npz) (default {d.data})")
+                                     f"batches, .npz); for --method convirt: glyphlab-text, digits-text "
+                                     f"or a .csv of image,text rows (default {d.data})")
     add("--data-option", action="append", default=None, metavar="KEY=VALUE",
         help="loader option, repeatable, e.g. train_scenes=480 for glyphlab (VALUE parsed as JSON if it can be)")
     add("--method", choices=METHODS, default=None, help=f"(default {d.method})")
@@ -52,7 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--momentum", type=float, default=None, help=f"moco key-encoder momentum (default {d.momentum})")
     add("--queue-size", type=int, default=None,
         help="moco queue length, a multiple of the batch size (default: up to 16 batches, < train size)")
-    add("--projection-dim", type=int, default=None, help=f"size of z (default {d.projection_dim})")
+    add("--projection-dim", type=int, default=None, help="size of z (default 64; convirt 512)")
+    add("--weight", type=float, default=None,
+        help="convirt: lambda on the image->text InfoNCE, 1 - lambda on text->image (default 0.75)")
+    add("--text-encoder", choices=("transformer", "mean"), default=None,
+        help="convirt: text encoder, mean-pooled word embeddings or a 2-layer transformer (default mean)")
     add("--seed", type=int, default=None, help=f"(default {d.seed})")
     add("--device", default=None, help="auto, cpu, cuda, cuda:1, ... (default auto)")
     add("--threads", type=int, default=None,
@@ -121,6 +127,10 @@ def print_table(summary: Dict[str, Any], title: str) -> None:
                   _fmt(summary.get("random_init_knn_accuracy")), _fmt(summary.get("raw_pixel_knn_accuracy")))
     console = Console()
     console.print(table)
+    if "retrieval_i2t_recall@1" in summary:  # convirt
+        from contrastkit.train.convirt import retrieval_table
+
+        console.print(retrieval_table(summary))
     details = [f"{key} {_fmt(summary[key])}" for key in ("final_loss", "final_temperature", "epochs", "steps",
                                                           "images_per_second", "seconds") if key in summary]
     console.print("  ".join(details))

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional
 
 __all__ = ["PretrainConfig", "METHODS", "OPTIMIZERS", "DEFAULT_TEMPERATURE", "RESUME_MAY_CHANGE"]
 
-METHODS = ("simclr", "moco", "supcon", "dcl", "simple", "hard_negative")
+METHODS = ("simclr", "moco", "supcon", "dcl", "simple", "hard_negative", "convirt")
 OPTIMIZERS = ("adamw", "sgd")
 VIEW_MODES = ("augment", "A", "B")
 ENCODER_NAMES = ("small", "resnet18")
@@ -18,8 +18,14 @@ ENCODER_NAMES = ("small", "resnet18")
 # use 0.2 too (SimCLR's CIFAR-10 runs used 0.5; on glyphlab 0.2 and 0.5 read out the same,
 # docs/pretrain.md).
 DEFAULT_TEMPERATURE = {"simclr": 0.2, "moco": 0.2, "supcon": 0.1, "dcl": 0.2, "hard_negative": 0.2,
-                       "simple": 1.0}  # the simple loss has no temperature (reported only)
+                       "simple": 1.0,  # the simple loss has no temperature (reported only)
+                       "convirt": 0.1}  # ConVIRT's tau (SPEC section 3)
 DEFAULT_LR = {"adamw": 2e-3, "sgd": 0.1}
+# convirt (image-text pairs, SPEC section 3): ConVIRT's lambda and joint-space size d.
+# Text encoder "mean" (pooled word embeddings): on glyphlab-text it retrieved as well as the
+# 2-layer transformer after the same number of steps, at about a quarter of the CPU time per step.
+CONVIRT_DEFAULTS = {"weight": 0.75, "projection_dim": 512, "text_encoder": "mean"}
+TEXT_ENCODER_NAMES = ("transformer", "mean")
 DEFAULT_WEIGHT_DECAY = {"adamw": 1e-4, "sgd": 5e-4}
 
 # Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
@@ -85,7 +91,9 @@ class PretrainConfig:
     warmup_fraction: float = 0.05
     momentum: float = 0.99          # MoCo key-encoder momentum
     queue_size: Optional[int] = None  # MoCo queue length (a multiple of batch_size)
-    projection_dim: int = 64
+    projection_dim: Optional[int] = None  # None: 64, convirt 512
+    weight: Optional[float] = None        # convirt's lambda on image->text (None: 0.75)
+    text_encoder: Optional[str] = None    # convirt's text encoder (None: mean)
     seed: int = 0
     device: str = "auto"
     threads: int = 1                # CPU threads (0: torch's default); see setup.limit_threads
@@ -105,7 +113,11 @@ class PretrainConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {c.optimizer!r}")
         if c.encoder not in ENCODER_NAMES:
             raise ValueError(f"encoder must be one of {ENCODER_NAMES}, got {c.encoder!r}")
-        if c.views not in VIEW_MODES:
+        if c.method == "convirt":
+            _resolve_convirt(c)
+        elif c.weight is not None or c.text_encoder is not None:
+            raise ValueError(f"weight and text_encoder apply to method convirt only, not {c.method!r}")
+        elif c.views not in VIEW_MODES:
             raise ValueError(f"views must be one of {VIEW_MODES}, got {c.views!r}")
         if c.view_strength is not None:
             c.view_strength = _positive_float(c.view_strength, "view_strength", allow_zero=True)
@@ -135,7 +147,7 @@ class PretrainConfig:
             raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
         if c.queue_size is not None:
             _positive_int(c.queue_size, "queue_size")
-        _positive_int(c.projection_dim, "projection_dim")
+        c.projection_dim = _positive_int(64 if c.projection_dim is None else c.projection_dim, "projection_dim")
         if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
         _positive_int(c.threads, "threads", 0)
@@ -144,6 +156,11 @@ class PretrainConfig:
         _positive_int(c.knn_k, "knn_k")
         c.knn_temperature = _positive_float(c.knn_temperature, "knn_temperature")
         return c
+
+    @property
+    def paired(self) -> bool:
+        """Whether the run trains on image-text pairs (``method == "convirt"``)."""
+        return self.method == "convirt"
 
     def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
         """Fill in the MoCo queue size (a multiple of the effective batch size).
@@ -171,3 +188,27 @@ class PretrainConfig:
         if unknown:
             raise ValueError(f"unknown configuration keys {unknown}")
         return cls(**data)
+
+
+def _resolve_convirt(c: PretrainConfig) -> None:
+    """convirt's own options: paired data, no view modes (a batch is images and their texts)."""
+    from contrastkit.data.paired import PAIRED_BUILTIN
+
+    if c.views not in ("augment", "paired"):
+        raise ValueError(f"convirt pairs each image with its text; views {c.views!r} does not apply")
+    c.views = "paired"
+    if c.view_strength is not None:
+        raise ValueError("convirt uses no augmentation (crops and flips would falsify the texts); "
+                         "view_strength does not apply")
+    if isinstance(c.data, str) and c.data.lower() not in PAIRED_BUILTIN and not c.data.lower().endswith(".csv"):
+        raise ValueError(f"convirt needs paired data: {', '.join(PAIRED_BUILTIN)} or a .csv of image,text "
+                         f"rows, got {c.data!r}")
+    c.weight = CONVIRT_DEFAULTS["weight"] if c.weight is None else c.weight
+    if isinstance(c.weight, bool) or not isinstance(c.weight, (int, float)) or not (0.0 <= float(c.weight) <= 1.0):
+        raise ValueError(f"weight (lambda) must be a number in [0, 1], got {c.weight!r}")
+    c.weight = float(c.weight)
+    c.text_encoder = CONVIRT_DEFAULTS["text_encoder"] if c.text_encoder is None else c.text_encoder
+    if c.text_encoder not in TEXT_ENCODER_NAMES:
+        raise ValueError(f"text_encoder must be one of {TEXT_ENCODER_NAMES}, got {c.text_encoder!r}")
+    if c.projection_dim is None:
+        c.projection_dim = CONVIRT_DEFAULTS["projection_dim"]

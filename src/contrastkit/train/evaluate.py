@@ -98,16 +98,27 @@ def _evaluate_state(config: PretrainConfig, state: Dict[str, Any], path: str, co
     started = time.perf_counter()
     torch_device = resolve_device(device)
     dataset = load_data(config)
-    model = build_model(config, dataset.image_shape[0])
-    baseline = build_model(config, dataset.image_shape[0]).encoder.to(torch_device) if baselines else None
+    tokenizer = None
+    if config.paired:
+        from .convirt import load_run_tokenizer
+
+        tokenizer = load_run_tokenizer(os.path.dirname(config_path))
+    model = build_model(config, dataset.image_shape[0], tokenizer)
+    baseline = build_model(config, dataset.image_shape[0], tokenizer).encoder.to(torch_device) if baselines else None
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:
         raise ValueError(f"checkpoint {path} does not match the model in {config_path}: "
                          f"{str(err).splitlines()[0]}") from None
     model.to(torch_device)
-    result = evaluate_encoders(dataset, model.encoder, torch_device, baseline_encoder=baseline,
-                               raw_pixels=baselines, knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+    result: Dict[str, Any] = {}
+    if dataset.num_classes:  # paired data from a CSV may carry no labels: no probe then
+        result = evaluate_encoders(dataset, model.encoder, torch_device, baseline_encoder=baseline,
+                                   raw_pixels=baselines, knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+    if config.paired:
+        from .convirt import evaluate_convirt
+
+        result.update(evaluate_convirt(model, dataset, torch_device))
     result.update({"checkpoint": os.path.abspath(path), "epochs": int(state["epoch"]), "step": int(state["step"]),
                    "data": config.data, "method": config.method, "encoder": config.encoder,
                    "seconds": time.perf_counter() - started})

@@ -32,7 +32,7 @@ from .setup import build_model, limit_threads, load_data, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
-OUTPUT_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints")
+OUTPUT_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints", "tokenizer.json")
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
@@ -213,12 +213,18 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         raise ValueError(f"the batch size {batch_size} must be a multiple of the number of processes "
                          f"({parallel.world_size})")
     config = config.with_queue(batch_size, n_train)
+    tokenizer = None
+    if config.paired:  # convirt: a batch is images and the token ids of their texts
+        from .convirt import PairedBatches, run_tokenizer
+
+        tokenizer = run_tokenizer(dataset, config.out, resume)
+        views = PairedBatches(tokenizer, device) if views is None else views
     if views is None:
         from contrastkit.data import make_views
 
         views = make_views(dataset, mode=config.views, device=device, strength=config.view_strength)
 
-    model = build_model(config, dataset.image_shape[0]).to(device)
+    model = build_model(config, dataset.image_shape[0], tokenizer).to(device)
     schedule = parse_schedule(config.temperature_schedule, config.temperature)
     trainer = None
     if parallel.active:
@@ -243,6 +249,10 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
 
     parallel.run_on_main(lambda: _prepare_out(config.out, resume))
+    if tokenizer is not None:
+        from .convirt import TOKENIZER_FILE
+
+        parallel.run_on_main(lambda: tokenizer.save(os.path.join(config.out, TOKENIZER_FILE)))
     checkpoint_path = os.path.join(config.out, "checkpoints", "last.pt")
     metrics_path = os.path.join(config.out, "metrics.jsonl")
     epoch, step, train_seconds, epoch_losses = 0, 0, 0.0, []
@@ -283,7 +293,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
 
     show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
     bar = _Progress(show, total_steps, step)
-    labels_all = train.labels.to(device)
+    labels_all = train.labels.to(device) if train.labels is not None else None  # paired data may lack labels
     model.train()
     try:
         with (open(metrics_path, "a", encoding="utf-8") if parallel.is_main else open(os.devnull, "w")) as metrics:
@@ -302,7 +312,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                     if tau_now is not None:  # a varying tau is logged at every step
                         metrics.write(json.dumps({"kind": "tau", "step": step + 1, "tau": tau_now}) + "\n")
                     step_loss = model.loss if trainer is None else trainer
-                    loss = step_loss(view_a, view_b, labels_all[indices.to(device)])
+                    loss = step_loss(view_a, view_b, None if labels_all is None else labels_all[indices.to(device)])
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     optimizer.step()
@@ -332,9 +342,15 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                           "tau": model.temperature.value, "lr": scheduler.get_last_lr()[0],
                           "train_seconds": train_seconds}
                 if config.eval_every and epoch % config.eval_every == 0 and parallel.is_main:
-                    record["val_knn_accuracy"] = _val_knn(model, dataset, device, config)
-                    record["val_geometry"] = geometry(model, dataset.val, views, device, batch_size=batch_size,
-                                                      temperature=model.temperature.value, seed=config.seed)
+                    if dataset.num_classes:
+                        record["val_knn_accuracy"] = _val_knn(model, dataset, device, config)
+                    if config.paired:
+                        from .convirt import val_retrieval
+
+                        record.update(val_retrieval(model, dataset, device))
+                    else:
+                        record["val_geometry"] = geometry(model, dataset.val, views, device, batch_size=batch_size,
+                                                          temperature=model.temperature.value, seed=config.seed)
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
                 rng_per_rank = parallel.gather_objects(rng_state())
@@ -357,11 +373,18 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         return None
 
     eval_started = time.perf_counter()
-    baseline = build_model(config, dataset.image_shape[0]).encoder.to(device) if baselines else None
-    numbers = evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline, raw_pixels=baselines,
-                                knn_k=config.knn_k, knn_temperature=config.knn_temperature)
-    numbers["representation"] = geometry(model, dataset.test, views, device, batch_size=batch_size,
-                                         temperature=model.temperature.value, seed=config.seed)
+    baseline = build_model(config, dataset.image_shape[0], tokenizer).encoder.to(device) if baselines else None
+    numbers: Dict[str, Any] = {}
+    if dataset.num_classes:  # paired data from a CSV may carry no labels: no probe then
+        numbers = evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline,
+                                    raw_pixels=baselines, knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+    if config.paired:  # image-text pairs: retrieval and zero-shot instead of two-view geometry
+        from .convirt import evaluate_convirt
+
+        numbers.update(evaluate_convirt(model, dataset, device))
+    else:
+        numbers["representation"] = geometry(model, dataset.test, views, device, batch_size=batch_size,
+                                             temperature=model.temperature.value, seed=config.seed)
     eval_seconds = time.perf_counter() - eval_started
     summary = {
         **numbers,
@@ -374,7 +397,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         "images_per_second": step * batch_size / train_seconds if train_seconds > 0 else None,
         "beats_baselines": bool(numbers["probe_accuracy"] > numbers["random_init_probe_accuracy"]
                                 and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"])
-        if baselines else None,
+        if baselines and "probe_accuracy" in numbers else None,
     }
     _write_json(os.path.join(config.out, "summary.json"), summary)
     parallel.barrier()

@@ -52,17 +52,31 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_data(config: PretrainConfig) -> Any:
-    """``contrastkit.data.load_dataset(config.data, seed=config.seed, **config.data_options)``."""
+    """``contrastkit.data.load_dataset(config.data, seed=config.seed, **config.data_options)``
+    (``contrastkit.data.paired.load_paired`` for the paired method convirt)."""
+    if config.paired:
+        from contrastkit.data.paired import load_paired
+
+        return load_paired(config.data, seed=config.seed, **config.data_options)
     from contrastkit.data import load_dataset
 
     return load_dataset(config.data, seed=config.seed, **config.data_options)
 
 
-def build_model(config: PretrainConfig, in_channels: int) -> ContrastiveModel:
+def build_model(config: PretrainConfig, in_channels: int, tokenizer: Any = None) -> Any:
     """The model at its initialisation for ``config.seed``; the global RNG is left untouched,
-    so the random-init baseline can be rebuilt at any time with identical weights."""
+    so the random-init baseline can be rebuilt at any time with identical weights. convirt
+    also needs the run's text ``tokenizer``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
+        if config.paired:
+            from .convirt import ConvirtModel
+
+            if tokenizer is None:
+                raise ValueError("convirt needs the run's text tokenizer to build its model")
+            return ConvirtModel(config.encoder, in_channels, tokenizer, temperature=config.temperature,
+                                learnable_temperature=config.learnable_temperature, weight=config.weight,
+                                projection_dim=config.projection_dim, text_encoder=config.text_encoder)
         return ContrastiveModel(
             config.method, config.encoder, in_channels,
             temperature=config.temperature, learnable_temperature=config.learnable_temperature,
