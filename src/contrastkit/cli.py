@@ -17,6 +17,12 @@ from typing import List, Optional
 COMMANDS = {
     "explain": ("contrastkit.commands.explain",
                 "show probabilities, gradients, hardness and limits of InfoNCE on given similarities"),
+    "pretrain": ("contrastkit.commands.pretrain", "contrastive pretraining judged by a frozen linear probe"),
+    "probe": ("contrastkit.commands.probe", "re-evaluate a pretraining run's checkpoint with the linear probe"),
+    "sweep": ("contrastkit.commands.sweep", "pretrain over a grid of temperatures and seeds; metrics, plots, verdicts"),
+    "experiment": ("contrastkit.commands.experiment", "run an experiment of the source texts (positive-pairs, convirt-ablation)"),
+    "explore": ("contrastkit.commands.explore", "write (or serve) the interactive temperature explorer page and open it"),
+    "report": ("contrastkit.commands.report", "write one self-contained HTML report of a run, sweep or experiment folder"),
 }
 
 

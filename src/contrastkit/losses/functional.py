@@ -14,6 +14,19 @@ Conventions shared by every function here:
   kernels of :mod:`contrastkit.losses.tiled` above a measured size, whose memory grows
   linearly with ``N``; an int forces tiling with tiles of that many rows. Both paths give
   the same loss and gradients up to floating-point rounding.
+* The losses with in-batch negatives (:func:`info_nce` without a bank, :func:`nt_xent_views`,
+  :func:`bidirectional_info_nce`, :func:`supcon`, :func:`dcl`) take ``distributed=``:
+  ``False`` (default), ``True`` (the default torch.distributed process group) or a
+  ``ProcessGroup``. The negatives are then those of the concatenated global batch (rank 0's
+  rows first; row counts may differ between ranks), and after DDP's gradient averaging the
+  parameter gradients equal single-process training on that batch.
+  ``distributed_mode="global"`` gathers the batch and computes every anchor on every rank; it
+  returns the global loss. ``"local"`` computes only this rank's anchors against all
+  candidates (``1/W`` of the similarity matrix) and returns a value whose mean over ranks is
+  the global loss (with equal batch sizes and ``reduction="mean"``: the mean over this rank's
+  anchors); ``reduction="none"`` gives this rank's anchors only. In ``"local"`` mode a tiled
+  computation (``chunk_size``) becomes a ring exchange (:mod:`contrastkit.losses.ring`): no
+  rank holds the global batch. See ``docs/distributed.md``.
 """
 
 from __future__ import annotations
@@ -24,6 +37,8 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+
+from contrastkit.distributed.gather import DistributedArg
 
 from ._checks import (
     TemperatureLike,
@@ -36,7 +51,9 @@ from ._checks import (
     prepare,
     resolve_temperature,
 )
+from ._sharding import Shard, select
 from .core import full_precision, per_anchor_nll, reduce
+from .ring import ring_logsumexp
 from .tiled import cross_logsumexp, self_logsumexp, use_tiled
 
 __all__ = [
@@ -80,14 +97,28 @@ def _warn_few_rows(rows: int) -> None:
         )
 
 
-def _views_logits(z_a: Tensor, z_b: Tensor, tau, normalize: bool) -> Tensor:
-    """(2N, 2N) logits of the stacked views, in the compute dtype, autocast already off."""
+def _views_logits(z_a: Tensor, z_b: Tensor, tau, normalize: bool, anchor_rows: Optional[Tensor] = None) -> Tensor:
+    """(2N, 2N) logits of the stacked views, in the compute dtype, autocast already off; only
+    the rows ``anchor_rows`` (of the 2N) when given."""
     z = torch.cat([prepare(z_a, normalize, "z_a"), prepare(z_b, normalize, "z_b")])
-    return (z @ z.T) / tau
+    return (select(z, anchor_rows) @ z.T) / tau
 
 
-def _self_mask(rows: int, device: torch.device) -> Tensor:
-    return ~torch.eye(rows, dtype=torch.bool, device=device)
+def _self_mask(rows: int, device: torch.device, anchor_rows: Optional[Tensor] = None) -> Tensor:
+    """Denominator mask without the anchor itself: ``(rows, rows)``, or only ``anchor_rows``."""
+    if anchor_rows is None:
+        return ~torch.eye(rows, dtype=torch.bool, device=device)
+    mask = torch.ones(anchor_rows.shape[0], rows, dtype=torch.bool, device=device)
+    mask[torch.arange(anchor_rows.shape[0], device=device), anchor_rows] = False
+    return mask
+
+
+def _ring_lse(shard: Shard, anchors: Tensor, candidates: Tensor, chunk: int, blocks: int = 1,
+              exclude_own: Optional[Tensor] = None) -> Tensor:
+    """Log-sum-exp of this rank's anchors against every rank's candidates, by ring exchange;
+    each rank holds ``blocks`` candidate rows per row of its batch."""
+    sizes = [blocks * size for size in shard.layout.sizes]
+    return ring_logsumexp(anchors, candidates, shard.group, sizes, chunk, exclude_own)
 
 
 def _tile_size(chunk_size: Optional[int], rows: int, cols: int) -> Optional[int]:
@@ -175,6 +206,8 @@ def info_nce(
     reduction: str = "mean",
     normalize: bool = True,
     chunk_size: Optional[int] = None,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """Candidate-choice InfoNCE (SPEC §1): each query picks its positive among candidates.
 
@@ -192,6 +225,11 @@ def info_nce(
         chunk_size: ``None`` (automatic dense/tiled choice) or a tile size that forces the
             memory-linear tiled computation (in-batch and unpaired negatives; paired
             negatives never build a matrix larger than the input, so it has no effect there).
+        distributed: in-batch negatives only: every rank's ``positive`` rows become candidates
+            (module docstring). Not allowed with ``negatives``: a bank shared over ranks is
+            :class:`contrastkit.distributed.KeyQueue`.
+        distributed_mode: ``"global"`` (also gathers ``query``) or ``"local"`` (this rank's
+            queries only).
 
     The positive is in the denominator: ``loss_i = -log softmax(candidates_i / tau)[pos]``.
 
@@ -201,22 +239,40 @@ def info_nce(
         >>> round(float(info_nce(q, p, n, temperature=1.0)), 6)  # -log(e / (e + 1 + 1/e))
         0.407606
     """
-    check_reduction(reduction)
-    check_embeddings(query, "query")
-    check_embeddings(positive, "positive")
-    check_same(query, "query", positive, "positive", dims=((0, 0), (1, 1)))
-    if negative_mode not in ("unpaired", "paired"):
-        raise ValueError(f"negative_mode must be 'unpaired' or 'paired', got {negative_mode!r}")
-    if negatives is not None:
-        if negative_mode == "unpaired":
-            check_embeddings(negatives, "negatives", ndim=2)
-            check_same(query, "query", negatives, "negatives", dims=((1, 1),))
-        else:
-            check_embeddings(negatives, "negatives", ndim=3)
-            check_same(query, "query", negatives, "negatives", dims=((0, 0), (2, 1)))
-    tau = resolve_temperature(temperature)
-    candidates = query.shape[0] if negatives is None else negatives.shape[0]
-    chunk = _tile_size(chunk_size, query.shape[0], candidates)
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        check_embeddings(query, "query")
+        check_embeddings(positive, "positive")
+        check_same(query, "query", positive, "positive", dims=((0, 0), (1, 1)))
+        if negative_mode not in ("unpaired", "paired"):
+            raise ValueError(f"negative_mode must be 'unpaired' or 'paired', got {negative_mode!r}")
+        if negatives is not None:
+            if shard.active:
+                raise ValueError("distributed= gathers in-batch negatives and cannot be combined with "
+                                 "negatives=; share a bank across ranks with contrastkit.distributed.KeyQueue")
+            if negative_mode == "unpaired":
+                check_embeddings(negatives, "negatives", ndim=2)
+                check_same(query, "query", negatives, "negatives", dims=((1, 1),))
+            else:
+                check_embeddings(negatives, "negatives", ndim=3)
+                check_same(query, "query", negatives, "negatives", dims=((0, 0), (2, 1)))
+        tau = resolve_temperature(temperature)
+        chunk_size = optional_int(chunk_size, "chunk_size", minimum=1)
+    total = shard.exchange(query, positive)
+    candidates = total if negatives is None else negatives.shape[0]
+    anchors = query.shape[0] if shard.local else total
+    chunk = _tile_size(chunk_size, anchors, candidates)
+    if shard.local and chunk is not None:  # ring: own queries, every rank's positives in turn
+        with full_precision(query.device):
+            q = _divide_by_temperature(prepare(query, normalize, "query"), tau, 1.0)
+            p = prepare(positive, normalize, "positive")
+            losses = _ring_lse(shard, q, p, chunk) - (q * p).sum(dim=1)
+            return shard.reduce(losses, reduction, anchors_total=total)
+    if shard.local:  # own queries against every rank's positives
+        (positive,) = shard.gather(positive)
+    else:
+        query, positive = shard.gather(query, positive)
     with full_precision(query.device):
         q = prepare(query, normalize, "query")
         p = prepare(positive, normalize, "positive")
@@ -231,7 +287,10 @@ def info_nce(
             return reduce(lse - positive_logit, reduction)
         if negatives is None:
             logits = (q @ p.T) / tau
-            index = torch.arange(q.shape[0], device=q.device)
+            if shard.local:
+                index = shard.layout.local_rows(q.device)
+            else:
+                index = torch.arange(q.shape[0], device=q.device)
         else:
             neg = prepare(negatives, normalize, "negatives")
             positive_logit = (q * p).sum(dim=1, keepdim=True)
@@ -242,7 +301,7 @@ def info_nce(
             logits = torch.cat([positive_logit, negative_logits], dim=1) / tau
             index = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
         losses, _ = per_anchor_nll(logits, index)
-        return reduce(losses, reduction)
+        return shard.reduce(losses, reduction, anchors_total=total)
 
 
 def _check_positive_map(positive_index: object, n: int, device: torch.device) -> Tensor:
@@ -315,6 +374,8 @@ def nt_xent_views(
     reduction: str = "mean",
     normalize: bool = True,
     chunk_size: Optional[int] = None,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """SimCLR's NT-Xent on two views: ``2N`` anchors, each with ``2N - 2`` negatives.
 
@@ -327,6 +388,9 @@ def nt_xent_views(
         normalize: L2-normalise rows first.
         chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
             memory-linear tiled computation over the ``2N x 2N`` similarity matrix.
+        distributed, distributed_mode: global negatives over ranks (module docstring); ``N``
+            is then the global batch and ``"local"`` mode's ``"none"`` gives this rank's
+            ``z_a`` anchors, then its ``z_b`` anchors.
 
     Denominator: all ``2N - 1`` other rows (positive included, self excluded).
 
@@ -335,19 +399,33 @@ def nt_xent_views(
         >>> round(float(nt_xent_views(z, z, temperature=0.5)), 6) == round(math.log(5), 6)
         True
     """
-    check_reduction(reduction)
-    _pair(z_a, z_b)
-    tau = resolve_temperature(temperature)
-    n = z_a.shape[0]
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        _pair(z_a, z_b)
+        tau = resolve_temperature(temperature)
+        chunk_size = optional_int(chunk_size, "chunk_size", minimum=1)
+    n = shard.exchange(z_a, z_b)
     _warn_few_rows(2 * n)
-    chunk = _tile_size(chunk_size, 2 * n, 2 * n)
+    chunk = _tile_size(chunk_size, 2 * (z_a.shape[0] if shard.local else n), 2 * n)
+    if shard.local and chunk is not None:  # ring: the positive of each own anchor is local
+        with full_precision(z_a.device):
+            x = torch.cat([prepare(z_a, normalize, "z_a"), prepare(z_b, normalize, "z_b")])
+            x = _divide_by_temperature(x, tau, 0.5)
+            own = torch.arange(x.shape[0], device=x.device)
+            lse = _ring_lse(shard, x, x, chunk, blocks=2, exclude_own=own[:, None])
+            losses = lse - (x * x[views_positive_index(z_a.shape[0], x.device)]).sum(dim=1)
+            return shard.reduce(losses, reduction, anchors_total=2 * n)
+    z_a, z_b = shard.gather(z_a, z_b)
+    rows = shard.anchor_rows(blocks=2, device=z_a.device)
     with full_precision(z_a.device):
         if chunk is not None:
             x = torch.cat([prepare(z_a, normalize, "z_a"), prepare(z_b, normalize, "z_b")])
             return reduce(_tiled_self_losses(x, views_positive_index(n, z_a.device), tau, chunk), reduction)
-        logits = _views_logits(z_a, z_b, tau, normalize)
-        losses, _ = per_anchor_nll(logits, views_positive_index(n, z_a.device), _self_mask(2 * n, z_a.device))
-        return reduce(losses, reduction)
+        logits = _views_logits(z_a, z_b, tau, normalize, rows)
+        index = select(views_positive_index(n, z_a.device), rows)
+        losses, _ = per_anchor_nll(logits, index, _self_mask(2 * n, z_a.device, rows))
+        return shard.reduce(losses, reduction, anchors_total=2 * n)
 
 
 def bidirectional_info_nce(
@@ -359,6 +437,8 @@ def bidirectional_info_nce(
     reduction: str = "mean",
     normalize: bool = True,
     chunk_size: Optional[int] = None,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """ConVIRT / CLIP loss: InfoNCE in both directions between paired modalities (SPEC §3).
 
@@ -375,6 +455,8 @@ def bidirectional_info_nce(
         normalize: L2-normalise rows first.
         chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
             memory-linear tiled computation; both directions come from the same tiles.
+        distributed, distributed_mode: global negatives over ranks (module docstring);
+            ``"local"`` mode computes the rows and columns of this rank's pairs.
 
     Denominator: all ``N`` candidates of the other modality, the positive included.
 
@@ -383,13 +465,28 @@ def bidirectional_info_nce(
         >>> round(float(bidirectional_info_nce(v, u, temperature=1.0, weight=0.75)), 6)
         0.551445
     """
-    check_reduction(reduction)
-    check_embeddings(v, "v")
-    check_embeddings(u, "u")
-    check_same(v, "v", u, "u", dims=((0, 0), (1, 1)))
-    weight = check_probability(weight, "weight")
-    tau = resolve_temperature(temperature)
-    chunk = _tile_size(chunk_size, v.shape[0], u.shape[0])
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        check_embeddings(v, "v")
+        check_embeddings(u, "u")
+        check_same(v, "v", u, "u", dims=((0, 0), (1, 1)))
+        weight = check_probability(weight, "weight")
+        tau = resolve_temperature(temperature)
+        chunk_size = optional_int(chunk_size, "chunk_size", minimum=1)
+    total = shard.exchange(v, u)
+    chunk = _tile_size(chunk_size, v.shape[0] if shard.local else total, total)
+    if shard.local and chunk is not None:  # ring, once per direction
+        with full_precision(v.device):
+            a = _divide_by_temperature(prepare(v, normalize, "v"), tau, 1.0)
+            b = prepare(u, normalize, "u")
+            diagonal = (a * b).sum(dim=1)
+            losses = weight * (_ring_lse(shard, a, b, chunk) - diagonal) if weight > 0 else 0.0
+            if weight < 1:
+                losses = losses + (1.0 - weight) * (_ring_lse(shard, b, a, chunk) - diagonal)
+            return shard.reduce(losses, reduction, anchors_total=total)
+    v, u = shard.gather(v, u)
+    rows = shard.anchor_rows(device=v.device)
     with full_precision(v.device):
         if chunk is not None:
             a = _divide_by_temperature(prepare(v, normalize, "v"), tau, 1.0)
@@ -403,11 +500,19 @@ def bidirectional_info_nce(
                 v_lse, u_lse = cross_logsumexp(a, b, chunk)
                 losses = weight * (v_lse - diagonal) + (1.0 - weight) * (u_lse - diagonal)
             return reduce(losses, reduction)
-        logits = (prepare(v, normalize, "v") @ prepare(u, normalize, "u").T) / tau
-        diagonal = logits.diagonal()
-        v_to_u = torch.logsumexp(logits, dim=1) - diagonal
-        u_to_v = torch.logsumexp(logits, dim=0) - diagonal
-        return reduce(weight * v_to_u + (1.0 - weight) * u_to_v, reduction)
+        v, u = prepare(v, normalize, "v"), prepare(u, normalize, "u")
+        if rows is None:
+            logits = (v @ u.T) / tau
+            diagonal = logits.diagonal()
+            v_to_u = torch.logsumexp(logits, dim=1) - diagonal
+            u_to_v = torch.logsumexp(logits, dim=0) - diagonal
+        else:  # rows and columns of this rank's pairs only
+            v_rows = (v[rows] @ u.T) / tau
+            u_rows = (u[rows] @ v.T) / tau
+            diagonal = v_rows.gather(1, rows[:, None]).squeeze(1)
+            v_to_u = torch.logsumexp(v_rows, dim=1) - diagonal
+            u_to_v = torch.logsumexp(u_rows, dim=1) - diagonal
+        return shard.reduce(weight * v_to_u + (1.0 - weight) * u_to_v, reduction, anchors_total=total)
 
 
 def supcon(
@@ -419,6 +524,8 @@ def supcon(
     reduction: str = "mean",
     normalize: bool = True,
     chunk_size: Optional[int] = None,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """Supervised contrastive loss (Khosla et al. 2020), L_out or L_in.
 
@@ -437,6 +544,11 @@ def supcon(
             memory-linear tiled computation. Tiling is available for ``variant="out"``
             (whose positive term is a per-class sum); ``"in"`` is always dense and raises
             ``ValueError`` if a ``chunk_size`` is given.
+        distributed, distributed_mode: global negatives over ranks (module docstring); the
+            labels are gathered too, so positives are found on every rank, and ``"mean"`` is
+            over the global batch's anchors that have a positive. Tiling is done on the
+            gathered batch in ``"global"`` mode; ``"local"`` mode is dense (there is no ring
+            SupCon) and raises ``ValueError`` if a ``chunk_size`` is given.
 
     Denominator: every other row (positives included, self excluded).
 
@@ -445,33 +557,48 @@ def supcon(
         >>> round(float(supcon(z, torch.tensor([0, 0, 1, 1]), temperature=1.0)), 6)
         0.551445
     """
-    check_reduction(reduction)
-    if variant not in ("out", "in"):
-        raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")
-    if isinstance(z, Tensor) and z.dim() == 3:
-        check_embeddings(z, "z", ndim=3)
-        views = z.shape[1]
-        z = z.reshape(-1, z.shape[2])
-    else:
-        check_embeddings(z, "z")
-        views = 1
-    tau = resolve_temperature(temperature)
-    labels = _check_labels(labels, z.shape[0] // views, z.device)
-    labels = labels.repeat_interleave(views)
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        if variant not in ("out", "in"):
+            raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")
+        if isinstance(z, Tensor) and z.dim() == 3:
+            check_embeddings(z, "z", ndim=3)
+            views = z.shape[1]
+        else:
+            check_embeddings(z, "z")
+            views = 1
+        tau = resolve_temperature(temperature)
+        labels = _check_labels(labels, z.shape[0], z.device)
+        if variant == "in" and chunk_size is not None:
+            raise ValueError("chunk_size (tiled computation) is only available for variant='out'")
+        if shard.local and chunk_size is not None:
+            raise ValueError("chunk_size is not available with distributed_mode='local' for supcon; "
+                             "use distributed_mode='global' for the tiled computation")
+        chunk_size = optional_int(chunk_size, "chunk_size", minimum=1)
+    (z,) = shard.gather(z)
+    labels = shard.gather_labels(labels).repeat_interleave(views)
+    z = z.reshape(-1, z.shape[-1])
     n = z.shape[0]
-    if variant == "in" and chunk_size is not None:
-        raise ValueError("chunk_size (tiled computation) is only available for variant='out'")
-    chunk = _tile_size(chunk_size, n, n) if variant == "out" else None
+    chunk = _tile_size(chunk_size, n, n) if variant == "out" and not shard.local else None
     if chunk is not None:
         with full_precision(z.device):
             return _tiled_supcon_out(prepare(z, normalize, "z"), labels, tau, chunk, reduction)
-    not_self = _self_mask(n, z.device)
-    positives = (labels[:, None] == labels[None, :]) & not_self
+    rows = shard.anchor_rows(per_row=views, device=z.device)
+    not_self = _self_mask(n, z.device, rows)
+    positives = (select(labels, rows)[:, None] == labels[None, :]) & not_self
     with full_precision(z.device):
         x = prepare(z, normalize, "z")
-        logits = (x @ x.T) / tau
+        logits = (select(x, rows) @ x.T) / tau
         losses, valid = per_anchor_nll(logits, positives, not_self, variant)
-        return reduce(losses, reduction, valid)
+        return shard.reduce(losses, reduction, valid,
+                            anchors_total=_anchors_with_positive(labels) if shard.local else None)
+
+
+def _anchors_with_positive(labels: Tensor) -> int:
+    """How many rows share their label with at least one other row (O(N), no N x N mask)."""
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    return int((counts[inverse] > 1).sum())
 
 
 def _tiled_supcon_out(x: Tensor, labels: Tensor, tau, chunk: int, reduction: str) -> Tensor:
@@ -510,6 +637,8 @@ def dcl(
     temperature: TemperatureLike,
     reduction: str = "mean",
     normalize: bool = True,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """Decoupled contrastive loss (Yeh et al. 2022): NT-Xent with the positive removed from
     the denominator (SPEC §2 exercise F4).
@@ -524,23 +653,34 @@ def dcl(
         temperature: ``tau > 0``.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first.
+        distributed, distributed_mode: global negatives over ranks (module docstring), as in
+            :func:`nt_xent_views`; ``N >= 2`` then applies to the global batch.
 
     Example:
         >>> z_a = torch.tensor([[1.0, 0.0], [0.0, 1.0]]); z_b = z_a.clone()
         >>> round(float(dcl(z_a, z_b, temperature=1.0)), 6)  # -1 + log(2 * exp(0)) < 0
         -0.306853
     """
-    check_reduction(reduction)
-    _pair(z_a, z_b)
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        _pair(z_a, z_b)
+        tau = resolve_temperature(temperature)
+    z_a, z_b = shard.gather(z_a, z_b)
     if z_a.shape[0] < 2:
         raise ValueError("dcl needs at least 2 pairs: with one pair the denominator is empty")
-    tau = resolve_temperature(temperature)
     n = z_a.shape[0]
-    index = views_positive_index(n, z_a.device)
+    rows = shard.anchor_rows(blocks=2, device=z_a.device)
+    index = select(views_positive_index(n, z_a.device), rows)
+    if rows is None:
+        mask = _views_negatives_mask(n, z_a.device)
+    else:
+        mask = _self_mask(2 * n, z_a.device, rows)
+        mask[torch.arange(index.shape[0], device=z_a.device), index] = False
     with full_precision(z_a.device):
-        logits = _views_logits(z_a, z_b, tau, normalize)
-        losses, _ = per_anchor_nll(logits, index, _views_negatives_mask(n, z_a.device))
-        return reduce(losses, reduction)
+        logits = _views_logits(z_a, z_b, tau, normalize, rows)
+        losses, _ = per_anchor_nll(logits, index, mask)
+        return shard.reduce(losses, reduction, anchors_total=2 * n)
 
 
 def simple_loss(

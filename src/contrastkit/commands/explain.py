@@ -1,0 +1,422 @@
+"""``contrastkit explain``: what InfoNCE does with given similarities and temperatures.
+
+    contrastkit explain                                  # SPEC §1 example: s = 1 0.5 0, tau = 0.5
+    contrastkit explain 0.8 0.4 0.2 --tau 1,0.5,0.1      # temperature sweep of one query
+    contrastkit explain --matrix S.csv --positives 1,0,3,2 --tau 1   # self-similarity (NT-Xent)
+    contrastkit explain --matrix S.npy --diagonal --tau 0.1          # cross-modal, positives on the diagonal
+    contrastkit explain 1 0.5 0 --json                   # machine-readable
+    contrastkit explain 1 0.5 0 --plot temperature.png   # three panels
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+# SPEC §1 worked example: one query, three candidates, the first is the positive.
+DEFAULT_SCORES = (1.0, 0.5, 0.0)
+DEFAULT_TAU = 0.5
+_MAX_PROBABILITY_COLUMNS = 6
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+    def one_line_error(message: str) -> None:
+        # argparse would print the whole usage first; every error of this command is one line
+        parser.exit(2, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+    parser.epilog = (
+        "With no similarities and no --matrix, the worked example s = 1 0.5 0 (positive first), "
+        f"tau = {DEFAULT_TAU} is explained. Negative numbers work as arguments (-0.5); for "
+        "exponents like -1e-3 put -- before the numbers."
+    )
+    parser.add_argument("scores", nargs="*", metavar="S",
+                        help="similarities of one query to its candidates (spaces or commas)")
+    parser.add_argument("--tau", metavar="T[,T...]",
+                        help=f"temperature, or a comma-separated list for a sweep (default {DEFAULT_TAU})")
+    parser.add_argument("--positive", metavar="J",
+                        help="index of the positive among the S candidates (default 0)")
+    parser.add_argument("--matrix", metavar="FILE",
+                        help="square similarity matrix: CSV/text (commas or spaces) or .npy")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--positives", metavar="MAP",
+                       help="with --matrix: positive column of each row, e.g. 1,0,3,2; the diagonal "
+                            "(each row's self-similarity) is excluded from the denominator (NT-Xent)")
+    group.add_argument("--diagonal", action="store_true",
+                       help="with --matrix: row i's positive is column i and the diagonal stays in the "
+                            "denominator (cross-modal, e.g. image-text)")
+    parser.add_argument("--row", metavar="I",
+                        help="with --matrix: show every candidate of anchor I (and plot anchor I; default 0)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="draw probability, gradient and penalty vs temperature into FILE.png")
+    parser.add_argument("--force", action="store_true", help="let --plot replace an existing file")
+    parser.add_argument("--plain", action="store_true", help="plain-text tables even on a terminal")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _parse_floats(tokens: Sequence[str], what: str) -> List[float]:
+    values = []
+    for token in tokens:
+        for part in token.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                values.append(float(part))
+            except ValueError:
+                raise ValueError(f"{what} {part!r} is not a number") from None
+    return values
+
+
+def _parse_int(text: str, what: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"{what} must be an integer, got {text!r}") from None
+
+
+def _parse_taus(text: Optional[str]) -> List[float]:
+    if text is None:
+        return [DEFAULT_TAU]
+    taus = _parse_floats([text], "--tau value")
+    if not taus:
+        raise ValueError("--tau is empty: give a temperature such as 0.5 or a list such as 1,0.5,0.1")
+    for tau in taus:
+        if not math.isfinite(tau) or tau <= 0:
+            raise ValueError(f"--tau values must be positive and finite, got {tau:g}")
+    return taus
+
+
+def _parse_positive_map(text: str) -> List[int]:
+    parts = [p for p in (s.strip() for s in text.split(",")) if p]
+    if not parts:
+        raise ValueError("--positives is empty: give one column per row, e.g. 1,0,3,2")
+    return [_parse_int(p, "--positives entry") for p in parts]
+
+
+def load_matrix(path: str) -> np.ndarray:
+    """Read a similarity matrix from .npy or from CSV/whitespace-separated text (``#`` comments)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--matrix file not found: {path}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"--matrix {path} is a directory, not a file")
+    try:
+        lower = path.lower()
+        if lower.endswith(".npz"):
+            raise ValueError("a .npz archive holds several arrays; save the matrix alone as .npy or CSV")
+        if lower.endswith(".npy"):
+            with open(path, "rb") as handle:
+                if handle.read(6) != b"\x93NUMPY":
+                    raise ValueError("not a .npy file (no NumPy header)")
+            data = np.load(path, allow_pickle=False)
+        else:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+            delimiter = "," if "," in text else None
+            data = np.loadtxt(path, delimiter=delimiter, comments="#", ndmin=2, dtype=np.float64)
+        if not isinstance(data, np.ndarray):
+            raise ValueError("expected a single array (.npy), not an archive")
+        data = np.asarray(data, dtype=np.float64)
+    except (ValueError, TypeError, OSError, UnicodeDecodeError) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"--matrix {path}: cannot read a numeric matrix: {message}") from None
+    if data.ndim != 2 or data.shape[0] != data.shape[1]:
+        raise ValueError(f"--matrix {path}: expected a square (N, N) similarity matrix, got shape {data.shape}")
+    return data
+
+
+@dataclass
+class _Request:
+    similarities: object
+    positive: object
+    exclude_diagonal: bool
+    taus: List[float]
+    is_matrix: bool
+    row: Optional[int]
+    description: str
+
+
+def _request(args: argparse.Namespace) -> _Request:
+    taus = _parse_taus(args.tau)
+    if args.matrix is None:
+        for flag, value in (("--positives", args.positives), ("--diagonal", args.diagonal), ("--row", args.row)):
+            if value:
+                raise ValueError(f"{flag} needs --matrix FILE")
+        scores = _parse_floats(args.scores, "similarity")
+        if not args.scores:
+            scores = list(DEFAULT_SCORES)
+            description = "worked example (SPEC §1)"
+        else:
+            description = "one query"
+        if not scores:
+            raise ValueError("no similarities given")
+        positive = 0 if args.positive is None else _parse_int(args.positive, "--positive")
+        if not 0 <= positive < len(scores):
+            raise ValueError(f"--positive must be in [0, {len(scores)}) for {len(scores)} candidates, got {positive}")
+        return _Request(scores, positive, False, taus, False, None, description)
+    if args.scores:
+        raise ValueError("give either similarities S... or --matrix FILE, not both")
+    if args.positive is not None:
+        raise ValueError("--positive is for a single row; with --matrix use --positives MAP or --diagonal")
+    if not args.positives and not args.diagonal:
+        raise ValueError("--matrix needs --positives MAP (self-similarity, diagonal excluded) or --diagonal")
+    matrix = load_matrix(args.matrix)
+    n = matrix.shape[0]
+    if args.diagonal:
+        positive, exclude, kind = list(range(n)), False, "positives on the diagonal"
+    else:
+        positive = _parse_positive_map(args.positives)
+        if len(positive) != n:
+            raise ValueError(f"--positives has {len(positive)} entries but the matrix has {n} rows")
+        bad = [p for p in positive if not 0 <= p < n]
+        if bad:
+            raise ValueError(f"--positives has columns out of range [0, {n}): {bad[:5]}")
+        selfs = [i for i, p in enumerate(positive) if p == i]
+        if selfs:
+            raise ValueError(f"--positives maps rows {selfs[:5]} to themselves; the diagonal is excluded "
+                             "with --positives (use --diagonal for positives on the diagonal)")
+        exclude, kind = True, "diagonal excluded"
+    row = None
+    if args.row is not None:
+        row = _parse_int(args.row, "--row")
+        if not 0 <= row < n:
+            raise ValueError(f"--row must be in [0, {n}), got {row}")
+    return _Request(matrix, positive, exclude, taus, True, row, f"{n}x{n} matrix from {args.matrix}, {kind}")
+
+
+# --------------------------------------------------------------------------- output
+
+
+def fmt(x: float) -> str:
+    """Six decimals; scientific for tiny or huge magnitudes so nothing reads as a false 0."""
+    x = float(x)
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return "0.000000"
+    if 1e-4 <= abs(x) < 1e6:
+        return f"{x:.6f}"
+    return f"{x:.3e}"
+
+
+def _count(n: int) -> str:
+    return f"log {n} = {fmt(math.log(n))}"
+
+
+@dataclass
+class _Table:
+    headers: List[str]
+    rows: List[List[str]] = field(default_factory=list)
+
+
+class _Printer:
+    """Plain aligned text, or rich tables on a terminal."""
+
+    def __init__(self, use_rich: bool, stream=None, width: Optional[int] = None):
+        self.stream = stream or sys.stdout
+        self.console = None
+        if use_rich:
+            try:
+                from rich.console import Console
+            except ImportError:
+                pass
+            else:
+                self.console = Console(file=self.stream, highlight=False, width=width)
+
+    def line(self, text: str = "") -> None:
+        if self.console is not None:
+            self.console.print(text, markup=False, soft_wrap=True)
+        else:
+            print(text, file=self.stream)
+
+    def table(self, table: _Table) -> None:
+        widths = [max(len(h), *(len(r[i]) for r in table.rows)) for i, h in enumerate(table.headers)]
+        # rich would shorten numbers with an ellipsis when the table is wider than the terminal
+        if self.console is not None and sum(widths) + 3 * len(widths) + 1 <= self.console.width:
+            from rich.table import Table
+
+            rich_table = Table()
+            for i, header in enumerate(table.headers):
+                rich_table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+            for row in table.rows:
+                rich_table.add_row(*row)
+            self.console.print(rich_table)
+            return
+
+        def render(cells: Sequence[str]) -> str:
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+        lines = [render(table.headers).rstrip(), "  ".join("-" * w for w in widths)]
+        lines += [render(row).rstrip() for row in table.rows]
+        for text in lines:
+            self.line(text)
+
+
+def _candidate_table(e, anchor: int) -> _Table:
+    table = _Table(["candidate", "similarity", "logit", "probability", "dL/ds", "penalty share"])
+    for j in range(e.similarities.shape[1]):
+        name = f"{j} +" if j == e.positive[anchor] else str(j)
+        if not e.in_denominator[anchor, j]:
+            table.rows.append([f"{j} (self)", fmt(e.similarities[anchor, j]), "excluded", "-", "-", "-"])
+            continue
+        share = "-" if j == e.positive[anchor] else fmt(e.penalty[anchor, j])
+        table.rows.append([name, fmt(e.similarities[anchor, j]), fmt(e.logits[anchor, j]),
+                           fmt(e.probabilities[anchor, j]), fmt(e.gradients[anchor, j]), share])
+    return table
+
+
+def _limit_lines(e, anchor: int) -> List[str]:
+    terms = int(e.in_denominator[anchor].sum())
+    rate = float(e.limit_zero_rate[anchor])
+    if math.isinf(e.limit_zero[anchor]):
+        zero = (f"loss -> inf (a negative scores {fmt(rate)} above the positive); "
+                f"tau*loss -> {fmt(rate)}")
+    else:
+        ties = int(round(math.exp(e.limit_zero[anchor])))
+        why = ("the positive is the unique maximum" if ties == 1 else
+               f"{ties} candidates, the positive among them, tie at the maximum")
+        zero = f"loss -> {'0' if ties == 1 else _count(ties)} ({why}); tau*loss -> 0"
+    return [f"limits: tau -> 0+: {zero}",
+            f"        tau -> inf: loss -> {_count(terms)} (every candidate equally likely)"]
+
+
+def _explain_one(printer: _Printer, e, anchor: int, header: str) -> None:
+    negatives = int(e.in_denominator[anchor].sum()) - 1
+    p = e.positive[anchor]
+    printer.line(header)
+    printer.line()
+    printer.table(_candidate_table(e, anchor))
+    printer.line()
+    printer.line(f"loss = -ln p+ = {fmt(e.losses[anchor])}    uniform choice: "
+                 f"{_count(int(e.in_denominator[anchor].sum()))}")
+    printer.line(f"dL/ds+ = (p+ - 1)/tau = {fmt(e.gradients[anchor, p])}; the negatives' dL/ds_j = p_j/tau "
+                 "sum to the same magnitude")
+    h = int(e.hardest_negative[anchor])
+    printer.line(f"hardest negative: candidate {h} (s+ - s = {fmt(e.hardest_margin[anchor])}); "
+                 f"penalty entropy {fmt(e.penalty_entropy[anchor])} nats = "
+                 f"{e.effective_negatives[anchor]:.2f} effective negatives of {negatives}")
+    printer.line(f"if every negative had the mean negative similarity: loss {fmt(e.loss_uniform_negatives[anchor])} "
+                 "(never above the actual loss)")
+    for text in _limit_lines(e, anchor):
+        printer.line(text)
+
+
+def _anchor_table(e) -> _Table:
+    table = _Table(["anchor", "positive", "s+", "p+", "loss", "dL/ds+", "hardest", "s+ - s_hard",
+                        "eff. negatives", "lim tau->0", "lim tau->inf"])
+    for i in range(len(e.positive)):
+        p = int(e.positive[i])
+        table.rows.append([str(i), str(p), fmt(e.similarities[i, p]), fmt(e.probabilities[i, p]),
+                           fmt(e.losses[i]), fmt(e.gradients[i, p]), str(int(e.hardest_negative[i])),
+                           fmt(e.hardest_margin[i]), f"{e.effective_negatives[i]:.2f}",
+                           fmt(e.limit_zero[i]), fmt(e.limit_infinity[i])])
+    return table
+
+
+def _explain_matrix(printer: _Printer, e, request: _Request) -> None:
+    printer.line(f"InfoNCE on a {request.description}, tau = {e.temperature:g}")
+    printer.line()
+    printer.table(_anchor_table(e))
+    printer.line()
+    printer.line(f"mean loss = {fmt(e.loss)}    mean uniform choice: {fmt(float(e.log_n.mean()))}")
+    printer.line(f"mean loss limits: tau -> 0+: {fmt(e.mean_limit_zero)}; tau -> inf: {fmt(e.mean_limit_infinity)}")
+    if request.row is not None:
+        printer.line()
+        _explain_one(printer, e, request.row, f"anchor {request.row}:")
+
+
+def _sweep_table(s, request: _Request) -> _Table:
+    first = s[0]
+    if not request.is_matrix:
+        k = first.similarities.shape[1]
+        p = int(first.positive[0])
+        show_all = k <= _MAX_PROBABILITY_COLUMNS
+        prob_headers = [f"p{j}{' +' if j == p else ''}" for j in range(k)] if show_all else ["p+"]
+        table = _Table(["tau", "loss", *prob_headers, "dL/ds+", "hardest share", "penalty entropy",
+                            "eff. negatives"])
+        for e in s:
+            probs = [fmt(x) for x in e.probabilities[0]] if show_all else [fmt(e.probabilities[0, p])]
+            h = int(e.hardest_negative[0])
+            table.rows.append([f"{e.temperature:g}", fmt(e.losses[0]), *probs, fmt(e.gradients[0, p]),
+                               fmt(e.penalty[0, h]), fmt(e.penalty_entropy[0]), f"{e.effective_negatives[0]:.2f}"])
+        return table
+    table = _Table(["tau", "mean loss", "mean p+", "min p+", "mean |dL/ds+|", "mean eff. negatives"])
+    for e in s:
+        pp = e.positive_probability
+        table.rows.append([f"{e.temperature:g}", fmt(e.loss), fmt(pp.mean()), fmt(pp.min()),
+                           fmt(np.abs(e.positive_gradient).mean()), f"{e.effective_negatives.mean():.2f}"])
+    return table
+
+
+def _print_sweep(printer: _Printer, s, request: _Request) -> None:
+    first = s[0]
+    if request.is_matrix:
+        printer.line(f"InfoNCE temperature sweep on a {request.description}")
+    else:
+        k = first.similarities.shape[1]
+        scores = " ".join(f"{x:g}" for x in first.similarities[0])
+        printer.line(f"InfoNCE temperature sweep, {request.description}: s = {scores}, "
+                     f"positive = candidate {int(first.positive[0])} ({k} candidates)")
+    printer.line()
+    printer.table(_sweep_table(s, request))
+    printer.line()
+    if request.is_matrix:
+        printer.line(f"mean loss limits: tau -> 0+: {fmt(first.mean_limit_zero)}; "
+                     f"tau -> inf: {fmt(first.mean_limit_infinity)}")
+    else:
+        printer.line(f"uniform choice: {_count(int(first.in_denominator[0].sum()))}")
+        for text in _limit_lines(first, 0):
+            printer.line(text)
+    printer.line("note: a lower loss at a lower tau is not a better representation; compare "
+                 "representations with a frozen encoder and a linear probe")
+
+
+def run(args: argparse.Namespace) -> int:
+    request = _request(args)  # before importing torch, so a typo is reported at once
+    if args.plot and os.path.exists(args.plot) and not args.force:
+        raise FileExistsError(f"--plot {args.plot} exists; pass --force to replace it")
+    from contrastkit.analysis import explain, sweep
+
+    kwargs = dict(positive=request.positive, exclude_diagonal=request.exclude_diagonal)
+    if len(request.taus) == 1:
+        result = explain(request.similarities, temperature=request.taus[0], **kwargs)
+    else:
+        result = sweep(request.similarities, temperatures=request.taus, **kwargs)
+
+    if args.json:
+        print(result.to_json(indent=2))
+    else:
+        use_rich = not args.plain and sys.stdout.isatty()
+        printer = _Printer(use_rich)
+        if len(request.taus) > 1:
+            _print_sweep(printer, result, request)
+        elif request.is_matrix:
+            _explain_matrix(printer, result, request)
+        else:
+            scores = " ".join(f"{x:g}" for x in result.similarities[0])
+            _explain_one(printer, result, 0,
+                         f"InfoNCE, {request.description}: s = {scores}, tau = {result.temperature:g}, "
+                         f"positive = candidate {int(result.positive[0])} (marked +)")
+
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (only to give a clear message when it is missing)
+        except ImportError:
+            raise ValueError("--plot needs matplotlib: pip install 'contrastkit[all]'") from None
+        from contrastkit.analysis import plot_temperature
+
+        plot_temperature(request.similarities, temperatures=request.taus, anchor=request.row or 0,
+                         path=args.plot, overwrite=args.force, **kwargs)
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -1,0 +1,159 @@
+"""``contrastkit pretrain``: contrastive pretraining judged by a frozen linear probe."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any, Dict
+
+from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, PretrainConfig
+
+# Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
+_FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
+           "temperature_schedule",
+           "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
+           "queue_size", "projection_dim", "weight", "text_encoder", "seed", "device", "threads", "log_every",
+           "eval_every", "out")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = PretrainConfig()
+    parser.description = (
+        "Train an encoder with a contrastive loss on two views of each image, then judge it by the "
+        "fixed read-out protocol (frozen encoder -> linear probe with C chosen on val, and weighted "
+        "kNN) next to two baselines: the same network at random init and raw pixels. Writes "
+        "OUT/config.json, OUT/metrics.jsonl, OUT/checkpoints/last.pt and OUT/summary.json.")
+    # Every default is None so that --resume can tell given options from defaults.
+    add = parser.add_argument
+    add("--data", default=None, help=f"glyphlab, digits, or a path (image folder, MNIST idx, CIFAR-10 "
+                                     f"batches, .npz); for --method convirt: glyphlab-text, digits-text "
+                                     f"or a .csv of image,text rows (default {d.data})")
+    add("--data-option", action="append", default=None, metavar="KEY=VALUE",
+        help="loader option, repeatable, e.g. train_scenes=480 for glyphlab (VALUE parsed as JSON if it can be)")
+    add("--method", choices=METHODS, default=None, help=f"(default {d.method})")
+    add("--encoder", choices=("small", "resnet18"), default=None, help=f"(default {d.encoder}; resnet18 wants a GPU)")
+    add("--views", choices=("augment", "A", "B"), default=None,
+        help="augment: two SimCLR augmentations; A/B: glyphlab noise-realisation pairs (B rotates one "
+             f"view by 90 degrees) (default {d.views})")
+    add("--view-strength", type=float, default=None, help="augmentation strength in [0, 2] (default 1 for "
+                                                          "augment, 0 for A/B)")
+    add("--temperature", type=float, default=None,
+        help="initial tau (default per method: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_TEMPERATURE.items()) + ")")
+    add("--learnable-temperature", action="store_true", default=None, help="train tau (CLIP parameterisation)")
+    add("--temperature-schedule", default=None, metavar="SCHEDULE",
+        help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], linear:START,END, "
+             "step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; see docs/temperature-study.md)")
+    add("--epochs", type=int, default=None, help=f"(default {d.epochs})")
+    add("--batch-size", type=int, default=None, help=f"source images per step (default {d.batch_size})")
+    add("--optimizer", choices=OPTIMIZERS, default=None, help=f"(default {d.optimizer})")
+    add("--lr", type=float, default=None, help="peak learning rate (default adamw 2e-3, sgd 0.1)")
+    add("--weight-decay", type=float, default=None, help="(default adamw 1e-4, sgd 5e-4)")
+    add("--warmup-fraction", type=float, default=None,
+        help=f"share of steps in linear warm-up before the cosine decay (default {d.warmup_fraction})")
+    add("--momentum", type=float, default=None, help=f"moco key-encoder momentum (default {d.momentum})")
+    add("--queue-size", type=int, default=None,
+        help="moco queue length, a multiple of the batch size (default: up to 16 batches, < train size)")
+    add("--projection-dim", type=int, default=None, help="size of z (default 64; convirt 512)")
+    add("--weight", type=float, default=None,
+        help="convirt: lambda on the image->text InfoNCE, 1 - lambda on text->image (default 0.75)")
+    add("--text-encoder", choices=("transformer", "mean"), default=None,
+        help="convirt: text encoder, mean-pooled word embeddings or a 2-layer transformer (default mean)")
+    add("--seed", type=int, default=None, help=f"(default {d.seed})")
+    add("--device", default=None, help="auto, cpu, cuda, cuda:1, ... (default auto)")
+    add("--threads", type=int, default=None,
+        help="CPU threads (default 1: fastest on a CPU shared with other jobs; 0 = torch's default)")
+    add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
+    add("--eval-every", type=int, default=None,
+        help="epochs between val kNN checks logged to metrics.jsonl (default 0: never)")
+    add("--out", default=None, help=f"output folder (default {d.out})")
+    add("--resume", action="store_true", help="continue the run in OUT from its last checkpoint (options not "
+                                              "given are taken from OUT/config.json)")
+    add("--force", action="store_true", help="start over in a non-empty OUT (deletes its run files)")
+    add("--quiet", action="store_true", help="no progress bar")
+    add("--json", action="store_true", help="print summary.json instead of the table")
+    add("--no-report", action="store_true", help="do not write OUT/report.html (see `contrastkit report`)")
+
+
+def _parse_data_options(items: Any) -> Dict[str, Any]:
+    options: Dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--data-option must look like KEY=VALUE, got {item!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value
+    return options
+
+
+def config_from_args(args: argparse.Namespace) -> PretrainConfig:
+    """The run's configuration: explicit options over (with --resume) the stored run's ones
+    over the defaults."""
+    given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name, None) is not None}
+    if args.data_option is not None:
+        given["data_options"] = _parse_data_options(args.data_option)
+    base = PretrainConfig().to_dict()
+    if args.resume:
+        out = given.get("out", base["out"])
+        path = os.path.join(out, "config.json")
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    base.update(json.load(handle)["config"])
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{path} is not a valid run configuration: {err}") from None
+    base.update(given)
+    return PretrainConfig.from_dict(base)
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def print_table(summary: Dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("test split")
+    table.add_column("pretrained", justify="right")
+    table.add_column("random init", justify="right")
+    table.add_column("raw pixels", justify="right")
+    table.add_row("linear probe accuracy", _fmt(summary.get("probe_accuracy")),
+                  _fmt(summary.get("random_init_probe_accuracy")), _fmt(summary.get("raw_pixel_probe_accuracy")))
+    table.add_row("kNN accuracy (k=20)", _fmt(summary.get("knn_accuracy")),
+                  _fmt(summary.get("random_init_knn_accuracy")), _fmt(summary.get("raw_pixel_knn_accuracy")))
+    console = Console()
+    console.print(table)
+    if "retrieval_i2t_recall@1" in summary:  # convirt
+        from contrastkit.train.convirt import retrieval_table
+
+        console.print(retrieval_table(summary))
+    details = [f"{key} {_fmt(summary[key])}" for key in ("final_loss", "final_temperature", "epochs", "steps",
+                                                          "images_per_second", "seconds") if key in summary]
+    console.print("  ".join(details))
+    if "beats_baselines" in summary and not summary["beats_baselines"]:
+        console.print("[yellow]the pretrained encoder does not beat both baselines on the linear probe[/yellow]")
+
+
+def run(args: argparse.Namespace) -> int:
+    from contrastkit.train import pretrain
+
+    config = config_from_args(args)
+    summary = pretrain(config, resume=args.resume, force=args.force, progress=False if args.quiet else None)
+    if summary is None:  # a rank > 0 under torchrun: rank 0 reports
+        return 0
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        print_table(summary, f"{summary['method']} on {summary['data']} ({summary['encoder']} encoder, "
+                             f"{summary['epochs']} epochs) -> {config.out}")
+    if not args.no_report:
+        from contrastkit.report import report_after_run
+
+        path = report_after_run(config.out)  # a failure is a warning: the run's results are on disk
+        if path is not None and not args.json:
+            print(f"report: {path}")
+    return 0

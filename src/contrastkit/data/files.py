@@ -1,0 +1,492 @@
+"""Loading data sets from disk, with the format detected from what the path holds.
+
+Formats:
+
+* a ``.npz`` file with ``x_train, y_train, x_test, y_test`` (optionally ``x_val, y_val``);
+  images ``NHW``, ``NHWC`` or ``NCHW`` (C in 1, 3), uint8 (0..255) or float in ``[0, 1]``;
+* a folder of CIFAR-10 python batches ``data_batch_1`` .. ``data_batch_5`` and ``test_batch``
+  (optionally inside ``cifar-10-batches-py/``; ``batches.meta`` supplies class names);
+* a folder of MNIST idx files ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
+  ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte`` (each optionally ``.gz``);
+* a folder of class subfolders of images (``root/<class>/<image>``), or of ``train/``,
+  ``test/`` (and optionally ``val/``) folders that each hold class subfolders.
+
+A validation split is carved out of the training data (stratified by class, ``val_fraction``,
+fixed ``split_seed``) unless the data bring one. A class-subfolder tree without ``train/`` and
+``test/`` is split three ways (``test_fraction``). Every malformed input raises one
+``ValueError`` (or ``FileNotFoundError`` for a missing file) that names the file.
+
+CIFAR batches are pickles; they are read with an unpickler that only admits the numpy
+array constructors such files contain, so a crafted file cannot run code.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import pickle
+import struct
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from contrastkit.data.base import (Dataset, Split, check_fraction, stratified_split, subset, to_float_images,
+                                   to_labels)
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm")
+
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR_TEST_FILE = "test_batch"
+MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+SizeLike = Union[None, int, Tuple[int, int]]
+
+
+# ----------------------------------------------------------------------------------------
+# options
+
+def _resolve_size(size: SizeLike) -> Optional[Tuple[int, int]]:
+    if size is None:
+        return None
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        size = (int(size), int(size))
+    try:
+        h, w = (int(v) for v in size)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ValueError(f"size must be None, an integer or a pair (height, width), got {size!r}") from None
+    if h < 1 or w < 1:
+        raise ValueError(f"size must be positive, got {size!r}")
+    return h, w
+
+
+def _resize(images: Tensor, size: Optional[Tuple[int, int]]) -> Tensor:
+    if size is None or tuple(images.shape[-2:]) == size:
+        return images
+    return F.interpolate(images, size=size, mode="bilinear", align_corners=False,
+                         antialias=True).clamp_(0.0, 1.0).contiguous()
+
+
+def _carve_val(images: Tensor, labels: Tensor, val_fraction: float, split_seed: int,
+               source: Path) -> Tuple[Split, Split]:
+    train_idx, val_idx = stratified_split(labels.numpy(), [1.0 - val_fraction, val_fraction], split_seed)
+    if train_idx.size == 0 or val_idx.size == 0:
+        raise ValueError(f"{source}: {labels.numel()} training samples are too few to carve out a "
+                         f"non-empty validation split with val_fraction={val_fraction}")
+    return subset(images, labels, train_idx), subset(images, labels, val_idx)
+
+
+def _class_names(num_classes: int, names: Optional[Sequence[str]] = None) -> List[str]:
+    if names is not None and len(names) >= num_classes:
+        return [str(n) for n in names]
+    return [str(i) for i in range(num_classes)]
+
+
+def _check_nonempty(split: Split, what: str, source: Path) -> None:
+    if len(split) == 0:
+        raise ValueError(f"{source}: the {what} split is empty")
+
+
+def _finish(name: str, source_kind: str, source: Path, train: Split, val: Split, test: Split,
+            names: Optional[Sequence[str]] = None) -> Dataset:
+    for what, split in (("train", train), ("val", val), ("test", test)):
+        _check_nonempty(split, what, source)
+    num_classes = int(max(int(s.labels.max()) for s in (train, val, test))) + 1
+    if names is not None and len(names) < num_classes:
+        raise ValueError(f"{source}: labels go up to {num_classes - 1} but only {len(names)} class names are given")
+    shapes = {tuple(s.images.shape[1:]) for s in (train, val, test)}
+    if len(shapes) != 1:
+        raise ValueError(f"{source}: train and test images differ in shape: {sorted(shapes)}")
+    return Dataset(name=name, class_names=_class_names(num_classes, names), train=train, val=val, test=test,
+                   source=source_kind)
+
+
+# ----------------------------------------------------------------------------------------
+# npz
+
+def _nchw(array: np.ndarray, key: str, source: Path) -> np.ndarray:
+    """Bring NHW / NHWC / NCHW to NCHW (channels 1 or 3)."""
+    if array.ndim == 3:
+        return array[:, None]
+    if array.ndim == 4:
+        if array.shape[3] in (1, 3):
+            return array.transpose(0, 3, 1, 2)
+        if array.shape[1] in (1, 3):
+            return array
+    raise ValueError(f"{source}: {key} must have shape (N, H, W), (N, H, W, C) or (N, C, H, W) with C in "
+                     f"(1, 3), got {array.shape}")
+
+
+def load_npz(path: Path, *, size: SizeLike = None, val_fraction: float = 0.1, split_seed: int = 0) -> Dataset:
+    path, size = Path(path), _resolve_size(size)
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(f"{path}: not a readable .npz file ({err})") from None
+    with archive:
+        keys = set(archive.files)
+        missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in keys]
+        if missing:
+            raise ValueError(f"{path}: missing array(s) {', '.join(missing)} (found {', '.join(sorted(keys)) or 'none'})")
+        if ("x_val" in keys) != ("y_val" in keys):
+            raise ValueError(f"{path}: x_val and y_val must be given together")
+        parts = ["train", "test"] + (["val"] if "x_val" in keys else [])
+        loaded: Dict[str, Split] = {}
+        for part in parts:
+            try:
+                x, y = archive[f"x_{part}"], archive[f"y_{part}"]
+            except (ValueError, OSError) as err:  # e.g. an object array refused without pickle
+                raise ValueError(f"{path}: cannot read x_{part}/y_{part} ({err})") from None
+            if x.shape[0] != np.asarray(y).shape[0]:
+                raise ValueError(f"{path}: x_{part} has {x.shape[0]} images but y_{part} has "
+                                 f"{np.asarray(y).shape[0]} labels")
+            images = to_float_images(_nchw(x, f"x_{part}", path), f"{path} (x_{part})")
+            labels = to_labels(y, f"{path} (y_{part})")
+            if images.shape[0] == 0:
+                raise ValueError(f"{path}: x_{part} is empty")
+            loaded[part] = Split(images=_resize(images, size), labels=labels)
+    if "val" in loaded:
+        train, val = loaded["train"], loaded["val"]
+    else:
+        train, val = _carve_val(loaded["train"].images, loaded["train"].labels, val_fraction, split_seed, path)
+    return _finish(path.stem, "npz", path, train, val, loaded["test"])
+
+
+# ----------------------------------------------------------------------------------------
+# MNIST idx
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
+               0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+
+
+def read_idx(path: Path, ndim: int) -> np.ndarray:
+    """Read an idx file (MNIST format, optionally gzipped) with ``ndim`` dimensions."""
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as handle:
+            data = handle.read()
+    except (OSError, EOFError) as err:
+        raise ValueError(f"{path}: cannot read ({err})") from None
+    if len(data) < 4 or data[0] != 0 or data[1] != 0:
+        raise ValueError(f"{path}: not an idx file (bad magic number)")
+    code, got_ndim = data[2], data[3]
+    if code not in _IDX_DTYPES:
+        raise ValueError(f"{path}: unknown idx data type code 0x{code:02X}")
+    if got_ndim != ndim:
+        raise ValueError(f"{path}: expected an idx file with {ndim} dimension(s), got {got_ndim}")
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise ValueError(f"{path}: truncated idx header")
+    dims = struct.unpack(">" + "I" * ndim, data[4:header])
+    dtype = np.dtype(_IDX_DTYPES[code])
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(data) - header != expected:
+        raise ValueError(f"{path}: header says shape {dims} ({expected} bytes of data) but the file holds "
+                         f"{len(data) - header} bytes")
+    return np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
+
+
+def _find_mnist_file(folder: Path, base: str) -> Path:
+    dotted = base.replace("-idx", ".idx")  # e.g. train-images.idx3-ubyte (a common re-packaging)
+    for name in (base, base + ".gz", dotted, dotted + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"{folder}: missing MNIST file {base} (or {base}.gz)")
+
+
+def _is_mnist(folder: Path) -> bool:
+    return any(p.name.startswith(("train-images", "t10k-images", "train-labels", "t10k-labels"))
+               for p in folder.iterdir())
+
+
+def load_mnist(folder: Path, *, size: SizeLike = None, val_fraction: float = 0.1, split_seed: int = 0) -> Dataset:
+    folder, size = Path(folder), _resolve_size(size)
+    files = {key: _find_mnist_file(folder, base) for key, base in MNIST_FILES.items()}
+    splits = {}
+    for part in ("train", "test"):
+        images_file, labels_file = files[f"{part}_images"], files[f"{part}_labels"]
+        x = read_idx(images_file, 3)
+        y = read_idx(labels_file, 1)
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"{labels_file}: {y.shape[0]} labels but {images_file.name} holds {x.shape[0]} images")
+        if x.shape[0] == 0:
+            raise ValueError(f"{images_file}: no images")
+        images = to_float_images(np.asarray(x)[:, None], str(images_file))
+        splits[part] = (_resize(images, size), to_labels(np.asarray(y), str(labels_file)))
+    train, val = _carve_val(*splits["train"], val_fraction, split_seed, files["train_images"])
+    test = Split(images=splits["test"][0], labels=splits["test"][1])
+    return _finish("mnist", "mnist", folder, train, val, test)
+
+
+# ----------------------------------------------------------------------------------------
+# CIFAR-10 python batches
+
+_SAFE_GLOBALS = {
+    ("_codecs", "encode"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+}
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickler that only admits the numpy constructors a CIFAR batch needs."""
+
+    def find_class(self, module: str, name: str):  # noqa: D401
+        if (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _read_pickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as handle:
+            obj = _ArrayUnpickler(handle, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
+            IndexError, KeyError, OSError, struct.error) as err:
+        raise ValueError(f"{path}: not a readable CIFAR batch pickle ({err})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
+    # Python 2 pickles (the official files) have bytes keys; normalise to str.
+    return {(k.decode("latin1") if isinstance(k, bytes) else k): v for k, v in obj.items()}
+
+
+def _read_cifar_batch(path: Path) -> Tuple[Tensor, Tensor]:
+    batch = _read_pickle(path)
+    if "data" not in batch or "labels" not in batch:
+        raise ValueError(f"{path}: a CIFAR-10 batch needs 'data' and 'labels' entries, found {sorted(batch)}")
+    data = np.asarray(batch["data"])
+    labels = np.asarray(batch["labels"])
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise ValueError(f"{path}: 'data' must have shape (N, 3072), got {data.shape}")
+    if labels.ndim != 1 or labels.shape[0] != data.shape[0]:
+        raise ValueError(f"{path}: {labels.shape[0] if labels.ndim else 0} labels for {data.shape[0]} images")
+    if data.shape[0] == 0:
+        raise ValueError(f"{path}: the batch is empty")
+    images = to_float_images(data.reshape(-1, 3, 32, 32), str(path))
+    return images, to_labels(labels, str(path))
+
+
+def _is_cifar(folder: Path) -> bool:
+    return any((folder / name).exists() for name in CIFAR_TRAIN_FILES + (CIFAR_TEST_FILE,))
+
+
+def load_cifar10(folder: Path, *, size: SizeLike = None, val_fraction: float = 0.1, split_seed: int = 0) -> Dataset:
+    folder, size = Path(folder), _resolve_size(size)
+    if (folder / "cifar-10-batches-py").is_dir():
+        folder = folder / "cifar-10-batches-py"
+    for name in CIFAR_TRAIN_FILES + (CIFAR_TEST_FILE,):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder}: missing CIFAR-10 file {name}")
+    parts = [_read_cifar_batch(folder / name) for name in CIFAR_TRAIN_FILES]
+    train_images = torch.cat([p[0] for p in parts])
+    train_labels = torch.cat([p[1] for p in parts])
+    test_images, test_labels = _read_cifar_batch(folder / CIFAR_TEST_FILE)
+    names: Optional[List[str]] = None
+    meta_file = folder / "batches.meta"
+    if meta_file.is_file():
+        meta = _read_pickle(meta_file)
+        raw = meta.get("label_names")
+        if raw is None or not isinstance(raw, (list, tuple)):
+            raise ValueError(f"{meta_file}: expected a 'label_names' list")
+        names = [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in raw]
+    elif max(int(train_labels.max()), int(test_labels.max())) < 10:
+        names = CIFAR10_CLASSES
+    train, val = _carve_val(_resize(train_images, size), train_labels, val_fraction, split_seed, folder)
+    test = Split(images=_resize(test_images, size), labels=test_labels)
+    return _finish("cifar10", "cifar10", folder, train, val, test, names)
+
+
+# ----------------------------------------------------------------------------------------
+# folders of class subfolders
+
+_GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
+
+
+def _list_class_folders(root: Path) -> List[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _list_images(folder: Path) -> List[Path]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
+                files.append(Path(dirpath) / name)
+    return files
+
+
+def _open_images(files: Sequence[Path]):
+    from PIL import Image  # lazy: pillow is an optional dependency
+
+    images = []
+    for file in files:
+        try:
+            with Image.open(file) as img:
+                img.load()
+                images.append(img.copy())
+        except Exception as err:  # PIL raises many kinds (UnidentifiedImageError, OSError, SyntaxError...)
+            raise ValueError(f"{file}: cannot read image ({type(err).__name__}: {err})") from None
+    return images
+
+
+def _to_array(images, color: str, size: Tuple[int, int]) -> np.ndarray:
+    from PIL import Image
+
+    h, w = size
+    out = np.empty((len(images), 1 if color == "L" else 3, h, w), dtype=np.uint8)
+    for i, img in enumerate(images):
+        if img.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+            # PIL's own conversion of high-bit images to 8 bits clips; rescale instead
+            # (16-bit by its full range, 32-bit int/float by the image's maximum).
+            arr = np.asarray(img, dtype=np.float64)
+            top = 65535.0 if img.mode.startswith("I;16") else max(float(arr.max()), 1.0)
+            img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8))
+        converted = img.convert(color)
+        if converted.size != (w, h):
+            converted = converted.resize((w, h), Image.BILINEAR)
+        arr = np.asarray(converted, dtype=np.uint8)
+        out[i] = arr[None] if color == "L" else arr.transpose(2, 0, 1)
+    return out
+
+
+def _scan_tree(root: Path, class_names: Optional[List[str]] = None) -> Tuple[List[Path], List[int], List[str]]:
+    folders = _list_class_folders(root)
+    if not folders:
+        raise ValueError(f"{root}: no class subfolders (expected {root}/<class>/<image files>)")
+    names = [f.name for f in folders]
+    if class_names is not None:
+        extra = sorted(set(names) - set(class_names))
+        if extra:
+            raise ValueError(f"{root}: class folder(s) {', '.join(extra)} do not exist in the training folder")
+    else:
+        class_names = names
+    files, labels = [], []
+    for folder in folders:
+        found = _list_images(folder)
+        if not found:
+            raise ValueError(f"{folder}: class folder holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+        files.extend(found)
+        labels.extend([class_names.index(folder.name)] * len(found))
+    return files, labels, class_names
+
+
+def load_image_folder(root: Path, *, size: SizeLike = None, val_fraction: float = 0.1, test_fraction: float = 0.2,
+                      split_seed: int = 0, color: Optional[str] = None) -> Dataset:
+    """Load ``root/<class>/*`` or ``root/{train,val,test}/<class>/*`` images.
+
+    ``color`` is ``"L"`` (grayscale), ``"RGB"``, or ``None``: grayscale when every image is
+    grayscale, else RGB. ``size`` ``None`` keeps the common size when all images share one
+    and resizes to 32x32 otherwise.
+    """
+    root = Path(root)
+    if color is not None and color not in ("L", "RGB"):
+        raise ValueError(f"color must be None, 'L' or 'RGB', got {color!r}")
+    target = _resolve_size(size)
+    has_parts = (root / "train").is_dir() and (root / "test").is_dir()
+    if has_parts:
+        train_files, train_labels, names = _scan_tree(root / "train")
+        parts = {"train": (train_files, train_labels)}
+        for part in ("val", "test"):
+            if (root / part).is_dir():
+                files, labels, _ = _scan_tree(root / part, names)
+                parts[part] = (files, labels)
+    else:
+        files, labels, names = _scan_tree(root)
+        parts = {"all": (files, labels)}
+    opened = {part: _open_images(files) for part, (files, _) in parts.items()}
+    every = [img for imgs in opened.values() for img in imgs]
+    if color is None:
+        color = "L" if all(img.mode in _GRAY_MODES for img in every) else "RGB"
+    if target is None:
+        sizes = Counter((img.size[1], img.size[0]) for img in every)
+        target = next(iter(sizes)) if len(sizes) == 1 else (32, 32)
+    tensors = {}
+    for part, imgs in opened.items():
+        images = to_float_images(_to_array(imgs, color, target), str(root))
+        tensors[part] = (images, torch.tensor(parts[part][1], dtype=torch.int64))
+    if has_parts:
+        if "val" in tensors:
+            train, val = Split(*tensors["train"]), Split(*tensors["val"])
+        else:
+            train, val = _carve_val(*tensors["train"], val_fraction, split_seed, root / "train")
+        test = Split(*tensors["test"])
+    else:
+        test_fraction = check_fraction(test_fraction, "test_fraction")
+        if val_fraction + test_fraction >= 1.0:
+            raise ValueError(f"val_fraction + test_fraction must be < 1, got {val_fraction + test_fraction}")
+        images, labels = tensors["all"]
+        idx = stratified_split(labels.numpy(), [1 - val_fraction - test_fraction, val_fraction, test_fraction],
+                               split_seed)
+        if any(i.size == 0 for i in idx):
+            raise ValueError(f"{root}: {labels.numel()} images are too few for non-empty train/val/test splits "
+                             f"(val_fraction={val_fraction}, test_fraction={test_fraction})")
+        train, val, test = (subset(images, labels, i) for i in idx)
+    return _finish(root.name or "images", "imagefolder", root, train, val, test, names)
+
+
+# ----------------------------------------------------------------------------------------
+# dispatch
+
+def detect_format(path: Path) -> str:
+    """``"npz"``, ``"cifar10"``, ``"mnist"`` or ``"imagefolder"`` for ``path``; ValueError otherwise."""
+    path = Path(path)
+    if path.is_file():
+        if path.suffix.lower() == ".npz":
+            return "npz"
+        raise ValueError(f"{path}: unsupported data file (expected a .npz archive or a folder)")
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    if (path / "cifar-10-batches-py").is_dir() or _is_cifar(path):
+        return "cifar10"
+    if _is_mnist(path):
+        return "mnist"
+    if _list_class_folders(path):
+        return "imagefolder"
+    raise ValueError(f"{path}: cannot recognise the data format: expected class subfolders of images, MNIST idx "
+                     f"files, CIFAR-10 batches or a .npz file")
+
+
+def load_path(path: Union[str, os.PathLike], *, size: SizeLike = None, val_fraction: float = 0.1,
+              test_fraction: float = 0.2, split_seed: int = 0, color: Optional[str] = None) -> Dataset:
+    """Load the data set at ``path`` (format detected by :func:`detect_format`).
+
+    Args:
+        size: resize every image to ``size`` (int or ``(H, W)``), bilinear with antialiasing;
+            ``None`` keeps the stored size (image folders of mixed sizes: 32x32).
+        val_fraction: share of the training data carved out (per class) for validation when
+            the data have no validation split.
+        test_fraction: share held out for testing, for an image folder without ``train/`` and
+            ``test/`` subfolders only.
+        split_seed: seed of those carve-outs (fixed default, independent of training seeds).
+        color: image folders only: ``"L"``, ``"RGB"`` or ``None`` (grayscale if all images are).
+    """
+    path = Path(path)
+    val_fraction = check_fraction(val_fraction, "val_fraction")
+    size_hw = _resolve_size(size)
+    if isinstance(split_seed, bool) or not isinstance(split_seed, (int, np.integer)) or split_seed < 0:
+        raise ValueError(f"split_seed must be a non-negative integer, got {split_seed!r}")
+    kind = detect_format(path)
+    if kind != "imagefolder" and color is not None:
+        raise ValueError(f"color applies to image folders only; {path} holds {kind} data")
+    if kind == "npz":
+        return load_npz(path, size=size_hw, val_fraction=val_fraction, split_seed=split_seed)
+    if kind == "cifar10":
+        return load_cifar10(path, size=size_hw, val_fraction=val_fraction, split_seed=split_seed)
+    if kind == "mnist":
+        return load_mnist(path, size=size_hw, val_fraction=val_fraction, split_seed=split_seed)
+    return load_image_folder(path, size=size_hw, val_fraction=val_fraction, test_fraction=test_fraction,
+                             split_seed=split_seed, color=color)

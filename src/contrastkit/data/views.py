@@ -1,0 +1,228 @@
+"""View makers: two views of each sample in a batch, produced on the training device.
+
+``make_views(ds, mode, device, strength)`` returns a :class:`ViewMaker`; calling it with a
+split and a batch of indices returns ``(view_a, view_b)``, each ``(b, C, H, W)`` float32 in
+``[0, 1]`` on ``device``. Row ``i`` of ``view_a`` and row ``i`` of ``view_b`` are the positive
+pair of sample ``indices[i]``; labels are never used to form pairs.
+
+Modes:
+
+``"augment"``
+    Two independent SimCLR augmentations of the canonical image (kornia, batched):
+    random resized crop -> horizontal flip -> colour jitter (p = 0.8; brightness/contrast only
+    for 1-channel data) -> random grayscale (p = 0.2, RGB only) -> Gaussian blur (p = 0.5).
+``"A"``
+    Two different noise realisations of the same scene (SPEC section 2, F5, definition A).
+``"B"``
+    One realisation and a different realisation rotated by 90 degrees (``torch.rot90``,
+    counter-clockwise) -- definition B.
+
+``strength`` is one knob from identity (0) to the full default augmentation (1) and beyond
+(up to 2): colour-jitter magnitudes scale with it, the crop's minimum area and the
+flip/grayscale/blur probabilities interpolate towards identity as it goes to 0. The default
+is 1 for ``"augment"`` and 0 (no augmentation on top of the noise) for ``"A"``/``"B"``; with
+``strength > 0`` the A/B views are additionally augmented (before B's rotation).
+
+All randomness (realisation choice and kornia's parameters) comes from torch's global CPU
+generator, so ``torch.manual_seed`` or a restored ``torch.get_rng_state()`` reproduces it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from contrastkit.data.base import Dataset, Split
+
+MODES = ("augment", "A", "B")
+
+# Per-source augmentation defaults at strength 1. ``crop_scale`` is RandomResizedCrop's area
+# range; ``flip`` says whether a horizontal flip preserves the label.
+_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    # The bar spans >= 45% of the side and is centred away from the border, so a crop keeping
+    # >= 60% of the area always keeps a long piece of it; the aspect-ratio change (3/4..4/3)
+    # moves a 45-degree bar to at most ~53 degrees, still diagonal. A flip maps 45 <-> 135
+    # degrees, both "diagonal", and keeps vertical/horizontal: label-preserving.
+    "glyphlab": dict(crop_scale=(0.6, 1.0), flip=True),
+    # Mirrored digits are not digits (and 2/5, 6/9-like confusions appear): no flip.
+    "digits": dict(crop_scale=(0.5, 1.0), flip=False),
+    "mnist": dict(crop_scale=(0.5, 1.0), flip=False),
+    # SimCLR's CIFAR-10 recipe (with a less extreme minimum crop for 32x32 images).
+    "cifar10": dict(crop_scale=(0.2, 1.0), flip=True),
+}
+_RGB_DEFAULT = dict(crop_scale=(0.2, 1.0), flip=True)
+# Single-channel data of unknown kind: treat like handwriting (no flip, milder crops).
+_GRAY_DEFAULT = dict(crop_scale=(0.5, 1.0), flip=False)
+
+# Cached device copies larger than this are not kept; batches are moved instead.
+_CACHE_LIMIT_BYTES = 2 << 30
+
+
+def _check_strength(strength: object) -> float:
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength) \
+            or not (0.0 <= float(strength) <= 2.0):
+        raise ValueError(f"strength must be a number in [0, 2], got {strength!r}")
+    return float(strength)
+
+
+def _build_augmentation(channels: int, height: int, width: int, strength: float,
+                        crop_scale: Tuple[float, float], flip: bool) -> Optional[torch.nn.Module]:
+    """The kornia pipeline for one view, or ``None`` at strength 0 (identity)."""
+    if strength == 0.0:
+        return None
+    import kornia.augmentation as K  # lazy: kornia is an optional dependency
+
+    s = strength
+    level = min(s, 1.0)
+    lo = 1.0 - (1.0 - crop_scale[0]) * level
+    steps = [K.RandomResizedCrop((height, width), scale=(lo, crop_scale[1]), ratio=(3 / 4, 4 / 3),
+                                    cropping_mode="resample")]
+    if flip:
+        steps.append(K.RandomHorizontalFlip(p=0.5 * level))
+    # SimCLR's colour distortion with s = 0.5 (its CIFAR-10 setting) at strength 1.
+    if channels == 3:
+        steps.append(K.ColorJitter(0.4 * s, 0.4 * s, 0.4 * s, min(0.1 * s, 0.5), p=0.8))
+        steps.append(K.RandomGrayscale(p=0.2 * level))
+    else:
+        steps.append(K.ColorJitter(0.4 * s, 0.4 * s, 0.0, 0.0, p=0.8))
+    kernel = max(3, int(0.1 * min(height, width)) | 1)  # ~10% of the side, odd (SimCLR)
+    steps.append(K.RandomGaussianBlur((kernel, kernel), (0.1, 2.0 if kernel > 3 else 1.0), p=0.5 * level))
+    return torch.nn.Sequential(*steps)
+
+
+class ViewMaker:
+    """Callable ``(split, indices) -> (view_a, view_b)``; build it with :func:`make_views`."""
+
+    def __init__(self, dataset: Dataset, mode: str, device: torch.device, strength: float,
+                 crop_scale: Tuple[float, float], flip: bool) -> None:
+        self.dataset_name = dataset.name
+        self.mode = mode
+        self.device = device
+        self.strength = strength
+        self.crop_scale = crop_scale
+        self.flip = flip
+        c, h, w = dataset.image_shape
+        self.image_shape = (int(c), int(h), int(w))
+        self._augment = _build_augmentation(c, h, w, strength, crop_scale, flip)
+        if self._augment is not None:
+            self._augment = self._augment.to(device)
+        self._cache: Dict[int, Tuple[Split, Tensor]] = {}
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        """The resolved settings, JSON-serialisable (for a run's config file)."""
+        return dict(mode=self.mode, strength=self.strength, crop_scale=list(self.crop_scale),
+                    flip=self.flip, device=str(self.device))
+
+    def __repr__(self) -> str:
+        return f"ViewMaker(dataset={self.dataset_name!r}, " + ", ".join(
+            f"{k}={v!r}" for k, v in self.config.items()) + ")"
+
+    def _source(self, split: Split) -> Tensor:
+        data = split.images if self.mode == "augment" else split.realisations
+        if data is None:
+            raise ValueError(f"views {self.mode!r} need noise realisations, but this split has none")
+        if data.device == self.device:
+            return data
+        cached = self._cache.get(id(split))
+        if cached is not None and cached[0] is split:
+            return cached[1]
+        if data.numel() * data.element_size() > _CACHE_LIMIT_BYTES:
+            return data
+        moved = data.to(self.device)
+        self._cache[id(split)] = (split, moved)
+        return moved
+
+    def _check_indices(self, split: Split, indices: object) -> Tensor:
+        if not isinstance(indices, Tensor):
+            raise TypeError(f"indices must be a torch.Tensor of int64, got {type(indices).__name__}")
+        if indices.dtype in (torch.bool,) or indices.is_floating_point() or indices.is_complex():
+            raise TypeError(f"indices must have an integer dtype, got {indices.dtype}")
+        if indices.dim() != 1 or indices.numel() == 0:
+            raise ValueError(f"indices must be a non-empty 1-D tensor, got shape {tuple(indices.shape)}")
+        n = len(split)
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0 or high >= n:
+            raise ValueError(f"indices must lie in [0, {n}) for this split, got range [{low}, {high}]")
+        return indices.long()
+
+    def __call__(self, split: Split, indices: Tensor) -> Tuple[Tensor, Tensor]:
+        if not isinstance(split, Split):
+            raise TypeError(f"split must be a contrastkit.data.Split, got {type(split).__name__}")
+        if tuple(split.images.shape[1:]) != self.image_shape:
+            raise ValueError(f"split images have shape {tuple(split.images.shape[1:])}, but these views were "
+                             f"made for {self.image_shape}")
+        indices = self._check_indices(split, indices)
+        source = self._source(split)
+        idx = indices.to(source.device)
+        if self.mode == "augment":
+            batch = source[idx]
+            view_a, view_b = batch, batch
+        else:
+            r = source.shape[1]
+            # Two distinct realisations per sample: first uniform, second uniform among the rest.
+            first = torch.randint(0, r, (idx.numel(),))
+            second = (first + torch.randint(1, r, (idx.numel(),))) % r
+            view_a = source[idx, first.to(source.device)]
+            view_b = source[idx, second.to(source.device)]
+        view_a = view_a.to(self.device, dtype=torch.float32, non_blocking=True)
+        view_b = view_b.to(self.device, dtype=torch.float32, non_blocking=True)
+        if self._augment is not None:
+            # One kornia call on both views: parameters are drawn per row, so the two halves
+            # are independent augmentations, and the per-call overhead is paid once.
+            view_a, view_b = self._augment(torch.cat([view_a, view_b])).chunk(2)
+        if self.mode == "B":
+            view_b = torch.rot90(view_b, k=1, dims=(-2, -1))
+        # kornia keeps values in range for these ops; clamp guards interpolation overshoot.
+        return view_a.clamp_(0.0, 1.0).contiguous(), view_b.clamp_(0.0, 1.0).contiguous()
+
+
+def make_views(dataset: Dataset, mode: str = "augment", device: Union[torch.device, str, None] = None,
+               strength: Optional[float] = None, *, crop_scale: Optional[Tuple[float, float]] = None,
+               flip: Optional[bool] = None) -> ViewMaker:
+    """Build the view maker for ``dataset``.
+
+    Args:
+        dataset: a :class:`Dataset` from :func:`contrastkit.data.load_dataset`.
+        mode: ``"augment"``, ``"A"`` or ``"B"`` (see the module docstring). ``"A"``/``"B"``
+            need noise realisations (GlyphLab) and raise ``ValueError`` otherwise.
+        device: where the views are produced (default CPU).
+        strength: augmentation strength in ``[0, 2]``; ``None`` means 1 for ``"augment"`` and
+            0 for ``"A"``/``"B"``.
+        crop_scale: override the per-data-set RandomResizedCrop area range ``(lo, hi)`` at
+            strength 1, ``0 < lo <= hi <= 1``.
+        flip: override whether horizontal flips are used.
+
+    Returns a :class:`ViewMaker`; ``views(split, indices)`` -> ``(view_a, view_b)``, two
+    ``(b, C, H, W)`` float32 tensors in ``[0, 1]`` on ``device``.
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a contrastkit.data.Dataset, got {type(dataset).__name__}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode in ("A", "B") and not dataset.has_realisations:
+        raise ValueError(f"views {mode!r} pair two noise realisations of the same scene, but data set "
+                         f"{dataset.name!r} has no realisations (only glyphlab has them); use mode='augment'")
+    c, h, w = dataset.image_shape
+    if mode == "B" and h != w:
+        raise ValueError(f"views 'B' rotate by 90 degrees and need square images, got {h}x{w}")
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} was asked for, but CUDA is not available")
+    strength = (1.0 if mode == "augment" else 0.0) if strength is None else _check_strength(strength)
+    defaults = _DEFAULTS.get(dataset.source) or (_RGB_DEFAULT if c == 3 else _GRAY_DEFAULT)
+    if crop_scale is None:
+        crop_scale = defaults["crop_scale"]
+    else:
+        try:
+            lo, hi = (float(v) for v in crop_scale)
+        except (TypeError, ValueError):
+            raise ValueError(f"crop_scale must be a pair (lo, hi), got {crop_scale!r}") from None
+        if not (0.0 < lo <= hi <= 1.0):
+            raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {crop_scale!r}")
+        crop_scale = (lo, hi)
+    flip = bool(defaults["flip"]) if flip is None else bool(flip)
+    return ViewMaker(dataset, mode, device, strength, tuple(crop_scale), flip)

@@ -1,0 +1,26 @@
+"""Metrics on frozen features (pure functions).
+
+* Read-out: linear probe and weighted kNN (:mod:`contrastkit.metrics.probe`); scikit-learn
+  is imported lazily inside the functions that need it.
+* Representation geometry: alignment, uniformity, tolerance, positive vs nearest-negative
+  similarity, penalty entropy, effective rank (:mod:`contrastkit.metrics.representation`;
+  pure torch, chunked so large evaluation sets fit in memory).
+"""
+
+from .probe import DEFAULT_C_GRID, ProbeResult, knn_accuracy, knn_predict, linear_probe
+from .representation import (
+    SimilarityProfile,
+    alignment,
+    effective_rank,
+    penalty_entropy,
+    representation_metrics,
+    similarity_profile,
+    tolerance,
+    uniformity,
+)
+
+__all__ = [
+    "DEFAULT_C_GRID", "ProbeResult", "knn_accuracy", "knn_predict", "linear_probe",
+    "alignment", "uniformity", "tolerance", "similarity_profile", "SimilarityProfile",
+    "penalty_entropy", "effective_rank", "representation_metrics",
+]

@@ -1,0 +1,221 @@
+"""The interactive temperature explorer: one static HTML page, no network needed.
+
+The page shows one query against a set of candidates (SPEC §1): the user edits the
+similarities (sliders and number fields, candidates can be added and removed), picks the
+positive, and moves the temperature on a log scale; logits, probabilities, the loss, the
+gradients ``dL/ds_j``, Wang & Liu's penalty distribution over the negatives with its entropy,
+and the references and limits of SPEC §2's lemma update at once. Its JavaScript implements the
+single-row case of :func:`contrastkit.analysis.explain` with the same formulas in double
+precision (the test suite checks the page against the library in a real browser).
+
+Everything is inline (CSS, JavaScript, data); a Content-Security-Policy in the page forbids
+any network access, so it works offline and from ``file://``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from .document import is_generated_by, write_page
+
+__all__ = ["PRESETS", "GENERATOR", "explorer_html", "write_explorer", "is_explorer_page", "ExplorerServer"]
+
+#: Marks a file as written by contrastkit, so that it may be replaced without ``--force``.
+GENERATOR = "contrastkit explore"
+
+#: The examples of the source texts (SPEC §1-§4), loaded by the page's preset buttons. The
+#: first preset is shown when the page opens. ``positive`` indexes ``similarities``.
+PRESETS: List[Dict[str, Any]] = [
+    {
+        "id": "s1-example", "group": "§1 course page", "title": "(1, 0.5, 0), τ = 0.5",
+        "labels": ["c1", "c2", "c3"], "similarities": [1.0, 0.5, 0.0], "positive": 0, "temperature": 0.5,
+        "note": "SPEC §1 worked example: three candidates, the first positive, τ = 0.5, so the logits are (2, 1, 0).",
+    },
+    {
+        "id": "s1-block-tau1", "group": "§1 course page", "title": "(0.8, 0.4, 0.2), τ = 1",
+        "labels": ["c1", "c2", "c3"], "similarities": [0.8, 0.4, 0.2], "positive": 0, "temperature": 1.0,
+        "note": "SPEC §1 temperature block at τ = 1: compare with τ = 0.5 and τ = 0.1; the ranking never changes.",
+    },
+    {
+        "id": "s1-block-tau05", "group": "§1 course page", "title": "τ = 0.5",
+        "labels": ["c1", "c2", "c3"], "similarities": [0.8, 0.4, 0.2], "positive": 0, "temperature": 0.5,
+        "note": "SPEC §1 temperature block at τ = 0.5: the distribution sharpens towards the positive.",
+    },
+    {
+        "id": "s1-block-tau01", "group": "§1 course page", "title": "τ = 0.1",
+        "labels": ["c1", "c2", "c3"], "similarities": [0.8, 0.4, 0.2], "positive": 0, "temperature": 0.1,
+        "note": "SPEC §1 temperature block at τ = 0.1: p+ is close to 1, so 1 − p+ and the positive's "
+                "gradient shrink although τ is small.",
+    },
+    {
+        "id": "s2-f2", "group": "§2 lemma (F2)", "title": "S01 = 0.9, S02 = −0.1",
+        "labels": ["S01", "S02"], "similarities": [0.9, -0.1], "positive": 0, "temperature": 0.1,
+        "note": "SPEC §2 exercise F2, row 0 of N = 3 with p(0) = 1: the positive is the unique maximum, "
+                "so L → 0 as τ → 0 and L → log 2 as τ → ∞.",
+    },
+    {
+        "id": "s2-f2-above", "group": "§2 lemma (F2)", "title": "S02 = 0.95 (A > B)",
+        "labels": ["S01", "S02"], "similarities": [0.9, 0.95], "positive": 0, "temperature": 0.1,
+        "note": "F2 variant: a negative beats the positive (A > B), so L → +∞ as τ → 0 while τ·L → A − B = 0.05.",
+    },
+    {
+        "id": "s2-f2-tie", "group": "§2 lemma (F2)", "title": "S02 = 0.9 (tie)",
+        "labels": ["S01", "S02"], "similarities": [0.9, 0.9], "positive": 0, "temperature": 0.1,
+        "note": "F2 variant: the negative ties with the positive (A = B, m = 2), so L → log 2 at every τ.",
+    },
+    {
+        "id": "s3-row3", "group": "§3 ConVIRT", "title": "Row 3, τ = 0.1",
+        "labels": ["report 1", "report 2", "report 3", "report 4"],
+        "similarities": [-0.06, -0.06, 0.879, 0.724], "positive": 2, "temperature": 0.1,
+        "note": "SPEC §3 image 3 against the four reports (image-to-text), τ = 0.1 as in ConVIRT: "
+                "report 4 is a hard negative (0.724).",
+    },
+    {
+        "id": "s4-hardness", "group": "§4 hardness", "title": "8 candidates, τ = 0.2",
+        "labels": ["c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8"],
+        "similarities": [0.9, 0.8, 0.7, 0.5, 0.3, 0.1, -0.2, -0.5], "positive": 0, "temperature": 0.2,
+        "note": "SPEC §4 (Wang & Liu): the penalty on the negatives is a Boltzmann distribution; lower τ "
+                "concentrates it on the hardest ones (entropy falls), higher τ spreads it evenly.",
+    },
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _asset(name: str) -> str:
+    return resources.files("contrastkit.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def _json_for_script(data: Any) -> str:
+    # Inside <script> only "</" can end the element early.
+    return json.dumps(data, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
+
+
+def explorer_html(*, presets: Optional[Sequence[Dict[str, Any]]] = None) -> str:
+    """The explorer page as one self-contained HTML string (UTF-8 text).
+
+    Args:
+        presets: the examples offered as buttons (default :data:`PRESETS`; the first is shown
+            when the page opens). Each has ``id``, ``group``, ``title``, ``note``, ``labels``,
+            ``similarities``, ``positive`` and ``temperature``.
+    """
+    from contrastkit import __version__
+
+    chosen = list(PRESETS if presets is None else presets)
+    if not chosen:
+        raise ValueError("presets is empty: the page needs at least one example to show")
+    page = _asset("explorer.html")
+    # JS/CSS last: their text must not be searched for placeholders.
+    for key, value in (("GENERATOR", GENERATOR), ("VERSION", __version__),
+                       ("PRESETS", _json_for_script(chosen)),
+                       ("CSS", _asset("explorer.css")), ("JS", _asset("explorer.js"))):
+        page = page.replace("{{" + key + "}}", value)
+    return page
+
+
+def is_explorer_page(path: PathLike) -> bool:
+    """Whether ``path`` is a page written by :func:`write_explorer` (so it may be replaced)."""
+    return is_generated_by(path, GENERATOR)
+
+
+def write_explorer(path: PathLike = "contrastkit-explorer.html", *, force: bool = False) -> Path:
+    """Write the explorer page to ``path`` and return the path.
+
+    An existing file is replaced only if it is an explorer page written earlier, or with
+    ``force=True``; anything else raises ``FileExistsError``. The file is written atomically.
+    """
+    return write_page(path, explorer_html(), generator=GENERATOR, force=force)
+
+
+class _PageHandler(BaseHTTPRequestHandler):
+    """Serves the one page at ``/`` (and ``/index.html``); nothing else, no directory listing."""
+
+    page: bytes = b""
+    server_version = "contrastkit"
+    sys_version = ""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self._respond(send_body=True)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._respond(send_body=False)
+
+    def _respond(self, send_body: bool) -> None:
+        route = self.path.split("?", 1)[0].split("#", 1)[0]
+        if route in ("/", "/index.html"):
+            body, status, kind = self.page, 200, "text/html; charset=utf-8"
+        else:
+            body, status, kind = b"not found\n", 404, "text/plain; charset=utf-8"
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep the terminal quiet
+        pass
+
+
+class ExplorerServer:
+    """The explorer page over HTTP on ``127.0.0.1`` only.
+
+    ``port=0`` picks a free port; :attr:`url` is where the page is. Use :meth:`serve_for`
+    (blocking, stops after ``seconds``) or :meth:`start` / :meth:`stop` (a background thread).
+    """
+
+    host = "127.0.0.1"
+
+    def __init__(self, port: int = 0) -> None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
+        handler = type("ExplorerPageHandler", (_PageHandler,), {"page": explorer_html().encode("utf-8")})
+        try:
+            self._httpd = ThreadingHTTPServer((self.host, port), handler)
+        except OSError as err:
+            raise ValueError(f"cannot serve on {self.host}:{port}: {err.strerror or err}") from None
+        self._httpd.daemon_threads = True
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/"
+
+    def start(self) -> "ExplorerServer":
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="contrastkit-explorer", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_for(self, seconds: float) -> None:
+        """Serve until ``seconds`` have passed (or KeyboardInterrupt), then close."""
+        self.start()
+        try:
+            assert self._thread is not None
+            self._thread.join(timeout=seconds)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._httpd.server_close()
+
+    def __enter__(self) -> "ExplorerServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

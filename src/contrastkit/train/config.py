@@ -1,0 +1,214 @@
+"""The resolved configuration of a pretraining run (what ``OUT/config.json`` holds)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, Optional
+
+__all__ = ["PretrainConfig", "METHODS", "OPTIMIZERS", "DEFAULT_TEMPERATURE", "RESUME_MAY_CHANGE"]
+
+METHODS = ("simclr", "moco", "supcon", "dcl", "simple", "hard_negative", "convirt")
+OPTIMIZERS = ("adamw", "sgd")
+VIEW_MODES = ("augment", "A", "B")
+ENCODER_NAMES = ("small", "resnet18")
+
+# Per-method temperature defaults: MoCo v2's 0.2, SupCon's 0.1 (Khosla et al.); SimCLR and DCL
+# use 0.2 too (SimCLR's CIFAR-10 runs used 0.5; on glyphlab 0.2 and 0.5 read out the same,
+# docs/pretrain.md).
+DEFAULT_TEMPERATURE = {"simclr": 0.2, "moco": 0.2, "supcon": 0.1, "dcl": 0.2, "hard_negative": 0.2,
+                       "simple": 1.0,  # the simple loss has no temperature (reported only)
+                       "convirt": 0.1}  # ConVIRT's tau (SPEC section 3)
+DEFAULT_LR = {"adamw": 2e-3, "sgd": 0.1}
+# convirt (image-text pairs, SPEC section 3): ConVIRT's lambda and joint-space size d.
+# Text encoder "mean" (pooled word embeddings): on glyphlab-text it retrieved as well as the
+# 2-layer transformer after the same number of steps, at about a quarter of the CPU time per step.
+CONVIRT_DEFAULTS = {"weight": 0.75, "projection_dim": 512, "text_encoder": "mean"}
+TEXT_ENCODER_NAMES = ("transformer", "mean")
+DEFAULT_WEIGHT_DECAY = {"adamw": 1e-4, "sgd": 5e-4}
+
+# Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
+# stretches the cosine schedule from the resumed step on.
+# ``threads`` and ``device`` may change too, at the price of bit-exactness (reduction order).
+RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every"})
+
+
+def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value}")
+    return value
+
+
+def _resolve_schedule(c: "PretrainConfig") -> None:
+    """Validate ``temperature_schedule``; ``learnable`` and ``learnable_temperature`` agree."""
+    from contrastkit.temperature import parse_schedule
+
+    schedule = parse_schedule(c.temperature_schedule, c.temperature)
+    if c.learnable_temperature and schedule.kind not in ("constant", "learnable"):
+        raise ValueError(f"a learnable temperature cannot follow the schedule {c.temperature_schedule!r}")
+    if schedule.kind == "learnable" or c.learnable_temperature:
+        c.learnable_temperature = True
+        c.temperature_schedule = "learnable"
+    elif schedule.lowest < 0.01:
+        # The model's Temperature caps 1 / tau at 100; a lower tau would be silently raised.
+        raise ValueError(f"temperature schedule {c.temperature_schedule!r} goes down to {schedule.lowest}, "
+                         "below the supported minimum 0.01")
+    elif schedule.kind == "constant":
+        c.temperature_schedule = "constant"
+    # ``temperature`` is the tau the model starts with (a schedule's first value).
+    c.temperature = schedule.initial if schedule.kind == "learnable" else schedule.value(0, 1)
+
+
+@dataclass
+class PretrainConfig:
+    """Everything that determines a pretraining run. ``None`` fields get method/optimizer
+    defaults in :meth:`resolved`; the resolved config is what gets saved and compared."""
+
+    data: str = "glyphlab"
+    data_options: Dict[str, Any] = field(default_factory=dict)
+    method: str = "simclr"
+    encoder: str = "small"
+    views: str = "augment"
+    view_strength: Optional[float] = None  # make_views strength; None: its per-mode default
+    temperature: Optional[float] = None
+    learnable_temperature: bool = False
+    temperature_schedule: str = "constant"  # contrastkit.temperature.parse_schedule form
+    epochs: int = 60
+    batch_size: int = 60             # divides glyphlab's 120 training scenes (the last partial batch is dropped)
+    optimizer: str = "adamw"
+    lr: Optional[float] = None
+    weight_decay: Optional[float] = None
+    warmup_fraction: float = 0.05
+    momentum: float = 0.99          # MoCo key-encoder momentum
+    queue_size: Optional[int] = None  # MoCo queue length (a multiple of batch_size)
+    projection_dim: Optional[int] = None  # None: 64, convirt 512
+    weight: Optional[float] = None        # convirt's lambda on image->text (None: 0.75)
+    text_encoder: Optional[str] = None    # convirt's text encoder (None: mean)
+    seed: int = 0
+    device: str = "auto"
+    threads: int = 1                # CPU threads (0: torch's default); see setup.limit_threads
+    log_every: int = 10             # steps between step records / progress updates
+    eval_every: int = 0             # epochs between val kNN checks (0: never)
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    out: str = os.path.join("runs", "pretrain")
+
+    def resolved(self) -> "PretrainConfig":
+        """A validated copy with every default filled in (queue size needs the data: see
+        :meth:`with_queue`)."""
+        c = PretrainConfig(**asdict(self))
+        if c.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {c.method!r}")
+        if c.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {c.optimizer!r}")
+        if c.encoder not in ENCODER_NAMES:
+            raise ValueError(f"encoder must be one of {ENCODER_NAMES}, got {c.encoder!r}")
+        if c.method == "convirt":
+            _resolve_convirt(c)
+        elif c.weight is not None or c.text_encoder is not None:
+            raise ValueError(f"weight and text_encoder apply to method convirt only, not {c.method!r}")
+        elif c.views not in VIEW_MODES:
+            raise ValueError(f"views must be one of {VIEW_MODES}, got {c.views!r}")
+        if c.view_strength is not None:
+            c.view_strength = _positive_float(c.view_strength, "view_strength", allow_zero=True)
+        if not isinstance(c.data, str) or not c.data:
+            raise ValueError(f"data must be 'glyphlab', 'digits' or a path, got {c.data!r}")
+        if c.data not in ("glyphlab", "digits") and os.path.exists(c.data):
+            c.data = os.path.abspath(c.data)  # so `contrastkit probe` works from any folder
+        if not isinstance(c.data_options, dict):
+            raise TypeError(f"data_options must be a dict, got {type(c.data_options).__name__}")
+        c.temperature = _positive_float(
+            DEFAULT_TEMPERATURE[c.method] if c.temperature is None else c.temperature, "temperature")
+        _resolve_schedule(c)
+        if c.learnable_temperature and c.temperature < 0.01:
+            raise ValueError(f"a learnable temperature must start at >= 0.01, got {c.temperature}")
+        c.learnable_temperature = bool(c.learnable_temperature)
+        _positive_int(c.epochs, "epochs")
+        _positive_int(c.batch_size, "batch_size", 2)
+        c.lr = _positive_float(DEFAULT_LR[c.optimizer] if c.lr is None else c.lr, "lr")
+        c.weight_decay = _positive_float(
+            DEFAULT_WEIGHT_DECAY[c.optimizer] if c.weight_decay is None else c.weight_decay,
+            "weight_decay", allow_zero=True)
+        c.warmup_fraction = _positive_float(c.warmup_fraction, "warmup_fraction", allow_zero=True)
+        if c.warmup_fraction >= 1:
+            raise ValueError(f"warmup_fraction must be < 1, got {c.warmup_fraction}")
+        c.momentum = _positive_float(c.momentum, "momentum", allow_zero=True)
+        if c.momentum >= 1:
+            raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
+        if c.queue_size is not None:
+            _positive_int(c.queue_size, "queue_size")
+        c.projection_dim = _positive_int(64 if c.projection_dim is None else c.projection_dim, "projection_dim")
+        if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
+        _positive_int(c.threads, "threads", 0)
+        _positive_int(c.log_every, "log_every")
+        _positive_int(c.eval_every, "eval_every", 0)
+        _positive_int(c.knn_k, "knn_k")
+        c.knn_temperature = _positive_float(c.knn_temperature, "knn_temperature")
+        return c
+
+    @property
+    def paired(self) -> bool:
+        """Whether the run trains on image-text pairs (``method == "convirt"``)."""
+        return self.method == "convirt"
+
+    def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
+        """Fill in the MoCo queue size (a multiple of the effective batch size).
+
+        Default: up to 16 batches, but fewer than the training set holds, so that the queue
+        does not mostly hold older keys of the very images in the batch.
+        """
+        c = PretrainConfig(**asdict(self))
+        if c.method != "moco":
+            c.queue_size = None
+            return c
+        if c.queue_size is None:
+            c.queue_size = batch_size * max(1, min(16, train_size // batch_size - 1))
+        elif c.queue_size % batch_size:
+            raise ValueError(f"queue_size ({c.queue_size}) must be a multiple of the batch size ({batch_size})")
+        return c
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "PretrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown configuration keys {unknown}")
+        return cls(**data)
+
+
+def _resolve_convirt(c: PretrainConfig) -> None:
+    """convirt's own options: paired data, no view modes (a batch is images and their texts)."""
+    from contrastkit.data.paired import PAIRED_BUILTIN
+
+    if c.views not in ("augment", "paired"):
+        raise ValueError(f"convirt pairs each image with its text; views {c.views!r} does not apply")
+    c.views = "paired"
+    if c.view_strength is not None:
+        raise ValueError("convirt uses no augmentation (crops and flips would falsify the texts); "
+                         "view_strength does not apply")
+    if isinstance(c.data, str) and c.data.lower() not in PAIRED_BUILTIN and not c.data.lower().endswith(".csv"):
+        raise ValueError(f"convirt needs paired data: {', '.join(PAIRED_BUILTIN)} or a .csv of image,text "
+                         f"rows, got {c.data!r}")
+    c.weight = CONVIRT_DEFAULTS["weight"] if c.weight is None else c.weight
+    if isinstance(c.weight, bool) or not isinstance(c.weight, (int, float)) or not (0.0 <= float(c.weight) <= 1.0):
+        raise ValueError(f"weight (lambda) must be a number in [0, 1], got {c.weight!r}")
+    c.weight = float(c.weight)
+    c.text_encoder = CONVIRT_DEFAULTS["text_encoder"] if c.text_encoder is None else c.text_encoder
+    if c.text_encoder not in TEXT_ENCODER_NAMES:
+        raise ValueError(f"text_encoder must be one of {TEXT_ENCODER_NAMES}, got {c.text_encoder!r}")
+    if c.projection_dim is None:
+        c.projection_dim = CONVIRT_DEFAULTS["projection_dim"]

@@ -1,0 +1,266 @@
+"""ConVIRT (Zhang et al. 2020; SPEC section 3): an image encoder and a text encoder trained on
+paired data with InfoNCE in both directions, weighted by ``lambda`` (image->text) and
+``1 - lambda`` (text->image): :func:`contrastkit.losses.bidirectional_info_nce`.
+
+Pieces used by the pretraining loop for ``method="convirt"``:
+
+* :class:`ConvirtModel` -- image encoder (the pipeline's) + :class:`~contrastkit.models.text.TextEncoder`,
+  a projection head to the joint space ``d`` on each side, a fixed or learnable temperature;
+  ``loss(images, (ids, mask))``.
+* :class:`PairedBatches` -- the "view maker" of paired data: for a batch of pair indices, the
+  images (a random noise realisation when the data have them; no crops or flips, which would
+  make position and orientation statements in the texts false) and the token ids of the texts.
+* :func:`evaluate_convirt` -- held-out retrieval (image->text, text->image Recall@1/5/10 with
+  chance level) and zero-shot classification from class prompts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from contrastkit import losses
+from contrastkit.losses._checks import check_probability
+from contrastkit.models import ProjectionHead, build_encoder
+from contrastkit.models.text import TextEncoder, WordTokenizer
+
+__all__ = ["ConvirtModel", "PairedBatches", "build_tokenizer", "run_tokenizer", "encode_pairs",
+           "evaluate_convirt", "val_retrieval", "fact_ceiling", "TOKENIZER_FILE",
+           "DEFAULT_WEIGHT", "DEFAULT_TEMPERATURE", "DEFAULT_DIM"]
+
+#: The run folder's tokenizer file.
+TOKENIZER_FILE = "tokenizer.json"
+
+#: SPEC section 3: ConVIRT's lambda, tau and joint-space size.
+DEFAULT_WEIGHT, DEFAULT_TEMPERATURE, DEFAULT_DIM = 0.75, 0.1, 512
+
+
+def build_tokenizer(dataset: Any) -> WordTokenizer:
+    """The word tokenizer of ``dataset.train.texts`` (deterministic: the same texts give the
+    same vocabulary), so rebuilding it for a baseline or a resumed run gives the same ids."""
+    return WordTokenizer.build(dataset.train.texts)
+
+
+def run_tokenizer(dataset: Any, out: str, resume: bool) -> WordTokenizer:
+    """The run's tokenizer (the loop writes it to ``out/tokenizer.json``); on resume, the stored
+    one, which must equal the one the training texts give, else the data changed under the run."""
+    path = os.path.join(out, TOKENIZER_FILE)
+    built = build_tokenizer(dataset)
+    if resume and os.path.isfile(path):
+        stored = WordTokenizer.load(path)
+        if stored.to_dict() != built.to_dict():
+            raise ValueError(f"{path} differs from the tokenizer of the training texts: the data changed "
+                             "since the run started; start over with --force")
+        return stored
+    return built
+
+
+def load_run_tokenizer(run_dir: str) -> WordTokenizer:
+    """The tokenizer a convirt run saved in ``run_dir``."""
+    return WordTokenizer.load(os.path.join(run_dir, TOKENIZER_FILE))
+
+
+class ConvirtModel(nn.Module):
+    """Images -> ``encoder`` -> ``h_v`` -> ``image_head`` -> ``v``; texts -> ``text_encoder`` ->
+    ``h_u`` -> ``text_head`` -> ``u``; loss ``bidirectional_info_nce(v, u, tau, weight)``.
+
+    Args:
+        encoder: the pipeline's image encoder name (``"small"``, ``"resnet18"``).
+        in_channels: image channels.
+        tokenizer: the text tokenizer (its size fixes the embedding table).
+        temperature: initial ``tau`` (ConVIRT 0.1); ``learnable_temperature`` trains it.
+        weight: ``lambda`` on the image->text direction (ConVIRT 0.75).
+        projection_dim: ``d`` of the joint space (ConVIRT 512).
+        text_encoder: ``"transformer"`` or ``"mean"`` (see :class:`TextEncoder`).
+        text_width: the text encoder's width.
+
+    ``encoder`` / ``embed`` are the image side evaluated by the linear probe, like the other
+    methods' models.
+    """
+
+    def __init__(self, encoder: str, in_channels: int, tokenizer: WordTokenizer, *,
+                 temperature: float = DEFAULT_TEMPERATURE, learnable_temperature: bool = False,
+                 weight: float = DEFAULT_WEIGHT, projection_dim: int = DEFAULT_DIM,
+                 text_encoder: str = "mean", text_width: int = 128) -> None:
+        super().__init__()
+        self.method = "convirt"
+        self.weight = float(check_probability(weight, "weight"))
+        self.tokenizer = tokenizer
+        self.encoder = build_encoder(encoder, in_channels)
+        self.text_encoder = TextEncoder(len(tokenizer), width=text_width, kind=text_encoder,
+                                        max_length=tokenizer.max_length)
+        self.image_head = ProjectionHead(self.encoder.out_dim, hidden_dim=self.encoder.out_dim,
+                                         out_dim=projection_dim)
+        self.text_head = ProjectionHead(text_width, hidden_dim=text_width, out_dim=projection_dim)
+        self.temperature = losses.Temperature(temperature, learnable=learnable_temperature)
+        # Set by the training loop under torchrun; convirt has no cross-rank form yet.
+        self.distributed = False
+
+    def embed(self, images: Tensor) -> Tensor:
+        """``(N, C, H, W)`` -> ``h`` ``(N, encoder.out_dim)`` (what the probe reads)."""
+        return self.encoder(images)
+
+    def image_embeddings(self, images: Tensor) -> Tensor:
+        """``(N, C, H, W)`` -> ``v`` ``(N, d)`` (not normalised)."""
+        return self.image_head(self.encoder(images))
+
+    def text_embeddings(self, ids: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """``(N, L)`` token ids (+ mask of real tokens) -> ``u`` ``(N, d)`` (not normalised)."""
+        return self.text_head(self.text_encoder(ids, mask))
+
+    def loss(self, images: Tensor, tokens: Tuple[Tensor, Tensor], labels: Optional[Tensor] = None) -> Tensor:
+        """Mean ConVIRT loss over the ``N`` pairs of the batch: ``images`` ``(N, C, H, W)`` and
+        ``tokens = (ids, mask)`` ``(N, L)``, row ``i`` of each forming pair ``i``. ``labels``
+        are ignored (pairs, not classes, define the positives)."""
+        if self.distributed:
+            raise ValueError("method 'convirt' has no cross-rank form yet; run it without torchrun")
+        ids, mask = tokens
+        v = self.image_embeddings(images)
+        u = self.text_embeddings(ids, mask)
+        return losses.bidirectional_info_nce(v, u, temperature=self.temperature, weight=self.weight)
+
+
+class PairedBatches:
+    """Batches of paired data for the training loop: ``batches(split, indices)`` ->
+    ``(images (b, C, H, W), (ids (b, L), mask (b, L)))`` on ``device``.
+
+    Images: when the split has noise realisations, each pair draws one at random (torch's
+    global generator, so a checkpointed RNG state reproduces it); otherwise the canonical
+    image. Texts are tokenised once per split and cached.
+    """
+
+    def __init__(self, tokenizer: WordTokenizer, device: torch.device) -> None:
+        self.tokenizer = tokenizer
+        self.device = device
+        self._cache: Dict[int, Tuple[Any, Tensor, Tensor]] = {}
+
+    def _tokens(self, split: Any) -> Tuple[Tensor, Tensor]:
+        key = id(split)
+        if key not in self._cache or self._cache[key][0] is not split:
+            ids, mask = self.tokenizer.encode(split.texts)
+            self._cache[key] = (split, ids.to(self.device), mask.to(self.device))
+        return self._cache[key][1], self._cache[key][2]
+
+    def __call__(self, split: Any, indices: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        ids, mask = self._tokens(split)
+        if getattr(split, "realisations", None) is not None:
+            which = torch.randint(0, split.realisations.shape[1], (indices.shape[0],))
+            images = split.realisations[indices, which]
+        else:
+            images = split.images[indices]
+        on = indices.to(self.device)
+        batch_ids, batch_mask = ids[on], mask[on]
+        width = max(1, int(batch_mask.sum(1).max()))  # trim padding columns nobody uses
+        return images.to(self.device), (batch_ids[:, :width], batch_mask[:, :width])
+
+
+@torch.no_grad()
+def encode_texts(model: ConvirtModel, texts: List[str], device: torch.device, batch_size: int = 256) -> np.ndarray:
+    """``u`` of ``texts`` in eval mode: ``(n, d)`` float64."""
+    was_training = model.training
+    model.eval()
+    try:
+        chunks = []
+        for i in range(0, len(texts), batch_size):
+            ids, mask = model.tokenizer.encode(texts[i:i + batch_size])
+            chunks.append(model.text_embeddings(ids.to(device), mask.to(device)).double().cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(chunks).numpy()
+
+
+@torch.no_grad()
+def encode_images(model: ConvirtModel, images: Tensor, device: torch.device, batch_size: int = 256) -> np.ndarray:
+    """``v`` of ``images`` ``(n, C, H, W)`` in eval mode: ``(n, d)`` float64."""
+    was_training = model.training
+    model.eval()
+    try:
+        chunks = [model.image_embeddings(images[i:i + batch_size].to(device)).double().cpu()
+                  for i in range(0, images.shape[0], batch_size)]
+    finally:
+        model.train(was_training)
+    return torch.cat(chunks).numpy()
+
+
+def encode_pairs(model: ConvirtModel, split: Any, device: torch.device) -> Tuple[np.ndarray, np.ndarray]:
+    """``(v, u)``: joint-space embeddings ``(n, d)`` of a split's canonical images and texts."""
+    return encode_images(model, split.images, device), encode_texts(model, split.texts, device)
+
+
+def fact_ceiling(facts: List[Dict[str, Any]], ks: Tuple[int, ...] = (1, 5, 10)) -> Dict[str, float]:
+    """Recall@K of an ideal model that knows every fact and nothing else: pairs stating the
+    same facts are indistinguishable to it, so with ``m`` pairs sharing pair ``i``'s facts the
+    partner's expected Recall@K is ``min(1, K / m)`` (the retrieval tie rule). The instance-level
+    retrieval numbers of glyphlab-text are bounded by this."""
+    keys = [tuple(sorted(f.items())) for f in facts]
+    counts: Dict[Any, int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return {f"fact_ceiling_recall@{k}": float(np.mean([min(1.0, k / counts[key]) for key in keys])) for k in ks}
+
+
+def val_retrieval(model: ConvirtModel, dataset: Any, device: torch.device) -> Dict[str, float]:
+    """Image->text and text->image Recall@1 on the val pairs (for model selection / logs)."""
+    from contrastkit.metrics.retrieval import retrieval_metrics
+
+    val = retrieval_metrics(*encode_pairs(model, dataset.val, device), ks=(1,))
+    return {"val_retrieval_i2t_recall@1": val["i2t_recall@1"], "val_retrieval_t2i_recall@1": val["t2i_recall@1"]}
+
+
+def evaluate_convirt(model: ConvirtModel, dataset: Any, device: torch.device,
+                     ks: Tuple[int, ...] = (1, 5, 10)) -> Dict[str, Any]:
+    """Held-out read-outs of a ConVIRT model, flat keys for ``summary.json``.
+
+    * ``retrieval_*``: :func:`contrastkit.metrics.retrieval.retrieval_metrics` on the test
+      pairs (``i2t_recall@K``, ``t2i_recall@K``, ``chance_recall@K``, mean ranks, ``pairs``),
+      ``fact_ceiling_recall@K`` when the split records its facts (:func:`fact_ceiling`),
+      and ``val_retrieval_i2t_recall@1`` / ``val_retrieval_t2i_recall@1``.
+    * ``zero_shot_accuracy`` on the test images from ``dataset.class_prompts`` (class
+      embedding = mean of its prompts' normalised text embeddings), with
+      ``zero_shot_chance`` = 1 / classes, ``zero_shot_majority`` = the most frequent test
+      class's share and ``zero_shot_prompt_unknown_fraction`` = share of prompt tokens unseen
+      in training (``<unk>``). Absent when the data carry no labels or prompts.
+    """
+    from contrastkit.metrics.retrieval import class_embeddings, retrieval_metrics, zero_shot_accuracy
+
+    v, u = encode_pairs(model, dataset.test, device)
+    out: Dict[str, Any] = {f"retrieval_{k}": value for k, value in retrieval_metrics(v, u, ks).items()}
+    if getattr(dataset.test, "facts", None) is not None:
+        out.update({f"retrieval_{k}": value for k, value in fact_ceiling(dataset.test.facts, ks).items()})
+    out.update(val_retrieval(model, dataset, device))
+    prompts = getattr(dataset, "class_prompts", {}) or {}
+    if dataset.class_names and all(name in prompts and prompts[name] for name in dataset.class_names):
+        texts, classes = [], []
+        for c, name in enumerate(dataset.class_names):
+            texts += prompts[name]
+            classes += [c] * len(prompts[name])
+        centres = class_embeddings(encode_texts(model, texts, device), np.asarray(classes), len(dataset.class_names))
+        labels = dataset.test.labels.cpu().numpy()
+        out["zero_shot_accuracy"] = zero_shot_accuracy(v, centres, labels)
+        out["zero_shot_chance"] = 1.0 / len(dataset.class_names)
+        out["zero_shot_majority"] = float(np.bincount(labels, minlength=len(dataset.class_names)).max() / len(labels))
+        out["zero_shot_prompt_unknown_fraction"] = model.tokenizer.unknown_fraction(texts)
+    return out
+
+
+def retrieval_table(summary: Dict[str, Any]) -> Any:
+    """A rich table of a convirt summary's retrieval and zero-shot numbers."""
+    from rich.table import Table
+
+    ks = sorted(int(key.split("@")[1]) for key in summary if key.startswith("retrieval_i2t_recall@"))
+    table = Table(title=f"held-out retrieval ({summary.get('retrieval_pairs')} test pairs)")
+    for column in ["read-out"] + [f"R@{k}" for k in ks]:
+        table.add_column(column, justify="left" if column == "read-out" else "right")
+    rows = [("image -> text", "retrieval_i2t_recall@"), ("text -> image", "retrieval_t2i_recall@"),
+            ("chance", "retrieval_chance_recall@"), ("fact ceiling", "retrieval_fact_ceiling_recall@")]
+    for name, prefix in rows:
+        if f"{prefix}{ks[0]}" in summary:
+            table.add_row(name, *(f"{summary[f'{prefix}{k}']:.3f}" for k in ks))
+    if "zero_shot_accuracy" in summary:
+        table.caption = (f"zero-shot accuracy {summary['zero_shot_accuracy']:.3f} "
+                         f"(chance {summary['zero_shot_chance']:.3f}, majority {summary['zero_shot_majority']:.3f})")
+    return table

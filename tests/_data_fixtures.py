@@ -1,0 +1,86 @@
+"""Writers of small data fixtures in real file formats (idx, CIFAR pickles, PNG), for the data tests."""
+
+import gzip
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+
+def unique_images(n, c, h, w, seed):
+    """uint8 images whose first pixel encodes the index, so samples can be traced through splits."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(n, c, h, w), dtype=np.uint8)
+    x[:, 0, 0, 0] = np.arange(n) % 256
+    x[:, 0, 0, 1] = np.arange(n) // 256
+    return x
+
+
+def ids_of(images):
+    """Recover the index encoded by unique_images from float images."""
+    px = (images[:, 0, 0, :2] * 255).round().long()
+    return (px[:, 0] + 256 * px[:, 1]).tolist()
+
+
+def write_idx(path, array, gz=False):
+    array = np.asarray(array, dtype=np.uint8)
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+    data = header + array.tobytes()
+    if gz:
+        with gzip.open(str(path) + ".gz", "wb") as f:
+            f.write(data)
+    else:
+        Path(path).write_bytes(data)
+
+
+def write_mnist(folder, n_train=40, n_test=20, gz=False, seed=0):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    xtr = unique_images(n_train, 1, 28, 28, seed)[:, 0]
+    xte = unique_images(n_test, 1, 28, 28, seed + 1)[:, 0]
+    ytr, yte = np.arange(n_train) % 10, rng.integers(0, 10, n_test)
+    write_idx(folder / "train-images-idx3-ubyte", xtr, gz)
+    write_idx(folder / "train-labels-idx1-ubyte", ytr, gz)
+    write_idx(folder / "t10k-images-idx3-ubyte", xte, gz)
+    write_idx(folder / "t10k-labels-idx1-ubyte", yte, gz)
+    return xtr, ytr, xte, yte
+
+
+def write_cifar(folder, per_batch=6, n_test=8, meta=True):
+    folder.mkdir(parents=True, exist_ok=True)
+    xs, ys = [], []
+    for b in range(1, 6):
+        x = unique_images(per_batch, 3, 32, 32, b)
+        x[:, 0, 0, 0] = np.arange(per_batch) + per_batch * (b - 1)  # unique over all batches
+        y = [(i + b) % 10 for i in range(per_batch)]
+        with open(folder / f"data_batch_{b}", "wb") as f:
+            pickle.dump({b"batch_label": b"x", b"data": x.reshape(per_batch, -1), b"labels": y}, f, protocol=2)
+        xs.append(x)
+        ys.extend(y)
+    xte = unique_images(n_test, 3, 32, 32, 99)
+    yte = [i % 10 for i in range(n_test)]
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump({b"data": xte.reshape(n_test, -1), b"labels": yte}, f, protocol=2)
+    if meta:
+        names = [f"class{i}".encode() for i in range(10)]
+        with open(folder / "batches.meta", "wb") as f:
+            pickle.dump({b"label_names": names, b"num_cases_per_batch": per_batch}, f, protocol=2)
+    return np.concatenate(xs), np.array(ys), xte, np.array(yte)
+
+
+def write_image_folder(root, classes=("cat", "dog", "eel"), per_class=10, mode="L", sizes=((12, 10),)):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    written = {}
+    for ci, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            h, w = sizes[i % len(sizes)]
+            shape = (h, w) if mode == "L" else (h, w, 3)
+            arr = rng.integers(0, 256, size=shape, dtype=np.uint8)
+            path = root / name / f"img_{i:03d}.png"
+            Image.fromarray(arr, mode=mode).save(path)
+            written[path] = (arr, ci)
+    return written

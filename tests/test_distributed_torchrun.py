@@ -1,0 +1,96 @@
+"""``torchrun --nproc-per-node 2 -m contrastkit pretrain`` on a tiny data set (gloo, CPU).
+
+Each launch starts two fresh interpreters and trains and evaluates a model, which takes a
+while on a small machine: the end-to-end test is marked slow (run with --runslow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import contrastkit
+from contrastkit.train.parallel import Parallel, setup
+
+TINY = ["--data", "glyphlab", "--data-option", "train_scenes=16", "--data-option", "val_scenes=9",
+        "--data-option", "test_scenes=12", "--data-option", "size=28", "--batch-size", "8", "--device", "cpu",
+        "--log-every", "1", "--quiet", "--json"]
+
+
+def torchrun(*args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(contrastkit.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    # --standalone: a local rendezvous on a free port (no fixed port).
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "contrastkit", "pretrain", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _summary(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    start = result.stdout.index("{")
+    return json.loads(result.stdout[start:result.stdout.rindex("}") + 1])  # printed by rank 0 only
+
+
+def _records(out):
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def _checkpoint(out):
+    return torch.load(os.path.join(out, "checkpoints", "last.pt"), map_location="cpu", weights_only=False)
+
+
+@pytest.mark.slow
+def test_two_process_torchrun_pretrain_writes_one_run_folder_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    summary = _summary(torchrun(*TINY, "--method", "simclr", "--epochs", "1", "--out", str(out)))
+    assert summary["epochs"] == 1 and summary["method"] == "simclr"
+    # One run folder, written by rank 0 alone: no per-rank files, no duplicated records.
+    assert sorted(os.listdir(out)) == ["checkpoints", "config.json", "metrics.jsonl", "summary.json"]
+    assert os.listdir(out / "checkpoints") == ["last.pt"]
+    with open(out / "config.json", encoding="utf-8") as handle:
+        assert json.load(handle)["derived"]["world_size"] == 2
+    summary = _summary(torchrun("--resume", "--epochs", "2", "--quiet", "--json", "--out", str(out)))
+    assert summary["epochs"] == 2
+    records = _records(out)
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [1, 2]
+    steps = [r["step"] for r in records if r["kind"] == "step"]
+    assert steps == sorted(set(steps)) and len(steps) == records[-1]["step"]
+    checkpoint = _checkpoint(out)
+    assert checkpoint["world_size"] == 2 and len(checkpoint["rng_per_rank"]) == 2
+
+
+@pytest.mark.slow
+def test_resumed_data_parallel_run_ends_with_the_uninterrupted_weights(tmp_path):
+    import distributed_workers as W
+
+    options = dict(data="glyphlab", data_options={"train_scenes": 16, "val_scenes": 9, "test_scenes": 12,
+                                                  "size": 28},
+                   method="moco", epochs=2, batch_size=8, device="cpu", log_every=1)
+    straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")
+    results = W.spawn(W.pretrain_worker, 2, tmp_path, options, straight, interrupted)
+    assert results[0]["straight"]["epochs"] == 2 and results[1]["straight"] is None  # rank 0 reports
+    for r in results:
+        assert r["stopped"]
+        assert r["overwrite"] is not None and "not empty" in r["overwrite"]  # refused on every rank
+    assert results[0]["resumed"]["epochs"] == 2
+    a, b = _checkpoint(straight), _checkpoint(interrupted)
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert results[0]["resumed"]["final_loss"] == results[0]["straight"]["final_loss"]
+
+
+def test_without_torchrun_training_is_single_process(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    parallel = setup(torch.device("cpu"))
+    assert parallel == Parallel() and not parallel.active and parallel.is_main
+    assert parallel.gather_objects("x") == ["x"]
+    assert float(parallel.mean(torch.tensor(3.0))) == 3.0
+    assert parallel.run_on_main(lambda: 5) == 5
