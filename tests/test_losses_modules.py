@@ -49,7 +49,7 @@ def test_temperature_fixed_and_learnable():
     learnable = L.Temperature(learnable=True)
     assert learnable.value == pytest.approx(0.07, rel=1e-6)
     (param,) = learnable.parameters()
-    assert float(param) == pytest.approx(math.log(1 / 0.07), rel=1e-6)
+    assert float(param.detach()) == pytest.approx(math.log(1 / 0.07), rel=1e-6)
     # the scale 1/tau is clamped at 100
     with torch.no_grad():
         param.fill_(10.0)
