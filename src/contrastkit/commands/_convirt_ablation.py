@@ -13,14 +13,14 @@ Writes ``OUT/results.csv`` (one row per run), ``OUT/verdicts.json``, ``OUT/convi
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import statistics
 from typing import Any, Dict, List, Sequence, Tuple
 
 from contrastkit.commands._study import (FAILS, HOLDS, UNDECIDED, RunSpec, Verdict, format_verdicts,
-                                         parse_data_options, prepare_out, run_grid, spearman, write_json)
+                                         parse_data_options, prepare_out, run_grid, spearman, write_csv,
+                                         write_json)
 
 __all__ = ["ABLATION_DEFAULTS", "DEFAULT_WEIGHTS", "DEFAULT_TEMPERATURES", "ablation_rows", "ablation_verdicts",
            "ablation_table", "plot_ablation", "run_convirt_ablation", "run_from_args"]
@@ -255,12 +255,7 @@ def run_convirt_ablation(settings: Dict[str, Any], out: str, *, resume: bool = F
                      progress=progress, cell=lambda s: f"{s.get(f'retrieval_i2t_recall@{VERDICT_K}', float('nan')):.2f}"
                                                        f"/{s.get(f'retrieval_t2i_recall@{VERDICT_K}', float('nan')):.2f}")
     rows = ablation_rows(specs)
-    tmp = os.path.join(out, "results.csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, os.path.join(out, "results.csv"))
+    write_csv(os.path.join(out, "results.csv"), rows)
     verdicts = ablation_verdicts(rows)
     write_json(os.path.join(out, "verdicts.json"), [v.to_dict() for v in verdicts])
     plot = plot_ablation(rows, os.path.join(out, "convirt_ablation.png"))

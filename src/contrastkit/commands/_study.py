@@ -5,6 +5,7 @@ grid display, simple statistics and the verdict records the commands print.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -53,6 +54,16 @@ def write_json(path: str, data: Any) -> None:
     with open(tmp, "w", encoding="utf-8") as handle:
         json.dump(data, handle, indent=2, sort_keys=True)
         handle.write("\n")
+    os.replace(tmp, path)
+
+
+def write_csv(path: str, rows: List[Dict[str, Any]]) -> None:
+    """Write rows (dicts with the same keys) atomically as CSV with a header."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
     os.replace(tmp, path)
 
 

@@ -14,7 +14,6 @@ Writes ``OUT/results.csv`` (one row per run), ``OUT/verdicts.json``,
 
 from __future__ import annotations
 
-import csv
 import os
 from typing import Any, Callable, Dict, List, Sequence
 
@@ -29,6 +28,7 @@ from contrastkit.commands._study import (
     parse_data_options,
     prepare_out,
     run_grid,
+    write_csv,
     write_json,
 )
 
@@ -156,12 +156,7 @@ def run_positive_pairs(settings: Dict[str, Any], out: str, *, resume: bool = Fal
     specs = run_grid(_specs(settings), os.path.join(out, "runs"), title="positive pairs (SPEC F5)",
                      progress=progress, cell=lambda s: f"{s.get('probe_accuracy', float('nan')):.3f}")
     rows = results_rows(specs)
-    tmp = os.path.join(out, "results.csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, os.path.join(out, "results.csv"))
+    write_csv(os.path.join(out, "results.csv"), rows)
     verdicts = positive_pairs_verdicts(rows)
     write_json(os.path.join(out, "verdicts.json"), [v.to_dict() for v in verdicts])
     plot = plot_positive_pairs(rows, os.path.join(out, "positive_pairs.png"))

@@ -15,7 +15,6 @@ verdict per claim, computed from the results.
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import statistics
@@ -35,6 +34,7 @@ from contrastkit.commands._study import (
     prepare_out,
     run_grid,
     spearman,
+    write_csv,
     write_json,
 )
 
@@ -131,15 +131,6 @@ def sweep_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
                 row[f"{space}_top_negative_{k + 1}"] = profile[k] if k < len(profile) else ""
         rows.append(row)
     return rows
-
-
-def _write_csv(path: str, rows: List[Dict[str, Any]]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 def _number(value: Any) -> Optional[float]:
@@ -413,7 +404,7 @@ def run_sweep(settings: Dict[str, Any], out: str, *, resume: bool = False, force
     specs = run_grid(_specs(settings), os.path.join(out, "runs"), title="temperature sweep", progress=progress,
                      cell=lambda s: f"{s.get('probe_accuracy', float('nan')):.3f}")
     rows = sweep_rows(specs)
-    _write_csv(os.path.join(out, "sweep.csv"), rows)
+    write_csv(os.path.join(out, "sweep.csv"), rows)
     verdicts = sweep_verdicts(rows)
     write_json(os.path.join(out, "verdicts.json"), [v.to_dict() for v in verdicts])
     plots = plot_sweep(rows, out)

@@ -23,7 +23,6 @@ array constructors such files contain, so a crafted file cannot run code.
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import pickle
 import struct

@@ -15,7 +15,7 @@ import random
 import shutil
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from .setup import build_model, limit_threads, load_data, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
-OUTPUT_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints", "tokenizer.json")
+OUTPUT_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints", "tokenizer.json", "report.html")
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
