@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 
 # Keep the suite predictable on small CI machines.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -17,3 +18,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip_slow)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a shared, busy machine thread
+    contention makes kornia calls several times slower; restored after the module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

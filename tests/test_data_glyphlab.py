@@ -8,14 +8,7 @@ from contrastkit.data import Dataset, Split, load_dataset
 from contrastkit.data.glyphlab import CLASS_NAMES, clean_scenes
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a shared, busy machine
-    thread contention makes kornia calls several times slower; restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 
