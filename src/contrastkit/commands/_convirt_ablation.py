@@ -18,9 +18,9 @@ import os
 import statistics
 from typing import Any, Dict, List, Sequence, Tuple
 
+from contrastkit._io import write_csv, write_json
 from contrastkit.commands._study import (FAILS, HOLDS, UNDECIDED, RunSpec, Verdict, format_verdicts,
-                                         parse_data_options, prepare_out, run_grid, spearman, write_csv,
-                                         write_json)
+                                         parse_data_options, prepare_out, run_grid, spearman)
 
 __all__ = ["ABLATION_DEFAULTS", "DEFAULT_WEIGHTS", "DEFAULT_TEMPERATURES", "ablation_rows", "ablation_verdicts",
            "ablation_table", "plot_ablation", "run_convirt_ablation", "run_from_args"]

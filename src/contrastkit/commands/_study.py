@@ -5,15 +5,16 @@ grid display, simple statistics and the verdict records the commands print.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+from contrastkit._io import read_json as _read_json
+from contrastkit._io import remove_outputs, write_json
 
 __all__ = ["RunSpec", "Verdict", "parse_data_options", "prepare_out", "run_grid", "mean_std", "spearman",
            "write_json", "read_json", "format_verdicts", "add_common_arguments"]
@@ -49,30 +50,8 @@ def parse_data_options(items: Sequence[str]) -> Dict[str, Any]:
 
 # ------------------------------------------------------------------------------ files
 
-def write_json(path: str, data: Any) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, path)
-
-
-def write_csv(path: str, rows: List[Dict[str, Any]]) -> None:
-    """Write rows (dicts with the same keys) atomically as CSV with a header."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
-
-
 def read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); remove it or start over with --force") from None
+    return _read_json(path, hint="; remove it or start over with --force")
 
 
 def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], settings: Dict[str, Any],
@@ -102,12 +81,7 @@ def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], se
         if not force:
             raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the {command} "
                                   f"in it or --force to start over (deletes {', '.join(owned)})")
-        for name in owned:
-            path = os.path.join(out, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.remove(path)
+        remove_outputs(out, owned)
     os.makedirs(out, exist_ok=True)
     write_json(settings_path, settings)
 

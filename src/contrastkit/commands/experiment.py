@@ -18,6 +18,7 @@ import os
 from typing import Any, Callable, Dict, List, Sequence
 
 from contrastkit.commands._convirt_ablation import ABLATION_DEFAULTS
+from contrastkit._io import write_csv, write_json
 from contrastkit.commands._study import (
     RunSpec,
     Verdict,
@@ -28,8 +29,6 @@ from contrastkit.commands._study import (
     parse_data_options,
     prepare_out,
     run_grid,
-    write_csv,
-    write_json,
 )
 
 __all__ = ["add_arguments", "run", "EXPERIMENTS", "run_positive_pairs", "positive_pairs_verdicts",

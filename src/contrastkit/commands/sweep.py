@@ -20,6 +20,7 @@ import os
 import statistics
 from typing import Any, Dict, List, Optional, Sequence
 
+from contrastkit._io import write_csv, write_json
 from contrastkit.commands._study import (
     FAILS,
     HOLDS,
@@ -34,8 +35,6 @@ from contrastkit.commands._study import (
     prepare_out,
     run_grid,
     spearman,
-    write_csv,
-    write_json,
 )
 
 __all__ = ["add_arguments", "run", "run_sweep", "sweep_rows", "sweep_verdicts", "plot_sweep", "LOSSES"]

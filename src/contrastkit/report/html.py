@@ -27,6 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
+from contrastkit._io import read_json as _read_json
+
 from .document import Page, check_target, fmt, write_page
 
 __all__ = ["GENERATOR", "REPORT_NAME", "detect_kind", "report_html", "write_report", "report_after_run"]
@@ -66,14 +68,6 @@ REPRESENTATION_KEYS = (
 
 
 # --------------------------------------------------------------------------- reading
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON (line {err.lineno}: {err.msg})") from None
 
 
 def _read_metrics(path: Path) -> Tuple[List[Dict[str, Any]], int]:

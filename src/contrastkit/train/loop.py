@@ -12,7 +12,6 @@ import math
 import os
 import platform
 import random
-import shutil
 import sys
 import time
 from typing import Any, Callable, Dict, Optional
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from contrastkit import __version__
+from contrastkit._io import remove_outputs, write_json
 from contrastkit.temperature import parse_schedule
 
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -74,21 +74,8 @@ def _check_out(out: str, resume: bool, force: bool) -> None:
 def _prepare_out(out: str, resume: bool) -> None:
     """Once the run is set up: with --force delete the previous run's files (only those)."""
     if not resume:
-        for name in OUTPUT_FILES:
-            path = os.path.join(out, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.remove(path)
+        remove_outputs(out, OUTPUT_FILES)
     os.makedirs(os.path.join(out, "checkpoints"), exist_ok=True)
-
-
-def _write_json(path: str, data: Dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, path)
 
 
 def _truncate_metrics(path: str, epoch: int, step: int) -> None:
@@ -289,7 +276,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                "versions": {"contrastkit": __version__, "torch": torch.__version__,
                             "python": platform.python_version()}}
     if parallel.is_main:
-        _write_json(os.path.join(config.out, "config.json"), {"config": config.to_dict(), "derived": derived})
+        write_json(os.path.join(config.out, "config.json"), {"config": config.to_dict(), "derived": derived})
 
     show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
     bar = _Progress(show, total_steps, step)
@@ -399,7 +386,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                                 and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"])
         if baselines and "probe_accuracy" in numbers else None,
     }
-    _write_json(os.path.join(config.out, "summary.json"), summary)
+    write_json(os.path.join(config.out, "summary.json"), summary)
     parallel.barrier()
     parallel.teardown()
     return summary
