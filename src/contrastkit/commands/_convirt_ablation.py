@@ -18,6 +18,7 @@ import os
 import statistics
 from typing import Any, Dict, List, Sequence, Tuple
 
+from contrastkit import layout
 from contrastkit._io import write_csv, write_json
 from contrastkit.commands._study import (FAILS, HOLDS, UNDECIDED, RunSpec, Verdict, format_verdicts,
                                          parse_data_options, prepare_out, run_grid, spearman)
@@ -34,7 +35,7 @@ ABLATION_DEFAULTS = {"epochs": 10, "batch_size": 64, "seeds": 1}
 DEFAULT_DATA_OPTIONS = {"train_scenes": 400, "val_scenes": 100, "test_scenes": 300}
 #: The Recall@K the verdicts use (mean of the two directions).
 VERDICT_K = 5
-OWNED = ("runs", "results.csv", "experiment.json", "verdicts.json", "convirt_ablation.png")
+OWNED = (layout.RUNS, layout.EXPERIMENT_TABLE, layout.EXPERIMENT_SETTINGS, layout.VERDICTS, layout.CONVIRT_ABLATION_PLOT)
 _METRICS = ("i2t_recall@1", "i2t_recall@5", "i2t_recall@10", "t2i_recall@1", "t2i_recall@5", "t2i_recall@10")
 
 
@@ -249,16 +250,16 @@ def plot_ablation(rows: Sequence[Dict[str, Any]], path: str) -> str:
 def run_convirt_ablation(settings: Dict[str, Any], out: str, *, resume: bool = False, force: bool = False,
                          progress: bool = True) -> Dict[str, Any]:
     """Run the lambda x tau grid into ``out``; returns ``{"rows", "verdicts", "plot"}``."""
-    prepare_out(out, resume=resume, force=force, owned=OWNED, settings=settings, settings_file="experiment.json",
+    prepare_out(out, resume=resume, force=force, owned=OWNED, settings=settings, settings_file=layout.EXPERIMENT_SETTINGS,
                 command="convirt ablation")
-    specs = run_grid(_specs(settings), os.path.join(out, "runs"), title="ConVIRT lambda x tau",
+    specs = run_grid(_specs(settings), os.path.join(out, layout.RUNS), title="ConVIRT lambda x tau",
                      progress=progress, cell=lambda s: f"{s.get(f'retrieval_i2t_recall@{VERDICT_K}', float('nan')):.2f}"
                                                        f"/{s.get(f'retrieval_t2i_recall@{VERDICT_K}', float('nan')):.2f}")
     rows = ablation_rows(specs)
-    write_csv(os.path.join(out, "results.csv"), rows)
+    write_csv(os.path.join(out, layout.EXPERIMENT_TABLE), rows)
     verdicts = ablation_verdicts(rows)
-    write_json(os.path.join(out, "verdicts.json"), [v.to_dict() for v in verdicts])
-    plot = plot_ablation(rows, os.path.join(out, "convirt_ablation.png"))
+    write_json(os.path.join(out, layout.VERDICTS), [v.to_dict() for v in verdicts])
+    plot = plot_ablation(rows, os.path.join(out, layout.CONVIRT_ABLATION_PLOT))
     return {"rows": rows, "verdicts": verdicts, "plot": plot}
 
 
@@ -286,7 +287,7 @@ def run_from_args(args: Any) -> int:
                 "seeds": args.seeds, "weights": weights, "temperatures": taus, "epochs": args.epochs,
                 "batch_size": args.batch_size, "device": args.device,
                 "text_encoder": args.text_encoder or "mean"}
-    out = args.out or os.path.join("runs", f"experiment-{args.name}")
+    out = args.out or os.path.join(layout.DEFAULT_ROOT, f"experiment-{args.name}")
     result = run_convirt_ablation(settings, out, resume=args.resume, force=args.force,
                                   progress=not args.no_progress)
     print(ablation_table(result["rows"]))

@@ -13,6 +13,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
+from contrastkit import layout
 from contrastkit._io import read_json as _read_json
 from contrastkit._io import remove_outputs, write_json
 
@@ -104,11 +105,11 @@ def _execute(spec: RunSpec, run_dir: str, progress: bool) -> Dict[str, Any]:
     """Run (or finish, or reuse) one pretraining run in ``run_dir``."""
     from contrastkit.train import PretrainConfig, pretrain
 
-    summary_path = os.path.join(run_dir, "summary.json")
+    summary_path = layout.RunFolder(run_dir).summary
     if os.path.isfile(summary_path):
         return read_json(summary_path)
     config = PretrainConfig(**{**spec.config, "out": run_dir})
-    has_checkpoint = os.path.isfile(os.path.join(run_dir, "checkpoints", "last.pt"))
+    has_checkpoint = os.path.isfile(layout.RunFolder(run_dir).last_checkpoint)
     # A folder without a checkpoint holds an attempt cut off in its first epoch: ours to redo.
     return pretrain(config, resume=has_checkpoint, force=not has_checkpoint, progress=progress,
                     baselines=spec.baselines)
@@ -174,7 +175,7 @@ def run_grid(specs: List[RunSpec], runs_dir: str, *, title: str, progress: bool,
     try:
         for spec in specs:
             run_dir = os.path.join(runs_dir, spec.name)
-            reused = os.path.isfile(os.path.join(run_dir, "summary.json"))
+            reused = os.path.isfile(layout.RunFolder(run_dir).summary)
             display.update(spec, "running")
             spec.summary = _execute(spec, run_dir, progress=False)
             display.update(spec, "reused" if reused else "done", spec.summary)

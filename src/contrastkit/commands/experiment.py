@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List, Sequence
 
+from contrastkit import layout
 from contrastkit.commands._convirt_ablation import ABLATION_DEFAULTS
 from contrastkit._io import write_csv, write_json
 from contrastkit.commands._study import (
@@ -39,7 +40,7 @@ __all__ = ["add_arguments", "run", "EXPERIMENTS", "run_positive_pairs", "positiv
 DEFAULT_EPOCHS = 150
 DEFAULT_BATCH = 40
 PAIRS = {"A": "A: two noise realisations", "B": "B: second view rotated 90 deg"}
-OWNED = ("runs", "results.csv", "experiment.json", "verdicts.json", "positive_pairs.png")
+OWNED = (layout.RUNS, layout.EXPERIMENT_TABLE, layout.EXPERIMENT_SETTINGS, layout.VERDICTS, layout.POSITIVE_PAIRS_PLOT)
 
 
 def add_arguments(parser: Any) -> None:
@@ -150,15 +151,15 @@ def _table(rows: Sequence[Dict[str, Any]]) -> str:
 def run_positive_pairs(settings: Dict[str, Any], out: str, *, resume: bool = False, force: bool = False,
                        progress: bool = True) -> Dict[str, Any]:
     """Run SPEC §2 F5 into ``out``; returns ``{"rows", "verdicts", "plot"}``."""
-    prepare_out(out, resume=resume, force=force, owned=OWNED, settings=settings, settings_file="experiment.json",
+    prepare_out(out, resume=resume, force=force, owned=OWNED, settings=settings, settings_file=layout.EXPERIMENT_SETTINGS,
                 command="positive-pairs experiment")
-    specs = run_grid(_specs(settings), os.path.join(out, "runs"), title="positive pairs (SPEC F5)",
+    specs = run_grid(_specs(settings), os.path.join(out, layout.RUNS), title="positive pairs (SPEC F5)",
                      progress=progress, cell=lambda s: f"{s.get('probe_accuracy', float('nan')):.3f}")
     rows = results_rows(specs)
-    write_csv(os.path.join(out, "results.csv"), rows)
+    write_csv(os.path.join(out, layout.EXPERIMENT_TABLE), rows)
     verdicts = positive_pairs_verdicts(rows)
-    write_json(os.path.join(out, "verdicts.json"), [v.to_dict() for v in verdicts])
-    plot = plot_positive_pairs(rows, os.path.join(out, "positive_pairs.png"))
+    write_json(os.path.join(out, layout.VERDICTS), [v.to_dict() for v in verdicts])
+    plot = plot_positive_pairs(rows, os.path.join(out, layout.POSITIVE_PAIRS_PLOT))
     return {"rows": rows, "verdicts": verdicts, "plot": plot}
 
 
@@ -173,7 +174,7 @@ def _positive_pairs(args: Any) -> int:
     settings = {"data_options": parse_data_options(args.data_option), "seeds": args.seeds,
                 "temperature": DEFAULT_TEMPERATURE["simclr"] if args.temperature is None else args.temperature,
                 "epochs": args.epochs, "batch_size": args.batch_size, "device": args.device, "threads": args.threads}
-    out = args.out or os.path.join("runs", f"experiment-{args.name}")
+    out = args.out or os.path.join(layout.DEFAULT_ROOT, f"experiment-{args.name}")
     result = run_positive_pairs(settings, out, resume=args.resume, force=args.force,
                                 progress=not args.no_progress)
     print(_table(result["rows"]))

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any, Dict
 
+from contrastkit import layout
 from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, PretrainConfig
 
 # Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
@@ -97,7 +98,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
     base = PretrainConfig().to_dict()
     if args.resume:
         out = given.get("out", base["out"])
-        path = os.path.join(out, "config.json")
+        path = layout.RunFolder(out).config
         if os.path.isfile(path):
             try:
                 with open(path, encoding="utf-8") as handle:

@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 
+from contrastkit import layout
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Re-evaluate the encoder saved by `contrastkit pretrain` with the fixed read-out "
@@ -26,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     result = evaluate_run(args.run_dir, checkpoint=args.checkpoint, device=args.device,
                           baselines=not args.no_baselines, threads=args.threads)
     if args.save:
-        with open(os.path.join(args.run_dir, "probe.json"), "w", encoding="utf-8") as handle:
+        with open(layout.RunFolder(args.run_dir).probe, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=2, sort_keys=True)
             handle.write("\n")
     if args.json:

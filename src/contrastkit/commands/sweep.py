@@ -20,6 +20,7 @@ import os
 import statistics
 from typing import Any, Dict, List, Optional, Sequence
 
+from contrastkit import layout
 from contrastkit._io import write_csv, write_json
 from contrastkit.commands._study import (
     FAILS,
@@ -45,9 +46,8 @@ DEFAULT_TEMPERATURES = (0.05, 0.1, 0.2, 0.5, 1.0)
 DEFAULT_EPOCHS = 100
 DEFAULT_BATCH = 40
 LOSSES = {"nt_xent": "simclr", "hard_negative": "hard_negative", "simple": "simple"}
-PLOTS = ("accuracy_vs_tau.png", "uniformity_vs_tau.png", "tolerance_vs_tau.png", "uniformity_tolerance.png",
-         "similarity_profile.png")
-OWNED = ("runs", "sweep.csv", "sweep.json", "verdicts.json") + PLOTS
+PLOTS = layout.SWEEP_PLOTS
+OWNED = (layout.RUNS, layout.SWEEP_TABLE, layout.SWEEP_SETTINGS, layout.VERDICTS) + PLOTS
 METRIC_KEYS = ("alignment", "uniformity", "tolerance", "positive_similarity", "penalty_entropy",
                "penalty_entropy_max", "effective_rank")
 TOP_K = 10
@@ -58,7 +58,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--temperatures", default=",".join(f"{t:g}" for t in DEFAULT_TEMPERATURES),
                         help="comma-separated tau values (default %(default)s)")
     parser.add_argument("--seeds", type=int, default=3, help="runs per setting, seeds 0..N-1 (default 3)")
-    parser.add_argument("--out", default=os.path.join("runs", "sweep"), help="output folder (default runs/sweep)")
+    parser.add_argument("--out", default=os.path.join(layout.DEFAULT_ROOT, "sweep"), help="output folder (default runs/sweep)")
     parser.add_argument("--views", default="augment", choices=("augment", "A", "B"),
                         help="positive pairs (A/B need glyphlab; default augment)")
     parser.add_argument("--no-variants", action="store_true",
@@ -398,14 +398,14 @@ def run_sweep(settings: Dict[str, Any], out: str, *, resume: bool = False, force
     """Run the sweep described by ``settings`` into ``out`` (see :func:`add_arguments` for the
     keys: data, data_options, temperatures, seeds, views, epochs, batch_size, device,
     no_variants). Returns ``{"rows", "verdicts", "plots"}``."""
-    prepare_out(out, resume=resume, force=force, owned=OWNED, settings=settings, settings_file="sweep.json",
+    prepare_out(out, resume=resume, force=force, owned=OWNED, settings=settings, settings_file=layout.SWEEP_SETTINGS,
                 command="sweep")
-    specs = run_grid(_specs(settings), os.path.join(out, "runs"), title="temperature sweep", progress=progress,
+    specs = run_grid(_specs(settings), os.path.join(out, layout.RUNS), title="temperature sweep", progress=progress,
                      cell=lambda s: f"{s.get('probe_accuracy', float('nan')):.3f}")
     rows = sweep_rows(specs)
-    write_csv(os.path.join(out, "sweep.csv"), rows)
+    write_csv(os.path.join(out, layout.SWEEP_TABLE), rows)
     verdicts = sweep_verdicts(rows)
-    write_json(os.path.join(out, "verdicts.json"), [v.to_dict() for v in verdicts])
+    write_json(os.path.join(out, layout.VERDICTS), [v.to_dict() for v in verdicts])
     plots = plot_sweep(rows, out)
     return {"rows": rows, "verdicts": verdicts, "plots": plots}
 

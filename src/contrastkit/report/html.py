@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
+from contrastkit import layout
 from contrastkit._io import read_json as _read_json
 
 from .document import Page, check_target, fmt, write_page
@@ -36,8 +37,8 @@ __all__ = ["GENERATOR", "REPORT_NAME", "detect_kind", "report_html", "write_repo
 #: Marks a page as a contrastkit report, so a later report may replace it without ``--force``.
 GENERATOR = "contrastkit report"
 #: File name of a report written inside the folder it describes.
-REPORT_NAME = "report.html"
-RUN_FILES = ("summary.json", "metrics.jsonl", "config.json")
+REPORT_NAME = layout.REPORT
+RUN_FILES = layout.RUN_MARKERS
 MAX_TABLE_ROWS = 500
 MAX_IMAGE_BYTES = 8 * 1024 * 1024
 
@@ -45,12 +46,12 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 # Known plot files of a sweep / experiment, in display order, with what they show.
 PLOT_CAPTIONS = {
-    "accuracy_vs_tau.png": "Linear-probe accuracy against the temperature (mean ± std over seeds).",
-    "uniformity_vs_tau.png": "Uniformity of the embedding against the temperature (lower: more uniform).",
-    "tolerance_vs_tau.png": "Tolerance (mean similarity of same-class pairs) against the temperature.",
-    "uniformity_tolerance.png": "The uniformity-tolerance dilemma: each point is one setting.",
-    "similarity_profile.png": "Positive similarity against the 10 most similar negatives, per temperature.",
-    "positive_pairs.png": "Linear-probe accuracy per positive-pair definition and baseline (mean ± std over seeds).",
+    layout.ACCURACY_PLOT: "Linear-probe accuracy against the temperature (mean ± std over seeds).",
+    layout.UNIFORMITY_PLOT: "Uniformity of the embedding against the temperature (lower: more uniform).",
+    layout.TOLERANCE_PLOT: "Tolerance (mean similarity of same-class pairs) against the temperature.",
+    layout.UNIFORMITY_TOLERANCE_PLOT: "The uniformity-tolerance dilemma: each point is one setting.",
+    layout.SIMILARITY_PROFILE_PLOT: "Positive similarity against the 10 most similar negatives, per temperature.",
+    layout.POSITIVE_PAIRS_PLOT: "Linear-probe accuracy per positive-pair definition and baseline (mean ± std over seeds).",
 }
 GROUP_COLUMNS = ("setting", "loss", "method")  # a results table is summarised per value of the first present
 NOT_AGGREGATED = ("seed", "run", "tau")
@@ -135,11 +136,11 @@ def _folder(path: PathLike) -> Path:
 def detect_kind(path: PathLike) -> str:
     """``"run"``, ``"sweep"`` or ``"experiment"`` from the folder's files; ValueError if none."""
     folder = _folder(path)
-    if (folder / "sweep.csv").is_file():
+    if (folder / layout.SWEEP_TABLE).is_file():
         return "sweep"
     if any((folder / name).is_file() for name in RUN_FILES):
         return "run"
-    if (folder / "experiment.json").is_file() or (folder / "verdicts.json").is_file() or any(folder.glob("*.csv")):
+    if (folder / layout.EXPERIMENT_SETTINGS).is_file() or (folder / layout.VERDICTS).is_file() or any(folder.glob("*.csv")):
         return "experiment"
     raise ValueError(
         f"{folder} is not a contrastkit run, sweep or experiment folder: expected summary.json, metrics.jsonl "
@@ -369,7 +370,7 @@ def _pm(values: Sequence[float]) -> str:
 
 
 def _verdicts_section(page: Page, folder: Path) -> None:
-    path = folder / "verdicts.json"
+    path = folder / layout.VERDICTS
     if not path.is_file():
         return
     verdicts = _read_json(path)
@@ -445,9 +446,10 @@ def _cell(value: Any) -> Any:
 
 
 def _run_page(folder: Path) -> Page:
-    summary = _read_json(folder / "summary.json") if (folder / "summary.json").is_file() else None
-    stored = _read_json(folder / "config.json") if (folder / "config.json").is_file() else None
-    records, bad_lines = _read_metrics(folder / "metrics.jsonl") if (folder / "metrics.jsonl").is_file() else ([], 0)
+    run = layout.RunFolder(folder)
+    summary = _read_json(run.summary) if os.path.isfile(run.summary) else None
+    stored = _read_json(run.config) if os.path.isfile(run.config) else None
+    records, bad_lines = _read_metrics(Path(run.metrics)) if os.path.isfile(run.metrics) else ([], 0)
     if summary is not None and not isinstance(summary, dict):
         raise ValueError(f"{folder / 'summary.json'} must hold a JSON object")
     if stored is not None and not isinstance(stored, dict):
@@ -523,7 +525,7 @@ def _run_page(folder: Path) -> Page:
     if figure is not None:
         parts.append(page.figure(figure, "Loss, temperature and learning rate over training steps (from metrics.jsonl).",
                                  "training curves"))
-    elif records or (folder / "metrics.jsonl").is_file():
+    elif records or os.path.isfile(run.metrics):
         parts.append(page.paragraph("metrics.jsonl has no step or epoch records yet."))
     if bad_lines:
         parts.append(page.paragraph(f"{bad_lines} unreadable line(s) in metrics.jsonl were skipped "
@@ -577,7 +579,7 @@ def _run_page(folder: Path) -> Page:
         "representation", "probe_val_accuracy", "probe_c"}
     rest = [(k, v) for k, v in sorted(summary.items()) if k not in shown]
     if rest:
-        page.section("summary.json", page.key_values(_settings_pairs(dict(rest))), section_id="summary")
+        page.section(layout.SUMMARY, page.key_values(_settings_pairs(dict(rest))), section_id="summary")
 
     # Configuration.
     parts = []
@@ -595,10 +597,10 @@ def _run_page(folder: Path) -> Page:
 
 
 def _sweep_page(folder: Path) -> Page:
-    header, rows = _read_csv(folder / "sweep.csv")
+    header, rows = _read_csv(folder / layout.SWEEP_TABLE)
     if not rows:
         raise ValueError(f"{folder / 'sweep.csv'} has no runs yet")
-    settings = _read_json(folder / "sweep.json") if (folder / "sweep.json").is_file() else {}
+    settings = _read_json(folder / layout.SWEEP_SETTINGS) if (folder / layout.SWEEP_SETTINGS).is_file() else {}
     title = f"Temperature sweep on {settings.get('data', rows[0].get('data', '?')) if isinstance(settings, dict) else '?'}"
     page = Page(title, f"{folder.resolve()} · {len(rows)} runs · report written "
                        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", generator=GENERATOR)
@@ -630,15 +632,15 @@ def _sweep_page(folder: Path) -> Page:
 
     # Plots: the study's own, else accuracy against tau drawn here from sweep.csv.
     figures = _embed_pngs(page, _png_files(folder))
-    if not (folder / "accuracy_vs_tau.png").is_file() and "probe_accuracy" in header:
+    if not (folder / layout.ACCURACY_PLOT).is_file() and "probe_accuracy" in header:
         figure = _accuracy_vs_tau_figure(groups)
         if figure is not None:
-            figures.insert(0, page.figure(figure, PLOT_CAPTIONS["accuracy_vs_tau.png"] + " (drawn from sweep.csv)",
+            figures.insert(0, page.figure(figure, PLOT_CAPTIONS[layout.ACCURACY_PLOT] + f" (drawn from {layout.SWEEP_TABLE})",
                                           "probe accuracy against temperature"))
     if figures:
         page.section("Plots", '<div class="figures">' + "".join(figures) + "</div>", section_id="plots")
 
-    page.section("Every run", _csv_table(page, header, rows, "sweep.csv"), section_id="runs")
+    page.section("Every run", _csv_table(page, header, rows, layout.SWEEP_TABLE), section_id="runs")
     if isinstance(settings, dict) and settings:
         page.section("Settings", page.key_values(_settings_pairs(settings)), section_id="configuration")
     return page
@@ -648,7 +650,7 @@ def _sweep_page(folder: Path) -> Page:
 
 
 def _experiment_page(folder: Path) -> Page:
-    settings = _read_json(folder / "experiment.json") if (folder / "experiment.json").is_file() else {}
+    settings = _read_json(folder / layout.EXPERIMENT_SETTINGS) if (folder / layout.EXPERIMENT_SETTINGS).is_file() else {}
     if not isinstance(settings, dict):
         raise ValueError(f"{folder / 'experiment.json'} must hold a JSON object")
     name = settings.get("experiment") or settings.get("name") or folder.name

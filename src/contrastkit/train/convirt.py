@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from contrastkit import layout
 from contrastkit import losses
 from contrastkit.losses._checks import check_probability
 from contrastkit.models import ProjectionHead, build_encoder
@@ -32,8 +33,8 @@ __all__ = ["ConvirtModel", "PairedBatches", "build_tokenizer", "run_tokenizer", 
            "evaluate_convirt", "val_retrieval", "fact_ceiling", "TOKENIZER_FILE",
            "DEFAULT_WEIGHT", "DEFAULT_TEMPERATURE", "DEFAULT_DIM"]
 
-#: The run folder's tokenizer file.
-TOKENIZER_FILE = "tokenizer.json"
+#: The run folder's tokenizer file (see :mod:`contrastkit.layout`).
+TOKENIZER_FILE = layout.TOKENIZER
 
 #: SPEC section 3: ConVIRT's lambda, tau and joint-space size.
 DEFAULT_WEIGHT, DEFAULT_TEMPERATURE, DEFAULT_DIM = 0.75, 0.1, 512
@@ -48,7 +49,7 @@ def build_tokenizer(dataset: Any) -> WordTokenizer:
 def run_tokenizer(dataset: Any, out: str, resume: bool) -> WordTokenizer:
     """The run's tokenizer (the loop writes it to ``out/tokenizer.json``); on resume, the stored
     one, which must equal the one the training texts give, else the data changed under the run."""
-    path = os.path.join(out, TOKENIZER_FILE)
+    path = layout.RunFolder(out).tokenizer
     built = build_tokenizer(dataset)
     if resume and os.path.isfile(path):
         stored = WordTokenizer.load(path)
@@ -61,7 +62,7 @@ def run_tokenizer(dataset: Any, out: str, resume: bool) -> WordTokenizer:
 
 def load_run_tokenizer(run_dir: str) -> WordTokenizer:
     """The tokenizer a convirt run saved in ``run_dir``."""
-    return WordTokenizer.load(os.path.join(run_dir, TOKENIZER_FILE))
+    return WordTokenizer.load(layout.RunFolder(run_dir).tokenizer)
 
 
 class ConvirtModel(nn.Module):

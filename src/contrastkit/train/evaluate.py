@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from contrastkit import layout
 from contrastkit.metrics import knn_accuracy, linear_probe
 
 from .checkpoint import load_checkpoint
@@ -76,7 +77,7 @@ def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str 
     ``threads`` defaults to the run's setting."""
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"run folder {run_dir} does not exist")
-    config_path = os.path.join(run_dir, "config.json")
+    config_path = layout.RunFolder(run_dir).config
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{config_path} is missing: is {run_dir} a `contrastkit pretrain` output?")
     try:
@@ -85,7 +86,7 @@ def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str 
         config = PretrainConfig.from_dict(stored["config"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{config_path} is not a valid run configuration: {err}") from None
-    path = checkpoint or os.path.join(run_dir, "checkpoints", "last.pt")
+    path = checkpoint or layout.RunFolder(run_dir).last_checkpoint
     state = load_checkpoint(path)
     if state["config"] != config.to_dict():
         raise ValueError(f"checkpoint {path} does not belong to the run in {run_dir} (configurations differ)")

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 import torch
 
+from contrastkit import layout
 from contrastkit import __version__
 from contrastkit._io import remove_outputs, write_json
 from contrastkit.temperature import parse_schedule
@@ -32,7 +33,7 @@ from .setup import build_model, limit_threads, load_data, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
-OUTPUT_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints", "tokenizer.json", "report.html")
+OUTPUT_FILES = layout.RUN_OUTPUTS
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
@@ -61,7 +62,7 @@ def _check_out(out: str, resume: bool, force: bool) -> None:
     if os.path.exists(out) and not os.path.isdir(out):
         raise FileExistsError(f"output path {out} exists and is not a folder")
     if resume:
-        checkpoint = os.path.join(out, "checkpoints", "last.pt")
+        checkpoint = layout.RunFolder(out).last_checkpoint
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"nothing to resume: {checkpoint} does not exist")
         return
@@ -75,7 +76,7 @@ def _prepare_out(out: str, resume: bool) -> None:
     """Once the run is set up: with --force delete the previous run's files (only those)."""
     if not resume:
         remove_outputs(out, OUTPUT_FILES)
-    os.makedirs(os.path.join(out, "checkpoints"), exist_ok=True)
+    os.makedirs(layout.RunFolder(out).checkpoints, exist_ok=True)
 
 
 def _truncate_metrics(path: str, epoch: int, step: int) -> None:
@@ -235,13 +236,12 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     warmup_steps = int(round(config.warmup_fraction * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
 
+    folder = layout.RunFolder(config.out)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume))
     if tokenizer is not None:
-        from .convirt import TOKENIZER_FILE
-
-        parallel.run_on_main(lambda: tokenizer.save(os.path.join(config.out, TOKENIZER_FILE)))
-    checkpoint_path = os.path.join(config.out, "checkpoints", "last.pt")
-    metrics_path = os.path.join(config.out, "metrics.jsonl")
+        parallel.run_on_main(lambda: tokenizer.save(folder.tokenizer))
+    checkpoint_path = folder.last_checkpoint
+    metrics_path = folder.metrics
     epoch, step, train_seconds, epoch_losses = 0, 0, 0.0, []
     if resume:
         state = load_checkpoint(checkpoint_path)
@@ -276,7 +276,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                "versions": {"contrastkit": __version__, "torch": torch.__version__,
                             "python": platform.python_version()}}
     if parallel.is_main:
-        write_json(os.path.join(config.out, "config.json"), {"config": config.to_dict(), "derived": derived})
+        write_json(folder.config, {"config": config.to_dict(), "derived": derived})
 
     show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
     bar = _Progress(show, total_steps, step)
@@ -386,7 +386,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                                 and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"])
         if baselines and "probe_accuracy" in numbers else None,
     }
-    write_json(os.path.join(config.out, "summary.json"), summary)
+    write_json(folder.summary, summary)
     parallel.barrier()
     parallel.teardown()
     return summary
