@@ -60,6 +60,14 @@ def test_page_embeds_every_preset_as_json():
         assert 0 <= p["positive"] < len(p["similarities"]) and p["temperature"] > 0
 
 
+def test_page_cites_the_sources_by_name():
+    # The presets name the texts a reader can look up, never section numbers of an internal file.
+    page = explorer_html()
+    assert "SPEC" not in page and "§" not in page
+    groups = {p["group"] for p in PRESETS}
+    assert groups == {"Course page P10", "Textbook 30.2, exercise F2", "ConVIRT tutorial", "Wang & Liu: hardness"}
+
+
 def test_script_text_cannot_close_the_script_element():
     page = explorer_html(presets=[dict(PRESETS[0], note="a </script><b>x</b> note")])
     assert "</script><b>" not in page

@@ -1,7 +1,7 @@
 """What the InfoNCE loss does with given similarities: probabilities, gradients, hardness, limits.
 
 For anchor ``i`` with similarities ``s_ij`` to its candidates, temperature ``tau`` and
-positive ``p(i)`` (SPEC §1, §2)::
+positive ``p(i)`` (the course page P10; the textbook, section 30.2)::
 
     logits       l_ij = s_ij / tau
     probability  p_ij = exp(l_ij) / sum_{k in D(i)} exp(l_ik)        (D(i): denominator terms)
@@ -10,17 +10,19 @@ positive ``p(i)`` (SPEC §1, §2)::
     penalty      r_ij = exp(l_ij) / sum_{k in D(i), k != p(i)} exp(l_ik)   (negatives only)
 
 The denominator ``D(i)`` holds every candidate, the positive included; with
-``exclude_diagonal=True`` (a self-similarity matrix, SPEC §2) candidate ``i`` is the anchor
-itself and is left out. The penalty ``r_i`` is Wang & Liu's relative penalty (SPEC §4): a
-Boltzmann distribution over the negatives whose entropy grows strictly with ``tau`` (for
-negatives that are not all equally similar). Its exponential, the *effective number of
-negatives*, runs from 1 (only the hardest negative matters, ``tau -> 0``) to the number of
-negatives (all weigh the same, ``tau -> inf``).
+``exclude_diagonal=True`` (a self-similarity matrix, as in NT-Xent) candidate ``i`` is the
+anchor itself and is left out. The penalty ``r_i`` is the relative penalty of Wang & Liu
+(CVPR 2021): a Boltzmann distribution over the negatives whose entropy grows strictly with
+``tau`` (for negatives that are not all equally similar). Its exponential, the *effective
+number of negatives*, runs from 1 (only the hardest negative matters, ``tau -> 0``) to the
+number of negatives (all weigh the same, ``tau -> inf``).
 
-Limits (SPEC §2 lemma), with ``A = max_{k in D(i)} s_ik``, ``B = s_{i,p(i)}`` and ``m`` the
-number of denominator terms equal to ``A``: ``tau -> 0+``: ``l_i -> log m`` if ``A = B``
-(0 when the positive is the unique maximum) and ``+inf`` if ``A > B``, while
-``tau * l_i -> A - B``; ``tau -> inf``: ``l_i -> log |D(i)|``. Ties are exact float equality.
+Limits (the temperature lemma of the textbook, section 30.2), with
+``A = max_{k in D(i)} s_ik``, ``B = s_{i,p(i)}`` and ``m`` the number of denominator terms
+equal to ``A``: ``tau -> 0+``: ``l_i -> log m`` if ``A = B`` (0 when the positive is the
+unique maximum) and ``+inf`` if ``A > B``, while ``tau * l_i -> A - B``; ``tau -> inf``:
+``l_i -> log |D(i)|``. Ties are exact float equality. The sources' worked examples are
+restated in ``docs/sources.md``.
 
 Everything is computed in float64 through the loss core
 (:func:`contrastkit.losses.contrastive_loss`); the log-normalisers are recovered from the
@@ -383,7 +385,7 @@ def _explain(problem: _Problem, tau: float) -> Explanation:
     flat = torch.cat([s[rows, positive][:, None], mean_negative[:, None].expand(n, negatives_per_row)], dim=1)
     loss_uniform = contrastive_loss(flat, torch.zeros(n, dtype=torch.long), temperature=tau, reduction="none")
 
-    # SPEC §2 lemma.
+    # The temperature lemma (textbook, section 30.2).
     terms = mask.sum(dim=1).to(torch.float64)
     top = s.masked_fill(~mask, float("-inf")).max(dim=1).values
     positive_score = s[rows, positive]
@@ -433,8 +435,8 @@ def explain(
         temperature: ``tau > 0``.
         positive: for a row, the index of the positive candidate (default 0); for a matrix,
             one column per row (a sequence of ``N`` ints; ``range(N)`` for a cross-modal
-            matrix with positives on the diagonal, SPEC §3).
-        exclude_diagonal: ``True`` for a self-similarity matrix (SPEC §2, ``K == N``):
+            matrix with positives on the diagonal, as in ConVIRT).
+        exclude_diagonal: ``True`` for a self-similarity matrix (``K == N``, as in NT-Xent):
             candidate ``i`` is anchor ``i`` itself and is left out of the denominator, and
             ``positive[i] != i`` is required.
 
@@ -444,7 +446,7 @@ def explain(
         :class:`Explanation` with probabilities, losses (``.loss`` is the mean), gradients,
         relative penalty over negatives, hardest negative, references and limits.
 
-    Example (SPEC §1):
+    Example (the course page P10's worked example):
         >>> e = explain([1.0, 0.5, 0.0], temperature=0.5)
         >>> e.probabilities[0].round(4).tolist(), round(e.loss, 6)
         ([0.6652, 0.2447, 0.09], 0.407606)
@@ -462,7 +464,7 @@ def sweep(
 ) -> Sweep:
     """:func:`explain` at each temperature in ``temperatures`` (kept in the given order).
 
-    Example (SPEC §3, image-to-text, positives on the diagonal):
+    Example (the ConVIRT tutorial's worked example, image-to-text, positives on the diagonal):
         >>> s = [[0.879, -0.06, -0.06, -0.06], [-0.06, 0.879, -0.06, -0.06],
         ...      [-0.06, -0.06, 0.879, 0.724], [-0.06, -0.06, 0.724, 0.879]]
         >>> sweep(s, temperatures=[0.01, 0.1, 1.0], positive=range(4)).losses.round(4).tolist()

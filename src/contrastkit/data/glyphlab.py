@@ -20,8 +20,9 @@ further streams (so changing ``noise`` or ``realisations`` leaves the scenes unc
 Scenes are split by construction: a scene id (``Split.groups``) belongs to exactly one split.
 
 A horizontal flip keeps every class (it maps 45 to 135 degrees, both ``diagonal``); a 90-degree
-rotation swaps ``vertical`` and ``horizontal`` -- which is why SPEC's pair definition B
-(one view rotated by 90 degrees) is expected to hurt the orientation probe.
+rotation swaps ``vertical`` and ``horizontal`` -- which is why pair definition B of the
+textbook's exercise F5 (section 30.2; one view rotated by 90 degrees) is expected to hurt the
+orientation probe.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def load_glyphlab(seed: int = 0, *, train_scenes: int = 120, val_scenes: int = 6
     Args:
         seed: non-negative integer; the same seed and options give bit-identical tensors.
         train_scenes, val_scenes, test_scenes: number of scenes per split (>= 1 each). The
-            defaults 120 / 60 / 300 follow the source text's 120 training scenes.
+            defaults 120 / 60 / 300 follow the 120 training scenes of the textbook's exercise F5.
         size: image side in pixels (>= 28); geometry scales with it.
         realisations: ``R >= 2`` noise realisations per scene.
         noise: standard deviation of the Gaussian pixel noise (>= 0; 0 gives noiseless

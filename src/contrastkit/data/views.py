@@ -12,7 +12,8 @@ Modes:
     random resized crop -> horizontal flip -> colour jitter (p = 0.8; brightness/contrast only
     for 1-channel data) -> random grayscale (p = 0.2, RGB only) -> Gaussian blur (p = 0.5).
 ``"A"``
-    Two different noise realisations of the same scene (SPEC section 2, F5, definition A).
+    Two different noise realisations of the same scene (the textbook's exercise F5,
+    section 30.2: definition A).
 ``"B"``
     One realisation and a different realisation rotated by 90 degrees (``torch.rot90``,
     counter-clockwise) -- definition B.

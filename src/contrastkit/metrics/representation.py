@@ -193,7 +193,8 @@ def penalty_entropy(x: Tensor, y: Tensor, *, temperature: TemperatureLike, batch
     the ``2b`` stacked views are anchors and anchor ``i``'s negatives are the ``2b - 2`` rows
     other than itself and its positive; its penalty distribution is
     ``r_j = exp(s_ij / tau) / sum_{k neg} exp(s_ik / tau)``, the share of the gradient that
-    negative ``j`` receives (SPEC §4), as :func:`contrastkit.analysis.explain` computes it.
+    negative ``j`` receives (Wang & Liu, CVPR 2021), as :func:`contrastkit.analysis.explain`
+    computes it.
 
     Args:
         x, y: ``(N, d)`` two views, rows paired; ``N >= 2``.

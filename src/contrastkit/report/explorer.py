@@ -1,12 +1,13 @@
 """The interactive temperature explorer: one static HTML page, no network needed.
 
-The page shows one query against a set of candidates (SPEC §1): the user edits the
-similarities (sliders and number fields, candidates can be added and removed), picks the
-positive, and moves the temperature on a log scale; logits, probabilities, the loss, the
+The page shows one query against a set of candidates (as on the course page P10): the user
+edits the similarities (sliders and number fields, candidates can be added and removed), picks
+the positive, and moves the temperature on a log scale; logits, probabilities, the loss, the
 gradients ``dL/ds_j``, Wang & Liu's penalty distribution over the negatives with its entropy,
-and the references and limits of SPEC §2's lemma update at once. Its JavaScript implements the
-single-row case of :func:`contrastkit.analysis.explain` with the same formulas in double
-precision (the test suite checks the page against the library in a real browser).
+and the references and limits of the temperature lemma (textbook, section 30.2) update at
+once. Its JavaScript implements the single-row case of :func:`contrastkit.analysis.explain`
+with the same formulas in double precision (the test suite checks the page against the
+library in a real browser).
 
 Everything is inline (CSS, JavaScript, data); a Content-Security-Policy in the page forbids
 any network access, so it works offline and from ``file://``.
@@ -29,58 +30,62 @@ __all__ = ["PRESETS", "GENERATOR", "explorer_html", "write_explorer", "is_explor
 #: Marks a file as written by contrastkit, so that it may be replaced without ``--force``.
 GENERATOR = "contrastkit explore"
 
-#: The examples of the source texts (SPEC §1-§4), loaded by the page's preset buttons. The
-#: first preset is shown when the page opens. ``positive`` indexes ``similarities``.
+#: The examples of the source texts (the course page P10, the textbook's section 30.2, the
+#: ConVIRT tutorial, Wang & Liu 2021; see docs/sources.md), loaded by the page's preset
+#: buttons. The first preset is shown when the page opens. ``positive`` indexes ``similarities``.
 PRESETS: List[Dict[str, Any]] = [
     {
-        "id": "s1-example", "group": "§1 course page", "title": "(1, 0.5, 0), τ = 0.5",
+        "id": "s1-example", "group": "Course page P10", "title": "(1, 0.5, 0), τ = 0.5",
         "labels": ["c1", "c2", "c3"], "similarities": [1.0, 0.5, 0.0], "positive": 0, "temperature": 0.5,
-        "note": "SPEC §1 worked example: three candidates, the first positive, τ = 0.5, so the logits are (2, 1, 0).",
+        "note": "Course page P10, worked example: three candidates, the first positive, τ = 0.5, "
+                "so the logits are (2, 1, 0).",
     },
     {
-        "id": "s1-block-tau1", "group": "§1 course page", "title": "(0.8, 0.4, 0.2), τ = 1",
+        "id": "s1-block-tau1", "group": "Course page P10", "title": "(0.8, 0.4, 0.2), τ = 1",
         "labels": ["c1", "c2", "c3"], "similarities": [0.8, 0.4, 0.2], "positive": 0, "temperature": 1.0,
-        "note": "SPEC §1 temperature block at τ = 1: compare with τ = 0.5 and τ = 0.1; the ranking never changes.",
+        "note": "Course page P10, temperature block at τ = 1: compare with τ = 0.5 and τ = 0.1; "
+                "the ranking never changes.",
     },
     {
-        "id": "s1-block-tau05", "group": "§1 course page", "title": "τ = 0.5",
+        "id": "s1-block-tau05", "group": "Course page P10", "title": "τ = 0.5",
         "labels": ["c1", "c2", "c3"], "similarities": [0.8, 0.4, 0.2], "positive": 0, "temperature": 0.5,
-        "note": "SPEC §1 temperature block at τ = 0.5: the distribution sharpens towards the positive.",
+        "note": "Course page P10, temperature block at τ = 0.5: the distribution sharpens towards "
+                "the positive.",
     },
     {
-        "id": "s1-block-tau01", "group": "§1 course page", "title": "τ = 0.1",
+        "id": "s1-block-tau01", "group": "Course page P10", "title": "τ = 0.1",
         "labels": ["c1", "c2", "c3"], "similarities": [0.8, 0.4, 0.2], "positive": 0, "temperature": 0.1,
-        "note": "SPEC §1 temperature block at τ = 0.1: p+ is close to 1, so 1 − p+ and the positive's "
-                "gradient shrink although τ is small.",
+        "note": "Course page P10, temperature block at τ = 0.1: p+ is close to 1, so 1 − p+ and "
+                "the positive's gradient shrink although τ is small.",
     },
     {
-        "id": "s2-f2", "group": "§2 lemma (F2)", "title": "S01 = 0.9, S02 = −0.1",
+        "id": "s2-f2", "group": "Textbook 30.2, exercise F2", "title": "S01 = 0.9, S02 = −0.1",
         "labels": ["S01", "S02"], "similarities": [0.9, -0.1], "positive": 0, "temperature": 0.1,
-        "note": "SPEC §2 exercise F2, row 0 of N = 3 with p(0) = 1: the positive is the unique maximum, "
-                "so L → 0 as τ → 0 and L → log 2 as τ → ∞.",
+        "note": "Textbook section 30.2, exercise F2, row 0 of N = 3 with p(0) = 1: the positive is "
+                "the unique maximum, so L → 0 as τ → 0 and L → log 2 as τ → ∞.",
     },
     {
-        "id": "s2-f2-above", "group": "§2 lemma (F2)", "title": "S02 = 0.95 (A > B)",
+        "id": "s2-f2-above", "group": "Textbook 30.2, exercise F2", "title": "S02 = 0.95 (A > B)",
         "labels": ["S01", "S02"], "similarities": [0.9, 0.95], "positive": 0, "temperature": 0.1,
         "note": "F2 variant: a negative beats the positive (A > B), so L → +∞ as τ → 0 while τ·L → A − B = 0.05.",
     },
     {
-        "id": "s2-f2-tie", "group": "§2 lemma (F2)", "title": "S02 = 0.9 (tie)",
+        "id": "s2-f2-tie", "group": "Textbook 30.2, exercise F2", "title": "S02 = 0.9 (tie)",
         "labels": ["S01", "S02"], "similarities": [0.9, 0.9], "positive": 0, "temperature": 0.1,
         "note": "F2 variant: the negative ties with the positive (A = B, m = 2), so L → log 2 at every τ.",
     },
     {
-        "id": "s3-row3", "group": "§3 ConVIRT", "title": "Row 3, τ = 0.1",
+        "id": "s3-row3", "group": "ConVIRT tutorial", "title": "Row 3, τ = 0.1",
         "labels": ["report 1", "report 2", "report 3", "report 4"],
         "similarities": [-0.06, -0.06, 0.879, 0.724], "positive": 2, "temperature": 0.1,
-        "note": "SPEC §3 image 3 against the four reports (image-to-text), τ = 0.1 as in ConVIRT: "
+        "note": "ConVIRT tutorial, image 3 against the four reports (image-to-text), τ = 0.1 as in ConVIRT: "
                 "report 4 is a hard negative (0.724).",
     },
     {
-        "id": "s4-hardness", "group": "§4 hardness", "title": "8 candidates, τ = 0.2",
+        "id": "s4-hardness", "group": "Wang & Liu: hardness", "title": "8 candidates, τ = 0.2",
         "labels": ["c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8"],
         "similarities": [0.9, 0.8, 0.7, 0.5, 0.3, 0.1, -0.2, -0.5], "positive": 0, "temperature": 0.2,
-        "note": "SPEC §4 (Wang & Liu): the penalty on the negatives is a Boltzmann distribution; lower τ "
+        "note": "Wang & Liu (CVPR 2021): the penalty on the negatives is a Boltzmann distribution; lower τ "
                 "concentrates it on the hardest ones (entropy falls), higher τ spreads it evenly.",
     },
 ]

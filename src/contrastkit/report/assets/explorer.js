@@ -75,7 +75,7 @@
     for (let j = 0; j < negatives.length; j++) flat.push(meanNegative / tau);
     const lossUniform = logSumExp(flat) - flat[0];
 
-    // SPEC §2 lemma: A = max over the denominator, B = the positive, m = #ties at A.
+    // The temperature lemma (textbook, section 30.2): A = max over the denominator, B = the positive, m = #ties at A.
     let top = -Infinity;
     for (const v of s) if (v > top) top = v;
     let ties = 0;
