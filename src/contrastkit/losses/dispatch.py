@@ -188,8 +188,8 @@ class SelfContrast:
         if labels is not None:
             return _tiled_supcon_out(x, labels, call.tau, chunk, call.reduction)
         x = _divide_by_temperature(x, call.tau, 0.5)
-        positive = x[self._positive_index(total, x.device)]
-        return reduce(tiled.self_logsumexp(x, chunk) - (x * positive).sum(dim=1), call.reduction)
+        index = self._positive_index(total, x.device)
+        return reduce(tiled.self_logsumexp(x, chunk) - (x * x[index]).sum(dim=1), call.reduction)
 
     def dense(self, call: LossCall, gathered, normalize: bool, total: int) -> Tensor:
         blocks, labels = gathered
