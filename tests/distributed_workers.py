@@ -129,18 +129,18 @@ def _average(grads: dict, group=None) -> dict:
 
 def losses_worker(rank: int, world: int, seed: int, sizes: Sequence[int], reductions: Sequence[str]):
     """Every loss, both modes, the given reductions: value and averaged parameter gradients."""
-    import contrastkit.losses.functional as F
+    import contrastkit.losses.ring as ring_module
 
     data = batches(seed, sizes)[rank]
     model = Encoder()
     results, ring_calls = {}, {}
-    ring = F.ring_logsumexp
+    ring = ring_module.ring_logsumexp
 
     def counting_ring(*args, **kwargs):
         ring_calls[current] = ring_calls.get(current, 0) + 1
         return ring(*args, **kwargs)
 
-    F.ring_logsumexp = counting_ring
+    ring_module.ring_logsumexp = counting_ring
     try:
         for name in LOSSES:
             for mode in MODES:
@@ -152,7 +152,7 @@ def losses_worker(rank: int, world: int, seed: int, sizes: Sequence[int], reduct
                                                   distributed_mode=mode)
                     results[(name, mode, reduction)] = (value, _average(grads))
     finally:
-        F.ring_logsumexp = ring
+        ring_module.ring_logsumexp = ring
     results["ring_calls"] = ring_calls
     return results
 

@@ -128,3 +128,23 @@ def test_options():
 def test_few_rows_warning():
     with pytest.warns(UserWarning, match="N >= 4"):
         L.nt_xent_views(ok(1, 3), ok(1, 3), temperature=0.1)
+
+
+@pytest.mark.parametrize("loss", [
+    lambda a, b: L.info_nce(a, b, temperature=0.1),
+    lambda a, b: L.bidirectional_info_nce(a, b, temperature=0.1),
+    lambda a, b: L.info_nce(a, b, temperature=0.1, chunk_size=1),
+])
+def test_one_pair_without_negatives_warns(loss):
+    """With N = 1 the only candidate is the positive: the loss is 0 whatever the embeddings."""
+    with pytest.warns(UserWarning, match="degenerate.*N >= 4"):
+        value = loss(ok(1, 3), ok(1, 3))
+    assert float(value) == 0.0
+
+
+def test_a_bank_of_negatives_needs_no_warning():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        L.info_nce(ok(1, 3), ok(1, 3), ok(5, 3), temperature=0.1)
+        L.info_nce(ok(2, 3), ok(2, 3), temperature=0.1)

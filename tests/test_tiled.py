@@ -26,8 +26,7 @@ from contrastkit.losses import (
     nt_xent_views,
     supcon,
 )
-from contrastkit.losses import functional as F
-from contrastkit.losses import tiled
+from contrastkit.losses import _tiles, tiled
 
 import reference as ref
 
@@ -261,8 +260,8 @@ def test_per_axis_shift_fallback_is_exact(dtype, monkeypatch):
     """Rows of very different norm (normalize=False) or a tiny temperature make one shared
     shift per tile unsafe; the fallback must kick in and stay exact."""
     calls = []
-    original = tiled._col_stats
-    monkeypatch.setattr(tiled, "_col_stats", lambda *a: calls.append(1) or original(*a))
+    original = _tiles.col_stats
+    monkeypatch.setattr(_tiles, "col_stats", lambda *a: calls.append(1) or original(*a))
     scale = torch.ones(24, 1, dtype=dtype)
     scale[::5] = 30.0
     z_a, z_b = leaf(24, 6, dtype=dtype, seed=1), leaf(24, 6, dtype=dtype, seed=2)
@@ -282,8 +281,8 @@ def test_per_axis_shift_fallback_is_exact(dtype, monkeypatch):
 
 def test_shared_shift_path_used_for_typical_inputs(monkeypatch):
     calls = []
-    original = tiled._col_stats
-    monkeypatch.setattr(tiled, "_col_stats", lambda *a: calls.append(1) or original(*a))
+    original = _tiles.col_stats
+    monkeypatch.setattr(_tiles, "col_stats", lambda *a: calls.append(1) or original(*a))
     z_a, z_b = leaf(64, 16, dtype=torch.float32, seed=1), leaf(64, 16, dtype=torch.float32, seed=2)
     compare(lambda a, b, **k: nt_xent_views(a, b, temperature=0.1, **k), [z_a, z_b], 16, 1e-5)
     assert not calls  # 8 x 8 tiles, 28 off-diagonal ones, all on the one-exponential path
@@ -291,9 +290,9 @@ def test_shared_shift_path_used_for_typical_inputs(monkeypatch):
 
 def test_automatic_dispatch(monkeypatch):
     used = []
-    real_self, real_cross = F.self_logsumexp, F.cross_logsumexp
-    monkeypatch.setattr(F, "self_logsumexp", lambda *a: used.append("self") or real_self(*a))
-    monkeypatch.setattr(F, "cross_logsumexp", lambda *a, **k: used.append("cross") or real_cross(*a, **k))
+    real_self, real_cross = tiled.self_logsumexp, tiled.cross_logsumexp
+    monkeypatch.setattr(tiled, "self_logsumexp", lambda *a: used.append("self") or real_self(*a))
+    monkeypatch.setattr(tiled, "cross_logsumexp", lambda *a, **k: used.append("cross") or real_cross(*a, **k))
     z = torch.randn(40, 8)
     nt_xent_views(z, z.flip(0), temperature=0.1)
     bidirectional_info_nce(z, z.flip(0), temperature=0.1)

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contrastkit.losses._checks import check_embeddings, check_index, resolve_temperature
+from contrastkit.losses.validation import check_embeddings, check_index, resolve_temperature
 from contrastkit.losses.core import contrastive_loss
 
 __all__ = ["Explanation", "Sweep", "explain", "sweep"]

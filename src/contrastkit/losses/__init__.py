@@ -1,6 +1,15 @@
 """The InfoNCE / NT-Xent family: functional core and ``nn.Module`` twins.
 
-Depends on torch alone. See :mod:`contrastkit.losses.functional` for the conventions.
+Depends on torch and :mod:`contrastkit.distributed` only. See
+:mod:`contrastkit.losses.functional` for the conventions.
+
+Modules: :mod:`.infonce`, :mod:`.supervised`, :mod:`.variants` (the loss functions by
+family, all re-exported by :mod:`.functional`); :mod:`.core` (the dense primitive and
+:func:`contrastive_loss`); :mod:`.dispatch` (one choice of backend: dense, tiled, gathered,
+ring); :mod:`.tiled` and :mod:`.ring` (the memory-linear kernels, over the online
+log-sum-exp of ``._tiles``); ``._sharding`` (the ``distributed=`` option);
+:mod:`.validation` (input checks, also used by other layers); :mod:`.modules` (the
+``nn.Module`` twins and :class:`Temperature`).
 """
 
 from .core import contrastive_loss

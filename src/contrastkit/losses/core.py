@@ -1,16 +1,23 @@
-"""The one primitive every InfoNCE-family loss reduces to.
+"""The dense primitive of the family, the reduction, and :func:`contrastive_loss`.
 
-For anchor ``i`` with logits ``l_ij = s_ij / tau``, a denominator mask ``M`` and positives
-``P(i)``::
+:func:`per_anchor_nll` turns temperature-scaled logits ``l_ij = s_ij / tau`` into one loss
+per anchor, given a denominator mask ``M`` and the positives ``P(i)``::
 
     loss_i = -l_{i,p(i)} + log sum_j M_ij exp(l_ij)                      (one positive)
     loss_i = log sum_j M_ij exp(l_ij) - mean_{p in P(i)} l_ip            (multi_positive="out")
     loss_i = log sum_j M_ij exp(l_ij) - log mean_{p in P(i)} exp(l_ip)   (multi_positive="in")
 
-The log-sum-exp is always taken in at least float32 (half-precision inputs are upcast and
-autocast is switched off inside), so the loss stays finite at temperatures down to 0.01 and
-below. Whether the positive belongs to the denominator is decided by ``M`` alone: the
-standard losses keep it, the decoupled variant removes it.
+Whether the positive belongs to the denominator is decided by ``M`` alone: the standard
+losses keep it, the decoupled variant removes it. :func:`contrastive_loss` is this primitive
+on a similarity matrix, with validation, for users. The losses of
+:mod:`contrastkit.losses.functional` reach it through their dense backend
+(:mod:`contrastkit.losses.dispatch`); their tiled and ring backends compute the same
+log-sum-exp without the matrix, and the debiased, HCL and simple variants replace the
+denominator by their own estimate, so they use only :func:`reduce`.
+
+Precision: every loss computes in at least float32 (half-precision inputs are upcast by
+:func:`contrastkit.losses.validation.prepare`) with autocast switched off
+(:func:`full_precision`), so the loss stays finite at temperatures down to 0.01 and below.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Iterator, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._checks import (
+from .validation import (
     TemperatureLike,
     check_embeddings,
     check_index,

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as F
-from ._checks import resolve_temperature
+from .validation import resolve_temperature
 from .core import contrastive_loss
 
 __all__ = [

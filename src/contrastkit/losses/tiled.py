@@ -15,24 +15,37 @@ tile by tile and never hold more than two ``chunk x chunk`` tiles:
 The temperature is folded into the inputs by the callers (``x = z / sqrt(tau)``, or
 ``a = v / tau``), so its gradient, learnable or not, flows through ordinary autograd.
 
-Forward: running per-row (and per-column) maximum and scaled sum, merged online. A tile
-whose rows and columns are all within ``_SHIFT_MARGIN`` of the tile maximum is exponentiated
-once with that one scalar shift and summed along both axes; any other tile falls back to
-separate per-row and per-column shifts, so the result is exact for any input.
+Forward: running per-row (and per-column) maximum and scaled sum, merged online (the tile
+machinery of :mod:`contrastkit.losses._tiles`, shared with the ring exchange). A tile whose
+rows and columns are all within a fixed margin of the tile maximum is exponentiated once with
+that one scalar shift and summed along both axes; any other tile falls back to separate
+per-row and per-column shifts, so the result is exact for any input.
 Backward: the tiles are recomputed and ``P = exp(S - lse)`` is rebuilt from the saved
 per-row log-sum-exp; ``dX`` is accumulated for the tile's rows and columns.
 
 Inputs must already be in the compute dtype (float32 or float64) with autocast off; the
-public losses in :mod:`contrastkit.losses.functional` take care of that.
+dispatcher of the public losses (:mod:`contrastkit.losses.dispatch`) takes care of that.
 """
 
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from ._tiles import (
+    both_stats,
+    merge_,
+    no_autocast,
+    pair_weights,
+    refuse_double_backward,
+    row_stats,
+    shifted_tile,
+    tile_buffers,
+    tile_ranges,
+    tile_view,
+)
 
 __all__ = ["self_logsumexp", "cross_logsumexp", "DEFAULT_CHUNK_SIZE", "DENSE_MAX_ENTRIES", "use_tiled"]
 
@@ -43,13 +56,6 @@ DEFAULT_CHUNK_SIZE = 1024
 #: Automatic dispatch: similarity matrices with at most this many entries are computed
 #: densely, larger ones in tiles (measured crossover, see docs/tiled.md).
 DENSE_MAX_ENTRIES = 1024 * 1024
-
-# A tile shared between rows and columns uses one scalar shift c (the tile maximum). If every
-# row and column of the tile keeps sum exp(s - c) >= exp(-margin), no term that matters can
-# underflow and the per-row factor exp(c - lse) used in the backward stays below
-# exp(margin + log(chunk)), far from overflow in float32.
-_SHIFT_MARGIN = 30.0
-_MIN_SHIFTED_SUM = math.exp(-_SHIFT_MARGIN)
 
 
 def use_tiled(rows: int, cols: int, chunk_size: Optional[int]) -> Optional[int]:
@@ -63,107 +69,6 @@ def use_tiled(rows: int, cols: int, chunk_size: Optional[int]) -> Optional[int]:
     return None if rows * cols <= DENSE_MAX_ENTRIES else DEFAULT_CHUNK_SIZE
 
 
-def _blocks(n: int, chunk: int) -> List[Tuple[int, int]]:
-    return [(start, min(start + chunk, n)) for start in range(0, n, chunk)]
-
-
-def _merge_(m: Tensor, s: Tensor, m_tile: Tensor, s_tile: Tensor) -> None:
-    """Online log-sum-exp, in place: ``s * e^m <- s * e^m + s_tile * e^m_tile``."""
-    m_new = torch.maximum(m, m_tile)
-    ref = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
-    s.mul_(torch.exp(m - ref)).add_(s_tile * torch.exp(m_tile - ref))
-    m.copy_(m_new)
-
-
-def _finite_or_zero(x: Tensor) -> Tensor:
-    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
-
-
-def _row_stats(tile: Tensor, work: Tensor) -> Tuple[Tensor, Tensor]:
-    """Per-row (max, sum exp(tile - max)); rows that are entirely -inf give (-inf, 0)."""
-    row_max = tile.amax(dim=1)
-    torch.sub(tile, _finite_or_zero(row_max)[:, None], out=work).exp_()
-    return row_max, work.sum(dim=1)
-
-
-def _col_stats(tile: Tensor, work: Tensor) -> Tuple[Tensor, Tensor]:
-    col_max = tile.amax(dim=0)
-    torch.sub(tile, _finite_or_zero(col_max)[None, :], out=work).exp_()
-    return col_max, work.sum(dim=0)
-
-
-def _both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m: Tensor,
-                col_s: Tensor) -> Tuple[Tensor, bool]:
-    """Merge a tile's statistics into its rows and columns; returns (shift, shared_shift_used).
-
-    With a shared scalar shift the tile is exponentiated once for both axes.
-    """
-    shift = tile.max()
-    torch.sub(tile, shift, out=work).exp_()
-    rows = work.sum(dim=1)
-    cols = work.sum(dim=0)
-    if float(torch.minimum(rows.min(), cols.min())) >= _MIN_SHIFTED_SUM:
-        _merge_(row_m, row_s, shift, rows)
-        _merge_(col_m, col_s, shift, cols)
-        return shift, True
-    _merge_(row_m, row_s, *_row_stats(tile, work))
-    _merge_(col_m, col_s, *_col_stats(tile, work))
-    return shift, False
-
-
-def _refuse_double_backward() -> None:
-    # Grad mode is on in a backward pass only with create_graph=True; the tiled backward is
-    # not itself differentiable, and silently dropping its second-order term would be wrong.
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            "the tiled contrastive losses support one backward pass only: create_graph=True "
-            "(double backward) is not supported; use the dense path (small batches) for it")
-
-
-def _no_autocast(like: Tensor):
-    # Autocast would run the tile products in half precision (the backward may be called
-    # inside a user's autocast region); the kernels always compute in the input's dtype.
-    return torch.autocast(device_type=like.device.type, enabled=False)
-
-
-def _buffers(like: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
-    return like.new_empty(chunk * chunk), like.new_empty(chunk * chunk)
-
-
-def _view(buffer: Tensor, rows: int, cols: int) -> Tensor:
-    return buffer[: rows * cols].view(rows, cols)
-
-
-def _pair_weights(tile: Tensor, work: Tensor, shift: Tensor, shared: bool,
-                  g_row: Tensor, lse_row: Tensor, g_col: Tensor, lse_col: Tensor) -> Tensor:
-    """``W = g_row * exp(S - lse_row) + g_col * exp(S - lse_col)``; overwrites both buffers.
-
-    ``tile`` holds ``S - c`` if ``shared`` else ``S``.
-
-    ``lse_row`` runs along the tile's rows (shape ``(r,)``), ``lse_col`` along its columns.
-    Returns ``W`` (it lives in ``work`` or ``tile``).
-    """
-    if shared:
-        # exp(s - lse) = exp(s - c) * exp(c - lse): one exponential per element. The caller
-        # has already subtracted c (folded into the product, see _shifted_tile).
-        alpha = g_row * torch.exp(shift - lse_row)
-        beta = g_col * torch.exp(shift - lse_col)
-        tile.exp_()
-        torch.mul(tile, alpha[:, None], out=work)
-        return work.addcmul_(tile, beta[None, :])
-    torch.sub(tile, lse_row[:, None], out=work).exp_().mul_(g_row[:, None])
-    tile.sub_(lse_col[None, :]).exp_().mul_(g_col[None, :])
-    return tile.add_(work)
-
-
-def _shifted_tile(a: Tensor, b: Tensor, out: Tensor, shift: Tensor, shared: bool) -> Tensor:
-    """``A B^T - c`` when the tile uses the shared shift ``c`` (the subtraction rides on the
-    product for free), else ``A B^T``."""
-    if shared:
-        return torch.addmm(-shift, a, b.T, out=out)
-    return torch.mm(a, b.T, out=out)
-
-
 # --------------------------------------------------------------------------- one modality
 
 
@@ -173,18 +78,18 @@ class _SelfLogSumExp(torch.autograd.Function):
         n = x.shape[0]
         m = x.new_full((n,), float("-inf"))
         s = x.new_zeros(n)
-        blocks = _blocks(n, chunk)
-        tile_buf, work_buf = _buffers(x, min(chunk, n))
+        blocks = tile_ranges(n, chunk)
+        tile_buf, work_buf = tile_buffers(x, min(chunk, n))
         shifts: List[Tuple[Tensor, bool]] = []
-        with torch.no_grad(), _no_autocast(x):
+        with torch.no_grad(), no_autocast(x):
             for bi, (i0, i1) in enumerate(blocks):
                 xi = x[i0:i1]
-                tile = torch.mm(xi, xi.T, out=_view(tile_buf, i1 - i0, i1 - i0))
+                tile = torch.mm(xi, xi.T, out=tile_view(tile_buf, i1 - i0, i1 - i0))
                 tile.fill_diagonal_(float("-inf"))
-                _merge_(m[i0:i1], s[i0:i1], *_row_stats(tile, _view(work_buf, i1 - i0, i1 - i0)))
+                merge_(m[i0:i1], s[i0:i1], *row_stats(tile, tile_view(work_buf, i1 - i0, i1 - i0)))
                 for j0, j1 in blocks[bi + 1:]:
-                    tile = torch.mm(xi, x[j0:j1].T, out=_view(tile_buf, i1 - i0, j1 - j0))
-                    shifts.append(_both_stats(tile, _view(work_buf, i1 - i0, j1 - j0),
+                    tile = torch.mm(xi, x[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
+                    shifts.append(both_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0),
                                               m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1]))
             lse = m + s.log()
         ctx.chunk = chunk
@@ -194,28 +99,28 @@ class _SelfLogSumExp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        _refuse_double_backward()
+        refuse_double_backward()
         x, lse = ctx.saved_tensors
         n = x.shape[0]
         dx = torch.zeros_like(x)
         if n < 2:  # no candidate at all: lse = -inf does not depend on x
             return dx, None
         grad = grad.to(x.dtype)
-        blocks = _blocks(n, ctx.chunk)
-        tile_buf, work_buf = _buffers(x, min(ctx.chunk, n))
+        blocks = tile_ranges(n, ctx.chunk)
+        tile_buf, work_buf = tile_buffers(x, min(ctx.chunk, n))
         shifts = iter(ctx.shifts)
-        with torch.no_grad(), _no_autocast(x):
+        with torch.no_grad(), no_autocast(x):
             for bi, (i0, i1) in enumerate(blocks):
                 xi = x[i0:i1]
-                tile = torch.mm(xi, xi.T, out=_view(tile_buf, i1 - i0, i1 - i0))
+                tile = torch.mm(xi, xi.T, out=tile_view(tile_buf, i1 - i0, i1 - i0))
                 tile.fill_diagonal_(float("-inf"))
                 tile.sub_(lse[i0:i1, None]).exp_().mul_(grad[i0:i1, None])
                 dx[i0:i1].addmm_(tile, xi).addmm_(tile.T, xi)
                 for j0, j1 in blocks[bi + 1:]:
                     xj = x[j0:j1]
                     shift, shared = next(shifts)
-                    tile = _shifted_tile(xi, xj, _view(tile_buf, i1 - i0, j1 - j0), shift, shared)
-                    weights = _pair_weights(tile, _view(work_buf, i1 - i0, j1 - j0), shift, shared,
+                    tile = shifted_tile(xi, xj, tile_view(tile_buf, i1 - i0, j1 - j0), shift, shared)
+                    weights = pair_weights(tile, tile_view(work_buf, i1 - i0, j1 - j0), shift, shared,
                                             grad[i0:i1], lse[i0:i1], grad[j0:j1], lse[j0:j1])
                     dx[i0:i1].addmm_(weights, xj)
                     dx[j0:j1].addmm_(weights.T, xi)
@@ -243,20 +148,20 @@ class _CrossLogSumExp(torch.autograd.Function):
         row_s = a.new_zeros(n)
         col_m = a.new_full((k,), float("-inf"))
         col_s = a.new_zeros(k)
-        row_blocks, col_blocks = _blocks(n, chunk), _blocks(k, chunk)
-        tile_buf, work_buf = _buffers(a, max(min(chunk, n), min(chunk, k)))
+        row_blocks, col_blocks = tile_ranges(n, chunk), tile_ranges(k, chunk)
+        tile_buf, work_buf = tile_buffers(a, max(min(chunk, n), min(chunk, k)))
         shifts: List[Tuple[Tensor, bool]] = []
-        with torch.no_grad(), _no_autocast(a):
+        with torch.no_grad(), no_autocast(a):
             for i0, i1 in row_blocks:
                 ai = a[i0:i1]
                 for j0, j1 in col_blocks:
-                    tile = torch.mm(ai, b[j0:j1].T, out=_view(tile_buf, i1 - i0, j1 - j0))
-                    work = _view(work_buf, i1 - i0, j1 - j0)
+                    tile = torch.mm(ai, b[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
+                    work = tile_view(work_buf, i1 - i0, j1 - j0)
                     if columns:
-                        shifts.append(_both_stats(tile, work, row_m[i0:i1], row_s[i0:i1],
+                        shifts.append(both_stats(tile, work, row_m[i0:i1], row_s[i0:i1],
                                                   col_m[j0:j1], col_s[j0:j1]))
                     else:
-                        _merge_(row_m[i0:i1], row_s[i0:i1], *_row_stats(tile, work))
+                        merge_(row_m[i0:i1], row_s[i0:i1], *row_stats(tile, work))
             row_lse = row_m + row_s.log()
             col_lse = col_m + col_s.log() if columns else a.new_empty(0)
         ctx.chunk, ctx.columns, ctx.shifts = chunk, columns, shifts
@@ -268,7 +173,7 @@ class _CrossLogSumExp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_row: Optional[Tensor], grad_col: Optional[Tensor]):  # type: ignore[override]
-        _refuse_double_backward()
+        refuse_double_backward()
         a, b, row_lse, col_lse = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         da = torch.zeros_like(a) if need_a else None
@@ -280,21 +185,21 @@ class _CrossLogSumExp(torch.autograd.Function):
         shifts = iter(ctx.shifts)
         if ctx.columns:
             grad_col = a.new_zeros(k) if grad_col is None else grad_col.to(a.dtype)
-        tile_buf, work_buf = _buffers(a, max(min(ctx.chunk, n), min(ctx.chunk, k)))
-        with torch.no_grad(), _no_autocast(a):
-            for i0, i1 in _blocks(n, ctx.chunk):
+        tile_buf, work_buf = tile_buffers(a, max(min(ctx.chunk, n), min(ctx.chunk, k)))
+        with torch.no_grad(), no_autocast(a):
+            for i0, i1 in tile_ranges(n, ctx.chunk):
                 ai = a[i0:i1]
-                for j0, j1 in _blocks(k, ctx.chunk):
+                for j0, j1 in tile_ranges(k, ctx.chunk):
                     bj = b[j0:j1]
-                    tile_view = _view(tile_buf, i1 - i0, j1 - j0)
+                    tile_out = tile_view(tile_buf, i1 - i0, j1 - j0)
                     if ctx.columns:
                         shift, shared = next(shifts)
-                        tile = _shifted_tile(ai, bj, tile_view, shift, shared)
-                        weights = _pair_weights(tile, _view(work_buf, i1 - i0, j1 - j0), shift, shared,
+                        tile = shifted_tile(ai, bj, tile_out, shift, shared)
+                        weights = pair_weights(tile, tile_view(work_buf, i1 - i0, j1 - j0), shift, shared,
                                                 grad_row[i0:i1], row_lse[i0:i1],
                                                 grad_col[j0:j1], col_lse[j0:j1])
                     else:
-                        tile = torch.mm(ai, bj.T, out=tile_view)
+                        tile = torch.mm(ai, bj.T, out=tile_out)
                         weights = tile.sub_(row_lse[i0:i1, None]).exp_().mul_(grad_row[i0:i1, None])
                     if need_a:
                         da[i0:i1].addmm_(weights, bj)

@@ -22,7 +22,7 @@ from typing import Dict, NamedTuple, Optional, Union
 import torch
 from torch import Tensor
 
-from contrastkit.losses._checks import (
+from contrastkit.losses.validation import (
     TemperatureLike,
     check_embeddings,
     check_same,

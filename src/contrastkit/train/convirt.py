@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from contrastkit import layout
 from contrastkit import losses
-from contrastkit.losses._checks import check_probability
+from contrastkit.losses.validation import check_probability
 from contrastkit.models import ProjectionHead, build_encoder
 from contrastkit.models.text import TextEncoder, WordTokenizer
 

@@ -1,20 +1,37 @@
-"""Input validation shared by every loss.
+"""Input validation for the losses and for every layer that takes the same kinds of input.
 
 Every check raises ``TypeError`` (wrong kind of object or dtype) or ``ValueError`` (wrong
-value or shape) and names the argument, so a user never has to debug a silent NaN.
+value or shape) and names the argument, so a user never has to debug a silent NaN. The
+metrics, the ConVIRT trainer and the explanation tools use these same checks, so an argument
+is refused with the same words wherever it is given.
+
+* Tensors: :func:`check_embeddings`, :func:`check_same`, :func:`check_pair`,
+  :func:`check_index`, :func:`check_positive_map`, :func:`check_labels`.
+* Numbers: :func:`resolve_temperature`, :func:`check_probability`,
+  :func:`check_nonnegative`, :func:`optional_int`, :func:`check_reduction`.
+* Preparation: :func:`compute_dtype`, :func:`prepare` (upcast, L2-normalise).
+* :func:`warn_few_rows`: the warning for a batch too small to have negatives.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+import warnings
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 TemperatureLike = Union[float, int, Tensor, torch.nn.Module]
 
-_REDUCTIONS = ("mean", "sum", "none")
+__all__ = [
+    "TemperatureLike", "REDUCTIONS", "check_embeddings", "check_same", "check_pair", "check_reduction",
+    "resolve_temperature", "compute_dtype", "prepare", "check_index", "check_positive_map", "check_labels",
+    "check_probability", "check_nonnegative", "optional_int", "warn_few_rows",
+]
+
+#: The values of every loss's ``reduction`` argument.
+REDUCTIONS = ("mean", "sum", "none")
 
 
 def check_embeddings(x: object, name: str, *, ndim: int = 2, allow_empty: bool = False) -> Tensor:
@@ -50,9 +67,17 @@ def check_same(reference: Tensor, ref_name: str, other: Tensor, name: str, *, di
             )
 
 
+def check_pair(a: object, b: object, names: Tuple[str, str] = ("z_a", "z_b")) -> None:
+    """Check two ``(N, d)`` embedding batches that are paired row by row."""
+    check_embeddings(a, names[0])
+    check_embeddings(b, names[1])
+    check_same(a, names[0], b, names[1], dims=((0, 0), (1, 1)))
+
+
 def check_reduction(reduction: str) -> str:
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    """Check a ``reduction`` argument (one of :data:`REDUCTIONS`)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     return reduction
 
 
@@ -124,8 +149,40 @@ def check_index(index: object, name: str, *, length: int, upper: int, device: to
     return index
 
 
+def check_positive_map(positive_index: object, n: int, device: torch.device) -> Tensor:
+    """Check a positive map of ``n`` rows: ``p(i) != i`` and ``p(p(i)) = i`` (the textbook,
+    section 30.2); returns it as a long tensor on ``device``."""
+    index = check_index(positive_index, "positive_index", length=n, upper=n, device=device)
+    rows = torch.arange(n, device=device)
+    if bool((index == rows).any()):
+        bad = rows[index == rows][:5].tolist()
+        raise ValueError(f"positive_index maps rows {bad} to themselves; p(i) != i is required")
+    if bool((index[index] != rows).any()):
+        bad = rows[index[index] != rows][:5].tolist()
+        raise ValueError(
+            f"positive_index is not symmetric: p(p(i)) != i for rows {bad}; "
+            "every row needs exactly one partner that points back"
+        )
+    return index
+
+
+def check_labels(labels: object, n: int, device: torch.device) -> Tensor:
+    """Check ``(n,)`` integer class labels; returns them as a tensor on ``device``."""
+    if not isinstance(labels, Tensor):
+        try:
+            labels = torch.as_tensor(labels)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"labels must be an integer tensor or sequence: {err}") from None
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"labels must have an integer dtype, got {labels.dtype}")
+    if labels.dim() != 1 or labels.shape[0] != n:
+        raise ValueError(f"labels must have shape ({n},), got {tuple(labels.shape)}")
+    return labels.to(device)
+
+
 def check_probability(value: float, name: str, *, low: float = 0.0, high: float = 1.0,
                       open_high: bool = False) -> float:
+    """Check a number in ``[low, high]`` (``[low, high)`` with ``open_high``); returns a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     value = float(value)
@@ -136,7 +193,15 @@ def check_probability(value: float, name: str, *, low: float = 0.0, high: float 
     return value
 
 
+def check_nonnegative(value: float, name: str) -> float:
+    """Check a finite number ``>= 0`` (a weight, a concentration); returns a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
 def optional_int(value: Optional[int], name: str, *, minimum: int) -> Optional[int]:
+    """Check ``None`` or an int ``>= minimum`` (a tile size, a top-k)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
@@ -144,3 +209,17 @@ def optional_int(value: Optional[int], name: str, *, minimum: int) -> Optional[i
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def warn_few_rows(rows: int, negatives: int) -> None:
+    """Warn that a batch of ``rows`` rows leaves each anchor ``negatives`` (< 2) negatives.
+
+    A loss whose anchors have no negative is always 0: its value and gradient say nothing
+    about the representation (the textbook, section 30.2: "N = 2 has no negatives").
+    """
+    warnings.warn(
+        f"only {rows} rows: each anchor has at most {max(negatives, 0)} negative(s), so the "
+        "loss is degenerate (with no negative it is always 0); use N >= 4",
+        UserWarning,
+        stacklevel=5,  # the user's call of the loss (loss -> contrast -> sizes -> here)
+    )

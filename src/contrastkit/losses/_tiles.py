@@ -1,0 +1,128 @@
+"""The online log-sum-exp over tiles, shared by the tiled kernels and the ring exchange.
+
+A log-sum-exp over many candidates is kept as a running (maximum ``m``, scaled sum ``s``)
+pair per row (and per column) with ``lse = m + log s``; each tile of similarities is reduced
+to its own pair and merged in (:func:`merge_`). :func:`both_stats` reduces a tile for its
+rows and its columns with one shared shift when that is safe; :func:`pair_weights` and
+:func:`shifted_tile` rebuild ``exp(S - lse)`` in the backward pass. The buffers are flat and
+reused for every tile (:func:`tile_buffers`, :func:`tile_view`), so a kernel never holds more
+than two ``chunk x chunk`` tiles.
+
+Private to :mod:`contrastkit.losses`: :mod:`.tiled` and :mod:`.ring` are its users.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Tuple
+
+import torch
+from torch import Tensor
+
+# A tile shared between rows and columns uses one scalar shift c (the tile maximum). If every
+# row and column of the tile keeps sum exp(s - c) >= exp(-margin), no term that matters can
+# underflow and the per-row factor exp(c - lse) used in the backward stays below
+# exp(margin + log(chunk)), far from overflow in float32.
+_SHIFT_MARGIN = 30.0
+_MIN_SHIFTED_SUM = math.exp(-_SHIFT_MARGIN)
+
+
+def tile_ranges(n: int, chunk: int) -> List[Tuple[int, int]]:
+    return [(start, min(start + chunk, n)) for start in range(0, n, chunk)]
+
+
+def merge_(m: Tensor, s: Tensor, m_tile: Tensor, s_tile: Tensor) -> None:
+    """Online log-sum-exp, in place: ``s * e^m <- s * e^m + s_tile * e^m_tile``."""
+    m_new = torch.maximum(m, m_tile)
+    ref = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+    s.mul_(torch.exp(m - ref)).add_(s_tile * torch.exp(m_tile - ref))
+    m.copy_(m_new)
+
+
+def _finite_or_zero(x: Tensor) -> Tensor:
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def row_stats(tile: Tensor, work: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per-row (max, sum exp(tile - max)); rows that are entirely -inf give (-inf, 0)."""
+    row_max = tile.amax(dim=1)
+    torch.sub(tile, _finite_or_zero(row_max)[:, None], out=work).exp_()
+    return row_max, work.sum(dim=1)
+
+
+def col_stats(tile: Tensor, work: Tensor) -> Tuple[Tensor, Tensor]:
+    col_max = tile.amax(dim=0)
+    torch.sub(tile, _finite_or_zero(col_max)[None, :], out=work).exp_()
+    return col_max, work.sum(dim=0)
+
+
+def both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m: Tensor,
+                col_s: Tensor) -> Tuple[Tensor, bool]:
+    """Merge a tile's statistics into its rows and columns; returns (shift, shared_shift_used).
+
+    With a shared scalar shift the tile is exponentiated once for both axes.
+    """
+    shift = tile.max()
+    torch.sub(tile, shift, out=work).exp_()
+    rows = work.sum(dim=1)
+    cols = work.sum(dim=0)
+    if float(torch.minimum(rows.min(), cols.min())) >= _MIN_SHIFTED_SUM:
+        merge_(row_m, row_s, shift, rows)
+        merge_(col_m, col_s, shift, cols)
+        return shift, True
+    merge_(row_m, row_s, *row_stats(tile, work))
+    merge_(col_m, col_s, *col_stats(tile, work))
+    return shift, False
+
+
+def refuse_double_backward() -> None:
+    # Grad mode is on in a backward pass only with create_graph=True; the tiled backward is
+    # not itself differentiable, and silently dropping its second-order term would be wrong.
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "the tiled contrastive losses support one backward pass only: create_graph=True "
+            "(double backward) is not supported; use the dense path (small batches) for it")
+
+
+def no_autocast(like: Tensor):
+    # Autocast would run the tile products in half precision (the backward may be called
+    # inside a user's autocast region); the kernels always compute in the input's dtype.
+    return torch.autocast(device_type=like.device.type, enabled=False)
+
+
+def tile_buffers(like: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
+    return like.new_empty(chunk * chunk), like.new_empty(chunk * chunk)
+
+
+def tile_view(buffer: Tensor, rows: int, cols: int) -> Tensor:
+    return buffer[: rows * cols].view(rows, cols)
+
+
+def pair_weights(tile: Tensor, work: Tensor, shift: Tensor, shared: bool,
+                  g_row: Tensor, lse_row: Tensor, g_col: Tensor, lse_col: Tensor) -> Tensor:
+    """``W = g_row * exp(S - lse_row) + g_col * exp(S - lse_col)``; overwrites both buffers.
+
+    ``tile`` holds ``S - c`` if ``shared`` else ``S``.
+
+    ``lse_row`` runs along the tile's rows (shape ``(r,)``), ``lse_col`` along its columns.
+    Returns ``W`` (it lives in ``work`` or ``tile``).
+    """
+    if shared:
+        # exp(s - lse) = exp(s - c) * exp(c - lse): one exponential per element. The caller
+        # has already subtracted c (folded into the product, see shifted_tile).
+        alpha = g_row * torch.exp(shift - lse_row)
+        beta = g_col * torch.exp(shift - lse_col)
+        tile.exp_()
+        torch.mul(tile, alpha[:, None], out=work)
+        return work.addcmul_(tile, beta[None, :])
+    torch.sub(tile, lse_row[:, None], out=work).exp_().mul_(g_row[:, None])
+    tile.sub_(lse_col[None, :]).exp_().mul_(g_col[None, :])
+    return tile.add_(work)
+
+
+def shifted_tile(a: Tensor, b: Tensor, out: Tensor, shift: Tensor, shared: bool) -> Tensor:
+    """``A B^T - c`` when the tile uses the shared shift ``c`` (the subtraction rides on the
+    product for free), else ``A B^T``."""
+    if shared:
+        return torch.addmm(-shift, a, b.T, out=out)
+    return torch.mm(a, b.T, out=out)

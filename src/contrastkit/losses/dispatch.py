@@ -1,0 +1,358 @@
+"""One dispatcher for the losses with in-batch negatives: a loss says what it contrasts, this
+module decides how to compute it.
+
+Every such loss is, for anchor ``i`` with candidates ``C(i)`` and temperature ``tau``::
+
+    loss_i = log sum_{j in C(i)} exp(a_i . c_j / tau) - (positive term of anchor i)
+
+and is described by its anchors, candidates, positives and exclusions:
+
+* :class:`SelfContrast` -- one set of rows (a batch, or two views stacked block after block):
+  every row is an anchor and a candidate for the other rows. Excluded: the anchor itself (and,
+  with ``exclude_positive``, its positive: the decoupled loss). Positives: an index map, the
+  same row of the other view block, or class labels (several positives per anchor).
+* :class:`CrossContrast` -- two paired batches (query/positive, image/text): anchor ``i``
+  picks candidate ``i`` among all candidates, nothing excluded; optionally in both directions
+  (weighted), or against a bank of negatives instead of the other rows of the batch.
+
+:func:`contrast` picks the backend, once for all of them:
+
+* **gathered** -- with ``distributed=`` the rows of every rank are concatenated first
+  (:class:`contrastkit.losses._sharding.Shard`); in ``"local"`` mode only this rank's
+  anchors are computed, against every candidate.
+* **ring** -- ``"local"`` mode with tiles: :mod:`contrastkit.losses.ring`, no rank holds the
+  global batch.
+* **tiled** -- above :data:`contrastkit.losses.tiled.DENSE_MAX_ENTRIES` similarity entries,
+  or whenever ``chunk_size`` is given: the memory-linear kernels of
+  :mod:`contrastkit.losses.tiled`, with the temperature folded into their inputs.
+* **dense** -- otherwise: the similarity matrix and :func:`contrastkit.losses.core.per_anchor_nll`.
+
+:class:`LossCall` validates the arguments every loss shares (reduction, temperature,
+``chunk_size``, ``distributed=``) around the loss's own checks.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from contrastkit.distributed.gather import DistributedArg
+
+from . import ring, tiled
+from ._sharding import Shard, select
+from .core import full_precision, per_anchor_nll, reduce
+from .validation import (
+    TemperatureLike,
+    check_reduction,
+    optional_int,
+    prepare,
+    resolve_temperature,
+    warn_few_rows,
+)
+
+__all__ = ["LossCall", "SelfContrast", "CrossContrast", "contrast", "views_positive_index", "self_mask"]
+
+
+class LossCall:
+    """The arguments every loss shares, validated once (see :meth:`checking`).
+
+    After the checks: :attr:`tau` (float or 0-dim tensor), :attr:`chunk_size` (``None`` or a
+    validated int), :attr:`reduction` and :attr:`shard` (the distributed batch; inactive
+    unless ``distributed=`` is given).
+    """
+
+    def __init__(self, *, temperature: TemperatureLike, reduction: str, chunk_size: Optional[int] = None,
+                 distributed: DistributedArg = False, distributed_mode: str = "global") -> None:
+        self.shard = Shard(distributed, distributed_mode)
+        self.reduction = reduction
+        self.chunk_size = chunk_size
+        self.tau: Union[float, Tensor, None] = None
+        self._temperature = temperature
+
+    @contextmanager
+    def checking(self) -> Iterator["LossCall"]:
+        """Check ``reduction``, run the loss's own checks (the body), then the temperature and
+        ``chunk_size``. When distributed, an error is raised on every rank at the row exchange
+        instead of here (a rank that raised alone would leave the others waiting)."""
+        with self.shard.checking():
+            check_reduction(self.reduction)
+            yield self
+            self.tau = resolve_temperature(self._temperature)
+            self.chunk_size = optional_int(self.chunk_size, "chunk_size", minimum=1)
+
+
+def views_positive_index(n: int, device: Optional[torch.device] = None) -> Tensor:
+    """Positive map of SimCLR's 2N views: row ``i`` pairs with ``i + N`` and vice versa."""
+    base = torch.arange(n, device=device)
+    return torch.cat([base + n, base])
+
+
+def self_mask(rows: int, device: torch.device, anchor_rows: Optional[Tensor] = None) -> Tensor:
+    """Denominator mask without the anchor itself: ``(rows, rows)``, or only ``anchor_rows``."""
+    if anchor_rows is None:
+        return ~torch.eye(rows, dtype=torch.bool, device=device)
+    mask = torch.ones(anchor_rows.shape[0], rows, dtype=torch.bool, device=device)
+    mask[torch.arange(anchor_rows.shape[0], device=device), anchor_rows] = False
+    return mask
+
+
+def _divide_by_temperature(x: Tensor, tau, power: float) -> Tensor:
+    """``x / tau**power``: the tiled kernels see the temperature folded into their inputs, so
+    a learnable temperature gets its gradient through this product."""
+    if isinstance(tau, Tensor):
+        return x * tau.to(x.dtype).pow(-power)
+    return x / tau ** power
+
+
+def _ring_lse(shard: Shard, anchors: Tensor, candidates: Tensor, chunk: int, blocks: int = 1,
+              exclude_own: Optional[Tensor] = None) -> Tensor:
+    """Log-sum-exp of this rank's anchors against every rank's candidates, by ring exchange;
+    each rank holds ``blocks`` candidate rows per row of its batch."""
+    sizes = [blocks * size for size in shard.layout.sizes]
+    return ring.ring_logsumexp(anchors, candidates, shard.group, sizes, chunk, exclude_own)
+
+
+@dataclass
+class SelfContrast:
+    """One set of rows contrasted with itself (module docstring).
+
+    Attributes:
+        blocks: the raw batches, each ``(N, d)`` -- or ``(N, V, d)``, ``V`` views per row,
+            flattened view-major -- stacked block after block; gathered over ranks together.
+        names: each block's argument name, for error messages.
+        positive_index: an explicit positive map over the stacked rows (not distributed).
+        labels: ``(N,)`` class labels: an anchor's positives are the other rows of its class.
+            With neither ``positive_index`` nor ``labels``, two blocks are two views and row
+            ``i`` of one pairs with row ``i`` of the other.
+        multi_positive: with ``labels``, ``"out"`` or ``"in"`` (:func:`.core.per_anchor_nll`).
+        exclude_positive: leave the positive out of the denominator too (dense only).
+    """
+
+    blocks: Tuple[Tensor, ...]
+    names: Tuple[str, ...]
+    positive_index: Optional[Tensor] = None
+    labels: Optional[Tensor] = None
+    multi_positive: str = "out"
+    exclude_positive: bool = False
+
+    @property
+    def _per_row(self) -> int:
+        return self.blocks[0].shape[1] if self.blocks[0].dim() == 3 else 1
+
+    def _rows(self, batch: int) -> int:
+        return len(self.blocks) * batch * self._per_row
+
+    def sizes(self, shard: Shard, total: int) -> Tuple[int, int]:
+        """(anchor rows computed here, candidate rows); warns for a batch without negatives."""
+        rows = self._rows(total)
+        if self.labels is None and rows < 4:
+            warn_few_rows(rows, rows - 2)
+        return self._rows(self.blocks[0].shape[0]) if shard.local else rows, rows
+
+    def tileable(self, shard: Shard) -> bool:
+        if self.exclude_positive:
+            return False
+        return self.labels is None or (self.multi_positive == "out" and not shard.local)
+
+    def _positive_index(self, batch: int, device: torch.device) -> Tensor:
+        if self.positive_index is not None:
+            return self.positive_index
+        return views_positive_index(batch, device)
+
+    def _prepared(self, blocks: Tuple[Tensor, ...], normalize: bool) -> Tensor:
+        flat = [prepare(b.reshape(-1, b.shape[-1]), normalize, name) for b, name in zip(blocks, self.names)]
+        return flat[0] if len(flat) == 1 else torch.cat(flat)
+
+    def ring(self, call: LossCall, chunk: int, normalize: bool, total: int) -> Tensor:
+        # The positive of each own anchor is one of this rank's own rows (views only).
+        x = _divide_by_temperature(self._prepared(self.blocks, normalize), call.tau, 0.5)
+        own = torch.arange(x.shape[0], device=x.device)
+        lse = _ring_lse(call.shard, x, x, chunk, blocks=len(self.blocks), exclude_own=own[:, None])
+        losses = lse - (x * x[views_positive_index(self.blocks[0].shape[0], x.device)]).sum(dim=1)
+        return call.shard.reduce(losses, call.reduction, anchors_total=self._rows(total))
+
+    def gather(self, shard: Shard) -> Tuple[Tensor, ...]:
+        blocks = shard.gather(*self.blocks)
+        labels = None
+        if self.labels is not None:
+            labels = shard.gather_labels(self.labels).repeat_interleave(self._per_row)
+        return blocks, labels
+
+    def tiled(self, call: LossCall, gathered, chunk: int, normalize: bool, total: int) -> Tensor:
+        blocks, labels = gathered
+        x = self._prepared(blocks, normalize)
+        if labels is not None:
+            return _tiled_supcon_out(x, labels, call.tau, chunk, call.reduction)
+        x = _divide_by_temperature(x, call.tau, 0.5)
+        index = self._positive_index(total, x.device)
+        return reduce(tiled.self_logsumexp(x, chunk) - (x * x[index]).sum(dim=1), call.reduction)
+
+    def dense(self, call: LossCall, gathered, normalize: bool, total: int) -> Tensor:
+        blocks, labels = gathered
+        shard = call.shard
+        x = self._prepared(blocks, normalize)
+        device = x.device
+        rows = shard.anchor_rows(blocks=len(blocks), per_row=self._per_row, device=device)
+        mask = self_mask(x.shape[0], device, rows)
+        if labels is not None:
+            positives = (select(labels, rows)[:, None] == labels[None, :]) & mask
+            anchors_total = _anchors_with_positive(labels) if shard.local else None
+        else:
+            positives = select(self._positive_index(total, device), rows)
+            anchors_total = x.shape[0]
+            if self.exclude_positive:
+                mask[torch.arange(positives.shape[0], device=device), positives] = False
+        logits = (select(x, rows) @ x.T) / call.tau
+        losses, valid = per_anchor_nll(logits, positives, mask, self.multi_positive)
+        return shard.reduce(losses, call.reduction, valid, anchors_total=anchors_total)
+
+
+def _anchors_with_positive(labels: Tensor) -> int:
+    """How many rows share their label with at least one other row (O(N), no N x N mask)."""
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    return int((counts[inverse] > 1).sum())
+
+
+def _tiled_supcon_out(x: Tensor, labels: Tensor, tau, chunk: int, reduction: str) -> Tensor:
+    """SupCon L_out in tiles: the mean positive logit of anchor ``i`` is
+    ``x_i . (sum of its class - x_i) / (class size - 1)``, so only the denominator needs tiles."""
+    x = _divide_by_temperature(x, tau, 0.5)
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    class_sums = x.new_zeros(counts.shape[0], x.shape[1]).index_add(0, inverse, x)
+    positive_counts = counts[inverse] - 1
+    valid = positive_counts > 0
+    positive_mean = (x * (class_sums[inverse] - x)).sum(dim=1) / positive_counts.clamp(min=1).to(x.dtype)
+    losses = tiled.self_logsumexp(x, chunk) - positive_mean
+    return reduce(losses, reduction, valid)
+
+
+@dataclass
+class CrossContrast:
+    """Anchors contrasted with a paired set of candidates (module docstring).
+
+    Attributes:
+        anchors, candidates: raw ``(N, d)`` batches; candidate ``i`` is anchor ``i``'s positive.
+        names: their argument names, for error messages.
+        weight: ``None`` for one direction (anchors choose among candidates); a float for both,
+            ``weight`` on anchors -> candidates and ``1 - weight`` on candidates -> anchors.
+        bank: ``None`` (the candidates are every row of ``candidates``), or negatives that
+            replace the other rows: ``(M, d)`` shared by all anchors, or ``(N, M, d)`` per
+            anchor with ``paired_bank`` (never tiled: no matrix larger than the input).
+    """
+
+    anchors: Tensor
+    candidates: Tensor
+    names: Tuple[str, str]
+    weight: Optional[float] = None
+    bank: Optional[Tensor] = None
+    paired_bank: bool = False
+
+    def sizes(self, shard: Shard, total: int) -> Tuple[int, int]:
+        """(anchor rows computed here, candidate rows); warns for a batch without negatives."""
+        if self.bank is None and total < 2:
+            warn_few_rows(total, total - 1)
+        candidates = total if self.bank is None else self.bank.shape[0]
+        return (self.anchors.shape[0] if shard.local else total), candidates
+
+    def tileable(self, shard: Shard) -> bool:
+        return not self.paired_bank
+
+    def _prepared(self, anchors: Tensor, candidates: Tensor, normalize: bool) -> Tuple[Tensor, Tensor]:
+        return prepare(anchors, normalize, self.names[0]), prepare(candidates, normalize, self.names[1])
+
+    def ring(self, call: LossCall, chunk: int, normalize: bool, total: int) -> Tensor:
+        shard = call.shard
+        a, b = self._prepared(self.anchors, self.candidates, normalize)
+        a = _divide_by_temperature(a, call.tau, 1.0)
+        diagonal = (a * b).sum(dim=1)
+        if self.weight is None:
+            losses = _ring_lse(shard, a, b, chunk) - diagonal
+        else:  # once per direction
+            weight = self.weight
+            losses = weight * (_ring_lse(shard, a, b, chunk) - diagonal) if weight > 0 else 0.0
+            if weight < 1:
+                losses = losses + (1.0 - weight) * (_ring_lse(shard, b, a, chunk) - diagonal)
+        return shard.reduce(losses, call.reduction, anchors_total=total)
+
+    def gather(self, shard: Shard) -> Tuple[Tensor, Tensor]:
+        if shard.local and self.weight is None:  # own anchors against every rank's candidates
+            (candidates,) = shard.gather(self.candidates)
+            return self.anchors, candidates
+        return shard.gather(self.anchors, self.candidates)
+
+    def tiled(self, call: LossCall, gathered, chunk: int, normalize: bool, total: int) -> Tensor:
+        a, b = self._prepared(*gathered, normalize)
+        a = _divide_by_temperature(a, call.tau, 1.0)
+        diagonal = (a * b).sum(dim=1)
+        weight = self.weight
+        if weight is None and self.bank is not None:
+            bank_lse, _ = tiled.cross_logsumexp(a, prepare(self.bank, normalize, "negatives"), chunk, columns=False)
+            losses = torch.logaddexp(diagonal, bank_lse) - diagonal
+        elif weight is None or weight == 1.0:
+            losses = tiled.cross_logsumexp(a, b, chunk, columns=False)[0] - diagonal
+        elif weight == 0.0:
+            losses = tiled.cross_logsumexp(b, a, chunk, columns=False)[0] - diagonal
+        else:  # both directions from the same tiles
+            a_lse, b_lse = tiled.cross_logsumexp(a, b, chunk)
+            losses = weight * (a_lse - diagonal) + (1.0 - weight) * (b_lse - diagonal)
+        return reduce(losses, call.reduction)
+
+    def dense(self, call: LossCall, gathered, normalize: bool, total: int) -> Tensor:
+        shard, tau = call.shard, call.tau
+        a, b = self._prepared(*gathered, normalize)
+        own = shard.layout.local_rows(a.device) if shard.local else None
+        if self.weight is not None:
+            return shard.reduce(self._both_directions(a, b, tau, own), call.reduction, anchors_total=total)
+        if self.bank is None:
+            logits = (a @ b.T) / tau
+            index = torch.arange(a.shape[0], device=a.device) if own is None else own
+        else:
+            bank = prepare(self.bank, normalize, "negatives")
+            positive_logit = (a * b).sum(dim=1, keepdim=True)
+            if self.paired_bank:
+                negative_logits = torch.bmm(bank, a[:, :, None]).squeeze(2)
+            else:
+                negative_logits = a @ bank.T
+            logits = torch.cat([positive_logit, negative_logits], dim=1) / tau
+            index = torch.zeros(a.shape[0], dtype=torch.long, device=a.device)
+        losses, _ = per_anchor_nll(logits, index)
+        return shard.reduce(losses, call.reduction, anchors_total=total)
+
+    def _both_directions(self, a: Tensor, b: Tensor, tau, own: Optional[Tensor]) -> Tensor:
+        if own is None:
+            logits = (a @ b.T) / tau
+            diagonal = logits.diagonal()
+            a_to_b = torch.logsumexp(logits, dim=1) - diagonal
+            b_to_a = torch.logsumexp(logits, dim=0) - diagonal
+        else:  # rows and columns of this rank's pairs only
+            a_rows = (a[own] @ b.T) / tau
+            b_rows = (b[own] @ a.T) / tau
+            diagonal = a_rows.gather(1, own[:, None]).squeeze(1)
+            a_to_b = torch.logsumexp(a_rows, dim=1) - diagonal
+            b_to_a = torch.logsumexp(b_rows, dim=1) - diagonal
+        return self.weight * a_to_b + (1.0 - self.weight) * b_to_a
+
+
+Contrast = Union[SelfContrast, CrossContrast]
+
+
+def contrast(call: LossCall, spec: Contrast, *, normalize: bool) -> Tensor:
+    """Compute the loss ``spec`` describes, on the backend its size and ``distributed=`` call
+    for (module docstring): ring, or gathered and then tiled or dense."""
+    shard = call.shard
+    total = shard.exchange(*((spec.anchors, spec.candidates) if isinstance(spec, CrossContrast) else spec.blocks))
+    anchors, candidates = spec.sizes(shard, total)
+    chunk = tiled.use_tiled(anchors, candidates, call.chunk_size) if spec.tileable(shard) else None
+    device = spec.anchors.device if isinstance(spec, CrossContrast) else spec.blocks[0].device
+    if shard.local and chunk is not None:
+        with full_precision(device):
+            return spec.ring(call, chunk, normalize, total)
+    gathered = spec.gather(shard)
+    with full_precision(device):
+        if chunk is not None:
+            return spec.tiled(call, gathered, chunk, normalize, total)
+        return spec.dense(call, gathered, normalize, total)

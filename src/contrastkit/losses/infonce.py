@@ -1,0 +1,268 @@
+"""The InfoNCE / NT-Xent losses: a choice of the positive among in-batch candidates.
+
+:func:`info_nce` (queries against paired positives, or a bank of negatives),
+:func:`nt_xent` (any positive map over one batch), :func:`nt_xent_views` (SimCLR's two views),
+:func:`bidirectional_info_nce` (ConVIRT / CLIP, both directions) and :func:`similarity_loss`
+(a precomputed similarity matrix). Each validates its own inputs, describes what it
+contrasts and leaves the backend (dense, tiled, gathered, ring) to
+:func:`contrastkit.losses.dispatch.contrast`. Conventions: :mod:`contrastkit.losses.functional`.
+"""
+
+from __future__ import annotations
+
+import math  # noqa: F401  (used by the doctests)
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from contrastkit.distributed.gather import DistributedArg
+
+from .core import full_precision, per_anchor_nll, reduce
+from .dispatch import CrossContrast, LossCall, SelfContrast, contrast, self_mask, views_positive_index
+from .validation import (
+    TemperatureLike,
+    check_embeddings,
+    check_index,
+    check_pair,
+    check_positive_map,
+    check_probability,
+    check_same,
+    prepare,
+)
+
+__all__ = ["info_nce", "nt_xent", "nt_xent_views", "bidirectional_info_nce", "similarity_loss",
+           "views_positive_index"]
+
+
+def similarity_loss(
+    similarities: Tensor,
+    positive_index: Tensor,
+    *,
+    temperature: TemperatureLike,
+    exclude_diagonal: bool,
+    reduction: str = "mean",
+) -> Tensor:
+    """InfoNCE on a precomputed similarity matrix, so printed matrices can be used as given.
+
+    Args:
+        similarities: ``(N, K)``; row ``i`` is anchor ``i``'s scores against ``K`` candidates.
+        positive_index: ``(N,)`` column of each anchor's positive.
+        temperature: ``tau > 0``.
+        exclude_diagonal: ``True`` for a self-similarity matrix (``K == N``, one modality):
+            candidate ``i`` is anchor ``i`` itself and is removed from the denominator.
+            ``False`` for a cross-modal matrix whose diagonal holds the positives.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+
+    The positive is always in the denominator.
+
+    Example (the ConVIRT tutorial's matrix, image-to-text direction, tau = 0.1):
+        >>> s = torch.tensor([[0.879, -0.06, -0.06, -0.06], [-0.06, 0.879, -0.06, -0.06],
+        ...                   [-0.06, -0.06, 0.879, 0.724], [-0.06, -0.06, 0.724, 0.879]])
+        >>> round(float(similarity_loss(s, torch.arange(4), temperature=0.1,
+        ...                             exclude_diagonal=False)), 4)
+        0.0964
+    """
+    call = LossCall(temperature=temperature, reduction=reduction)
+    with call.checking():
+        check_embeddings(similarities, "similarities")
+        n, k = similarities.shape
+        if exclude_diagonal and n != k:
+            raise ValueError(f"exclude_diagonal=True needs a square similarity matrix, got {(n, k)}")
+        index = check_index(positive_index, "positive_index", length=n, upper=k, device=similarities.device)
+        if exclude_diagonal and bool((index == torch.arange(n, device=index.device)).any()):
+            raise ValueError("positive_index points an anchor at itself, but the diagonal is excluded")
+    mask = self_mask(n, similarities.device) if exclude_diagonal else None
+    with full_precision(similarities.device):
+        logits = prepare(similarities, False, "similarities") / call.tau
+        losses, _ = per_anchor_nll(logits, index, mask)
+        return reduce(losses, reduction)
+
+
+def info_nce(
+    query: Tensor,
+    positive: Tensor,
+    negatives: Optional[Tensor] = None,
+    *,
+    temperature: TemperatureLike,
+    negative_mode: str = "unpaired",
+    reduction: str = "mean",
+    normalize: bool = True,
+    chunk_size: Optional[int] = None,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
+) -> Tensor:
+    """Candidate-choice InfoNCE (the course page, P10): each query picks its positive among candidates.
+
+    Args:
+        query: ``(N, d)``; every row is an anchor.
+        positive: ``(N, d)``; row ``i`` is the positive of query ``i``.
+        negatives: ``None`` for in-batch negatives (query ``i``'s candidates are all rows of
+            ``positive``, the other rows acting as negatives); ``(M, d)`` with
+            ``negative_mode="unpaired"`` for a bank shared by all queries (a MoCo queue);
+            ``(N, M, d)`` with ``negative_mode="paired"`` for per-query negatives.
+        temperature: ``tau > 0``.
+        negative_mode: ``"unpaired"`` or ``"paired"`` (see ``negatives``).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` for ``(N,)``.
+        normalize: L2-normalise every input first (cosine similarity).
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size that forces the
+            memory-linear tiled computation (in-batch and unpaired negatives; paired
+            negatives never build a matrix larger than the input, so it has no effect there).
+        distributed: in-batch negatives only: every rank's ``positive`` rows become candidates
+            (module docstring). Not allowed with ``negatives``: a bank shared over ranks is
+            :class:`contrastkit.distributed.KeyQueue`.
+        distributed_mode: ``"global"`` (also gathers ``query``) or ``"local"`` (this rank's
+            queries only).
+
+    The positive is in the denominator: ``loss_i = -log softmax(candidates_i / tau)[pos]``.
+
+    Example:
+        >>> q = torch.tensor([[1.0, 0.0]]); p = torch.tensor([[1.0, 0.0]])
+        >>> n = torch.tensor([[0.0, 1.0], [-1.0, 0.0]])
+        >>> round(float(info_nce(q, p, n, temperature=1.0)), 6)  # -log(e / (e + 1 + 1/e))
+        0.407606
+    """
+    call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
+                    distributed=distributed, distributed_mode=distributed_mode)
+    with call.checking():
+        check_pair(query, positive, ("query", "positive"))
+        if negative_mode not in ("unpaired", "paired"):
+            raise ValueError(f"negative_mode must be 'unpaired' or 'paired', got {negative_mode!r}")
+        if negatives is not None:
+            if call.shard.active:
+                raise ValueError("distributed= gathers in-batch negatives and cannot be combined with "
+                                 "negatives=; share a bank across ranks with contrastkit.distributed.KeyQueue")
+            if negative_mode == "unpaired":
+                check_embeddings(negatives, "negatives", ndim=2)
+                check_same(query, "query", negatives, "negatives", dims=((1, 1),))
+            else:
+                check_embeddings(negatives, "negatives", ndim=3)
+                check_same(query, "query", negatives, "negatives", dims=((0, 0), (2, 1)))
+    spec = CrossContrast(query, positive, ("query", "positive"), bank=negatives,
+                         paired_bank=negatives is not None and negative_mode == "paired")
+    return contrast(call, spec, normalize=normalize)
+
+
+def nt_xent(
+    z: Tensor,
+    positive_index: Tensor,
+    *,
+    temperature: TemperatureLike,
+    reduction: str = "mean",
+    normalize: bool = True,
+    chunk_size: Optional[int] = None,
+) -> Tensor:
+    """Pairwise NT-Xent with any positive map (the textbook, section 30.2).
+
+    ``loss_i = -S_{i,p(i)}/tau + log sum_{j != i} exp(S_ij/tau)``, ``S = Z Z^T``.
+
+    Args:
+        z: ``(N, d)``; every row is an anchor and a candidate for the others.
+        positive_index: ``(N,)`` positive map with ``p(i) != i`` and ``p(p(i)) = i``.
+        temperature: ``tau > 0``.
+        reduction: ``"mean"`` over all ``N`` anchors, ``"sum"``, or ``"none"`` for ``(N,)``.
+        normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation.
+
+    Denominator: every row but the anchor itself (the positive is kept). With ``N < 4`` a
+    warning is issued (no real negatives). SimCLR's 2N-view loss is the map ``p(i) = i +/- N``
+    (:func:`nt_xent_views`).
+
+    Example (the worked example of the textbook, section 30.2, recomputed: the text prints
+    0.9344 for rows 1 and 3, an arithmetic slip):
+        >>> z = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]])
+        >>> nt_xent(z, torch.tensor([1, 0, 3, 2]), temperature=1.0, reduction="none")
+        tensor([0.8189, 1.0960, 0.8189, 1.0960])
+    """
+    call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size)
+    with call.checking():
+        check_embeddings(z, "z")
+        index = check_positive_map(positive_index, z.shape[0], z.device)
+    return contrast(call, SelfContrast((z,), ("z",), positive_index=index), normalize=normalize)
+
+
+def nt_xent_views(
+    z_a: Tensor,
+    z_b: Tensor,
+    *,
+    temperature: TemperatureLike,
+    reduction: str = "mean",
+    normalize: bool = True,
+    chunk_size: Optional[int] = None,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
+) -> Tensor:
+    """SimCLR's NT-Xent on two views: ``2N`` anchors, each with ``2N - 2`` negatives.
+
+    Args:
+        z_a: ``(N, d)`` first view; ``z_b``: ``(N, d)`` second view, row ``i`` pairs with
+            ``z_a[i]``.
+        temperature: ``tau > 0``.
+        reduction: ``"mean"`` over all ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``
+            (anchors of ``z_a`` first, then ``z_b``).
+        normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation over the ``2N x 2N`` similarity matrix.
+        distributed, distributed_mode: global negatives over ranks (module docstring); ``N``
+            is then the global batch and ``"local"`` mode's ``"none"`` gives this rank's
+            ``z_a`` anchors, then its ``z_b`` anchors.
+
+    Denominator: all ``2N - 1`` other rows (positive included, self excluded).
+
+    Example:
+        >>> z = torch.ones(3, 4)
+        >>> round(float(nt_xent_views(z, z, temperature=0.5)), 6) == round(math.log(5), 6)
+        True
+    """
+    call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
+                    distributed=distributed, distributed_mode=distributed_mode)
+    with call.checking():
+        check_pair(z_a, z_b)
+    return contrast(call, SelfContrast((z_a, z_b), ("z_a", "z_b")), normalize=normalize)
+
+
+def bidirectional_info_nce(
+    v: Tensor,
+    u: Tensor,
+    *,
+    temperature: TemperatureLike,
+    weight: float = 0.5,
+    reduction: str = "mean",
+    normalize: bool = True,
+    chunk_size: Optional[int] = None,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
+) -> Tensor:
+    """ConVIRT / CLIP loss: InfoNCE in both directions between paired modalities (the
+    ConVIRT tutorial).
+
+    ``loss_i = weight * l_i(v->u) + (1 - weight) * l_i(u->v)`` where ``l_i(v->u)`` is the
+    cross-entropy of row ``i`` of ``S = v u^T / tau`` against column ``i``, and
+    ``l_i(u->v)`` the same for column ``i``.
+
+    Args:
+        v: ``(N, d)`` first modality (images); ``u``: ``(N, d)`` second modality (texts),
+            row ``i`` of each forming pair ``i``.
+        temperature: ``tau > 0`` (ConVIRT: 0.1; CLIP: learnable, init 0.07).
+        weight: lambda in ``[0, 1]`` on the ``v -> u`` direction. 0.75 is ConVIRT, 0.5 CLIP.
+        reduction: ``"mean"`` over the ``N`` pairs, ``"sum"``, or ``"none"`` for ``(N,)``.
+        normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation; both directions come from the same tiles.
+        distributed, distributed_mode: global negatives over ranks (module docstring);
+            ``"local"`` mode computes the rows and columns of this rank's pairs.
+
+    Denominator: all ``N`` candidates of the other modality, the positive included.
+
+    Example:
+        >>> v = torch.eye(3); u = torch.eye(3)
+        >>> round(float(bidirectional_info_nce(v, u, temperature=1.0, weight=0.75)), 6)
+        0.551445
+    """
+    call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
+                    distributed=distributed, distributed_mode=distributed_mode)
+    with call.checking():
+        check_pair(v, u, ("v", "u"))
+        weight = check_probability(weight, "weight")
+    return contrast(call, CrossContrast(v, u, ("v", "u"), weight=weight), normalize=normalize)

@@ -1,0 +1,77 @@
+"""Supervised contrastive loss: the positives of an anchor are the rows of its class.
+
+Conventions: :mod:`contrastkit.losses.functional`; the backend is chosen by
+:func:`contrastkit.losses.dispatch.contrast`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from contrastkit.distributed.gather import DistributedArg
+
+from .dispatch import LossCall, SelfContrast, contrast
+from .validation import TemperatureLike, check_embeddings, check_labels
+
+__all__ = ["supcon"]
+
+
+def supcon(
+    z: Tensor,
+    labels: Tensor,
+    *,
+    temperature: TemperatureLike,
+    variant: str = "out",
+    reduction: str = "mean",
+    normalize: bool = True,
+    chunk_size: Optional[int] = None,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
+) -> Tensor:
+    """Supervised contrastive loss (Khosla et al. 2020), L_out or L_in.
+
+    Args:
+        z: ``(N, d)`` embeddings, or ``(N, V, d)`` with ``V`` views per sample (flattened to
+            ``N * V`` anchors, view-major within a sample, labels repeated).
+        labels: ``(N,)`` integer class labels; rows with equal labels are positives.
+        temperature: ``tau > 0``.
+        variant: ``"out"`` (average of log-probabilities over positives, the paper's
+            recommendation) or ``"in"`` (log of the average probability).
+        reduction: ``"mean"`` over anchors that have at least one positive, ``"sum"``, or
+            ``"none"`` (anchors without a positive get 0). If no anchor has a positive,
+            ``"mean"`` raises ``ValueError``.
+        normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation. Tiling is available for ``variant="out"``
+            (whose positive term is a per-class sum); ``"in"`` is always dense and raises
+            ``ValueError`` if a ``chunk_size`` is given.
+        distributed, distributed_mode: global negatives over ranks (module docstring); the
+            labels are gathered too, so positives are found on every rank, and ``"mean"`` is
+            over the global batch's anchors that have a positive. Tiling is done on the
+            gathered batch in ``"global"`` mode; ``"local"`` mode is dense (there is no ring
+            SupCon) and raises ``ValueError`` if a ``chunk_size`` is given.
+
+    Denominator: every other row (positives included, self excluded).
+
+    Example:
+        >>> z = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+        >>> round(float(supcon(z, torch.tensor([0, 0, 1, 1]), temperature=1.0)), 6)
+        0.551445
+    """
+    call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
+                    distributed=distributed, distributed_mode=distributed_mode)
+    with call.checking():
+        if variant not in ("out", "in"):
+            raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")
+        check_embeddings(z, "z", ndim=3 if isinstance(z, Tensor) and z.dim() == 3 else 2)
+        labels = check_labels(labels, z.shape[0], z.device)
+        if variant == "in" and chunk_size is not None:
+            raise ValueError("chunk_size (tiled computation) is only available for variant='out'")
+        if call.shard.local and chunk_size is not None:
+            raise ValueError("chunk_size is not available with distributed_mode='local' for supcon; "
+                             "use distributed_mode='global' for the tiled computation")
+    spec = SelfContrast((z,), ("z",), labels=labels, multi_positive=variant)
+    return contrast(call, spec, normalize=normalize)

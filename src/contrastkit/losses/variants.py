@@ -1,0 +1,307 @@
+"""Named variants of NT-Xent on two views: other denominators, other weights.
+
+:func:`dcl` (the positive left out of the denominator), :func:`simple_loss` (no softmax),
+:func:`hard_negative_nt_xent` (only the hardest negatives), :func:`debiased_nt_xent` and
+:func:`hcl` (a corrected, reweighted negative mass). Conventions:
+:mod:`contrastkit.losses.functional`. Only :func:`dcl` has in-batch negatives in the plain
+log-sum-exp form, so only it goes through :func:`contrastkit.losses.dispatch.contrast` (and
+takes ``distributed=``); the others are computed densely here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from contrastkit.distributed.gather import DistributedArg
+
+from .core import full_precision, per_anchor_nll, reduce
+from .dispatch import LossCall, SelfContrast, contrast, self_mask, views_positive_index
+from .infonce import nt_xent_views  # noqa: F401  (used by the doctests)
+from .validation import (
+    TemperatureLike,
+    check_nonnegative,
+    check_pair,
+    check_probability,
+    check_reduction,
+    optional_int,
+    prepare,
+)
+
+__all__ = ["dcl", "simple_loss", "hard_negative_nt_xent", "debiased_nt_xent", "hcl"]
+
+
+def _views(z_a: Tensor, z_b: Tensor, tau, normalize: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """Logits ``(2N, 2N)`` of the stacked views, each anchor's positive index and a mask of
+    its negatives (neither itself nor its positive); autocast must already be off."""
+    n = z_a.shape[0]
+    z = torch.cat([prepare(z_a, normalize, "z_a"), prepare(z_b, normalize, "z_b")])
+    index = views_positive_index(n, z.device)
+    negatives = self_mask(2 * n, z.device)
+    negatives[torch.arange(2 * n, device=z.device), index] = False
+    return (z @ z.T) / tau, index, negatives
+
+
+def _at_least_two_pairs(n: int, name: str, empty: str) -> None:
+    if n < 2:
+        raise ValueError(f"{name} needs at least 2 pairs: with one pair {empty}")
+
+
+def dcl(
+    z_a: Tensor,
+    z_b: Tensor,
+    *,
+    temperature: TemperatureLike,
+    reduction: str = "mean",
+    normalize: bool = True,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
+) -> Tensor:
+    """Decoupled contrastive loss (Yeh et al. 2022): NT-Xent with the positive removed from
+    the denominator (the textbook, section 30.2, exercise F4).
+
+    ``loss_i = -S_{i,p(i)}/tau + log sum_{j not in {i, p(i)}} exp(S_ij/tau)`` over the ``2N``
+    anchors of two views. Unlike the standard losses this one is **not** bounded below by 0:
+    it goes negative whenever the positive beats the negatives' log-sum-exp.
+
+    Args:
+        z_a, z_b: ``(N, d)`` views, row ``i`` of each forming a positive pair; ``N >= 2``
+            (with ``N = 1`` the denominator would be empty).
+        temperature: ``tau > 0``.
+        reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
+        normalize: L2-normalise rows first.
+        distributed, distributed_mode: global negatives over ranks (module docstring), as in
+            :func:`nt_xent_views`; ``N >= 2`` then applies to the global batch.
+
+    Example:
+        >>> z_a = torch.tensor([[1.0, 0.0], [0.0, 1.0]]); z_b = z_a.clone()
+        >>> round(float(dcl(z_a, z_b, temperature=1.0)), 6)  # -1 + log(2 * exp(0)) < 0
+        -0.306853
+    """
+    call = LossCall(temperature=temperature, reduction=reduction,
+                    distributed=distributed, distributed_mode=distributed_mode)
+    with call.checking():
+        check_pair(z_a, z_b)
+    _at_least_two_pairs(call.shard.exchange(z_a, z_b), "dcl", "the denominator is empty")
+    return contrast(call, SelfContrast((z_a, z_b), ("z_a", "z_b"), exclude_positive=True), normalize=normalize)
+
+
+def simple_loss(
+    z_a: Tensor,
+    z_b: Tensor,
+    *,
+    negative_weight: float = 1.0,
+    reduction: str = "mean",
+    normalize: bool = True,
+) -> Tensor:
+    """Wang & Liu's "simple" loss, the ``tau -> infinity`` limit that weighs every negative
+    the same: ``loss_i = -s_{i,p(i)} + negative_weight * mean_{j not in {i, p(i)}} s_ij``.
+
+    No temperature and no softmax: the gradient on each negative is the same, so there is no
+    hardness awareness (Wang & Liu, CVPR 2021, "Understanding the Behaviour of Contrastive
+    Loss"). It is negative for good embeddings.
+
+    Args:
+        z_a, z_b: ``(N, d)`` views, rows paired; ``N >= 2``.
+        negative_weight: lambda >= 0 on the mean negative similarity.
+        reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
+        normalize: L2-normalise rows first.
+
+    Example:
+        >>> z_a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+        >>> float(simple_loss(z_a, z_a.clone()))  # -1 + mean of one negative cosine 0
+        -1.0
+    """
+    check_reduction(reduction)
+    check_pair(z_a, z_b)
+    _at_least_two_pairs(z_a.shape[0], "simple_loss", "there are no negatives")
+    negative_weight = check_nonnegative(negative_weight, "negative_weight")
+    n = z_a.shape[0]
+    with full_precision(z_a.device):
+        similarities, index, _ = _views(z_a, z_b, 1.0, normalize)
+        positive = similarities.gather(1, index[:, None]).squeeze(1)
+        negative_sum = similarities.sum(dim=1) - similarities.diagonal() - positive
+        losses = -positive + negative_weight * negative_sum / (2 * n - 2)
+        return reduce(losses, reduction)
+
+
+def hard_negative_nt_xent(
+    z_a: Tensor,
+    z_b: Tensor,
+    *,
+    temperature: TemperatureLike,
+    top_k: Optional[int] = None,
+    quantile: Optional[float] = None,
+    reduction: str = "mean",
+    normalize: bool = True,
+) -> Tensor:
+    """NT-Xent whose denominator keeps only each anchor's hardest negatives (Wang & Liu's
+    explicit hard-negative sampling).
+
+    Args:
+        z_a, z_b: ``(N, d)`` views, rows paired.
+        temperature: ``tau > 0``.
+        top_k: keep the ``top_k`` most similar negatives per anchor (all if larger than
+            ``2N - 2``). Exactly one of ``top_k`` and ``quantile`` must be given.
+        quantile: keep the negatives at or above this quantile of the anchor's negative
+            similarities, i.e. the top ``ceil((1 - quantile) * (2N - 2))`` (at least one).
+        reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
+        normalize: L2-normalise rows first.
+
+    Denominator: the positive plus the selected negatives. Selection is by similarity and
+    carries no gradient; ties at the cut are broken arbitrarily.
+
+    Example:
+        >>> z = torch.eye(4)
+        >>> round(float(hard_negative_nt_xent(z, z, temperature=1.0, top_k=1)), 6)
+        0.313262
+    """
+    call = LossCall(temperature=temperature, reduction=reduction)
+    with call.checking():
+        check_pair(z_a, z_b)
+        if (top_k is None) == (quantile is None):
+            raise ValueError("give exactly one of top_k and quantile")
+        n = z_a.shape[0]
+        num_negatives = 2 * n - 2
+        _at_least_two_pairs(n, "hard_negative_nt_xent", "there are no negatives")
+        if top_k is not None:
+            k = min(optional_int(top_k, "top_k", minimum=1), num_negatives)
+        else:
+            q = check_probability(quantile, "quantile", open_high=True)
+            k = max(1, math.ceil((1.0 - q) * num_negatives))
+    rows = torch.arange(2 * n, device=z_a.device)
+    with full_precision(z_a.device):
+        logits, index, negatives = _views(z_a, z_b, call.tau, normalize)
+        with torch.no_grad():
+            hardest = logits.masked_fill(~negatives, float("-inf")).topk(k, dim=1).indices
+            mask = torch.zeros_like(logits, dtype=torch.bool)
+            mask.scatter_(1, hardest, True)
+            mask[rows, index] = True
+        losses, _ = per_anchor_nll(logits, index, mask)
+        return reduce(losses, reduction)
+
+
+def _debiased_from_log_masses(
+    log_positive: Tensor, log_negative_mass: Tensor, num_negatives: int, tau_plus: float, tau
+) -> Tensor:
+    """``-log(pos / (pos + Ng))`` with Chuang et al.'s estimator, in log space.
+
+    ``Ng = max((mass - tau_plus * M * pos) / (1 - tau_plus), M * exp(-1/tau))``, where
+    ``mass`` is the (possibly reweighted) negative sum and ``M`` the number of negatives.
+    Everything is a log-sum-exp or ``log(-expm1)``, so nothing overflows at small ``tau``.
+    The floor is built from ``tau`` itself: where it binds, the loss depends on ``tau``
+    through it, and a learnable temperature gets that gradient.
+    """
+    if tau_plus == 0.0:
+        log_ng = log_negative_mass
+    else:
+        log_bias = math.log(tau_plus * num_negatives) + log_positive
+        gap = log_bias - log_negative_mass  # < 0 means the debiased mass is positive
+        usable = gap < 0
+        safe_gap = torch.where(usable, gap, torch.full_like(gap, -1.0))
+        log_ng = log_negative_mass + torch.log(-torch.expm1(safe_gap)) - math.log1p(-tau_plus)
+        log_ng = torch.where(usable, log_ng, torch.full_like(log_ng, float("-inf")))
+    if isinstance(tau, Tensor):
+        log_ng = torch.maximum(log_ng, math.log(num_negatives) - 1.0 / tau.to(log_ng.dtype))
+    else:
+        log_ng = log_ng.clamp(min=math.log(num_negatives) - 1.0 / tau)
+    return torch.nn.functional.softplus(log_ng - log_positive)
+
+
+def debiased_nt_xent(
+    z_a: Tensor,
+    z_b: Tensor,
+    *,
+    temperature: TemperatureLike,
+    tau_plus: float = 0.1,
+    reduction: str = "mean",
+    normalize: bool = True,
+) -> Tensor:
+    """Debiased contrastive loss (Chuang et al., NeurIPS 2020) on two views.
+
+    Corrects the negative sum for same-class "negatives" with the class prior ``tau_plus``:
+    ``Ng = max((sum_neg - tau_plus * M * pos) / (1 - tau_plus), M * exp(-1/tau))`` and
+    ``loss_i = -log(pos / (pos + Ng))``, with ``M = 2N - 2`` negatives per anchor,
+    ``pos = exp(s_{i,p(i)}/tau)``. ``tau_plus = 0`` recovers :func:`nt_xent_views`
+    (as long as the floor does not bind).
+
+    Denominator: the positive plus the debiased negative mass ``Ng`` (self excluded).
+
+    Args:
+        z_a, z_b: ``(N, d)`` views, rows paired; ``N >= 2``.
+        temperature: ``tau > 0``.
+        tau_plus: class prior in ``[0, 1)``.
+        reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
+        normalize: L2-normalise rows first (the floor assumes cosine similarities).
+
+    Example:
+        >>> z = torch.eye(4)
+        >>> a = debiased_nt_xent(z, z, temperature=0.5, tau_plus=0.0)
+        >>> bool(torch.isclose(a, nt_xent_views(z, z, temperature=0.5)))
+        True
+    """
+    return _debiased(z_a, z_b, temperature, tau_plus, 0.0, reduction, normalize, "debiased_nt_xent")
+
+
+def hcl(
+    z_a: Tensor,
+    z_b: Tensor,
+    *,
+    temperature: TemperatureLike,
+    tau_plus: float = 0.1,
+    beta: float = 1.0,
+    reduction: str = "mean",
+    normalize: bool = True,
+) -> Tensor:
+    """Hard-negative contrastive loss (Robinson et al., ICLR 2021) on two views.
+
+    Negatives are reweighted by importance ``w_j = exp(beta * s_j / tau) / mean_k
+    exp(beta * s_k / tau)`` before the debiasing of :func:`debiased_nt_xent`; ``beta = 0``
+    gives the debiased loss, larger ``beta`` concentrates on harder negatives.
+
+    Denominator: the positive plus the reweighted, debiased negative mass (self excluded).
+
+    Args:
+        z_a, z_b: ``(N, d)`` views, rows paired; ``N >= 2``.
+        temperature: ``tau > 0``.
+        tau_plus: class prior in ``[0, 1)``.
+        beta: concentration ``>= 0``.
+        reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
+        normalize: L2-normalise rows first.
+
+    Example:
+        >>> z = torch.eye(4)
+        >>> a = hcl(z, z, temperature=0.5, beta=0.0)
+        >>> bool(torch.isclose(a, debiased_nt_xent(z, z, temperature=0.5)))
+        True
+    """
+    beta = check_nonnegative(beta, "beta")
+    return _debiased(z_a, z_b, temperature, tau_plus, beta, reduction, normalize, "hcl")
+
+
+def _debiased(z_a, z_b, temperature, tau_plus, beta, reduction, normalize, name):
+    call = LossCall(temperature=temperature, reduction=reduction)
+    with call.checking():
+        check_pair(z_a, z_b)
+        n = z_a.shape[0]
+        _at_least_two_pairs(n, name, "there are no negatives")
+        tau_plus = check_probability(tau_plus, "tau_plus", open_high=True)
+    num_negatives = 2 * n - 2
+    with full_precision(z_a.device):
+        logits, index, negatives = _views(z_a, z_b, call.tau, normalize)
+        log_positive = logits.gather(1, index[:, None]).squeeze(1)
+        neg_inf = float("-inf")
+        if beta == 0.0:
+            log_mass = torch.logsumexp(logits.masked_fill(~negatives, neg_inf), dim=1)
+        else:
+            # sum_j w_j exp(l_j) = M * sum_j exp((1+beta) l_j) / sum_k exp(beta l_k)
+            log_mass = (
+                math.log(num_negatives)
+                + torch.logsumexp(((1.0 + beta) * logits).masked_fill(~negatives, neg_inf), dim=1)
+                - torch.logsumexp((beta * logits).masked_fill(~negatives, neg_inf), dim=1)
+            )
+        losses = _debiased_from_log_masses(log_positive, log_mass, num_negatives, tau_plus, call.tau)
+        return reduce(losses, reduction)
