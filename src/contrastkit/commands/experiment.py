@@ -22,7 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from contrastkit.studies import CONVIRT_ABLATION, EXPERIMENTS
 
     ablation = CONVIRT_ABLATION.defaults
-
     parser.description = "Run an experiment of the source texts end to end. " + " ".join(
         f"{name}: {study.description}." for name, study in sorted(EXPERIMENTS.items()))
     parser.add_argument("name", choices=sorted(EXPERIMENTS), help="which experiment to run")
