@@ -1,6 +1,6 @@
 """``contrastkit explain``: what InfoNCE does with given similarities and temperatures.
 
-    contrastkit explain                                  # the course page's example: s = 1 0.5 0, tau = 0.5
+    contrastkit explain                                  # course page P10 example: s = 1 0.5 0, tau = 0.5
     contrastkit explain 0.8 0.4 0.2 --tau 1,0.5,0.1      # temperature sweep of one query
     contrastkit explain --matrix S.csv --positives 1,0,3,2 --tau 1   # self-similarity (NT-Xent)
     contrastkit explain --matrix S.npy --diagonal --tau 0.1          # cross-modal, positives on the diagonal
@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, TextIO
 
 import numpy as np
 
-# The worked example of the course page (P10): one query, three candidates, the first is the positive.
+# The worked example of the course page P10: one query, three candidates, the first is the positive.
 DEFAULT_SCORES = (1.0, 0.5, 0.0)
 DEFAULT_TAU = 0.5
 _MAX_PROBABILITY_COLUMNS = 6
@@ -156,7 +156,7 @@ def _request(args: argparse.Namespace) -> _Request:
         scores = _parse_floats(args.scores, "similarity")
         if not args.scores:
             scores = list(DEFAULT_SCORES)
-            description = "worked example (the course page, P10)"
+            description = "worked example (course page P10)"
         else:
             description = "one query"
         if not scores:

@@ -164,7 +164,7 @@ def plot_positive_pairs(rows: Sequence[dict], out: str) -> List[str]:
     ax.set_ylabel("linear-probe test accuracy (3 orientation classes)")
     ax.set_ylim(0, 1.08)
     ax.axhline(1 / 3, color="grey", linestyle=":", label="chance (1/3)")
-    ax.set_title("GlyphLab (textbook 30.2, F5): pairs A vs B, mean +/- std over seeds", fontsize=10)
+    ax.set_title("GlyphLab (textbook F5): pairs A vs B, mean +/- std over seeds", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     return [_save(fig, os.path.join(out, layout.POSITIVE_PAIRS_PLOT))]
 
