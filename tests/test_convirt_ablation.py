@@ -8,8 +8,8 @@ import os
 import pytest
 
 from contrastkit.cli import main
-from contrastkit.commands._convirt_ablation import ablation_table, ablation_verdicts
-from contrastkit.commands._study import FAILS, HOLDS, UNDECIDED
+from contrastkit.studies import FAILS, HOLDS, UNDECIDED
+from contrastkit.studies.convirt_ablation import ablation_table, ablation_verdicts
 
 
 def _row(lam, tau, i2t, t2i, seed=0):

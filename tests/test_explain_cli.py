@@ -178,12 +178,13 @@ def test_plot_matrix_anchor(tmp_path, spec2_npy):
 
 
 def test_rich_tables_keep_every_digit():
-    from contrastkit.commands.explain import _Printer, _explain_one
+    from contrastkit.commands.explain import print_anchor
 
     pytest.importorskip("rich")
     for width in (120, 40):  # 40 columns is too narrow: falls back to plain lines, never truncates
         buffer = io.StringIO()
-        _explain_one(_Printer(True, buffer, width=width), explain([1.0, 0.5, 0.0], temperature=0.5), 0, "header")
+        print_anchor(explain([1.0, 0.5, 0.0], temperature=0.5), header="header", stream=buffer, rich=True,
+                     width=width)
         text = buffer.getvalue()
         for x in softmax([1.0, 0.5, 0.0], 0.5):
             assert six(x) in text

@@ -8,9 +8,10 @@ import math
 
 import pytest
 
-from contrastkit.commands._study import FAILS, HOLDS, UNDECIDED, mean_std, parse_data_options, spearman
-from contrastkit.commands.experiment import positive_pairs_verdicts
-from contrastkit.commands.sweep import sweep_verdicts
+from contrastkit.commands.common import parse_data_options
+from contrastkit.studies import FAILS, HOLDS, UNDECIDED, mean_std, spearman
+from contrastkit.studies.positive_pairs import positive_pairs_verdicts
+from contrastkit.studies.sweep import sweep_verdicts
 
 
 def sweep_rows(accuracy, uniformity=None, tolerance=None, hard=None, simple=None):

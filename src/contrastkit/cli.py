@@ -1,9 +1,13 @@
 """The ``contrastkit`` command line.
 
 Each subcommand lives in ``contrastkit.commands.<name>`` with two functions,
-``add_arguments(parser)`` and ``run(args) -> int``; modules are imported only when their
-command runs, so ``contrastkit --help`` stays fast. Errors a user can fix (bad numbers,
-missing files, invalid options) print one line and exit with status 2, never a traceback.
+``add_arguments(parser)`` and ``run(args) -> int``; what they share is in
+:mod:`contrastkit.commands.common`, and the study commands call :mod:`contrastkit.studies`.
+Modules are imported only when their command runs, so ``contrastkit --help`` stays fast.
+Errors a user can fix (bad numbers, missing files, invalid options) print one line and exit
+with status 2, never a traceback.
+
+Help texts are plain text, as the terminal shows them: no reST markup.
 """
 
 from __future__ import annotations
@@ -12,6 +16,14 @@ import argparse
 import importlib
 import sys
 from typing import List, Optional
+
+from contrastkit.commands.common import UsageError
+
+__all__ = ["main", "build_parser", "COMMANDS", "DESCRIPTION", "UsageError"]
+
+#: What ``contrastkit --help`` says first.
+DESCRIPTION = ("contrastkit: contrastive representation learning around the temperature-scaled InfoNCE loss "
+               "(run 'contrastkit COMMAND --help' for the options of a command)")
 
 # name -> (module, one-line help)
 COMMANDS = {
@@ -26,12 +38,8 @@ COMMANDS = {
 }
 
 
-class UsageError(Exception):
-    """An error in what the user asked for; printed as one line, exit status 2."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="contrastkit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="contrastkit", description=DESCRIPTION)
     from contrastkit import __version__
 
     parser.add_argument("--version", action="version", version=f"contrastkit {__version__}")

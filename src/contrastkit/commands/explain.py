@@ -1,6 +1,6 @@
 """``contrastkit explain``: what InfoNCE does with given similarities and temperatures.
 
-    contrastkit explain                                  # SPEC §1 example: s = 1 0.5 0, tau = 0.5
+    contrastkit explain                                  # course page P10 example: s = 1 0.5 0, tau = 0.5
     contrastkit explain 0.8 0.4 0.2 --tau 1,0.5,0.1      # temperature sweep of one query
     contrastkit explain --matrix S.csv --positives 1,0,3,2 --tau 1   # self-similarity (NT-Xent)
     contrastkit explain --matrix S.npy --diagonal --tau 0.1          # cross-modal, positives on the diagonal
@@ -15,11 +15,11 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, TextIO
 
 import numpy as np
 
-# SPEC §1 worked example: one query, three candidates, the first is the positive.
+# The worked example of the course page P10: one query, three candidates, the first is the positive.
 DEFAULT_SCORES = (1.0, 0.5, 0.0)
 DEFAULT_TAU = 0.5
 _MAX_PROBABILITY_COLUMNS = 6
@@ -156,7 +156,7 @@ def _request(args: argparse.Namespace) -> _Request:
         scores = _parse_floats(args.scores, "similarity")
         if not args.scores:
             scores = list(DEFAULT_SCORES)
-            description = "worked example (SPEC §1)"
+            description = "worked example (course page P10)"
         else:
             description = "one query"
         if not scores:
@@ -289,6 +289,18 @@ def _limit_lines(e, anchor: int) -> List[str]:
         zero = f"loss -> {'0' if ties == 1 else _count(ties)} ({why}); tau*loss -> 0"
     return [f"limits: tau -> 0+: {zero}",
             f"        tau -> inf: loss -> {_count(terms)} (every candidate equally likely)"]
+
+
+def print_anchor(explanation, anchor: int = 0, *, header: str = "", stream: Optional[TextIO] = None,
+                 rich: bool = False, width: Optional[int] = None) -> None:
+    """Print what ``contrastkit explain`` shows for one anchor of an :func:`contrastkit.analysis.explain`
+    result: its candidate table (similarity, logit, probability, dL/ds, penalty share), the loss,
+    the hardest negative and the limits in tau.
+
+    ``rich`` draws the table with rich when it fits in ``width`` columns (default: the
+    terminal's), else plain aligned text; numbers are never shortened.
+    """
+    _explain_one(_Printer(rich, stream, width=width), explanation, anchor, header)
 
 
 def _explain_one(printer: _Printer, e, anchor: int, header: str) -> None:

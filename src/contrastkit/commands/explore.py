@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from contrastkit.commands.common import UsageError
+
 DEFAULT_OUT = "contrastkit-explorer.html"
 DEFAULT_SERVE_SECONDS = 3600.0
 DEFAULT_PORT = 8765
@@ -26,7 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contrastkit.cli import UsageError
     from contrastkit.report.document import open_in_browser
     from contrastkit.report.explorer import ExplorerServer, write_explorer
 

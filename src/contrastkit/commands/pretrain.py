@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, Dict
 
 from contrastkit import layout
+from contrastkit.commands.common import parse_data_options, print_result_table
 from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, PretrainConfig
 
 # Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
@@ -73,20 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--force", action="store_true", help="start over in a non-empty OUT (deletes its run files)")
     add("--quiet", action="store_true", help="no progress bar")
     add("--json", action="store_true", help="print summary.json instead of the table")
-    add("--no-report", action="store_true", help="do not write OUT/report.html (see `contrastkit report`)")
-
-
-def _parse_data_options(items: Any) -> Dict[str, Any]:
-    options: Dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--data-option must look like KEY=VALUE, got {item!r}")
-        try:
-            options[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key.strip()] = value
-    return options
+    add("--no-report", action="store_true", help="do not write OUT/report.html (see: contrastkit report --help)")
 
 
 def config_from_args(args: argparse.Namespace) -> PretrainConfig:
@@ -94,7 +81,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
     over the defaults."""
     given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name, None) is not None}
     if args.data_option is not None:
-        given["data_options"] = _parse_data_options(args.data_option)
+        given["data_options"] = parse_data_options(args.data_option)
     base = PretrainConfig().to_dict()
     if args.resume:
         out = given.get("out", base["out"])
@@ -109,36 +96,6 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
     return PretrainConfig.from_dict(base)
 
 
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def print_table(summary: Dict[str, Any], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    table.add_column("test split")
-    table.add_column("pretrained", justify="right")
-    table.add_column("random init", justify="right")
-    table.add_column("raw pixels", justify="right")
-    table.add_row("linear probe accuracy", _fmt(summary.get("probe_accuracy")),
-                  _fmt(summary.get("random_init_probe_accuracy")), _fmt(summary.get("raw_pixel_probe_accuracy")))
-    table.add_row("kNN accuracy (k=20)", _fmt(summary.get("knn_accuracy")),
-                  _fmt(summary.get("random_init_knn_accuracy")), _fmt(summary.get("raw_pixel_knn_accuracy")))
-    console = Console()
-    console.print(table)
-    if "retrieval_i2t_recall@1" in summary:  # convirt
-        from contrastkit.train.convirt import retrieval_table
-
-        console.print(retrieval_table(summary))
-    details = [f"{key} {_fmt(summary[key])}" for key in ("final_loss", "final_temperature", "epochs", "steps",
-                                                          "images_per_second", "seconds") if key in summary]
-    console.print("  ".join(details))
-    if "beats_baselines" in summary and not summary["beats_baselines"]:
-        console.print("[yellow]the pretrained encoder does not beat both baselines on the linear probe[/yellow]")
-
-
 def run(args: argparse.Namespace) -> int:
     from contrastkit.train import pretrain
 
@@ -149,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
-        print_table(summary, f"{summary['method']} on {summary['data']} ({summary['encoder']} encoder, "
+        print_result_table(summary, f"{summary['method']} on {summary['data']} ({summary['encoder']} encoder, "
                              f"{summary['epochs']} epochs) -> {config.out}")
     if not args.no_report:
         from contrastkit.report import report_after_run

@@ -7,12 +7,13 @@ import json
 import os
 
 from contrastkit import layout
+from contrastkit.commands.common import print_result_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Re-evaluate the encoder saved by `contrastkit pretrain` with the fixed read-out "
+    parser.description = ("Re-evaluate the encoder saved by contrastkit pretrain with the fixed read-out "
                           "protocol (linear probe with C chosen on val, weighted kNN k=20) and the baselines.")
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="output folder of `contrastkit pretrain`")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="output folder of contrastkit pretrain")
     parser.add_argument("--checkpoint", default=None, help="checkpoint file (default RUN_DIR/checkpoints/last.pt)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ... (default auto)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the run's setting)")
@@ -22,7 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contrastkit.commands.pretrain import print_table
     from contrastkit.train import evaluate_run
 
     result = evaluate_run(args.run_dir, checkpoint=args.checkpoint, device=args.device,
@@ -34,6 +34,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
-        print_table(result, f"{result['method']} on {os.path.basename(str(result['data']))} "
+        print_result_table(result, f"{result['method']} on {os.path.basename(str(result['data']))} "
                             f"({result['encoder']} encoder, {result['epochs']} epochs): {result['checkpoint']}")
     return 0

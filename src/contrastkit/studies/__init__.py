@@ -1,0 +1,88 @@
+"""Studies: grids of pretraining runs that answer a claim of the source texts with a verdict.
+
+The layer between :mod:`contrastkit.train` (one run) and :mod:`contrastkit.commands` (the
+command line). A study runs a grid of ``contrastkit pretrain`` runs into one resume-safe
+folder, tabulates them, judges each claim by a stated rule (:mod:`.verdicts`) from simple
+statistics (:mod:`.stats`), and draws its plots (:mod:`.plots`)::
+
+    from contrastkit import studies
+
+    result = studies.run_sweep("runs/sweep", temperatures=[0.1, 0.5], seeds=2, epochs=20)
+    print(result.table())
+    print(studies.format_verdicts(result.verdicts))
+
+    studies.run_experiment("positive-pairs", seeds=3)       # folder runs/experiment-positive-pairs
+
+The studies (:data:`STUDIES`; ``contrastkit experiment NAME`` offers :data:`EXPERIMENTS`):
+
+``sweep`` (:mod:`.sweep`)
+    NT-Xent, hard-negative NT-Xent and the simple loss over tau x seeds, against the claims of
+    Wang & Liu (CVPR 2021): the reverse-U of accuracy, uniformity and tolerance rising with
+    tau, their trade-off, the simple loss far worse, hard negatives less sensitive to tau.
+``positive-pairs`` (:mod:`.positive_pairs`)
+    The textbook, section 30.2, exercise F5: GlyphLab pair definitions A vs B vs random init.
+``convirt-ablation`` (:mod:`.convirt_ablation`)
+    The ConVIRT tutorial: direction weight lambda x temperature, judged by retrieval.
+
+Each study is a :class:`Study` record (defaults, runs, rows, verdicts, table, plots); the
+folder names come from :mod:`contrastkit.layout`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from .convirt_ablation import CONVIRT_ABLATION
+from .grid import RunSpec, prepare_out, run_grid
+from .positive_pairs import POSITIVE_PAIRS
+from .stats import binomial_standard_error, mean_std, spearman, standard_error
+from .study import Study, StudyResult
+from .sweep import SWEEP
+from .verdicts import FAILS, HOLDS, STATUSES, UNDECIDED, Verdict, format_verdicts, gap_verdict
+
+__all__ = [
+    "STUDIES", "EXPERIMENTS", "get_study", "run_study", "run_sweep", "run_experiment",
+    "Study", "StudyResult", "RunSpec", "run_grid", "prepare_out",
+    "Verdict", "HOLDS", "FAILS", "UNDECIDED", "STATUSES", "format_verdicts", "gap_verdict",
+    "mean_std", "standard_error", "binomial_standard_error", "spearman",
+    "SWEEP", "POSITIVE_PAIRS", "CONVIRT_ABLATION",
+]
+
+#: Every study by name.
+STUDIES: Dict[str, Study] = {study.name: study for study in (SWEEP, POSITIVE_PAIRS, CONVIRT_ABLATION)}
+#: The studies ``contrastkit experiment NAME`` runs (the sweep has its own command).
+EXPERIMENTS: Dict[str, Study] = {name: study for name, study in STUDIES.items() if name != SWEEP.name}
+
+
+def get_study(name: str) -> Study:
+    """The study called ``name``; ``ValueError`` listing the known ones otherwise."""
+    try:
+        return STUDIES[name]
+    except KeyError:
+        raise ValueError(f"unknown study {name!r}; known: {', '.join(sorted(STUDIES))}") from None
+
+
+def run_study(name: str, out: Optional[str] = None, *, resume: bool = False, force: bool = False,
+              progress: bool = True, **settings: Any) -> StudyResult:
+    """Run the study ``name`` into ``out`` (default ``runs/<its folder>``); see :meth:`Study.run`.
+
+    ``settings`` override the study's defaults (:attr:`Study.defaults`; ``None`` keeps one).
+    """
+    return get_study(name).run(out, resume=resume, force=force, progress=progress, **settings)
+
+
+def run_sweep(out: Optional[str] = None, *, resume: bool = False, force: bool = False, progress: bool = True,
+              **settings: Any) -> StudyResult:
+    """The temperature sweep (:data:`SWEEP`): settings ``data``, ``data_options``,
+    ``temperatures``, ``seeds``, ``views``, ``epochs``, ``batch_size``, ``device``, ``threads``
+    (``None``: the trainer's default) and ``no_variants``; default folder ``runs/sweep``."""
+    return run_study(SWEEP.name, out, resume=resume, force=force, progress=progress, **settings)
+
+
+def run_experiment(name: str, out: Optional[str] = None, *, resume: bool = False, force: bool = False,
+                   progress: bool = True, **settings: Any) -> StudyResult:
+    """One of :data:`EXPERIMENTS` (``positive-pairs``, ``convirt-ablation``); default folder
+    ``runs/experiment-NAME``."""
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
+    return run_study(name, out, resume=resume, force=force, progress=progress, **settings)

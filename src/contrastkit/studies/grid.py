@@ -1,0 +1,170 @@
+"""A grid of pretraining runs: resume-safe study folders and a live display of the grid.
+
+Each run of a study is one :class:`RunSpec`, executed through :func:`contrastkit.train.pretrain`
+into ``OUT/runs/<name>/`` (a ``contrastkit pretrain`` run folder). A finished run (its
+``summary.json`` exists) is reused, an interrupted one resumed from its checkpoint, so a study
+cut off at any point continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+from contrastkit import layout
+from contrastkit._io import read_json as _read_json
+from contrastkit._io import remove_outputs, write_json
+
+__all__ = ["RunSpec", "prepare_out", "check_specs", "run_grid", "read_json"]
+
+
+@dataclass
+class RunSpec:
+    """One pretraining run of a grid.
+
+    ``config`` holds :class:`contrastkit.train.PretrainConfig` fields (``out`` is set by the
+    grid); ``row`` and ``column`` place the run in the live display; ``baselines`` asks for the
+    random-init and raw-pixel probes; ``summary`` is filled by :func:`run_grid`.
+    """
+
+    name: str
+    row: str
+    column: str
+    config: Dict[str, Any]
+    baselines: bool = False
+    summary: Optional[Dict[str, Any]] = field(default=None, repr=False)
+
+
+def read_json(path: str) -> Any:
+    """A study file's JSON; a corrupt file is a ``ValueError`` saying how to get past it."""
+    return _read_json(path, hint="; remove it or start over with --force")
+
+
+def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], settings: Dict[str, Any],
+                settings_file: str, command: str) -> None:
+    """Make ``out`` ready: a new or empty folder; with ``force`` the files in ``owned`` are
+    deleted first; with ``resume`` the stored settings must equal ``settings``.
+
+    Anything else in a non-empty folder is never overwritten.
+    """
+    if resume and force:
+        raise ValueError("--resume and --force exclude each other: resume continues, force starts over")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise FileExistsError(f"output path {out} exists and is not a folder")
+    settings = json.loads(json.dumps(settings))  # compare as stored
+    settings_path = os.path.join(out, settings_file)
+    if resume:
+        if not os.path.isfile(settings_path):
+            raise FileNotFoundError(f"nothing to resume: {settings_path} does not exist")
+        stored = read_json(settings_path)
+        differing = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
+        if differing:
+            details = ", ".join(f"{k}: stored {stored.get(k)!r} vs now {settings.get(k)!r}" for k in differing)
+            raise ValueError(f"{out} holds a {command} with other settings ({details}); "
+                             "resume with the same options or start over with --force")
+        return
+    if os.path.isdir(out) and os.listdir(out):
+        if not force:
+            raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the {command} "
+                                  f"in it or --force to start over (deletes {', '.join(owned)})")
+        remove_outputs(out, owned)
+    os.makedirs(out, exist_ok=True)
+    write_json(settings_path, settings)
+
+
+def check_specs(specs: Sequence[RunSpec]) -> None:
+    """Validate every run's configuration before anything is written or trained, so that a bad
+    setting fails at once with the trainer's message rather than in the middle of the grid."""
+    from contrastkit.train import PretrainConfig
+
+    for spec in specs:
+        PretrainConfig(**spec.config).resolved()
+
+
+def _execute(spec: RunSpec, run_dir: str, progress: bool) -> Dict[str, Any]:
+    """Run (or finish, or reuse) one pretraining run in ``run_dir``."""
+    from contrastkit.train import PretrainConfig, pretrain
+
+    folder = layout.RunFolder(run_dir)
+    if os.path.isfile(folder.summary):
+        return read_json(folder.summary)
+    config = PretrainConfig(**{**spec.config, "out": run_dir})
+    has_checkpoint = os.path.isfile(folder.last_checkpoint)
+    # A folder without a checkpoint holds an attempt cut off in its first epoch: ours to redo.
+    return pretrain(config, resume=has_checkpoint, force=not has_checkpoint, progress=progress,
+                    baselines=spec.baselines)
+
+
+class _Display:
+    """A live table of the run grid (rich), or one line per finished run when not a terminal."""
+
+    def __init__(self, title: str, specs: List[RunSpec], enabled: bool,
+                 cell: Callable[[Dict[str, Any]], str]) -> None:
+        self.title, self.specs, self.cell = title, specs, cell
+        self.state = {spec.name: "·" for spec in specs}
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.live = None
+        if enabled and self.console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(self._table(), console=self.console, refresh_per_second=4, transient=False)
+            self.live.start()
+
+    def _done(self) -> int:
+        return sum(1 for v in self.state.values() if v not in ("·", "running"))
+
+    def _table(self) -> Any:
+        from rich.table import Table
+
+        rows = list(dict.fromkeys(spec.row for spec in self.specs))
+        columns = list(dict.fromkeys(spec.column for spec in self.specs))
+        table = Table(title=f"{self.title}: {self._done()}/{len(self.specs)} runs")
+        table.add_column("")
+        for column in columns:
+            table.add_column(column, justify="center")
+        for row in rows:
+            cells = []
+            for column in columns:
+                names = [s.name for s in self.specs if s.row == row and s.column == column]
+                cells.append(" ".join(self.state[n] for n in names) if names else "")
+            table.add_row(row, *cells)
+        return table
+
+    def update(self, spec: RunSpec, status: str, summary: Optional[Dict[str, Any]] = None) -> None:
+        self.state[spec.name] = "running" if status == "running" else self.cell(summary or {})
+        if self.live is not None:
+            self.live.update(self._table())
+        elif status != "running":
+            print(f"[{self._done()}/{len(self.specs)}] {spec.name}: {status} {self.state[spec.name]}", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+def run_grid(specs: List[RunSpec], runs_dir: str, *, title: str, progress: bool,
+             cell: Callable[[Dict[str, Any]], str]) -> List[RunSpec]:
+    """Run every spec in order (``runs_dir/<name>``), filling ``spec.summary``.
+
+    Runs whose ``summary.json`` exists are reused, interrupted ones resumed from their
+    checkpoint, so a grid interrupted at any point can be continued. ``progress`` shows a
+    live table on a terminal (``cell(summary)`` is a finished run's entry), else one line per
+    run on stderr.
+    """
+    os.makedirs(runs_dir, exist_ok=True)
+    display = _Display(title, specs, progress, cell)
+    try:
+        for spec in specs:
+            run_dir = os.path.join(runs_dir, spec.name)
+            reused = os.path.isfile(layout.RunFolder(run_dir).summary)
+            display.update(spec, "running")
+            spec.summary = _execute(spec, run_dir, progress=False)
+            display.update(spec, "reused" if reused else "done", spec.summary)
+    finally:
+        display.close()
+    return specs

@@ -1,0 +1,111 @@
+"""The positive-pairs experiment of the textbook (section 30.2, exercise F5) on GlyphLab.
+
+GlyphLab's three-class orientation task: the same network, loss and temperature pretrained
+with positive-pair definition ``A`` (two noise realisations of the same scene) and ``B`` (the
+second realisation rotated by 90 degrees), judged by the same frozen-encoder linear probe
+(C chosen on val, accuracy on test), next to the same network at random initialisation (and
+raw pixels). Labels never form pairs; splits are by scene. Mean +/- std over seeds.
+
+The folder: ``results.csv`` (one row per run, plus the baselines of each seed),
+``verdicts.json``, ``positive_pairs.png``, ``experiment.json`` (settings) and ``runs/<run>/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+from contrastkit import layout
+
+from .grid import RunSpec
+from .plots import POSITIVE_PAIRS_SETTINGS, plot_positive_pairs
+from .rows import values
+from .stats import mean_std
+from .study import MIN_TEMPERATURE, Study, check_counts, check_numbers, run_config
+from .verdicts import Verdict, gap_verdict
+
+__all__ = ["POSITIVE_PAIRS", "PAIRS", "positive_pairs_rows", "positive_pairs_verdicts", "positive_pairs_table"]
+
+#: The two pair definitions: ``--views`` of ``contrastkit pretrain`` -> what they pair.
+PAIRS = {"A": "A: two noise realisations", "B": "B: second view rotated 90 deg"}
+
+# 6 runs (2 pair definitions x 3 seeds) of 150 epochs x 3 steps at batch 40: about 1 minute
+# per run on 2 CPU cores (docs/temperature-study.md).
+DEFAULTS: Dict[str, Any] = {"data_options": {}, "seeds": 3, "temperature": None, "epochs": 150, "batch_size": 40,
+                            "device": "auto", "threads": None}
+
+
+def _check(settings: Dict[str, Any]) -> Dict[str, Any]:
+    check_counts(settings)
+    if settings["temperature"] is None:  # contrastkit pretrain's NT-Xent default, stored as a number
+        from contrastkit.train import DEFAULT_TEMPERATURE
+
+        settings["temperature"] = DEFAULT_TEMPERATURE["simclr"]
+    settings["temperature"] = check_numbers([settings["temperature"]], "temperature", MIN_TEMPERATURE)[0]
+    return settings
+
+
+def _specs(settings: Dict[str, Any]) -> List[RunSpec]:
+    specs = []
+    for seed in range(settings["seeds"]):
+        for pairs in PAIRS:
+            config = run_config(settings, data="glyphlab", method="simclr", views=pairs,
+                                temperature=settings["temperature"], seed=seed)
+            # A and B share the random initialisation of their seed: one baseline per seed.
+            specs.append(RunSpec(f"pairs{pairs}-seed{seed}", PAIRS[pairs], f"seed {seed}", config,
+                                 baselines=(pairs == "A")))
+    return specs
+
+
+def positive_pairs_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
+    """One row per run, plus one ``random init`` and one ``raw pixels`` row per seed."""
+    rows = []
+    for spec in specs:
+        s = spec.summary or {}
+        seed = spec.config["seed"]
+        rows.append({"setting": f"pairs {spec.config['views']}", "seed": seed,
+                     "probe_accuracy": s.get("probe_accuracy"), "knn_accuracy": s.get("knn_accuracy"),
+                     "final_loss": s.get("final_loss"), "run": spec.name})
+        if "random_init_probe_accuracy" in s:
+            for prefix, setting in (("random_init_", "random init"), ("raw_pixel_", "raw pixels")):
+                rows.append({"setting": setting, "seed": seed, "probe_accuracy": s[f"{prefix}probe_accuracy"],
+                             "knn_accuracy": s[f"{prefix}knn_accuracy"], "final_loss": "", "run": spec.name})
+    return rows
+
+
+def positive_pairs_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
+    """Exercise F5's expectation (pairs B weaker than A) and the sanity checks it rests on."""
+    a, b, base = (values(rows, "probe_accuracy", setting=s) for s in ("pairs A", "pairs B", "random init"))
+    verdicts = [gap_verdict("Pair definition B (90-degree rotation) gives a weaker orientation probe than A",
+                            a, b, "A", "B")]
+    if base:
+        verdicts.append(gap_verdict("Pretraining with pairs A beats the same network at random init",
+                                    a, base, "A", "random init"))
+        verdicts.append(gap_verdict("Pretraining with pairs B beats the same network at random init",
+                                    b, base, "B", "random init"))
+    return verdicts
+
+
+def positive_pairs_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """Mean +/- std over seeds of the probe and kNN accuracy of every setting."""
+    header = f"{'setting':<12} {'runs':>4} {'probe accuracy':>17} {'kNN accuracy':>17}  per seed (probe)"
+    lines = [header, "-" * len(header)]
+    for setting in POSITIVE_PAIRS_SETTINGS:
+        probe = values(rows, "probe_accuracy", setting=setting)
+        if not probe:
+            continue
+        (pm, ps), (km, ks) = mean_std(probe), mean_std(values(rows, "knn_accuracy", setting=setting))
+        lines.append(f"{setting:<12} {len(probe):>4} {pm:>8.4f} +/- {ps:.4f} {km:>8.4f} +/- {ks:.4f}  "
+                     + " ".join(f"{v:.3f}" for v in probe))
+    return "\n".join(lines)
+
+
+POSITIVE_PAIRS = Study(
+    name="positive-pairs",
+    description="pair definition A vs B vs random init on GlyphLab (the textbook, section 30.2, exercise F5)",
+    label="positive-pairs experiment", title="positive pairs (textbook 30.2, exercise F5)",
+    folder="experiment-positive-pairs", settings_file=layout.EXPERIMENT_SETTINGS,
+    table_file=layout.EXPERIMENT_TABLE, plot_files=(layout.POSITIVE_PAIRS_PLOT,), defaults=DEFAULTS,
+    check=_check, specs=_specs, rows=positive_pairs_rows, verdicts=positive_pairs_verdicts,
+    table=positive_pairs_table, plot=plot_positive_pairs,
+    cell=lambda s: f"{s.get('probe_accuracy', float('nan')):.3f}",
+)

@@ -1,0 +1,56 @@
+"""Reading a study's result rows: the flat dicts of its CSV, grouped the way the verdicts,
+tables and plots need them.
+
+Rows come either from a finished grid or from a CSV read back (every value a string, missing
+ones ``""``), so every reader goes through :func:`contrastkit.studies.stats.finite`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+from .stats import finite
+
+__all__ = ["values", "by_tau", "cell_means", "retrieval", "RETRIEVAL_K", "PROFILE_LENGTH"]
+
+#: How many nearest negatives a sweep row keeps (``z_top_negative_1..10``, the similarity profile).
+PROFILE_LENGTH = 10
+#: The Recall@K the ConVIRT ablation judges retrieval by (mean of the two directions).
+RETRIEVAL_K = 5
+
+Row = Dict[str, Any]
+
+
+def values(rows: Sequence[Row], key: str, **match: Any) -> List[float]:
+    """The finite values of ``key`` in the rows whose fields equal ``match`` (e.g. ``loss="simple"``)."""
+    out = []
+    for row in rows:
+        if all(row.get(field) == wanted for field, wanted in match.items()):
+            value = finite(row.get(key))
+            if value is not None:
+                out.append(value)
+    return out
+
+
+def by_tau(rows: Sequence[Row], loss: str, key: str) -> Dict[float, List[float]]:
+    """``{tau: [value per seed]}`` of one loss of a sweep, by increasing tau (missing values left out)."""
+    out: Dict[float, List[float]] = {}
+    for row in rows:
+        value = finite(row.get(key))
+        if row["loss"] == loss and value is not None:
+            out.setdefault(float(row["tau"]), []).append(value)
+    return dict(sorted(out.items()))
+
+
+def cell_means(rows: Sequence[Row], key: Callable[[Row], float]) -> Dict[Tuple[float, float], float]:
+    """``(lambda, tau)`` -> mean over seeds of ``key(row)`` (the ConVIRT ablation's cells)."""
+    cells: Dict[Tuple[float, float], List[float]] = {}
+    for row in rows:
+        cells.setdefault((float(row["lambda"]), float(row["tau"])), []).append(key(row))
+    return {cell: statistics.fmean(v) for cell, v in cells.items()}
+
+
+def retrieval(row: Row, k: int = RETRIEVAL_K) -> float:
+    """A ConVIRT run's retrieval score: mean of image->text and text->image Recall@k."""
+    return (float(row[f"i2t_recall@{k}"]) + float(row[f"t2i_recall@{k}"])) / 2.0
