@@ -282,7 +282,10 @@ def run_from_args(args: Any) -> int:
         raise ValueError(f"--seeds and --epochs must be >= 1 and --batch-size >= 2, got {args.seeds}, "
                          f"{args.epochs}, {args.batch_size}")
     weights = _floats(args.weights or ",".join(map(str, DEFAULT_WEIGHTS)), "--weights", 0.0, 1.0)
-    taus = _floats(args.temperatures or ",".join(map(str, DEFAULT_TEMPERATURES)), "--temperatures", 0.01, 100.0)
+    from contrastkit.losses import MIN_TEMPERATURE  # imports torch: only when the ablation runs
+
+    taus = _floats(args.temperatures or ",".join(map(str, DEFAULT_TEMPERATURES)), "--temperatures",
+                   MIN_TEMPERATURE, 100.0)
     settings = {"data_options": {**DEFAULT_DATA_OPTIONS, **parse_data_options(args.data_option)},
                 "seeds": args.seeds, "weights": weights, "temperatures": taus, "epochs": args.epochs,
                 "batch_size": args.batch_size, "device": args.device,

@@ -167,8 +167,10 @@ def _positive_pairs(args: Any) -> int:
     if args.seeds < 1 or args.epochs < 1 or args.batch_size < 2:
         raise ValueError(f"--seeds and --epochs must be >= 1 and --batch-size >= 2, got {args.seeds}, "
                          f"{args.epochs}, {args.batch_size}")
-    if args.temperature is not None and not args.temperature >= 0.01:
-        raise ValueError(f"--temperature must be >= 0.01, got {args.temperature}")
+    from contrastkit.losses import MIN_TEMPERATURE  # imports torch: only when the experiment runs
+
+    if args.temperature is not None and not args.temperature >= MIN_TEMPERATURE:
+        raise ValueError(f"--temperature must be >= {MIN_TEMPERATURE}, got {args.temperature}")
     from contrastkit.train import DEFAULT_TEMPERATURE
 
     settings = {"data_options": parse_data_options(args.data_option), "seeds": args.seeds,

@@ -73,9 +73,11 @@ def _temperatures(text: str) -> List[float]:
         raise ValueError(f"--temperatures must be comma-separated numbers, got {text!r}") from None
     if not values:
         raise ValueError("--temperatures is empty")
-    bad = [v for v in values if not math.isfinite(v) or v < 0.01]
+    from contrastkit.losses import MIN_TEMPERATURE  # imports torch: only when a sweep runs
+
+    bad = [v for v in values if not math.isfinite(v) or v < MIN_TEMPERATURE]
     if bad:
-        raise ValueError(f"--temperatures must be finite and >= 0.01, got {bad}")
+        raise ValueError(f"--temperatures must be finite and >= {MIN_TEMPERATURE}, got {bad}")
     if len(set(values)) != len(values):
         raise ValueError(f"--temperatures has repeated values: {text!r}")
     return sorted(values)
