@@ -17,7 +17,7 @@ Kinds:
     (the paper's cyclic form ``cos(2 pi e / period)``).
 ``linear``
     A ramp from ``start`` to ``end`` (``start < end`` raises ``tau`` during training, the
-    suggestion of Wang & Liu / SPEC §4).
+    suggestion of Wang & Liu, CVPR 2021, Understanding the Behaviour of Contrastive Loss).
 ``step``
     Piecewise constant: ``values[k]`` from the fraction ``milestones[k-1]`` of the steps on
     (equal segments by default).
@@ -25,6 +25,10 @@ Kinds:
     CLIP's parameterisation through :class:`contrastkit.losses.Temperature`; the schedule
     returns the module itself, whose parameter the trainer must give to its optimizer
     (:attr:`TemperatureSchedule.module`).
+
+A trainer parses the schedule once and, at every step, calls :meth:`TemperatureSchedule.apply`
+on its model's :class:`~contrastkit.losses.Temperature`: a varying schedule sets ``tau`` there
+(:meth:`~contrastkit.losses.Temperature.set_`), a constant or learnable one leaves it alone.
 
 "Progress" is ``step / (total_steps - 1)`` (0 at the first step, 1 at the last), so the
 continuous schedules hit both endpoints exactly; ``step`` segments use ``step / total_steps``,
@@ -36,7 +40,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional, Sequence, Union
 
-from contrastkit.losses import Temperature
+from contrastkit.losses import MIN_TEMPERATURE, Temperature
 
 __all__ = [
     "TemperatureSchedule",
@@ -85,6 +89,7 @@ class TemperatureSchedule:
 
     kind = ""
     module: Optional[Temperature] = None
+    varies = True  # tau is a function of the step, set on the model's Temperature by apply()
 
     @property
     def learnable(self) -> bool:
@@ -102,6 +107,15 @@ class TemperatureSchedule:
     def __call__(self, step: int, total_steps: int) -> Union[float, Temperature]:
         return self.value(step, total_steps)
 
+    def apply(self, temperature: Temperature, step: int, total_steps: int) -> Optional[float]:
+        """Set ``temperature`` to this step's ``tau`` and return it; ``None`` (nothing set)
+        for a constant ``tau`` or a learnable one, which the optimizer changes."""
+        if not self.varies:
+            return None
+        tau = self.value(step, total_steps)
+        temperature.set_(tau)
+        return tau
+
     def config(self) -> Dict[str, Any]:
         """The schedule's settings, JSON-serialisable."""
         raise NotImplementedError
@@ -114,6 +128,7 @@ class ConstantSchedule(TemperatureSchedule):
     """``tau`` throughout the run."""
 
     kind = "constant"
+    varies = False
 
     def __init__(self, tau: float) -> None:
         self.tau = _tau(tau, "tau")
@@ -176,7 +191,10 @@ class LinearSchedule(TemperatureSchedule):
         self.end = _tau(end, "end")
 
     def value(self, step: int, total_steps: int) -> float:
-        return self.start + (self.end - self.start) * _progress(step, total_steps)
+        tau = self.start + (self.end - self.start) * _progress(step, total_steps)
+        # The ramp lies between its ends; keep rounding from stepping past the lower one
+        # (which may be the floor that Temperature.set_ enforces).
+        return min(max(tau, self.lowest), max(self.start, self.end))
 
     @property
     def lowest(self) -> float:
@@ -235,8 +253,9 @@ class LearnableSchedule(TemperatureSchedule):
     """
 
     kind = "learnable"
+    varies = False
 
-    def __init__(self, initial: float = 0.07, max_scale: float = 100.0) -> None:
+    def __init__(self, initial: float = 0.07, max_scale: float = 1.0 / MIN_TEMPERATURE) -> None:
         self.initial = _tau(initial, "initial")
         self.max_scale = float(max_scale)
         self.module = Temperature(self.initial, learnable=True, max_scale=self.max_scale)

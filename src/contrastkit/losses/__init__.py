@@ -40,8 +40,8 @@ from .modules import (
     SimilarityLoss,
     SimpleLoss,
     SupCon,
-    Temperature,
 )
+from .temperature import MIN_TEMPERATURE, Temperature
 
 __all__ = [
     "contrastive_loss", "info_nce", "nt_xent", "nt_xent_views", "bidirectional_info_nce", "supcon",
@@ -49,4 +49,5 @@ __all__ = [
     "views_positive_index",
     "ContrastiveLoss", "InfoNCE", "NTXent", "NTXentViews", "BidirectionalInfoNCE", "SupCon",
     "SimilarityLoss", "DCL", "SimpleLoss", "HardNegativeNTXent", "DebiasedNTXent", "HCL", "Temperature",
+    "MIN_TEMPERATURE",
 ]

@@ -1,24 +1,24 @@
-"""``nn.Module`` twins of the functional losses, and the :class:`Temperature` module.
+"""``nn.Module`` twins of the functional losses.
 
-Each module stores its keyword options and calls the function of the same name; a
-:class:`Temperature` passed as ``temperature`` is registered as a submodule, so a learnable
-temperature is trained by the optimizer of the model that owns the loss.
+Each module stores its keyword options and calls the function of the same name. The
+``temperature`` keeps what it was given: a :class:`~contrastkit.losses.Temperature` (or any
+module returning ``tau``) becomes a submodule and an ``nn.Parameter`` a parameter of the loss,
+so a learnable temperature appears in ``parameters()`` and is trained by the optimizer of the
+model that owns the loss; a tensor is kept as it is (with its graph); a number stays a float.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional, Union
 
-import torch
 from torch import Tensor, nn
 
 from . import functional as F
 from .validation import resolve_temperature
 from .core import contrastive_loss
+from .temperature import Temperature
 
 __all__ = [
-    "Temperature",
     "ContrastiveLoss",
     "InfoNCE",
     "NTXent",
@@ -34,82 +34,52 @@ __all__ = [
 ]
 
 
-class Temperature(nn.Module):
-    """A temperature ``tau``: fixed, or learnable in CLIP's parameterisation.
-
-    Learnable: the parameter is ``log_scale = log(1 / tau)`` and ``tau = 1 / exp(log_scale)``
-    with the scale ``exp(log_scale)`` clamped to ``<= max_scale`` (CLIP: init 0.07, 100).
-
-    Args:
-        initial: starting ``tau > 0`` (default 0.07, CLIP's).
-        learnable: train ``log_scale`` by gradient descent.
-        max_scale: upper bound on ``1 / tau`` (so ``tau >= 1 / max_scale``).
-
-    Calling the module returns ``tau`` as a 0-dim tensor (carrying the gradient when
-    learnable); :attr:`value` returns it as a float.
-
-    Example:
-        >>> t = Temperature(0.07, learnable=True)
-        >>> round(t.value, 4)
-        0.07
-    """
-
-    def __init__(self, initial: float = 0.07, *, learnable: bool = False, max_scale: float = 100.0) -> None:
-        super().__init__()
-        initial = float(resolve_temperature(initial, name="initial"))
-        if not math.isfinite(max_scale) or max_scale <= 0:
-            raise ValueError(f"max_scale must be positive and finite, got {max_scale}")
-        if 1.0 / initial > max_scale:
-            raise ValueError(f"initial temperature {initial} is below 1 / max_scale = {1.0 / max_scale}")
-        self.learnable = bool(learnable)
-        self.max_scale = float(max_scale)
-        log_scale = torch.tensor(math.log(1.0 / initial), dtype=torch.float32)
-        if self.learnable:
-            self.log_scale = nn.Parameter(log_scale)
-        else:
-            self.register_buffer("log_scale", log_scale)
-
-    def forward(self) -> Tensor:
-        scale = self.log_scale.exp().clamp(max=self.max_scale)
-        return 1.0 / scale
-
-    @property
-    def value(self) -> float:
-        return float(self.forward().detach())
-
-    def extra_repr(self) -> str:
-        return f"tau={self.value:.4g}, learnable={self.learnable}, max_scale={self.max_scale:g}"
-
-
-TemperatureArg = Union[float, Tensor, Temperature]
+TemperatureArg = Union[float, Tensor, nn.Parameter, Temperature]
 
 
 class _LossModule(nn.Module):
-    """Holds the temperature and keyword options; subclasses name the function to call."""
+    """Holds the temperature and keyword options; subclasses name the function to call.
+
+    ``temperature``: a number (kept as a float), a 0-dim tensor (kept as it is, graph
+    included, as a buffer that is not saved in the state dict), an ``nn.Parameter`` (a
+    parameter of this module) or a module returning ``tau`` such as
+    :class:`~contrastkit.losses.Temperature` (a submodule). Keyword options given at a call
+    override those given to the constructor, ``temperature`` included.
+    """
 
     _function: Any = None
     _has_temperature = True
 
     def __init__(self, temperature: Optional[TemperatureArg] = None, **options: Any) -> None:
         super().__init__()
-        if self._has_temperature:
-            if temperature is None:
-                raise TypeError(f"{type(self).__name__} needs a temperature")
-            if isinstance(temperature, Temperature):
-                self.temperature = temperature
+        name = type(self).__name__
+        if not self._has_temperature:
+            if temperature is not None:
+                raise TypeError(f"{name} has no temperature; do not pass one")
+        elif temperature is None:
+            raise TypeError(f"{name} needs a temperature")
+        else:
+            resolve_temperature(temperature)  # one clear error now rather than at the first call
+            if isinstance(temperature, (nn.Module, nn.Parameter)):
+                self.temperature = temperature  # registered: in parameters(), trained with the owner
+            elif isinstance(temperature, Tensor):
+                self.register_buffer("temperature", temperature, persistent=False)
             else:
-                self.temperature = float(resolve_temperature(temperature))
+                self.temperature = float(temperature)
         self.options = options
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         options = {**self.options, **kwargs}
         if self._has_temperature:
-            options["temperature"] = self.temperature
+            options.setdefault("temperature", self.temperature)
         return type(self)._function(*args, **options)
 
     def extra_repr(self) -> str:
-        parts = [] if not self._has_temperature or isinstance(self.temperature, nn.Module) else [
-            f"temperature={self.temperature:g}"]
+        parts = []
+        if self._has_temperature and isinstance(self.temperature, float):
+            parts.append(f"temperature={self.temperature:g}")
+        elif self._has_temperature and not isinstance(self.temperature, nn.Module):
+            parts.append(f"temperature={float(self.temperature.detach()):g}")
         parts += [f"{k}={v!r}" for k, v in self.options.items()]
         return ", ".join(parts)
 

@@ -23,7 +23,9 @@ from .grid import RunSpec
 from .plots import plot_convirt_ablation
 from .rows import RETRIEVAL_K, cell_means, retrieval
 from .stats import binomial_standard_error, spearman
-from .study import MIN_TEMPERATURE, Study, check_counts, check_numbers, run_config
+from contrastkit.losses import MIN_TEMPERATURE
+
+from .study import Study, check_counts, check_numbers, run_config
 from .verdicts import FAILS, HOLDS, UNDECIDED, Verdict
 
 __all__ = ["CONVIRT_ABLATION", "DEFAULT_WEIGHTS", "DEFAULT_TEMPERATURES", "DEFAULT_DATA_OPTIONS", "ablation_rows",

@@ -20,7 +20,9 @@ from .grid import RunSpec
 from .plots import POSITIVE_PAIRS_SETTINGS, plot_positive_pairs
 from .rows import values
 from .stats import mean_std
-from .study import MIN_TEMPERATURE, Study, check_counts, check_numbers, run_config
+from contrastkit.losses import MIN_TEMPERATURE
+
+from .study import Study, check_counts, check_numbers, run_config
 from .verdicts import Verdict, gap_verdict
 
 __all__ = ["POSITIVE_PAIRS", "PAIRS", "positive_pairs_rows", "positive_pairs_verdicts", "positive_pairs_table"]

@@ -20,15 +20,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from contrastkit import layout
 from contrastkit._io import write_csv, write_json
+from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec, check_specs, prepare_out, run_grid
 from .verdicts import Verdict
 
-__all__ = ["Study", "StudyResult", "option", "check_counts", "check_numbers", "run_config",
-           "MIN_TEMPERATURE"]
-
-#: The smallest temperature a study may ask for: the trainer's floor (train.config).
-MIN_TEMPERATURE = 0.01
+__all__ = ["Study", "StudyResult", "option", "check_counts", "check_numbers", "run_config"]
 
 Row = Dict[str, Any]
 

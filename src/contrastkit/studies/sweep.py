@@ -22,7 +22,9 @@ from .grid import RunSpec
 from .plots import plot_sweep
 from .rows import PROFILE_LENGTH, by_tau, values
 from .stats import mean_std, spearman
-from .study import MIN_TEMPERATURE, Study, check_counts, check_numbers, run_config
+from contrastkit.losses import MIN_TEMPERATURE
+
+from .study import Study, check_counts, check_numbers, run_config
 from .verdicts import UNDECIDED, Verdict, correlation_status, gap_verdict, margin_status
 
 __all__ = ["SWEEP", "LOSSES", "DEFAULT_TEMPERATURES", "sweep_rows", "sweep_verdicts", "sweep_table"]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+if TYPE_CHECKING:
+    from contrastkit.temperature import TemperatureSchedule
 
 __all__ = ["PretrainConfig", "METHODS", "OPTIMIZERS", "DEFAULT_TEMPERATURE", "RESUME_MAY_CHANGE"]
 
@@ -19,9 +22,9 @@ ENCODER_NAMES = ("small", "resnet18")
 # docs/pretrain.md).
 DEFAULT_TEMPERATURE = {"simclr": 0.2, "moco": 0.2, "supcon": 0.1, "dcl": 0.2, "hard_negative": 0.2,
                        "simple": 1.0,  # the simple loss has no temperature (reported only)
-                       "convirt": 0.1}  # ConVIRT's tau (SPEC section 3)
+                       "convirt": 0.1}  # ConVIRT's tau (the ConVIRT tutorial)
 DEFAULT_LR = {"adamw": 2e-3, "sgd": 0.1}
-# convirt (image-text pairs, SPEC section 3): ConVIRT's lambda and joint-space size d.
+# convirt (image-text pairs, the ConVIRT tutorial): ConVIRT's lambda and joint-space size d.
 # Text encoder "mean" (pooled word embeddings): on glyphlab-text it retrieved as well as the
 # 2-layer transformer after the same number of steps, at about a quarter of the CPU time per step.
 CONVIRT_DEFAULTS = {"weight": 0.75, "projection_dim": 512, "text_encoder": "mean"}
@@ -49,24 +52,33 @@ def _positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float
     return value
 
 
-def _resolve_schedule(c: "PretrainConfig") -> None:
-    """Validate ``temperature_schedule``; ``learnable`` and ``learnable_temperature`` agree."""
-    from contrastkit.temperature import parse_schedule
+def _resolve_schedule(c: "PretrainConfig") -> "TemperatureSchedule":
+    """Parse ``temperature_schedule`` (the one place a run's schedule is parsed), check it
+    against :data:`~contrastkit.losses.MIN_TEMPERATURE`, make ``learnable`` and
+    ``learnable_temperature`` agree, and return the schedule the trainer follows."""
+    from contrastkit.losses import MIN_TEMPERATURE
+    from contrastkit.temperature import LearnableSchedule, parse_schedule
 
     schedule = parse_schedule(c.temperature_schedule, c.temperature)
-    if c.learnable_temperature and schedule.kind not in ("constant", "learnable"):
+    learnable = schedule.kind == "learnable" or bool(c.learnable_temperature)
+    if learnable and schedule.kind not in ("constant", "learnable"):
         raise ValueError(f"a learnable temperature cannot follow the schedule {c.temperature_schedule!r}")
-    if schedule.kind == "learnable" or c.learnable_temperature:
-        c.learnable_temperature = True
-        c.temperature_schedule = "learnable"
-    elif schedule.lowest < 0.01:
-        # The model's Temperature caps 1 / tau at 100; a lower tau would be silently raised.
+    if learnable and schedule.lowest < MIN_TEMPERATURE:
+        raise ValueError(f"a learnable temperature must start at >= {MIN_TEMPERATURE}, got {schedule.lowest}")
+    if schedule.lowest < MIN_TEMPERATURE:
+        # The model's Temperature caps 1 / tau at 1 / MIN_TEMPERATURE; a lower tau is refused.
         raise ValueError(f"temperature schedule {c.temperature_schedule!r} goes down to {schedule.lowest}, "
-                         "below the supported minimum 0.01")
+                         f"below the supported minimum {MIN_TEMPERATURE}")
+    c.learnable_temperature = learnable
+    if learnable:
+        c.temperature_schedule = "learnable"
+        if schedule.kind != "learnable":
+            schedule = LearnableSchedule(schedule.lowest)
     elif schedule.kind == "constant":
         c.temperature_schedule = "constant"
     # ``temperature`` is the tau the model starts with (a schedule's first value).
     c.temperature = schedule.initial if schedule.kind == "learnable" else schedule.value(0, 1)
+    return schedule
 
 
 @dataclass
@@ -129,10 +141,7 @@ class PretrainConfig:
             raise TypeError(f"data_options must be a dict, got {type(c.data_options).__name__}")
         c.temperature = _positive_float(
             DEFAULT_TEMPERATURE[c.method] if c.temperature is None else c.temperature, "temperature")
-        _resolve_schedule(c)
-        if c.learnable_temperature and c.temperature < 0.01:
-            raise ValueError(f"a learnable temperature must start at >= 0.01, got {c.temperature}")
-        c.learnable_temperature = bool(c.learnable_temperature)
+        c._schedule = _resolve_schedule(c)
         _positive_int(c.epochs, "epochs")
         _positive_int(c.batch_size, "batch_size", 2)
         c.lr = _positive_float(DEFAULT_LR[c.optimizer] if c.lr is None else c.lr, "lr")
@@ -158,6 +167,16 @@ class PretrainConfig:
         return c
 
     @property
+    def schedule(self) -> "TemperatureSchedule":
+        """The temperature schedule, parsed once by :meth:`resolved` and kept by
+        :meth:`with_queue`: what the trainer follows."""
+        schedule = self.__dict__.get("_schedule")
+        if schedule is None:
+            raise ValueError("the temperature schedule is parsed by PretrainConfig.resolved(): resolve the "
+                             "configuration first")
+        return schedule
+
+    @property
     def paired(self) -> bool:
         """Whether the run trains on image-text pairs (``method == "convirt"``)."""
         return self.method == "convirt"
@@ -169,6 +188,8 @@ class PretrainConfig:
         does not mostly hold older keys of the very images in the batch.
         """
         c = PretrainConfig(**asdict(self))
+        if "_schedule" in self.__dict__:
+            c._schedule = self._schedule
         if c.method != "moco":
             c.queue_size = None
             return c

@@ -22,7 +22,6 @@ import torch
 from contrastkit import layout
 from contrastkit import __version__
 from contrastkit._io import remove_outputs, write_json
-from contrastkit.temperature import parse_schedule
 
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RESUME_MAY_CHANGE, PretrainConfig
@@ -213,7 +212,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         views = make_views(dataset, mode=config.views, device=device, strength=config.view_strength)
 
     model = build_model(config, dataset.image_shape[0], tokenizer).to(device)
-    schedule = parse_schedule(config.temperature_schedule, config.temperature)
+    schedule = config.schedule
     trainer = None
     if parallel.active:
         model.distributed = True
@@ -303,6 +302,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     optimizer.step()
+                    model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
                     scheduler.step()
                     loss_sum += loss.detach()
                     step += 1
@@ -395,12 +395,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
 def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> Optional[float]:
     """Set the model's tau for this step of a varying schedule and return it (``None`` for a
     constant or learnable tau, which the optimizer or nobody changes)."""
-    if schedule.kind in ("constant", "learnable"):
-        return None
-    tau = schedule.value(step, total_steps)
-    with torch.no_grad():
-        model.temperature.log_scale.fill_(math.log(1.0 / tau))
-    return tau
+    return schedule.apply(model.temperature, step, total_steps)
 
 
 def _rank_order(n_train: int, seed: int, epoch: int, parallel: Parallel) -> torch.Tensor:
