@@ -4,16 +4,18 @@ Build: ``python -m sphinx -W --keep-going -b html docs/api OUT`` (``tests/test_a
 does this and fails on any warning).
 
 Why Sphinx (autodoc + napoleon) and not mkdocs-material + mkdocstrings: the docstrings are
-reStructuredText (````literal````, ``:func:``/``:class:``/``:mod:`` roles, ``.. math::``) with
+reStructuredText (double-backquoted literals, ``:func:`` / ``:class:`` / ``:mod:`` roles) with
 Google-style ``Args:`` / ``Returns:`` / ``Raises:`` sections. Sphinx reads both natively and
 resolves the roles against the documented objects, so a reference to a name that does not
 exist is a warning, and ``-W`` makes it an error; mkdocstrings would need the docstrings
 rewritten in Markdown, or would leave the roles unchecked. It needs nothing beyond Sphinx.
 
 Each page runs ``automodule`` on one public package (``contrastkit.losses``, ...), which
-documents exactly that package's ``__all__``, under the public names (``contrastkit.losses.nt_xent``),
-never the internal module files, so moving code between files inside a package does not change
-the reference.
+documents exactly that package's ``__all__`` under the public names
+(``contrastkit.losses.nt_xent``), never the internal module files, so moving code between files
+inside a package does not change the reference. Constants that autodoc would leave out are
+added as ``autodata``, and a name in a documented package's ``__all__`` that no page documents
+is a warning.
 
 Cross-references are checked (``nitpicky``) for contrastkit's own names only:
 
@@ -23,7 +25,7 @@ Cross-references are checked (``nitpicky``) for contrastkit's own names only:
   same object (a module: the page of the nearest documented package); it still has to import,
   so a stale path after a move fails the build;
 * a reference that resolves to someone else's object (``torch.Tensor``, ``numpy.ndarray``,
-  ``int``, ``typing`` aliases) is not linked and not warned about: there are no external
+  ``int``, ``typing`` constructs) is not linked and not warned about: there are no external
   inventories to link to (the build must work offline);
 * anything else (a name that does not exist, or a contrastkit name that no page documents)
   is a warning, so the build fails.
@@ -91,17 +93,14 @@ def _import(dotted: str) -> Any:
             obj = importlib.import_module(".".join(parts[:i]))
         except Exception:  # not a module (or one that fails to import): try a shorter prefix
             continue
-        for name in parts[i:]:
-            obj = getattr(obj, name, _MISSING)
-            if obj is _MISSING:
-                break
-        return obj
+        return _lookup(obj, parts[i:])
     return getattr(builtins, dotted, _MISSING) if dotted else _MISSING
 
 
-def _lookup(namespace: Any, dotted: str) -> Any:
+def _lookup(namespace: Any, names: List[str]) -> Any:
+    """``namespace.a.b`` for ``names = ["a", "b"]``, or ``_MISSING``."""
     obj = namespace
-    for name in dotted.split("."):
+    for name in names:
         obj = getattr(obj, name, _MISSING)
         if obj is _MISSING:
             break
@@ -152,7 +151,7 @@ def _resolve(node: nodes.Element) -> Tuple[Any, str]:
     """The Python object a reference names and the module that owns it (or ``_MISSING``)."""
     target = node["reftarget"].lstrip(".~")
     for namespace, owner in _namespaces(node):
-        obj = _lookup(namespace, target)
+        obj = _lookup(namespace, target.split("."))
         if obj is not _MISSING:
             return obj, _owner(obj, owner)
     obj = _import(target)
