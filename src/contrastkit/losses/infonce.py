@@ -169,8 +169,10 @@ def nt_xent(
     warning is issued (no real negatives). SimCLR's 2N-view loss is the map ``p(i) = i +/- N``
     (:func:`nt_xent_views`).
 
-    Example (the worked example of the textbook, section 30.2, recomputed: the text prints
-    0.9344 for rows 1 and 3, an arithmetic slip):
+    The worked example of the textbook, section 30.2, recomputed (the text prints 0.9344 for
+    rows 1 and 3, an arithmetic slip).
+
+    Example:
         >>> z = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]])
         >>> nt_xent(z, torch.tensor([1, 0, 3, 2]), temperature=1.0, reduction="none")
         tensor([0.8189, 1.0960, 0.8189, 1.0960])

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import resolve_temperature
+from .validation import resolve_temperature
 
 __all__ = ["MIN_TEMPERATURE", "Temperature"]
 

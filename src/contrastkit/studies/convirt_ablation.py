@@ -18,13 +18,12 @@ import statistics
 from typing import Any, Dict, List, Sequence
 
 from contrastkit import layout
+from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import plot_convirt_ablation
 from .rows import RETRIEVAL_K, cell_means, retrieval
 from .stats import binomial_standard_error, spearman
-from contrastkit.losses import MIN_TEMPERATURE
-
 from .study import Study, check_counts, check_numbers, run_config
 from .verdicts import FAILS, HOLDS, UNDECIDED, Verdict
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 from typing import Any, Dict, List, Sequence
 
 from contrastkit import layout
+from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import POSITIVE_PAIRS_SETTINGS, plot_positive_pairs
 from .rows import values
 from .stats import mean_std
-from contrastkit.losses import MIN_TEMPERATURE
-
 from .study import Study, check_counts, check_numbers, run_config
 from .verdicts import Verdict, gap_verdict
 

@@ -17,13 +17,12 @@ import statistics
 from typing import Any, Dict, List, Sequence
 
 from contrastkit import layout
+from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import plot_sweep
 from .rows import PROFILE_LENGTH, by_tau, values
 from .stats import mean_std, spearman
-from contrastkit.losses import MIN_TEMPERATURE
-
 from .study import Study, check_counts, check_numbers, run_config
 from .verdicts import UNDECIDED, Verdict, correlation_status, gap_verdict, margin_status
 
