@@ -1,4 +1,9 @@
-"""The pretraining loop: views -> encoder -> loss -> update, then the fixed read-out.
+"""The pretraining loop, in stages: set-up (:func:`_set_up`: data, model, optimizer, run
+folder, the checkpointed state on resume), the training step (:func:`_train_step`), the end of
+an epoch (:func:`_end_epoch`: its record, the val numbers, the checkpoint) and the evaluation
+(:func:`_summarise`). What depends on the method (its data, batches, model, loss and its own
+numbers) is asked of its :class:`~contrastkit.train.methods.Method`; the loop never looks at
+the method's name.
 
 Outputs in ``config.out``: ``config.json`` (resolved configuration), ``metrics.jsonl`` (one
 JSON record per logged step and per epoch), ``checkpoints/last.pt`` (written atomically each
@@ -160,8 +165,10 @@ def pretrain(
         resume: continue from ``config.out/checkpoints/last.pt``.
         force: start over in a non-empty ``config.out`` (deletes the files a run writes).
         progress: show the rich progress bar; ``None`` means "if stderr is a terminal".
-        dataset, views: an already loaded data set and view maker (by default
-            ``contrastkit.data.load_dataset`` / ``make_views`` from the config).
+        dataset, views: an already loaded data set and batch maker (by default the method's
+            :meth:`~contrastkit.train.methods.Method.load_data` / ``batches``:
+            ``contrastkit.data.load_dataset`` / ``make_views`` from the config for the
+            two-view methods).
         on_epoch_end: called as ``on_epoch_end(epoch, record)`` after each epoch's checkpoint
             (on every rank under torchrun).
         baselines: also evaluate the random-init and raw-pixel baselines (a sweep of many

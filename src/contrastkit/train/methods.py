@@ -95,15 +95,21 @@ class Method:
         raise NotImplementedError
 
     def embed(self, model: nn.Module, batch: Batch) -> Tuple[Tensor, ...]:
-        """The batch's embeddings, as :meth:`objective` takes them."""
+        """The batch's embeddings, as :meth:`objective` takes them: ``(z_a, z_b)`` ``(N, d)``
+        for the two-view methods, ``(query, keys)`` for MoCo, ``(v, u)`` for convirt. Row ``i``
+        of each comes from batch element ``i``, so the rows of a batch split in parts are the
+        row blocks of the whole. In training mode it may advance state that has no gradient
+        (MoCo's key network)."""
         raise NotImplementedError
 
     def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
-        """The mean loss of the batch from its embeddings."""
+        """The mean loss over the batch from all its embeddings (the in-batch negatives are
+        taken here); ``labels`` ``(N,)`` class ids or ``None``."""
         raise NotImplementedError
 
     def loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor] = None) -> Tensor:
-        """Mean loss over the batch (one training step's forward); ``labels`` ``(N,)`` or ``None``."""
+        """Mean loss over the batch: ``objective(model, embed(model, batch), labels)`` (the
+        forward of one training step; MoCo also enqueues its keys afterwards)."""
         self._check_cross_rank(model)
         return self.objective(model, self.embed(model, batch), labels)
 
