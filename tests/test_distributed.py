@@ -197,3 +197,35 @@ def test_helpers_without_process_group():
     layout = cd.RowLayout(sizes=(2, 3, 4), rank=1)
     assert (layout.offset, layout.local, layout.total, layout.largest) == (2, 3, 9, 4)
     assert layout.local_rows().tolist() == [2, 3, 4]
+
+
+def test_key_queue_starting_full_holds_random_unit_keys_until_overwritten():
+    torch.manual_seed(5)
+    expected = torch.nn.functional.normalize(torch.randn(6, 3), dim=1)
+    torch.manual_seed(5)
+    queue = cd.KeyQueue(6, 3, start_full=True)
+    assert torch.equal(queue.keys, expected) and int(queue.filled) == 6
+    assert torch.equal(queue.negatives(), expected)
+    new = torch.arange(12.0).reshape(4, 3)
+    queue.enqueue(new)
+    # Storage order: the 4 new keys over rows 0-3; oldest first: the 2 random keys left, then the new.
+    assert torch.equal(queue.negatives(oldest_first=False), torch.cat([new, expected[4:]]))
+    assert torch.equal(queue.negatives(), torch.cat([expected[4:], new]))
+    queue.enqueue(new)  # wraps: rows 4, 5, 0, 1
+    assert int(queue.pointer) == 2
+    assert torch.equal(queue.negatives(), torch.cat([new[2:], new]))
+
+
+def test_key_queue_state_restores_its_fill():
+    """A restored queue knows how many rows hold keys (kept on the host, so reading it does
+    not wait for the device)."""
+    source = cd.KeyQueue(5, 2)
+    source.enqueue(torch.ones(3, 2))
+    restored = cd.KeyQueue(5, 2)
+    assert restored.negatives().shape == (0, 2)
+    restored.load_state_dict(source.state_dict())
+    assert torch.equal(restored.negatives(), torch.ones(3, 2))
+    restored.enqueue(2 * torch.ones(3, 2))
+    assert torch.equal(restored.negatives(), torch.tensor([[1.0, 1.0]] * 2 + [[2.0, 2.0]] * 3))
+    with pytest.raises(TypeError, match="start_full"):
+        cd.KeyQueue(5, 2, start_full="yes")

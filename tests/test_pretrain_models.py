@@ -78,7 +78,7 @@ def test_moco_momentum_update_and_queue_ring_buffer():
             p.add_(1.0)
     key_before = copy.deepcopy(model.key_encoder.state_dict())
     online = copy.deepcopy(model.encoder.state_dict())
-    queue_before = model.queue.clone()
+    queue_before = model.queue.keys.clone()
     a, b = _views(6)
     loss = model.loss(a, b)
     assert torch.isfinite(loss)
@@ -88,12 +88,12 @@ def test_moco_momentum_update_and_queue_ring_buffer():
     # L2-normalised, fill rows 0..5.
     with torch.no_grad():
         keys = F.normalize(model.key_head(model.key_encoder(b)), dim=1)
-    torch.testing.assert_close(model.queue[:6], keys)
-    torch.testing.assert_close(model.queue[6:], queue_before[6:])
-    assert int(model.queue_pointer) == 6
+    torch.testing.assert_close(model.queue.keys[:6], keys)
+    torch.testing.assert_close(model.queue.keys[6:], queue_before[6:])
+    assert int(model.queue.pointer) == 6
     model.loss(a, b)
     model.loss(a, b)  # 18 keys into a 12-slot queue: the pointer wraps to 6
-    assert int(model.queue_pointer) == 6
+    assert int(model.queue.pointer) == 6
 
 
 def test_moco_loss_uses_queue_as_negatives():
@@ -104,7 +104,7 @@ def test_moco_loss_uses_queue_as_negatives():
     loss = model.loss(a, b)
     q = F.normalize(model.head(model.encoder(a)), dim=1)
     k = F.normalize(model.key_head(model.key_encoder(b)), dim=1)
-    logits = torch.cat([(q * k).sum(1, keepdim=True), q @ model.queue.T], dim=1) / 0.2
+    logits = torch.cat([(q * k).sum(1, keepdim=True), q @ model.queue.keys.T], dim=1) / 0.2
     torch.testing.assert_close(loss, F.cross_entropy(logits, torch.zeros(3, dtype=torch.long)))
 
 
@@ -116,3 +116,52 @@ def test_supcon_needs_labels_and_moco_needs_queue():
         model.loss(*_views(4))
     with pytest.raises(ValueError, match="method"):
         ContrastiveModel("byol", "small", 1, temperature=0.2)
+
+
+def test_every_configurable_method_has_one_registered_method_object():
+    from contrastkit.train.config import METHODS
+    from contrastkit.train.methods import METHOD_REGISTRY, Method, get_method
+
+    assert tuple(METHOD_REGISTRY) == METHODS
+    for name, method in METHOD_REGISTRY.items():
+        assert isinstance(method, Method) and method.name == name and get_method(name) is method
+    with pytest.raises(ValueError, match="method must be one of"):
+        get_method("byol")
+    with pytest.raises(ValueError, match="method must be one of simclr"):
+        ContrastiveModel("convirt", "small", 1, temperature=0.2)  # a paired method: not two views
+
+
+def test_moco_queue_starts_as_before_full_of_random_unit_keys():
+    """The queue draws its random keys right after the encoder and head, as MoCo's own buffer
+    did, so a seed gives the same initial negatives (and the same run) as before."""
+    from contrastkit.models import ProjectionHead, build_encoder
+
+    torch.manual_seed(3)
+    model = ContrastiveModel("moco", "small", 1, temperature=0.2, queue_size=12, projection_dim=8)
+    torch.manual_seed(3)
+    encoder = build_encoder("small", 1)
+    ProjectionHead(encoder.out_dim, hidden_dim=max(encoder.out_dim, 8), out_dim=8)
+    expected = F.normalize(torch.randn(12, 8), dim=1)
+    assert torch.equal(model.queue.negatives(), expected)
+    assert torch.equal(model.key_encoder.state_dict()["features.0.weight"], encoder.state_dict()["features.0.weight"])
+
+
+def test_moco_checkpoint_with_the_former_queue_buffers_still_loads():
+    torch.manual_seed(0)
+    trained = ContrastiveModel("moco", "small", 1, temperature=0.2, queue_size=12, projection_dim=8)
+    trained.loss(*_views(6))
+    state = trained.state_dict()
+    old = {k: v for k, v in state.items() if not k.startswith("queue.")}
+    old["queue"], old["queue_pointer"] = state["queue.keys"], state["queue.pointer"]
+    fresh = ContrastiveModel("moco", "small", 1, temperature=0.2, queue_size=12, projection_dim=8)
+    fresh.load_state_dict(old)
+    assert torch.equal(fresh.queue.negatives(), trained.queue.negatives())
+    assert int(fresh.queue.pointer) == 6 and int(fresh.queue.filled) == 12
+
+
+@pytest.mark.parametrize("method", ["simple", "hard_negative"])
+def test_methods_without_a_cross_rank_form_refuse_to_run_distributed(method):
+    model = ContrastiveModel(method, "small", 1, temperature=0.2)
+    model.distributed = True
+    with pytest.raises(ValueError, match=f"method '{method}' has no cross-rank form yet"):
+        model.loss(*_views(4))

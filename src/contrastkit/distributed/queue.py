@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .gather import DistributedArg, all_gather_no_grad, resolve_group
@@ -19,7 +20,8 @@ class KeyQueue(nn.Module):
     sizes may differ) and writes the same rows in the same order on every rank, so the queues
     never drift apart and equal the queue of single-process training on the concatenated
     batches. Keys are stored detached; the queue is a buffer, so it is saved in
-    ``state_dict()`` and restored on resume.
+    ``state_dict()`` and restored on resume. Neither :meth:`enqueue` nor :meth:`negatives`
+    waits for the device (the write position stays a device tensor).
 
     Args:
         size: capacity ``K`` (rows).
@@ -28,6 +30,9 @@ class KeyQueue(nn.Module):
             resolved at every :meth:`enqueue`, so the queue can be built before
             ``init_process_group``.
         dtype: storage dtype of the keys.
+        start_full: start with ``K`` random unit keys (drawn from torch's global generator)
+            instead of empty, as MoCo does (He et al. 2020): every step then has ``K``
+            negatives, random ones until the first ``K`` keys have arrived.
 
     Example:
         >>> queue = KeyQueue(4, 2)
@@ -37,30 +42,48 @@ class KeyQueue(nn.Module):
     """
 
     def __init__(self, size: int, dim: int, *, distributed: DistributedArg = False,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, start_full: bool = False) -> None:
         super().__init__()
         for value, name in ((size, "size"), (dim, "dim")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(start_full, bool):
+            raise TypeError(f"start_full must be a bool, got {type(start_full).__name__}")
         self.distributed = distributed
-        self.register_buffer("keys", torch.zeros(size, dim, dtype=dtype))
+        if start_full:
+            keys = F.normalize(torch.randn(size, dim, dtype=dtype), dim=1)
+        else:
+            keys = torch.zeros(size, dim, dtype=dtype)
+        self.register_buffer("keys", keys)
         self.register_buffer("pointer", torch.zeros((), dtype=torch.long))  # next row to write
-        self.register_buffer("filled", torch.zeros((), dtype=torch.long))   # rows holding keys
+        self.register_buffer("filled", torch.full((), size if start_full else 0, dtype=torch.long))  # rows holding keys
+        # A host copy of ``filled`` (known from the key counts), so that reading the queue needs
+        # no device sync; refreshed when a state is loaded.
+        self._filled = size if start_full else 0
+        self.register_load_state_dict_post_hook(_refresh_filled)
 
     @property
     def size(self) -> int:
         return self.keys.shape[0]
 
-    def negatives(self) -> Tensor:
-        """The stored keys ``(min(filled, K), d)``, oldest first (a copy, no gradient)."""
-        filled, pointer = int(self.filled), int(self.pointer)
-        if filled < self.size:
-            return self.keys[:filled].clone()
-        return torch.cat([self.keys[pointer:], self.keys[:pointer]])
+    def negatives(self, *, oldest_first: bool = True) -> Tensor:
+        """The stored keys ``(min(filled, K), d)`` (a copy, no gradient), oldest first, or with
+        ``oldest_first=False`` in storage order (a loss over the set of negatives does not
+        depend on their order; this skips the rotation)."""
+        if self._filled < self.size:
+            return self.keys[:self._filled].clone()  # never wrapped: storage order is oldest first
+        if not oldest_first:
+            return self.keys.clone()
+        return self.keys[self._rows(self.size)]
+
+    def _rows(self, count: int) -> Tensor:
+        """Rows ``pointer, pointer + 1, ...`` (wrapping), computed on the device."""
+        return (self.pointer + torch.arange(count, device=self.keys.device)) % self.size
 
     @torch.no_grad()
     def enqueue(self, keys: Tensor, group: Optional[DistributedArg] = None) -> None:
-        """Append this step's keys of every rank (``(n_r, d)`` here), dropping the oldest."""
+        """Append this step's keys of every rank (``(n_r, d)`` here), dropping the oldest;
+        ``group`` overrides the queue's ``distributed`` for this call."""
         if not isinstance(keys, Tensor) or keys.dim() != 2 or keys.shape[1] != self.keys.shape[1]:
             shape = tuple(keys.shape) if isinstance(keys, Tensor) else type(keys).__name__
             raise ValueError(f"keys must have shape (n, {self.keys.shape[1]}), got {shape}")
@@ -69,9 +92,12 @@ class KeyQueue(nn.Module):
         if process_group is not None:
             keys = all_gather_no_grad(keys, process_group)
         keys = keys[-self.size:]  # more new keys than room: only the newest survive
-        count, pointer = keys.shape[0], int(self.pointer)
-        first = min(count, self.size - pointer)
-        self.keys[pointer:pointer + first] = keys[:first]
-        self.keys[: count - first] = keys[first:]
-        self.pointer.fill_((pointer + count) % self.size)
-        self.filled.fill_(min(self.size, int(self.filled) + count))
+        count = keys.shape[0]
+        self.keys[self._rows(count)] = keys
+        self.pointer.copy_((self.pointer + count) % self.size)
+        self._filled = min(self.size, self._filled + count)
+        self.filled.fill_(self._filled)
+
+
+def _refresh_filled(queue: Any, incompatible_keys: Any) -> None:
+    queue._filled = int(queue.filled)

@@ -1,13 +1,13 @@
-"""ConVIRT (Zhang et al. 2020; SPEC section 3): an image encoder and a text encoder trained on
-paired data with InfoNCE in both directions, weighted by ``lambda`` (image->text) and
+"""ConVIRT (Zhang et al. 2020; the ConVIRT tutorial): an image encoder and a text encoder
+trained on paired data with InfoNCE in both directions, weighted by ``lambda`` (image->text) and
 ``1 - lambda`` (text->image): :func:`contrastkit.losses.bidirectional_info_nce`.
 
-Pieces used by the pretraining loop for ``method="convirt"``:
+The pieces the ``convirt`` method (:class:`contrastkit.train.methods.Convirt`: its data, batch,
+loss and evaluation hooks) puts together:
 
 * :class:`ConvirtModel` -- image encoder (the pipeline's) + :class:`~contrastkit.models.text.TextEncoder`,
-  a projection head to the joint space ``d`` on each side, a fixed or learnable temperature;
-  ``loss(images, (ids, mask))``.
-* :class:`PairedBatches` -- the "view maker" of paired data: for a batch of pair indices, the
+  a projection head to the joint space ``d`` on each side, a fixed or learnable temperature.
+* :class:`PairedBatches` -- the batch maker of paired data: for a batch of pair indices, the
   images (a random noise realisation when the data have them; no crops or flips, which would
   make position and orientation statements in the texts false) and the token ids of the texts.
 * :func:`evaluate_convirt` -- held-out retrieval (image->text, text->image Recall@1/5/10 with
@@ -36,7 +36,7 @@ __all__ = ["ConvirtModel", "PairedBatches", "build_tokenizer", "run_tokenizer", 
 #: The run folder's tokenizer file (see :mod:`contrastkit.layout`).
 TOKENIZER_FILE = layout.TOKENIZER
 
-#: SPEC section 3: ConVIRT's lambda, tau and joint-space size.
+#: ConVIRT's lambda, tau and joint-space size (the ConVIRT tutorial).
 DEFAULT_WEIGHT, DEFAULT_TEMPERATURE, DEFAULT_DIM = 0.75, 0.1, 512
 
 
@@ -98,7 +98,7 @@ class ConvirtModel(nn.Module):
                                          out_dim=projection_dim)
         self.text_head = ProjectionHead(text_width, hidden_dim=text_width, out_dim=projection_dim)
         self.temperature = losses.Temperature(temperature, learnable=learnable_temperature)
-        # Set by the training loop under torchrun; convirt has no cross-rank form yet.
+        # Set by the training loop under torchrun (the method has no cross-rank form yet).
         self.distributed = False
 
     def embed(self, images: Tensor) -> Tensor:
@@ -115,14 +115,11 @@ class ConvirtModel(nn.Module):
 
     def loss(self, images: Tensor, tokens: Tuple[Tensor, Tensor], labels: Optional[Tensor] = None) -> Tensor:
         """Mean ConVIRT loss over the ``N`` pairs of the batch: ``images`` ``(N, C, H, W)`` and
-        ``tokens = (ids, mask)`` ``(N, L)``, row ``i`` of each forming pair ``i``. ``labels``
-        are ignored (pairs, not classes, define the positives)."""
-        if self.distributed:
-            raise ValueError("method 'convirt' has no cross-rank form yet; run it without torchrun")
-        ids, mask = tokens
-        v = self.image_embeddings(images)
-        u = self.text_embeddings(ids, mask)
-        return losses.bidirectional_info_nce(v, u, temperature=self.temperature, weight=self.weight)
+        ``tokens = (ids, mask)`` ``(N, L)``, row ``i`` of each forming pair ``i``; ``labels``
+        are ignored. The ``convirt`` method's :meth:`~contrastkit.train.methods.Method.loss`."""
+        from .methods import get_method  # methods builds on this module
+
+        return get_method("convirt").loss(self, (images, tokens), labels)
 
 
 class PairedBatches:

@@ -21,9 +21,10 @@ from contrastkit.metrics import knn_accuracy, linear_probe
 
 from .checkpoint import load_checkpoint
 from .config import PretrainConfig
+from .methods import get_method
 from .setup import build_model, limit_threads, load_data, resolve_device
 
-__all__ = ["extract_features", "evaluate_features", "evaluate_encoders", "evaluate_run"]
+__all__ = ["extract_features", "evaluate_features", "evaluate_encoders", "evaluate_model", "evaluate_run"]
 
 
 @torch.no_grad()
@@ -71,6 +72,19 @@ def evaluate_encoders(dataset: Any, encoder: nn.Module, device: torch.device, *,
     return result
 
 
+def evaluate_model(config: PretrainConfig, model: nn.Module, dataset: Any, device: torch.device, *,
+                   baseline_encoder: Optional[nn.Module] = None, raw_pixels: bool = True) -> Dict[str, Any]:
+    """The held-out numbers of a trained model: :func:`evaluate_encoders` on its encoder when the
+    data carry labels (paired data from a CSV may not), then its method's own read-out
+    (:meth:`~contrastkit.train.methods.Method.readout`: retrieval and zero-shot for convirt)."""
+    result: Dict[str, Any] = {}
+    if dataset.num_classes:
+        result = evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline_encoder,
+                                   raw_pixels=raw_pixels, knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+    result.update(get_method(config.method).readout(model, dataset, device))
+    return result
+
+
 def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str = "auto",
                  baselines: bool = True, threads: Optional[int] = None) -> Dict[str, Any]:
     """Re-evaluate the checkpoint of a finished or interrupted run (``contrastkit probe``);
@@ -99,11 +113,7 @@ def _evaluate_state(config: PretrainConfig, state: Dict[str, Any], path: str, co
     started = time.perf_counter()
     torch_device = resolve_device(device)
     dataset = load_data(config)
-    tokenizer = None
-    if config.paired:
-        from .convirt import load_run_tokenizer
-
-        tokenizer = load_run_tokenizer(os.path.dirname(config_path))
+    tokenizer = get_method(config.method).saved_tokenizer(os.path.dirname(config_path))
     model = build_model(config, dataset.image_shape[0], tokenizer)
     baseline = build_model(config, dataset.image_shape[0], tokenizer).encoder.to(torch_device) if baselines else None
     try:
@@ -112,14 +122,7 @@ def _evaluate_state(config: PretrainConfig, state: Dict[str, Any], path: str, co
         raise ValueError(f"checkpoint {path} does not match the model in {config_path}: "
                          f"{str(err).splitlines()[0]}") from None
     model.to(torch_device)
-    result: Dict[str, Any] = {}
-    if dataset.num_classes:  # paired data from a CSV may carry no labels: no probe then
-        result = evaluate_encoders(dataset, model.encoder, torch_device, baseline_encoder=baseline,
-                                   raw_pixels=baselines, knn_k=config.knn_k, knn_temperature=config.knn_temperature)
-    if config.paired:
-        from .convirt import evaluate_convirt
-
-        result.update(evaluate_convirt(model, dataset, torch_device))
+    result = evaluate_model(config, model, dataset, torch_device, baseline_encoder=baseline, raw_pixels=baselines)
     result.update({"checkpoint": os.path.abspath(path), "epochs": int(state["epoch"]), "step": int(state["step"]),
                    "data": config.data, "method": config.method, "encoder": config.encoder,
                    "seconds": time.perf_counter() - started})

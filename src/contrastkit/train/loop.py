@@ -1,4 +1,9 @@
-"""The pretraining loop: views -> encoder -> loss -> update, then the fixed read-out.
+"""The pretraining loop, in stages: set-up (:func:`_set_up`: data, model, optimizer, run
+folder, the checkpointed state on resume), the training step (:func:`_train_step`), the end of
+an epoch (:func:`_end_epoch`: its record, the val numbers, the checkpoint) and the evaluation
+(:func:`_summarise`). What depends on the method (its data, batches, model, loss and its own
+numbers) is asked of its :class:`~contrastkit.train.methods.Method`; the loop never looks at
+the method's name.
 
 Outputs in ``config.out``: ``config.json`` (resolved configuration), ``metrics.jsonl`` (one
 JSON record per logged step and per epoch), ``checkpoints/last.pt`` (written atomically each
@@ -14,7 +19,8 @@ import platform
 import random
 import sys
 import time
-from typing import Any, Callable, Dict, Optional
+from dataclasses import dataclass, field
+from typing import IO, Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -25,10 +31,10 @@ from contrastkit._io import remove_outputs, write_json
 
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RESUME_MAY_CHANGE, PretrainConfig
-from .evaluate import evaluate_encoders, extract_features
-from .geometry import geometry
+from .evaluate import evaluate_model, extract_features
+from .methods import EvalContext, Method, get_method
 from .parallel import LossForward, Parallel, setup
-from .setup import build_model, limit_threads, load_data, resolve_device
+from .setup import build_model, limit_threads, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -158,8 +164,10 @@ def pretrain(
         resume: continue from ``config.out/checkpoints/last.pt``.
         force: start over in a non-empty ``config.out`` (deletes the files a run writes).
         progress: show the rich progress bar; ``None`` means "if stderr is a terminal".
-        dataset, views: an already loaded data set and view maker (by default
-            ``contrastkit.data.load_dataset`` / ``make_views`` from the config).
+        dataset, views: an already loaded data set and batch maker (by default the method's
+            :meth:`~contrastkit.train.methods.Method.load_data` / ``batches``:
+            ``contrastkit.data.load_dataset`` / ``make_views`` from the config for the
+            two-view methods).
         on_epoch_end: called as ``on_epoch_end(epoch, record)`` after each epoch's checkpoint
             (on every rank under torchrun).
         baselines: also evaluate the random-init and raw-pixel baselines (a sweep of many
@@ -182,7 +190,63 @@ def pretrain(
 def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
               views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
               baselines: bool = True) -> Optional[Dict[str, Any]]:
+    run = _set_up(config, resume, force, dataset, views)
+    _train(run, progress, on_epoch_end)
+    if not run.parallel.is_main:
+        run.parallel.barrier()  # rank 0 evaluates and writes the summary
+        run.parallel.teardown()
+        return None
+    summary = _summarise(run, baselines)
+    write_json(run.folder.summary, summary)
+    run.parallel.barrier()
+    run.parallel.teardown()
+    return summary
+
+
+@dataclass
+class _Run:
+    """One pretraining invocation: what :func:`_set_up` builds, and the counters the epochs
+    advance (restored from the checkpoint on resume)."""
+
+    config: PretrainConfig
+    method: Method
+    parallel: Parallel
+    device: torch.device
+    dataset: Any
+    batches: Any            # the method's batch maker: batches(split, indices) -> batch
+    tokenizer: Any          # the run's text tokenizer (paired methods), else None
+    model: torch.nn.Module
+    step_loss: Callable[[Any, Optional[torch.Tensor]], torch.Tensor]  # DDP-wrapped under torchrun
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    schedule: Any           # the temperature schedule
+    folder: layout.RunFolder
+    batch_size: int         # global batch
+    rank_batch: int         # this rank's share of it
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    started: float
+    epoch: int = 0
+    step: int = 0
+    train_seconds: float = 0.0
+    epoch_losses: List[float] = field(default_factory=list)
+
+    @property
+    def n_train(self) -> int:
+        return int(self.dataset.train.images.shape[0])
+
+    def eval_context(self) -> EvalContext:
+        return EvalContext(self.model, self.dataset, self.batches, self.device, self.config, self.batch_size)
+
+
+# -- set-up -------------------------------------------------------------------------------
+
+def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, views: Any) -> _Run:
+    """Everything before the first step: process group, data, model, optimizer, the run
+    folder, and on resume the checkpointed state."""
     started = time.perf_counter()
+    method = get_method(config.method)
     device = resolve_device(config.device)
     parallel = setup(device)
     if parallel.active and device.type == "cuda":
@@ -190,9 +254,8 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
     if dataset is None:
-        dataset = load_data(config)
-    train = dataset.train
-    n_train = int(train.images.shape[0])
+        dataset = method.load_data(config)
+    n_train = int(dataset.train.images.shape[0])
     batch_size = min(config.batch_size, n_train)
     if batch_size < 2:
         raise ValueError(f"the training split of {config.data} has {n_train} image(s); at least 2 are needed")
@@ -200,33 +263,18 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         raise ValueError(f"the batch size {batch_size} must be a multiple of the number of processes "
                          f"({parallel.world_size})")
     config = config.with_queue(batch_size, n_train)
-    tokenizer = None
-    if config.paired:  # convirt: a batch is images and the token ids of their texts
-        from .convirt import PairedBatches, run_tokenizer
-
-        tokenizer = run_tokenizer(dataset, config.out, resume)
-        views = PairedBatches(tokenizer, device) if views is None else views
+    tokenizer = method.run_tokenizer(dataset, config.out, resume)
     if views is None:
-        from contrastkit.data import make_views
-
-        views = make_views(dataset, mode=config.views, device=device, strength=config.view_strength)
+        views = method.batches(dataset, config, device, tokenizer)
 
     model = build_model(config, dataset.image_shape[0], tokenizer).to(device)
     schedule = config.schedule
-    trainer = None
+    step_loss: Any = LossForward(model, method)
     if parallel.active:
         model.distributed = True
-        trainer = torch.nn.parallel.DistributedDataParallel(LossForward(model))
+        step_loss = torch.nn.parallel.DistributedDataParallel(step_loss)
         torch.manual_seed(config.seed + 1_000_003 * parallel.rank)  # different views on each rank
-    decay, no_decay = [], []
-    for name, parameter in model.named_parameters():
-        if parameter.requires_grad:
-            (no_decay if parameter.ndim <= 1 else decay).append(parameter)  # biases, norms, tau
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if config.optimizer == "adamw":
-        optimizer = torch.optim.AdamW(groups, lr=config.lr)
-    else:
-        optimizer = torch.optim.SGD(groups, lr=config.lr, momentum=0.9, nesterov=True)
+    optimizer = _optimizer(model, config)
     steps_per_epoch = n_train // batch_size  # the last partial batch is dropped (fixed batch size)
     rank_batch = batch_size // parallel.world_size
     if parallel.active:
@@ -235,161 +283,203 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     warmup_steps = int(round(config.warmup_fraction * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
 
-    folder = layout.RunFolder(config.out)
+    run = _Run(config, method, parallel, device, dataset, views, tokenizer, model, step_loss, optimizer,
+               scheduler, schedule, layout.RunFolder(config.out), batch_size, rank_batch, steps_per_epoch,
+               total_steps, warmup_steps, started)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume))
-    if tokenizer is not None:
-        parallel.run_on_main(lambda: tokenizer.save(folder.tokenizer))
-    checkpoint_path = folder.last_checkpoint
-    metrics_path = folder.metrics
-    epoch, step, train_seconds, epoch_losses = 0, 0, 0.0, []
+    parallel.run_on_main(lambda: method.save_run_files(model, run.folder))
     if resume:
-        state = load_checkpoint(checkpoint_path)
-        _check_resumable(state, config, checkpoint_path)
-        if int(state.get("world_size", 1)) != parallel.world_size:
-            raise ValueError(f"checkpoint {checkpoint_path} was written by {state.get('world_size', 1)} "
-                             f"process(es); resume it with the same number (now {parallel.world_size})")
-        try:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-        except (RuntimeError, ValueError, KeyError) as err:
-            raise ValueError(f"checkpoint {checkpoint_path} does not match this model/optimizer: "
-                             f"{str(err).splitlines()[0]}") from None
-        # The schedule's functions are not in the state (only its step): a changed --epochs
-        # reshapes the cosine from the resumed step on.
-        set_rng_state(state["rng_per_rank"][parallel.rank] if parallel.active else state["rng"])
-        epoch, step = int(state["epoch"]), int(state["step"])
-        train_seconds = float(state.get("train_seconds", 0.0))
-        epoch_losses = [float(v) for v in state.get("epoch_losses", [])]
-        if parallel.is_main:
-            _truncate_metrics(metrics_path, epoch, step)
-
-    derived = {"batch_size": batch_size, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
-               "warmup_steps": warmup_steps, "device": str(device),
-               "dataset": {"name": dataset.name, "num_classes": int(dataset.num_classes),
-                           "image_shape": list(dataset.image_shape),
-                           "sizes": {s: int(getattr(dataset, s).images.shape[0]) for s in ("train", "val", "test")}},
-               "views": getattr(views, "config", None),
-               "parameters": sum(p.numel() for p in model.encoder.parameters()),
-               "world_size": parallel.world_size,
-               "versions": {"contrastkit": __version__, "torch": torch.__version__,
-                            "python": platform.python_version()}}
+        _restore(run)
     if parallel.is_main:
-        write_json(folder.config, {"config": config.to_dict(), "derived": derived})
+        write_json(run.folder.config, {"config": config.to_dict(), "derived": _derived(run)})
+    return run
 
-    show = (sys.stderr.isatty() if progress is None else progress) and parallel.is_main
-    bar = _Progress(show, total_steps, step)
-    labels_all = train.labels.to(device) if train.labels is not None else None  # paired data may lack labels
-    model.train()
+
+def _optimizer(model: torch.nn.Module, config: PretrainConfig) -> torch.optim.Optimizer:
+    """AdamW or SGD (Nesterov); no weight decay on biases, norms and tau."""
+    decay, no_decay = [], []
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            (no_decay if parameter.ndim <= 1 else decay).append(parameter)
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=config.lr)
+    return torch.optim.SGD(groups, lr=config.lr, momentum=0.9, nesterov=True)
+
+
+def _restore(run: _Run) -> None:
+    """Continue from ``checkpoints/last.pt``: weights, optimizer, schedule, RNG and counters."""
+    path = run.folder.last_checkpoint
+    state = load_checkpoint(path)
+    _check_resumable(state, run.config, path)
+    world_size = run.parallel.world_size
+    if int(state.get("world_size", 1)) != world_size:
+        raise ValueError(f"checkpoint {path} was written by {state.get('world_size', 1)} "
+                         f"process(es); resume it with the same number (now {world_size})")
     try:
-        with (open(metrics_path, "a", encoding="utf-8") if parallel.is_main else open(os.devnull, "w")) as metrics:
-            while epoch < config.epochs:
-                epoch_started = time.perf_counter()
-                if parallel.active:
-                    order = _rank_order(n_train, config.seed, epoch, parallel)
-                else:
-                    order = torch.randperm(n_train, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
-                loss_sum = torch.zeros((), device=device)
-                window_started, window_steps = time.perf_counter(), 0
-                for batch in range(steps_per_epoch):
-                    indices = order[batch * rank_batch:(batch + 1) * rank_batch]
-                    view_a, view_b = views(train, indices)
-                    tau_now = _follow_schedule(model, schedule, step, total_steps)
-                    if tau_now is not None:  # a varying tau is logged at every step
-                        metrics.write(json.dumps({"kind": "tau", "step": step + 1, "tau": tau_now}) + "\n")
-                    step_loss = model.loss if trainer is None else trainer
-                    loss = step_loss(view_a, view_b, None if labels_all is None else labels_all[indices.to(device)])
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
-                    scheduler.step()
-                    loss_sum += loss.detach()
-                    step += 1
-                    window_steps += 1
-                    if step % config.log_every == 0 or batch == steps_per_epoch - 1:
-                        value = float(parallel.mean(loss))  # the only host sync, at logging cadence
-                        if not math.isfinite(value):
-                            raise FloatingPointError(f"the loss became {value} at step {step}; "
-                                                     "lower --lr or raise --temperature")
-                        now = time.perf_counter()
-                        speed = window_steps * batch_size / max(now - window_started, 1e-9)
-                        tau = model.temperature.value
-                        record = {"kind": "step", "epoch": epoch + 1, "step": step, "loss": value, "tau": tau,
-                                  "lr": scheduler.get_last_lr()[0], "images_per_second": speed}
-                        metrics.write(json.dumps(record) + "\n")
-                        bar.update(window_steps, epoch=f"{epoch + 1}/{config.epochs}", loss=f"{value:.4f}",
-                                   tau=f"{tau:.3f}", speed=f"{speed:.0f}")
-                        window_started, window_steps = now, 0
-                epoch += 1
-                epoch_loss = float(parallel.mean(loss_sum)) / steps_per_epoch
-                epoch_losses.append(epoch_loss)
-                train_seconds += time.perf_counter() - epoch_started
-                record = {"kind": "epoch", "epoch": epoch, "step": step, "loss": epoch_loss,
-                          "tau": model.temperature.value, "lr": scheduler.get_last_lr()[0],
-                          "train_seconds": train_seconds}
-                if config.eval_every and epoch % config.eval_every == 0 and parallel.is_main:
-                    if dataset.num_classes:
-                        record["val_knn_accuracy"] = _val_knn(model, dataset, device, config)
-                    if config.paired:
-                        from .convirt import val_retrieval
+        run.model.load_state_dict(state["model"])
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.scheduler.load_state_dict(state["scheduler"])
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise ValueError(f"checkpoint {path} does not match this model/optimizer: "
+                         f"{str(err).splitlines()[0]}") from None
+    # The schedule's functions are not in the state (only its step): a changed --epochs
+    # reshapes the cosine from the resumed step on.
+    set_rng_state(state["rng_per_rank"][run.parallel.rank] if run.parallel.active else state["rng"])
+    run.epoch, run.step = int(state["epoch"]), int(state["step"])
+    run.train_seconds = float(state.get("train_seconds", 0.0))
+    run.epoch_losses = [float(v) for v in state.get("epoch_losses", [])]
+    if run.parallel.is_main:
+        _truncate_metrics(run.folder.metrics, run.epoch, run.step)
 
-                        record.update(val_retrieval(model, dataset, device))
-                    else:
-                        record["val_geometry"] = geometry(model, dataset.val, views, device, batch_size=batch_size,
-                                                          temperature=model.temperature.value, seed=config.seed)
-                metrics.write(json.dumps(record) + "\n")
-                metrics.flush()
-                rng_per_rank = parallel.gather_objects(rng_state())
-                if parallel.is_main:
-                    save_checkpoint(checkpoint_path, {
-                        "config": config.to_dict(), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
-                        "epoch": epoch, "step": step, "train_seconds": train_seconds,
-                        "epoch_losses": epoch_losses,
-                    })
-                parallel.barrier()  # the checkpoint is complete before any rank goes on
+
+def _derived(run: _Run) -> Dict[str, Any]:
+    """``config.json``'s ``derived``: what the run worked out from its configuration and data."""
+    dataset = run.dataset
+    return {"batch_size": run.batch_size, "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
+            "warmup_steps": run.warmup_steps, "device": str(run.device),
+            "dataset": {"name": dataset.name, "num_classes": int(dataset.num_classes),
+                        "image_shape": list(dataset.image_shape),
+                        "sizes": {s: int(getattr(dataset, s).images.shape[0]) for s in ("train", "val", "test")}},
+            "views": getattr(run.batches, "config", None),
+            "parameters": sum(p.numel() for p in run.model.encoder.parameters()),
+            "world_size": run.parallel.world_size,
+            "versions": {"contrastkit": __version__, "torch": torch.__version__,
+                         "python": platform.python_version()}}
+
+
+# -- training -----------------------------------------------------------------------------
+
+def _train(run: _Run, progress: Optional[bool],
+           on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]]) -> None:
+    """The remaining epochs, each ending with its record and checkpoint."""
+    show = (sys.stderr.isatty() if progress is None else progress) and run.parallel.is_main
+    bar = _Progress(show, run.total_steps, run.step)
+    labels = run.dataset.train.labels
+    labels = labels.to(run.device) if labels is not None else None  # paired data may lack labels
+    run.model.train()
+    try:
+        with (open(run.folder.metrics, "a", encoding="utf-8") if run.parallel.is_main
+              else open(os.devnull, "w")) as metrics:
+            while run.epoch < run.config.epochs:
+                epoch_started = time.perf_counter()
+                loss_sum = _train_epoch(run, labels, metrics, bar)
+                record = _end_epoch(run, loss_sum, time.perf_counter() - epoch_started, metrics)
                 if on_epoch_end is not None:
-                    on_epoch_end(epoch, record)
+                    on_epoch_end(run.epoch, record)
     finally:
         bar.close()
-    if not parallel.is_main:
-        parallel.barrier()  # rank 0 evaluates and writes the summary
-        parallel.teardown()
-        return None
 
-    eval_started = time.perf_counter()
-    baseline = build_model(config, dataset.image_shape[0], tokenizer).encoder.to(device) if baselines else None
-    numbers: Dict[str, Any] = {}
-    if dataset.num_classes:  # paired data from a CSV may carry no labels: no probe then
-        numbers = evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline,
-                                    raw_pixels=baselines, knn_k=config.knn_k, knn_temperature=config.knn_temperature)
-    if config.paired:  # image-text pairs: retrieval and zero-shot instead of two-view geometry
-        from .convirt import evaluate_convirt
 
-        numbers.update(evaluate_convirt(model, dataset, device))
+def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str], bar: "_Progress") -> torch.Tensor:
+    """One pass over this rank's share of the shuffled training set (``labels``: of the whole
+    training split, on the device, or ``None``); returns the summed loss."""
+    config = run.config
+    if run.parallel.active:
+        order = _rank_order(run.n_train, config.seed, run.epoch, run.parallel)
     else:
-        numbers["representation"] = geometry(model, dataset.test, views, device, batch_size=batch_size,
-                                             temperature=model.temperature.value, seed=config.seed)
+        order = torch.randperm(run.n_train, generator=torch.Generator().manual_seed(config.seed * 100_003 + run.epoch))
+    loss_sum = torch.zeros((), device=run.device)
+    window_started, window_steps = time.perf_counter(), 0
+    for batch in range(run.steps_per_epoch):
+        indices = order[batch * run.rank_batch:(batch + 1) * run.rank_batch]
+        loss = _train_step(run, indices, labels, metrics)
+        loss_sum += loss.detach()
+        window_steps += 1
+        if run.step % config.log_every == 0 or batch == run.steps_per_epoch - 1:
+            window_started = _log_step(run, loss, window_started, window_steps, metrics, bar)
+            window_steps = 0
+    return loss_sum
+
+
+def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor], metrics: IO[str]) -> torch.Tensor:
+    """One optimizer step on the batch of ``indices``; returns its loss (not synced)."""
+    batch = run.batches(run.dataset.train, indices)
+    tau_now = _follow_schedule(run.model, run.schedule, run.step, run.total_steps)
+    if tau_now is not None:  # a varying tau is logged at every step
+        metrics.write(json.dumps({"kind": "tau", "step": run.step + 1, "tau": tau_now}) + "\n")
+    loss = run.step_loss(batch, None if labels is None else labels[indices.to(run.device)])
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    run.optimizer.step()
+    run.model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
+    run.scheduler.step()
+    run.step += 1
+    return loss
+
+
+def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps: int, metrics: IO[str],
+              bar: "_Progress") -> float:
+    """The step record and progress update for the ``window_steps`` steps since
+    ``window_started``; returns the time it was written (the next window's start)."""
+    value = float(run.parallel.mean(loss))  # the only host sync, at logging cadence
+    if not math.isfinite(value):
+        raise FloatingPointError(f"the loss became {value} at step {run.step}; lower --lr or raise --temperature")
+    now = time.perf_counter()
+    speed = window_steps * run.batch_size / max(now - window_started, 1e-9)
+    tau = run.model.temperature.value
+    record = {"kind": "step", "epoch": run.epoch + 1, "step": run.step, "loss": value, "tau": tau,
+              "lr": run.scheduler.get_last_lr()[0], "images_per_second": speed}
+    metrics.write(json.dumps(record) + "\n")
+    bar.update(window_steps, epoch=f"{run.epoch + 1}/{run.config.epochs}", loss=f"{value:.4f}", tau=f"{tau:.3f}",
+               speed=f"{speed:.0f}")
+    return now
+
+
+def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[str]) -> Dict[str, Any]:
+    """The epoch record (with the val numbers every ``eval_every`` epochs) and the checkpoint."""
+    config, parallel = run.config, run.parallel
+    run.epoch += 1
+    epoch_loss = float(parallel.mean(loss_sum)) / run.steps_per_epoch
+    run.epoch_losses.append(epoch_loss)
+    run.train_seconds += seconds
+    record = {"kind": "epoch", "epoch": run.epoch, "step": run.step, "loss": epoch_loss,
+              "tau": run.model.temperature.value, "lr": run.scheduler.get_last_lr()[0],
+              "train_seconds": run.train_seconds}
+    if config.eval_every and run.epoch % config.eval_every == 0 and parallel.is_main:
+        if run.dataset.num_classes:
+            record["val_knn_accuracy"] = _val_knn(run.model, run.dataset, run.device, config)
+        record.update(run.method.val_metrics(run.eval_context()))
+    metrics.write(json.dumps(record) + "\n")
+    metrics.flush()
+    rng_per_rank = parallel.gather_objects(rng_state())
+    if parallel.is_main:
+        save_checkpoint(run.folder.last_checkpoint, {
+            "config": config.to_dict(), "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(),
+            "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
+            "epoch": run.epoch, "step": run.step, "train_seconds": run.train_seconds,
+            "epoch_losses": run.epoch_losses,
+        })
+    parallel.barrier()  # the checkpoint is complete before any rank goes on
+    return record
+
+
+# -- evaluation ---------------------------------------------------------------------------
+
+def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
+    """Rank 0's held-out evaluation and the summary (``summary.json``)."""
+    config = run.config
+    eval_started = time.perf_counter()
+    baseline = (build_model(config, run.dataset.image_shape[0], run.tokenizer).encoder.to(run.device)
+                if baselines else None)
+    numbers = evaluate_model(config, run.model, run.dataset, run.device, baseline_encoder=baseline,
+                             raw_pixels=baselines)
+    numbers.update(run.method.test_metrics(run.eval_context()))
     eval_seconds = time.perf_counter() - eval_started
-    summary = {
+    return {
         **numbers,
-        "final_loss": epoch_losses[-1] if epoch_losses else None,
-        "epochs": epoch, "steps": step, "method": config.method, "data": dataset.name,
-        "encoder": config.encoder, "views": config.views, "final_temperature": model.temperature.value,
+        "final_loss": run.epoch_losses[-1] if run.epoch_losses else None,
+        "epochs": run.epoch, "steps": run.step, "method": config.method, "data": run.dataset.name,
+        "encoder": config.encoder, "views": config.views, "final_temperature": run.model.temperature.value,
         "temperature_schedule": config.temperature_schedule,
-        "train_seconds": train_seconds, "eval_seconds": eval_seconds,
-        "seconds": time.perf_counter() - started,  # this invocation (train_seconds adds up resumes)
-        "images_per_second": step * batch_size / train_seconds if train_seconds > 0 else None,
+        "train_seconds": run.train_seconds, "eval_seconds": eval_seconds,
+        "seconds": time.perf_counter() - run.started,  # this invocation (train_seconds adds up resumes)
+        "images_per_second": run.step * run.batch_size / run.train_seconds if run.train_seconds > 0 else None,
         "beats_baselines": bool(numbers["probe_accuracy"] > numbers["random_init_probe_accuracy"]
                                 and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"])
         if baselines and "probe_accuracy" in numbers else None,
     }
-    write_json(folder.summary, summary)
-    parallel.barrier()
-    parallel.teardown()
-    return summary
 
 
 def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> Optional[float]:

@@ -98,12 +98,13 @@ def setup(device: torch.device) -> Parallel:
 
 
 class LossForward(nn.Module):
-    """``forward(view_a, view_b, labels) = model.loss(...)``, so that DDP (which hooks
+    """``forward(batch, labels) = method.loss(model, batch, labels)``, so that DDP (which hooks
     ``forward``) wraps the training step; its state is the model's."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, method: Any) -> None:
         super().__init__()
         self.model = model
+        self.method = method
 
-    def forward(self, view_a, view_b, labels):
-        return self.model.loss(view_a, view_b, labels)
+    def forward(self, batch: Any, labels: Optional[torch.Tensor]) -> torch.Tensor:
+        return self.method.loss(self.model, batch, labels)

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import torch
 
 from .config import PretrainConfig
-from .methods import ContrastiveModel
+from .methods import get_method
 
 __all__ = ["resolve_device", "load_data", "build_model", "limit_threads"]
 
@@ -52,15 +52,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_data(config: PretrainConfig) -> Any:
-    """``contrastkit.data.load_dataset(config.data, seed=config.seed, **config.data_options)``
-    (``contrastkit.data.paired.load_paired`` for the paired method convirt)."""
-    if config.paired:
-        from contrastkit.data.paired import load_paired
-
-        return load_paired(config.data, seed=config.seed, **config.data_options)
-    from contrastkit.data import load_dataset
-
-    return load_dataset(config.data, seed=config.seed, **config.data_options)
+    """The data set of ``config.data`` as ``config.method`` reads it (:meth:`Method.load_data`:
+    ``contrastkit.data.load_dataset``, or ``contrastkit.data.paired.load_paired`` for the paired
+    method convirt)."""
+    return get_method(config.method).load_data(config)
 
 
 def build_model(config: PretrainConfig, in_channels: int, tokenizer: Any = None) -> Any:
@@ -69,16 +64,4 @@ def build_model(config: PretrainConfig, in_channels: int, tokenizer: Any = None)
     also needs the run's text ``tokenizer``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        if config.paired:
-            from .convirt import ConvirtModel
-
-            if tokenizer is None:
-                raise ValueError("convirt needs the run's text tokenizer to build its model")
-            return ConvirtModel(config.encoder, in_channels, tokenizer, temperature=config.temperature,
-                                learnable_temperature=config.learnable_temperature, weight=config.weight,
-                                projection_dim=config.projection_dim, text_encoder=config.text_encoder)
-        return ContrastiveModel(
-            config.method, config.encoder, in_channels,
-            temperature=config.temperature, learnable_temperature=config.learnable_temperature,
-            projection_dim=config.projection_dim, momentum=config.momentum, queue_size=config.queue_size,
-        )
+        return get_method(config.method).build_model(config, in_channels, tokenizer)
