@@ -1,6 +1,6 @@
 """Studies: grids of pretraining runs that answer a claim of the source texts with a verdict.
 
-The layer between :mod:`contrastkit.train` (one run) and :mod:`contrastkit.commands` (the
+The layer between :mod:`contrastkit.train` (one run) and ``contrastkit.commands`` (the
 command line). A study runs a grid of ``contrastkit pretrain`` runs into one resume-safe
 folder, tabulates them, judges each claim by a stated rule (:mod:`.verdicts`) from simple
 statistics (:mod:`.stats`), and draws its plots (:mod:`.plots`)::

@@ -210,6 +210,7 @@ def ablation_table(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The ConVIRT lambda x tau ablation (``contrastkit experiment convirt-ablation``).
 CONVIRT_ABLATION = Study(
     name="convirt-ablation",
     description="ConVIRT's direction weight lambda x tau on glyphlab-text, judged by retrieval (the ConVIRT tutorial)",

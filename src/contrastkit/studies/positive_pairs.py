@@ -100,6 +100,7 @@ def positive_pairs_table(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The positive-pairs experiment, textbook 30.2 exercise F5 (``contrastkit experiment positive-pairs``).
 POSITIVE_PAIRS = Study(
     name="positive-pairs",
     description="pair definition A vs B vs random init on GlyphLab (the textbook, section 30.2, exercise F5)",

@@ -102,7 +102,7 @@ class StudyResult:
 
 @dataclass(frozen=True)
 class Study:
-    """One study: its settings and their defaults, its runs, its rows, verdicts, table and plots.
+    """A study, with its settings and their defaults, its runs, its rows, verdicts, table and plots.
 
     ``settings_file``, ``table_file`` and ``plot_files`` are names from :mod:`contrastkit.layout`.
     ``check(settings)`` validates a complete settings dict and returns it normalised (it may

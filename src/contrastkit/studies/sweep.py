@@ -215,6 +215,7 @@ def sweep_table(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The temperature sweep after Wang & Liu, CVPR 2021 (``contrastkit sweep``).
 SWEEP = Study(
     name="sweep", description="NT-Xent, hard-negative NT-Xent and the simple loss over a grid of tau and seeds, "
                               "judged against the claims of Wang & Liu (CVPR 2021)",

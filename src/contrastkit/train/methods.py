@@ -141,7 +141,7 @@ class TwoViewMethod(Method):
     """Methods on two augmented views of each image, trained as a :class:`ContrastiveModel`:
     one forward pass over both views (BatchNorm sees both, as in SimCLR) gives
     ``(z_a, z_b)``; the val and test numbers are the two-view geometry of ``h`` and ``z``
-    (:func:`~contrastkit.train.geometry.geometry`)."""
+    (alignment, uniformity, tolerance; ``train/geometry.py``)."""
 
     def load_data(self, config: PretrainConfig) -> Any:
         from contrastkit.data import load_dataset
