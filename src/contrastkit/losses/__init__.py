@@ -1,4 +1,4 @@
-"""The InfoNCE / NT-Xent family: functional core and ``nn.Module`` twins.
+"""The InfoNCE / NT-Xent family and the sigmoid (SigLIP) loss: functional core and ``nn.Module`` twins.
 
 Depends on torch alone. See :mod:`contrastkit.losses.functional` for the conventions.
 """
@@ -33,11 +33,13 @@ from .modules import (
     SupCon,
     Temperature,
 )
+from .sigmoid import SigmoidLoss, sigmoid_loss
 
 __all__ = [
     "contrastive_loss", "info_nce", "nt_xent", "nt_xent_views", "bidirectional_info_nce", "supcon",
     "similarity_loss", "dcl", "simple_loss", "hard_negative_nt_xent", "debiased_nt_xent", "hcl",
-    "views_positive_index",
+    "views_positive_index", "sigmoid_loss",
     "ContrastiveLoss", "InfoNCE", "NTXent", "NTXentViews", "BidirectionalInfoNCE", "SupCon",
     "SimilarityLoss", "DCL", "SimpleLoss", "HardNegativeNTXent", "DebiasedNTXent", "HCL", "Temperature",
+    "SigmoidLoss",
 ]
