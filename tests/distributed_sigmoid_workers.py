@@ -7,7 +7,6 @@ the concatenated batch.
 
 from __future__ import annotations
 
-import traceback
 from typing import Sequence
 
 import torch
@@ -63,13 +62,14 @@ def losses_worker(rank: int, world: int, seed: int, sizes: Sequence[int]):
     how many times the ring ran."""
     data = W.batches(seed, sizes)[rank]
     results, ring_calls = {}, []
-    ring = S._RingSigmoid.apply
+    tiles = S._SigmoidTiles.apply
 
     def counting_ring(*args):
-        ring_calls.append(args[-1])  # the tile size
-        return ring(*args)
+        if args[4] is not None:  # a process group: the ring
+            ring_calls.append(args[3])  # the tile size
+        return tiles(*args)
 
-    S._RingSigmoid.apply = counting_ring
+    S._SigmoidTiles.apply = counting_ring
     try:
         for variant in VARIANTS:
             for path, options in PATHS.items():
@@ -77,7 +77,7 @@ def losses_worker(rank: int, world: int, seed: int, sizes: Sequence[int]):
                     value, grads = loss_and_grads(variant, data, reduction, distributed=True, **options)
                     results[(variant, path, reduction)] = (value, W._average(grads))
     finally:
-        S._RingSigmoid.apply = ring
+        S._SigmoidTiles.apply = tiles
     results["ring_calls"] = ring_calls
     return results
 
@@ -85,32 +85,19 @@ def losses_worker(rank: int, world: int, seed: int, sizes: Sequence[int]):
 def errors_worker(rank: int, world: int):
     """Bad input on one rank, and ranks that disagree: every rank must raise, none may hang."""
     z = torch.randn(4, 3, dtype=torch.float64)
-    bad = z.clone()
-    if rank == 1:
-        bad[0, 0] = float("nan")
-    wide = torch.randn(4, 3 + rank, dtype=torch.float64)
-    zero = z.clone()
-    if rank == 1:
-        zero[2] = 0.0
+
+    def on_rank_1(value: float) -> torch.Tensor:  # z, with row 2 set to ``value`` on rank 1 only
+        return z.index_fill(0, torch.tensor([2]), value) if rank == 1 else z
+
     cases = {
-        "nan_on_rank_1": lambda: L.sigmoid_loss(bad, z, distributed=True),
-        "width_differs": lambda: L.sigmoid_loss(wide, wide, distributed=True),
+        "nan_on_rank_1": lambda: L.sigmoid_loss(on_rank_1(float("nan")), z, distributed=True),
+        "zero_norm_row_on_rank_1": lambda: L.sigmoid_loss(z, on_rank_1(0.0), distributed=True),
+        "width_differs": lambda: L.sigmoid_loss(z[:, :2 + rank], z[:, :2 + rank], distributed=True),
         "dtype_differs": lambda: L.sigmoid_loss(z.to(torch.float32 if rank else torch.float64),
                                                 z.to(torch.float32 if rank else torch.float64), distributed=True),
         "chunk_size_on_rank_1": lambda: L.sigmoid_loss(z, z, chunk_size=0 if rank == 1 else 2, distributed=True),
-        "zero_norm_row_on_rank_1": lambda: L.sigmoid_loss(z, zero, distributed=True),
     }
-    results = {}
-    for name, call in cases.items():
-        try:
-            call()
-            results[name] = None
-        except (ValueError, TypeError) as err:
-            results[name] = f"{type(err).__name__}: {err}"
-        except Exception:  # pragma: no cover - reported to the test
-            results[name] = "UNEXPECTED " + traceback.format_exc()
-    dist.barrier()
-    return results
+    return W.error_messages(cases)
 
 
 def suite_worker(rank: int, world: int, seed: int, sizes: Sequence[int]):

@@ -116,7 +116,7 @@ def test_gradcheck_with_temperature_and_bias(chunk):
 
 def test_gradcheck_tiled_kernel_directly():
     a, b = pair(7, 3, seed=3)
-    assert torch.autograd.gradcheck(lambda x, y, c: S._TiledSigmoid.apply(x, y, c, 3), (a, b, scalar(-0.5)))
+    assert torch.autograd.gradcheck(lambda x, y, c: S._SigmoidTiles.apply(x, y, c, 3, None, (7,)), (a, b, scalar(-0.5)))
 
 
 def loss_and_grads(inputs, reduction="none", **options):
@@ -170,8 +170,8 @@ def test_temperature_module_and_tensor_agree():
 
 def test_automatic_dispatch(monkeypatch):
     used = []
-    apply = S._TiledSigmoid.apply
-    monkeypatch.setattr(S._TiledSigmoid, "apply", lambda *a: used.append(a[-1]) or apply(*a))
+    apply = S._SigmoidTiles.apply
+    monkeypatch.setattr(S._SigmoidTiles, "apply", lambda *a: used.append(a[3]) or apply(*a))
     image, text = pair(40, 8)
     dense = sigmoid_loss(image, text)
     assert used == []
@@ -197,7 +197,7 @@ def test_double_backward_is_refused_on_the_tiled_path():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_inputs_are_finite_and_accurate(dtype, chunk):
     image, text = pair(48, 32, seed=5)
-    exact = sigmoid_loss(image, text, 0.1, -10.0)
+    exact = sigmoid_loss(image, text, 0.1, -10.0).detach()
     low_image, low_text = image.detach().to(dtype).requires_grad_(), text.detach().to(dtype).requires_grad_()
     loss = sigmoid_loss(low_image, low_text, 0.1, -10.0, chunk_size=chunk)
     assert loss.dtype == torch.float32
@@ -211,7 +211,7 @@ def test_half_precision_inputs_are_finite_and_accurate(dtype, chunk):
 def test_finite_at_temperature_0_01(dtype, chunk):
     # Logits up to |1 / 0.01 + b| = 110: exp would overflow in half precision, logsigmoid does not.
     image, text = pair(48, 32, seed=6)
-    exact = sigmoid_loss(image, text, 0.01, -10.0)
+    exact = sigmoid_loss(image, text, 0.01, -10.0).detach()
     low_image = image.detach().to(dtype).requires_grad_()
     tau, bias = scalar(0.01, torch.float32), scalar(-10.0, torch.float32)
     loss = sigmoid_loss(low_image, text.detach().to(dtype), tau, bias, chunk_size=chunk)
@@ -228,7 +228,7 @@ def test_extreme_logits_stay_finite_and_exact():
     for chunk in (None, 4):
         loss = sigmoid_loss(image, text, 1.0, 0.0, normalize=False, chunk_size=chunk)
         assert torch.isfinite(loss)
-        assert float(loss) == pytest.approx(expected, rel=1e-4)
+        assert float(loss.detach()) == pytest.approx(expected, rel=1e-4)
 
 
 def test_autocast_does_not_lower_the_precision():

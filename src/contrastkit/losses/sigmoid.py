@@ -127,57 +127,55 @@ def _add_tile_grads_(a: Tensor, b: Tensor, bias: Tensor, grad: Tensor, chunk: in
     return d_bias
 
 
-class _TiledSigmoid(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, bias: Tensor, chunk: int) -> Tensor:  # type: ignore[override]
-        losses = a.new_zeros(a.shape[0])
-        buf, _ = _buffers(a, min(chunk, a.shape[0]))
-        with torch.no_grad(), _no_autocast(a):
-            _add_tile_losses_(losses, a, b, bias, chunk, buf, positives=True)
-        ctx.chunk = chunk
-        ctx.save_for_backward(a, b, bias)
-        return losses
+def _around_the_ring(block: Tensor, sizes: Tuple[int, ...], group, visit,
+                     carry: Optional[Tensor] = None) -> Optional[Tensor]:
+    """Call ``visit(step, block, carry)`` on the block of every rank, in ring order.
 
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        _refuse_double_backward()
-        a, b, bias = ctx.saved_tensors
-        need_a, need_b, need_bias = ctx.needs_input_grad[:3]
-        da = torch.zeros_like(a) if need_a else None
-        db = torch.zeros_like(b) if need_b else None
-        buf, _ = _buffers(a, min(ctx.chunk, a.shape[0]))
-        with torch.no_grad(), _no_autocast(a):
-            d_bias = _add_tile_grads_(a, b, bias, grad.to(a.dtype), ctx.chunk, buf, True, da, db)
-        return da, db, (d_bias if need_bias else None), None
+    At step ``s`` rank ``r`` holds the block of rank ``(r - s) mod W`` (step 0: its own); the
+    next block is received while ``visit`` runs. ``carry`` (a block's gradient) follows its
+    block to the next rank once ``visit`` has finished with it, so after ``W`` hops this
+    rank's own ``carry`` has come home and is returned. ``group=None``: one process, one step.
+    """
+    rank, world = (0 if group is None else torch.distributed.get_rank(group)), len(sizes)
+    for step in range(world):
+        source = (rank - step - 1) % world  # whose block arrives next
+        requests: List = []
+        if step < world - 1:
+            incoming = block.new_empty((sizes[source], block.shape[1]))
+            requests = _start_shift([block], [incoming], group)
+        visit(step, block, carry)
+        _wait(requests)
+        if carry is not None and world > 1:
+            incoming_carry = carry.new_empty((sizes[source], carry.shape[1]))
+            _wait(_start_shift([carry], [incoming_carry], group))
+            carry = incoming_carry
+        if step < world - 1:
+            block = incoming
+    return carry
 
 
-class _RingSigmoid(torch.autograd.Function):
-    """This rank's images against the texts of every rank, passed around the ring.
+class _SigmoidTiles(torch.autograd.Function):
+    """Per-image losses of ``a`` against the texts ``b``, in tiles; with a process group,
+    against the texts of every rank (``sizes``: their row counts), passed around the ring.
 
-    At step ``s`` rank ``r`` holds the texts of rank ``(r - s) mod W``; step 0 is its own block,
-    the only one with positives. The backward pass follows :mod:`contrastkit.losses.ring`: each
-    block travels on with the gradient accumulated for it, and after ``W`` hops the gradient
-    of this rank's texts has come home (the sum over ranks of every rank's contribution).
+    Step 0 is this rank's own block, the only one with positives. The backward pass follows
+    :mod:`contrastkit.losses.ring`: each block travels on with the gradient accumulated for
+    it, so the gradient of this rank's texts that comes home is the sum over ranks of every
+    rank's contribution.
     """
 
     @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, bias: Tensor, sizes: Tuple[int, ...], group,  # type: ignore[override]
-                chunk: int) -> Tensor:
-        rank, world = torch.distributed.get_rank(group), len(sizes)
+    def forward(ctx, a: Tensor, b: Tensor, bias: Tensor, chunk: int, group,  # type: ignore[override]
+                sizes: Tuple[int, ...]) -> Tensor:
         losses = a.new_zeros(a.shape[0])
         buf, _ = _buffers(a, max(min(chunk, a.shape[0]), min(chunk, max(sizes))))
-        block = b.detach()
+
+        def visit(step: int, block: Tensor, carry: None) -> None:
+            _add_tile_losses_(losses, a, block, bias, chunk, buf, positives=step == 0)
+
         with torch.no_grad(), _no_autocast(a):
-            for step in range(world):
-                requests: List = []
-                if step < world - 1:  # the next block is in flight while this one is used
-                    incoming = block.new_empty((sizes[(rank - step - 1) % world], block.shape[1]))
-                    requests = _start_shift([block], [incoming], group)
-                _add_tile_losses_(losses, a, block, bias, chunk, buf, positives=step == 0)
-                _wait(requests)
-                if step < world - 1:
-                    block = incoming
-        ctx.sizes, ctx.group, ctx.chunk = sizes, group, chunk
+            _around_the_ring(b.detach(), sizes, group, visit)
+        ctx.chunk, ctx.group, ctx.sizes = chunk, group, sizes
         ctx.save_for_backward(a, b, bias)
         return losses
 
@@ -185,30 +183,21 @@ class _RingSigmoid(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         _refuse_double_backward()
         a, b, bias = ctx.saved_tensors
-        sizes, group, chunk = ctx.sizes, ctx.group, ctx.chunk
-        rank, world = torch.distributed.get_rank(group), len(sizes)
+        chunk = ctx.chunk
+        need_a, need_b, need_bias = ctx.needs_input_grad[:3]
         grad = grad.to(a.dtype)
-        da = torch.zeros_like(a)
+        da = torch.zeros_like(a) if need_a else None
         d_bias = a.new_zeros(())
-        block, d_block = b.detach(), torch.zeros_like(b)
-        buf, _ = _buffers(a, max(min(chunk, a.shape[0]), min(chunk, max(sizes))))
+        buf, _ = _buffers(a, max(min(chunk, a.shape[0]), min(chunk, max(ctx.sizes))))
+
+        def visit(step: int, block: Tensor, d_block: Optional[Tensor]) -> None:
+            d_bias.add_(_add_tile_grads_(a, block, bias, grad, chunk, buf, step == 0, da, d_block))
+
+        # On a ring every block's gradient travels (another rank's texts may need it).
+        d_texts = torch.zeros_like(b) if need_b or ctx.group is not None else None
         with torch.no_grad(), _no_autocast(a):
-            for step in range(world):
-                requests: List = []
-                if step < world - 1:
-                    incoming = block.new_empty((sizes[(rank - step - 1) % world], block.shape[1]))
-                    requests = _start_shift([block], [incoming], group)
-                d_bias += _add_tile_grads_(a, block, bias, grad, chunk, buf, step == 0, da, d_block)
-                _wait(requests)
-                if world == 1:
-                    break
-                # The block's gradient is complete here: it follows the block to the next rank.
-                incoming_grad = d_block.new_empty((sizes[(rank - step - 1) % world], d_block.shape[1]))
-                _wait(_start_shift([d_block], [incoming_grad], group))
-                if step < world - 1:
-                    block = incoming
-                d_block = incoming_grad
-        return da, d_block, d_bias, None, None, None
+            db = _around_the_ring(b.detach(), ctx.sizes, ctx.group, visit, carry=d_texts)
+        return da, db, (d_bias if need_bias else None), None, None, None
 
 
 # --------------------------------------------------------------------------- the loss
@@ -287,17 +276,12 @@ def sigmoid_loss(
     chunk = use_tiled(image.shape[0], total, chunk_size)
     with full_precision(image.device):
         a = x / tau
-        if isinstance(bias, Tensor):
-            bias = bias.to(device=a.device, dtype=a.dtype)
-        if shard.active:
-            bias_t = bias if isinstance(bias, Tensor) else a.new_tensor(bias)
-            sizes = tuple(shard.layout.sizes)
-            # Without tiling each step takes the whole block as one tile.
-            tile = chunk if chunk is not None else max(max(sizes), 1)
-            losses = _RingSigmoid.apply(a, b, bias_t, sizes, shard.group, tile)
-        elif chunk is not None:
-            bias_t = bias if isinstance(bias, Tensor) else a.new_tensor(bias)
-            losses = _TiledSigmoid.apply(a, b, bias_t, chunk)
+        bias = bias.to(device=a.device, dtype=a.dtype) if isinstance(bias, Tensor) else a.new_tensor(bias)
+        if shard.active or chunk is not None:
+            sizes = tuple(shard.layout.sizes) if shard.active else (total,)
+            # A ring without tiling takes each rank's whole block as one tile.
+            tile = chunk if chunk is not None else max(sizes)
+            losses = _SigmoidTiles.apply(a, b, bias, tile, shard.group, sizes)
         else:
             losses = _dense_losses(a, b, bias)
         return shard.reduce(losses, reduction, anchors_total=total)
