@@ -301,8 +301,8 @@ def test_module_twin_initialisation_and_parameters():
     loss_fn = SigmoidLoss()
     params = dict(loss_fn.named_parameters())
     assert set(params) == {"log_scale", "bias"}
-    assert float(params["log_scale"]) == pytest.approx(math.log(10.0))
-    assert float(params["bias"]) == -10.0
+    assert params["log_scale"].item() == pytest.approx(math.log(10.0))
+    assert params["bias"].item() == -10.0
     assert loss_fn.temperature == pytest.approx(0.1)
     fixed = SigmoidLoss(learnable_scale=False, learnable_bias=False)
     assert list(fixed.parameters()) == [] and set(dict(fixed.named_buffers())) == {"log_scale", "bias"}

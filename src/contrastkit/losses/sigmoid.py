@@ -252,6 +252,8 @@ def sigmoid_loss(
             mean over its own images), for ``"sum"`` ``W * sum(own)``, for ``"none"`` its own
             images' losses. The mean over ranks is the global loss, and after DDP's gradient
             averaging every gradient equals single-process training on the global batch.
+            Each ring step is tiled as ``chunk_size`` says (automatically: one tile per step
+            up to the dense size, so memory per rank ``O(n * max rank rows)``, then tiles).
 
     Half-precision inputs are computed in float32 (autocast off), with ``F.logsigmoid`` so the
     loss stays finite at temperatures down to 0.01 and below; the result has the compute dtype.
