@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from contrastkit.distributed.gather import DistributedArg
 
-# Internal helpers of the losses package, in one block.
+# The losses package's own internals, in one block.
 from ._checks import (
     TemperatureLike,
     check_embeddings,
