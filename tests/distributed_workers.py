@@ -174,7 +174,6 @@ def subgroup_worker(rank: int, world: int, seed: int, sizes: Sequence[int]):
 
 def errors_worker(rank: int, world: int):
     """Bad input on one rank, and ranks that disagree: every rank must raise, none may hang."""
-    results = {}
     z = torch.randn(4, 3, dtype=torch.float64)
     bad = z.clone()
     if rank == 1:
@@ -193,6 +192,13 @@ def errors_worker(rank: int, world: int):
         "no_positive_anywhere": lambda: L.supcon(z, torch.arange(4) + 4 * rank, temperature=0.5,
                                                  distributed=True, distributed_mode="local"),
     }
+    return error_messages(cases)
+
+
+def error_messages(cases: Dict[str, Callable]) -> Dict[str, object]:
+    """Run every case on every rank: ``None`` if it did not raise, else the error's message
+    (``"UNEXPECTED ..."`` for anything but ValueError/TypeError); then wait for all ranks."""
+    results: Dict[str, object] = {}
     for name, call in cases.items():
         try:
             call()

@@ -1,4 +1,4 @@
-"""The InfoNCE / NT-Xent family: functional core and ``nn.Module`` twins.
+"""The InfoNCE / NT-Xent family and the sigmoid (SigLIP) loss: functional core and ``nn.Module`` twins.
 
 Depends on torch and :mod:`contrastkit.distributed` only. See
 :mod:`contrastkit.losses.functional` for the conventions.
@@ -6,7 +6,7 @@ Depends on torch and :mod:`contrastkit.distributed` only. See
 Modules: :mod:`.infonce`, :mod:`.supervised`, :mod:`.variants` (the loss functions by
 family, all re-exported by :mod:`.functional`); :mod:`.core` (the dense primitive and
 :func:`contrastive_loss`); :mod:`.dispatch` (one choice of backend: dense, tiled, gathered,
-ring); :mod:`.tiled` and :mod:`.ring` (the memory-linear kernels, over the online
+ring); :mod:`.sigmoid` (SigLIP's pairwise sigmoid loss, dense, tiled and ring); :mod:`.tiled` and :mod:`.ring` (the memory-linear kernels, over the online
 log-sum-exp of ``._tiles``); ``._sharding`` (the ``distributed=`` option);
 :mod:`.validation` (input checks, also used by other layers); :mod:`.modules` (the
 ``nn.Module`` twins and :class:`Temperature`).
@@ -41,13 +41,14 @@ from .modules import (
     SimpleLoss,
     SupCon,
 )
+from .sigmoid import SigmoidLoss, sigmoid_loss
 from .temperature import MIN_TEMPERATURE, Temperature
 
 __all__ = [
     "contrastive_loss", "info_nce", "nt_xent", "nt_xent_views", "bidirectional_info_nce", "supcon",
     "similarity_loss", "dcl", "simple_loss", "hard_negative_nt_xent", "debiased_nt_xent", "hcl",
-    "views_positive_index",
+    "views_positive_index", "sigmoid_loss",
     "ContrastiveLoss", "InfoNCE", "NTXent", "NTXentViews", "BidirectionalInfoNCE", "SupCon",
     "SimilarityLoss", "DCL", "SimpleLoss", "HardNegativeNTXent", "DebiasedNTXent", "HCL", "Temperature",
-    "MIN_TEMPERATURE",
+    "MIN_TEMPERATURE", "SigmoidLoss",
 ]

@@ -25,7 +25,7 @@ from torch import Tensor
 TemperatureLike = Union[float, int, Tensor, torch.nn.Module]
 
 __all__ = [
-    "TemperatureLike", "REDUCTIONS", "check_embeddings", "check_same", "check_pair", "check_reduction",
+    "TemperatureLike", "REDUCTIONS", "check_scalar", "check_embeddings", "check_same", "check_pair", "check_reduction",
     "resolve_temperature", "compute_dtype", "prepare", "check_index", "check_positive_map", "check_labels",
     "check_probability", "check_nonnegative", "optional_int", "warn_few_rows",
 ]
@@ -81,6 +81,29 @@ def check_reduction(reduction: str) -> str:
     return reduction
 
 
+def check_scalar(value: object, name: str, *, positive: bool = False,
+                 floating: bool = False) -> Union[float, Tensor]:
+    """Return ``value`` as a finite float or a 0-dim tensor (keeping its gradient); with
+    ``positive`` it must be > 0, with ``floating`` a tensor must have a floating dtype."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a number or a scalar tensor, got bool")
+    if isinstance(value, Tensor):
+        if floating and not value.is_floating_point():
+            raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        number = float(value.detach())
+        value = value.reshape(())
+    elif isinstance(value, (int, float)):
+        number = float(value)
+        value = number
+    else:
+        raise TypeError(f"{name} must be a number or a scalar tensor, got {type(value).__name__}")
+    if not math.isfinite(number) or (positive and number <= 0):
+        raise ValueError(f"{name} must be {'positive and ' if positive else ''}finite, got {number}")
+    return value
+
+
 def resolve_temperature(temperature: TemperatureLike, *, name: str = "temperature") -> Union[float, Tensor]:
     """Return the temperature as a positive finite float or a 0-dim tensor.
 
@@ -89,21 +112,7 @@ def resolve_temperature(temperature: TemperatureLike, *, name: str = "temperatur
     """
     if isinstance(temperature, torch.nn.Module):
         temperature = temperature()
-    if isinstance(temperature, bool):
-        raise TypeError(f"{name} must be a number or a scalar tensor, got bool")
-    if isinstance(temperature, Tensor):
-        if temperature.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(temperature.shape)}")
-        value = float(temperature.detach())
-        temperature = temperature.reshape(())
-    elif isinstance(temperature, (int, float)):
-        value = float(temperature)
-        temperature = value
-    else:
-        raise TypeError(f"{name} must be a number or a scalar tensor, got {type(temperature).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be positive and finite, got {value}")
-    return temperature
+    return check_scalar(temperature, name, positive=True)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
