@@ -49,6 +49,7 @@ CASES = {
     "debiased_nt_xent[floor]": (lambda t, **k: L.debiased_nt_xent(EYE, EYE, temperature=t, tau_plus=0.3), False),
     "hcl": (lambda t, **k: L.hcl(A, B, temperature=t, tau_plus=0.1, beta=0.5), False),
     "hcl[floor]": (lambda t, **k: L.hcl(EYE, EYE, temperature=t, tau_plus=0.3, beta=1.0), False),
+    "sigmoid_loss": (lambda t, **k: L.sigmoid_loss(A, B, temperature=t, bias=-2.0, **k), True),
 }
 PATHS = [(name, "dense") for name in CASES] + [(name, "tiled") for name, (_, tileable) in CASES.items() if tileable]
 

@@ -58,7 +58,7 @@ from .tiled import use_tiled
 
 __all__ = ["sigmoid_loss", "SigmoidLoss"]
 
-BiasLike = Union[float, int, Tensor]
+
 
 #: SigLIP's initialisation: ``t = exp(t') = 10`` (``tau = 0.1``) and ``b = -10``.
 SIGLIP_SCALE = 10.0
@@ -199,7 +199,7 @@ def sigmoid_loss(
     image: Tensor,
     text: Tensor,
     temperature: TemperatureLike = 1.0 / SIGLIP_SCALE,
-    bias: BiasLike = SIGLIP_BIAS,
+    bias: Union[float, Tensor] = SIGLIP_BIAS,
     *,
     normalize: bool = True,
     reduction: str = "mean",
