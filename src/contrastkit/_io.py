@@ -158,7 +158,7 @@ def open_input(path: "str | os.PathLike[str]", what: Optional[str] = None) -> Bi
     return os.fdopen(fd, "rb")
 
 
-def read_input(path: "str | os.PathLike[str]", what: Optional[str] = None) -> bytes:
+def read_input(path: "str | os.PathLike[str]", what: Optional[str] = None) -> bytearray:
     """The whole content of a regular file within the ceiling (see :func:`open_input`)."""
     with open_input(path, what) as handle:
         size = os.fstat(handle.fileno()).st_size
@@ -168,9 +168,10 @@ def read_input(path: "str | os.PathLike[str]", what: Optional[str] = None) -> by
     return data
 
 
-def read_exactly(stream: BinaryIO, nbytes: int, what: str, *, exact: bool = True) -> bytes:
+def read_exactly(stream: BinaryIO, nbytes: int, what: str, *, exact: bool = True) -> bytearray:
     """Read ``nbytes`` from ``stream`` in chunks, never more; a shorter stream is a
-    ``ValueError`` (``exact``) or returned as it is."""
+    ``ValueError`` (``exact``) or returned as it is. The buffer is writable, so arrays made
+    on it with ``numpy.frombuffer`` are too."""
     buffer = bytearray()
     while len(buffer) < nbytes:
         chunk = stream.read(min(_CHUNK, nbytes - len(buffer)))
@@ -179,7 +180,7 @@ def read_exactly(stream: BinaryIO, nbytes: int, what: str, *, exact: bool = True
                 raise ValueError(f"{what} is truncated: {nbytes} bytes expected, {len(buffer)} found")
             break
         buffer += chunk
-    return bytes(buffer)
+    return buffer
 
 
 def stream_digest(stream: BinaryIO) -> str:

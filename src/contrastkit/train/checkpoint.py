@@ -361,18 +361,26 @@ def load_checkpoint(path: str, *, fallback: bool = False) -> Dict[str, Any]:
     so and how to use it; with ``fallback=True`` it is loaded instead, with a warning.
     """
     path = os.fspath(path)
-    previous = previous_checkpoint(path)
     try:
         if not os.path.lexists(path):
             raise FileNotFoundError(f"no checkpoint at {path}")
         return _load_one(path)
     except (_CheckpointError, FileNotFoundError) as err:
-        if os.path.islink(path) or _intact_digest(previous) is None:
+        previous = previous_checkpoint(path)
+        if os.path.islink(path) or not os.path.isfile(previous):
             raise
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                kept = _load_one(previous)
+        except (ValueError, OSError):
+            raise err from None
         if fallback:
-            warnings.warn(f"{err}; falling back to the previous checkpoint {previous}", stacklevel=2)
-            return _load_one(previous)
-        message = (f"{err}; the previous checkpoint {previous} is intact: load it instead (e.g. probe with "
-                   f"--checkpoint {previous}), or to resume from it rename it and its {layout.DIGEST_SUFFIX} "
-                   f"file to {os.path.basename(path)} and {os.path.basename(digest_file(path))}")
+            warnings.warn(f"{err}; falling back to the previous checkpoint {previous} (epoch {kept['epoch']})",
+                          stacklevel=2)
+            return kept
+        message = (f"{err}; the previous checkpoint {previous} (epoch {kept['epoch']}) is intact: load it instead "
+                   f"(e.g. probe with --checkpoint {previous}), or to resume from it rename it and its "
+                   f"{layout.DIGEST_SUFFIX} file to {os.path.basename(path)} and "
+                   f"{os.path.basename(digest_file(path))}")
         raise type(err)(message) from None
