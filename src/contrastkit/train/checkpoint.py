@@ -194,6 +194,8 @@ def _intact_digest(path: str) -> Optional[str]:
 
 def _keep_as_previous(path: str, previous: str) -> None:
     """Make ``previous`` a copy of ``path`` atomically (a hard link where the filesystem has them)."""
+    if os.path.isfile(previous) and os.path.samefile(path, previous):
+        return  # already linked there by a write that died before replacing `path`
     tmp = f"{previous}.tmp"
     if os.path.lexists(tmp):
         os.remove(tmp)
