@@ -154,3 +154,48 @@ def assert_cli_error(answer: Dict[str, Any], command: str, names: str) -> str:
     assert lines[0].startswith(f"contrastkit {command}: error: ") and names in lines[0], lines[0]
     assert "Traceback" not in result["err"]
     return lines[0]
+
+
+# ------------------------------------------------------------------------------ damaged files
+
+def damage(data: bytes, header: int = 64):
+    """A hypothesis strategy of ``data`` damaged as a careless copy or a hostile user would:
+    truncated, bits flipped (anywhere, or in the first ``header`` bytes where sizes are
+    declared), a big-endian 32-bit field in the header overwritten, garbage appended, or the
+    file grown past the input ceiling (``("oversize", data)``: write it sparse)."""
+    from hypothesis import strategies as st
+
+    n = len(data)
+
+    def flipped(spots):
+        out = bytearray(data)
+        for position, bit in spots:
+            out[position] ^= 1 << bit
+        return ("bytes", bytes(out))
+
+    def field(spot):
+        position, value = spot
+        out = bytearray(data)
+        out[position:position + 4] = value.to_bytes(4, "big")
+        return ("bytes", bytes(out))
+
+    bits = st.integers(0, 7)
+    return st.one_of(
+        st.integers(0, n - 1).map(lambda cut: ("bytes", data[:cut])),
+        st.lists(st.tuples(st.integers(0, n - 1), bits), min_size=1, max_size=6).map(flipped),
+        st.lists(st.tuples(st.integers(0, min(n, header) - 1), bits), min_size=1, max_size=3).map(flipped),
+        st.tuples(st.integers(0, max(0, min(n, header) - 4)), st.integers(0, 2**32 - 1)).map(field),
+        st.binary(min_size=1, max_size=256).map(lambda tail: ("bytes", data + tail)),
+        st.just(("oversize", data)),
+    )
+
+
+def write_damaged(path, damaged) -> bytes:
+    """Write what :func:`damage` drew to ``path``; returns the bytes (an oversize file is
+    ``data`` then zeros up to one byte over :data:`CEILING`, sparse on disk)."""
+    kind, data = damaged
+    with open(path, "wb") as handle:
+        handle.write(data)
+        if kind == "oversize":
+            handle.truncate(CEILING + 1)
+    return data

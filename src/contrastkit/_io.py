@@ -197,6 +197,12 @@ def file_digest(path: "str | os.PathLike[str]", what: Optional[str] = None) -> s
         return stream_digest(handle)
 
 
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line (third-party messages may span several), or its
+    type's name when it has none."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
 @contextlib.contextmanager
 def memory_guard(what: str) -> Iterator[None]:
     """Turn running out of memory while reading ``what`` into one ``ValueError`` naming it

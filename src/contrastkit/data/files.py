@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from contrastkit._io import (check_input_size, memory_guard, open_input, read_exactly, read_input,
+from contrastkit._io import (check_input_size, memory_guard, one_line, open_input, read_exactly, read_input,
                              read_npy_header)
 from contrastkit.data.base import (Dataset, Split, check_fraction, stratified_split, subset, to_float_images,
                                    to_labels)
@@ -176,7 +176,7 @@ def _npz_arrays(path: Path) -> Dict[str, np.ndarray]:
         try:
             archive = zipfile.ZipFile(handle)
         except _ARCHIVE_ERRORS as err:
-            raise ValueError(f"{path}: not a readable .npz file ({err})") from None
+            raise ValueError(f"{path}: not a readable .npz file ({one_line(err)})") from None
         with archive:
             keys = {name[:-4] for name in archive.namelist() if name.endswith(".npy")}
             missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in keys]
@@ -194,7 +194,7 @@ def _npz_arrays(path: Path) -> Dict[str, np.ndarray]:
                 except _ARCHIVE_ERRORS as err:
                     if isinstance(err, ValueError) and str(err).startswith(str(path)):
                         raise
-                    raise ValueError(f"{path}: cannot read {key} ({err})") from None
+                    raise ValueError(f"{path}: cannot read {key} ({one_line(err)})") from None
     return arrays
 
 
@@ -242,7 +242,7 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
                     return _read_idx_stream(stream, path, ndim, None)
             return _read_idx_stream(handle, path, ndim, os.fstat(handle.fileno()).st_size)
         except (OSError, EOFError, zlib.error) as err:
-            raise ValueError(f"{path}: cannot read ({err})") from None
+            raise ValueError(f"{path}: cannot read ({one_line(err)})") from None
 
 
 def _read_idx_stream(stream, path: Path, ndim: int, file_size: Optional[int]) -> np.ndarray:
@@ -333,8 +333,8 @@ def _read_pickle(path: Path) -> dict:
     try:
         obj = _ArrayUnpickler(io.BytesIO(data), encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
-            IndexError, KeyError, OSError, struct.error, RecursionError, OverflowError) as err:
-        raise ValueError(f"{path}: not a readable CIFAR batch pickle ({err})") from None
+            IndexError, KeyError, OSError, struct.error, RecursionError, OverflowError, LookupError) as err:
+        raise ValueError(f"{path}: not a readable CIFAR batch pickle ({one_line(err)})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
     # Python 2 pickles (the official files) have bytes keys; normalise to str.
@@ -424,7 +424,7 @@ def open_image(path: Path, where: Optional[str] = None) -> Iterator[Any]:
         try:
             image = Image.open(handle)
         except Exception as err:  # PIL raises many kinds (UnidentifiedImageError, OSError, SyntaxError...)
-            raise ValueError(f"{_unreadable(path, where)} ({type(err).__name__}: {err})") from None
+            raise ValueError(f"{_unreadable(path, where)} ({type(err).__name__}: {one_line(err)})") from None
         with image:
             yield image
 
@@ -439,7 +439,7 @@ def decode_image(image: Any, path: Path, where: Optional[str] = None, already: i
         image.load()
         return image.copy()
     except Exception as err:  # PIL raises many kinds (OSError, SyntaxError, DecompressionBombError...)
-        raise ValueError(f"{_unreadable(path, where)} ({type(err).__name__}: {err})") from None
+        raise ValueError(f"{_unreadable(path, where)} ({type(err).__name__}: {one_line(err)})") from None
 
 
 def _image_label(path: Path, where: Optional[str]) -> str:

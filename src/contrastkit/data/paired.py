@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contrastkit._io import check_input_size, memory_guard, read_input
+from contrastkit._io import check_input_size, memory_guard, one_line, read_input
 from contrastkit.data.base import Dataset, Split, check_fraction, check_positive_int
 
 __all__ = [
@@ -405,7 +405,7 @@ def _read_image(path: Path, size: int, channels: int, where: str) -> np.ndarray:
             img = img.resize((size, size), Image.BILINEAR)
         array = np.asarray(img, dtype=np.uint8)
     except (OSError, ValueError) as err:
-        raise ValueError(f"{where}: cannot read image {str(path)!r}: {err}") from None
+        raise ValueError(f"{where}: cannot read image {str(path)!r}: {one_line(err)}") from None
     return array[None] if channels == 1 else array.transpose(2, 0, 1)
 
 
@@ -457,7 +457,7 @@ def _read_rows(path: Path) -> Tuple[Dict[str, int], List[_Row]]:
     try:
         return _parse_rows(path, reader)
     except csv.Error as err:
-        raise ValueError(f"{path}, line {reader.line_num}: {err}") from None
+        raise ValueError(f"{path}, line {reader.line_num}: {one_line(err)}") from None
 
 
 def _parse_rows(path: Path, reader: Any) -> Tuple[Dict[str, int], List[_Row]]:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from contrastkit import layout
-from contrastkit._io import file_digest, memory_guard, open_input, read_exactly, stream_digest
+from contrastkit._io import file_digest, memory_guard, one_line, open_input, read_exactly, stream_digest
 
 __all__ = ["FORMAT", "VERSION", "save_checkpoint", "load_checkpoint", "previous_checkpoint", "digest_file",
            "rng_state", "set_rng_state"]
@@ -109,7 +109,7 @@ def _check_rng(state: Any) -> None:
     try:
         _restore(state, torch.Generator().set_state, np.random.RandomState().set_state, random.Random().setstate)
     except (TypeError, ValueError, RuntimeError, KeyError, IndexError, OverflowError, AttributeError) as err:
-        raise ValueError(_first_line(err)) from None
+        raise ValueError(one_line(err)) from None
 
 
 # ------------------------------------------------------------------------------ files
@@ -129,11 +129,6 @@ def previous_checkpoint(path: "str | os.PathLike[str]") -> str:
 def digest_file(path: "str | os.PathLike[str]") -> str:
     """The file holding the SHA-256 recorded for the checkpoint ``path``."""
     return os.fspath(path) + layout.DIGEST_SUFFIX
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _refuse_links(path: str) -> None:
@@ -172,7 +167,7 @@ def _recorded_digests(path: str) -> Optional[List[str]]:
         with open_input(sidecar) as handle:
             text = read_exactly(handle, _MAX_DIGEST_FILE, sidecar, exact=False).decode("ascii")
     except (ValueError, OSError, UnicodeDecodeError) as err:
-        raise _CheckpointError(f"checkpoint digest file {sidecar} is unreadable ({_first_line(err)}); "
+        raise _CheckpointError(f"checkpoint digest file {sidecar} is unreadable ({one_line(err)}); "
                                "it should hold the SHA-256 recorded when the checkpoint was written") from None
     digests = [m.group(1) for m in (_DIGEST_LINE.fullmatch(line) for line in text.splitlines()) if m]
     if not digests:
@@ -269,7 +264,7 @@ def _check_archive(handle: Any, path: str) -> None:
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError, KeyError,
             UnicodeDecodeError) as err:
         raise _CheckpointError(f"checkpoint {path} is corrupt or unreadable (not a torch zip archive: "
-                               f"{_first_line(err)})") from None
+                               f"{one_line(err)})") from None
     for entry in entries:
         if entry.compress_type != zipfile.ZIP_STORED or entry.file_size != entry.compress_size \
                 or entry.header_offset + entry.compress_size > size:
@@ -336,7 +331,7 @@ def _load_one(path: str) -> Dict[str, Any]:
                 data = torch.load(handle, map_location="cpu", weights_only=True)
             except Exception as err:  # torch raises many types (RuntimeError, UnpicklingError, EOFError, ...)
                 raise _CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(err).__name__}: "
-                                       f"{_first_line(err)})") from None
+                                       f"{one_line(err)})") from None
             _check_content(data, path)
         except _CheckpointError as err:
             if matches:
