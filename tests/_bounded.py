@@ -23,6 +23,8 @@ import sys
 import textwrap
 from typing import Any, Dict, Optional
 
+import pytest
+
 import contrastkit
 
 ADDRESS_SPACE = 2 * 2**30
@@ -134,6 +136,23 @@ class BoundedWorker:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def worker():
+    """A :class:`BoundedWorker` shared by the tests of a module (import this fixture)."""
+    child = BoundedWorker()
+    yield child
+    child.close()
+
+
+def fuzz_settings(examples: int = 15):
+    """Few examples, no deadline (each one is a round trip to the child);
+    ``CONTRASTKIT_FUZZ_EXAMPLES=500`` runs a deeper search."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(max_examples=int(os.environ.get("CONTRASTKIT_FUZZ_EXAMPLES", examples)), deadline=None,
+                    suppress_health_check=list(HealthCheck))
 
 
 def assert_clean(answer: Dict[str, Any], names: str, allowed=("ValueError", "FileNotFoundError")) -> None:

@@ -15,21 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _bounded import BoundedWorker, assert_clean, damage, write_damaged
+from _bounded import assert_clean, damage, fuzz_settings, worker, write_damaged
 
-EXAMPLES = int(os.environ.get("CONTRASTKIT_FUZZ_EXAMPLES", 15))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = fuzz_settings()
 TINY = {"train_scenes": 16, "val_scenes": 9, "test_scenes": 12, "size": 28}
-
-
-@pytest.fixture(scope="module")
-def worker():
-    child = BoundedWorker()
-    yield child
-    child.close()
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +75,7 @@ def test_damaged_checkpoint_is_refused_while_its_digest_stands(worker, finished_
 def test_probe_on_a_damaged_run_exits_0_or_2_and_writes_nothing(worker, finished_run):
     original = (finished_run / "checkpoints" / "last.pt").read_bytes()
 
-    @settings(FUZZ, max_examples=max(4, EXAMPLES // 3))
+    @settings(FUZZ, max_examples=max(4, FUZZ.max_examples // 3))
     @given(case=_damaged_checkpoints(finished_run))
     def check(case):
         damaged, digest = case

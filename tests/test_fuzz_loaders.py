@@ -4,27 +4,19 @@ address-space limit (``_bounded.py``). The load either works or ends in one Valu
 FileNotFoundError naming the data; never a traceback of another kind, a MemoryError, a
 crash or a hang. ``CONTRASTKIT_FUZZ_EXAMPLES=500`` runs a deeper search than the default."""
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from _bounded import BoundedWorker, assert_clean, damage, write_damaged
+from _bounded import assert_clean, damage, fuzz_settings, worker, write_damaged
 from _data_fixtures import write_cifar, write_image_folder, write_mnist
 
-FUZZ = settings(max_examples=int(os.environ.get("CONTRASTKIT_FUZZ_EXAMPLES", 15)), deadline=None, suppress_health_check=list(HealthCheck))
-
-
-@pytest.fixture(scope="module")
-def worker():
-    child = BoundedWorker()
-    yield child
-    child.close()
+FUZZ = fuzz_settings()
 
 
 @pytest.fixture(scope="module")

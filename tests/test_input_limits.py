@@ -12,15 +12,8 @@ import zlib
 import numpy as np
 import pytest
 
-from _bounded import CEILING, BoundedWorker, assert_clean, assert_cli_error
+from _bounded import CEILING, assert_clean, assert_cli_error, worker
 from _data_fixtures import write_idx, write_mnist
-
-
-@pytest.fixture(scope="module")
-def worker():
-    child = BoundedWorker()
-    yield child
-    child.close()
 
 
 # ------------------------------------------------------------------------------ explain --matrix
