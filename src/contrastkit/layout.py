@@ -6,6 +6,8 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/metrics.jsonl        one JSON record per logged step and per epoch
     RUN/summary.json         the final numbers
     RUN/checkpoints/last.pt  the latest checkpoint (written atomically)
+    RUN/checkpoints/previous.pt  the one before it, kept in case last.pt is damaged
+    RUN/checkpoints/*.sha256     each checkpoint's SHA-256, recorded when it was written
     RUN/tokenizer.json       paired (image-text) runs only
     RUN/probe.json           ``contrastkit probe RUN`` re-evaluation
     RUN/report.html          ``contrastkit report`` / written after a run
@@ -28,7 +30,8 @@ from typing import Tuple
 
 __all__ = [
     "DEFAULT_ROOT",
-    "CONFIG", "METRICS", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT", "TOKENIZER", "PROBE", "REPORT",
+    "CONFIG", "METRICS", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT", "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX",
+    "TOKENIZER", "PROBE", "REPORT",
     "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder",
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT",
@@ -44,6 +47,9 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
+PREVIOUS_CHECKPOINT = "previous.pt"
+#: A checkpoint's SHA-256 lives next to it, in ``<checkpoint><DIGEST_SUFFIX>`` (``sha256sum -c`` format).
+DIGEST_SUFFIX = ".sha256"
 TOKENIZER = "tokenizer.json"
 PROBE = "probe.json"
 REPORT = "report.html"
@@ -82,6 +88,10 @@ class RunFolder:
     @property
     def last_checkpoint(self) -> str:
         return self._path(CHECKPOINTS, LAST_CHECKPOINT)
+
+    @property
+    def previous_checkpoint(self) -> str:
+        return self._path(CHECKPOINTS, PREVIOUS_CHECKPOINT)
 
     @property
     def tokenizer(self) -> str:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
 import sys
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, TextIO
 
 import numpy as np
+
+from contrastkit._io import memory_guard, open_input, read_exactly, read_npy_header
 
 # The worked example of the course page P10: one query, three candidates, the first is the positive.
 DEFAULT_SCORES = (1.0, 0.5, 0.0)
@@ -65,17 +68,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- parsing
 
 
+def _split_list(tokens: Sequence[str], what: str) -> List[str]:
+    """The items of numbers separated by commas and/or spaces; an empty item between commas
+    (``1,,2``, a trailing ``,``) is refused rather than skipped, as it may be a lost number."""
+    text = " ".join(tokens)
+    items: List[str] = []
+    if not text.strip():
+        return items
+    for part in text.split(","):
+        if not part.strip():
+            raise ValueError(f"{what} list {text.strip()!r} has an empty entry (two commas in a row, or a "
+                             "comma at an end)")
+        items.extend(part.split())
+    return items
+
+
 def _parse_floats(tokens: Sequence[str], what: str) -> List[float]:
     values = []
-    for token in tokens:
-        for part in token.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            try:
-                values.append(float(part))
-            except ValueError:
-                raise ValueError(f"{what} {part!r} is not a number") from None
+    for part in _split_list(tokens, what):
+        try:
+            values.append(float(part))
+        except ValueError:
+            raise ValueError(f"{what} {part!r} is not a number") from None
     return values
 
 
@@ -99,15 +113,36 @@ def _parse_taus(text: Optional[str]) -> List[float]:
 
 
 def _parse_positive_map(text: str) -> List[int]:
-    parts = [p for p in (s.strip() for s in text.split(",")) if p]
+    parts = _split_list([text], "--positives") if text.strip(", ") else []
     if not parts:
         raise ValueError("--positives is empty: give one column per row, e.g. 1,0,3,2")
     return [_parse_int(p, "--positives entry") for p in parts]
 
 
+def _read_npy(handle, what: str) -> np.ndarray:
+    """A real matrix from a .npy file whose header is checked (dtype, and a declared size that
+    matches the file) before its data are read."""
+    header = read_npy_header(handle, what)
+    if header.kind == "c":
+        raise ValueError(f"{what}: holds complex numbers ({header.descr}); similarities must be real "
+                         "(save the real part if that is what you mean)")
+    held = os.fstat(handle.fileno()).st_size - header.data_offset
+    if held != header.nbytes:
+        raise ValueError(f"{what}: its header declares shape {header.shape} ({header.nbytes} bytes of "
+                         f"{header.descr}) but the file holds {held} bytes")
+    data = np.frombuffer(read_exactly(handle, header.nbytes, what), dtype=np.dtype(header.descr))
+    return data.reshape(header.shape, order="F" if header.fortran_order else "C")
+
+
 def load_matrix(path: str) -> np.ndarray:
-    """Read a similarity matrix from .npy or from CSV/whitespace-separated text (``#`` comments)."""
-    if not os.path.exists(path):
+    """Read a similarity matrix from .npy or from CSV/whitespace-separated text (``#`` comments).
+
+    Only a regular file within the input ceiling is read (``$CONTRASTKIT_MAX_INPUT_BYTES``,
+    see :func:`contrastkit._io.max_input_bytes`); a device, FIFO, complex or non-numeric
+    array is refused before its data are read.
+    """
+    what = f"--matrix {path}"
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"--matrix file not found: {path}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"--matrix {path} is a directory, not a file")
@@ -115,22 +150,19 @@ def load_matrix(path: str) -> np.ndarray:
         lower = path.lower()
         if lower.endswith(".npz"):
             raise ValueError("a .npz archive holds several arrays; save the matrix alone as .npy or CSV")
-        if lower.endswith(".npy"):
-            with open(path, "rb") as handle:
-                if handle.read(6) != b"\x93NUMPY":
-                    raise ValueError("not a .npy file (no NumPy header)")
-            data = np.load(path, allow_pickle=False)
-        else:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-            delimiter = "," if "," in text else None
-            data = np.loadtxt(path, delimiter=delimiter, comments="#", ndmin=2, dtype=np.float64)
-        if not isinstance(data, np.ndarray):
-            raise ValueError("expected a single array (.npy), not an archive")
-        data = np.asarray(data, dtype=np.float64)
+        with memory_guard(what), open_input(path, what) as handle:
+            if lower.endswith(".npy"):
+                data = _read_npy(handle, what)
+            else:
+                text = read_exactly(handle, os.fstat(handle.fileno()).st_size, what, exact=False).decode("utf-8")
+                delimiter = "," if "," in text else None
+                data = np.loadtxt(io.StringIO(text), delimiter=delimiter, comments="#", ndmin=2, dtype=np.float64)
+            data = np.asarray(data, dtype=np.float64)
     except (ValueError, TypeError, OSError, UnicodeDecodeError) as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"--matrix {path}: cannot read a numeric matrix: {message}") from None
+        if message.startswith(what):  # already names the file
+            raise ValueError(message) from None
+        raise ValueError(f"{what}: cannot read a numeric matrix: {message}") from None
     if data.ndim != 2 or data.shape[0] != data.shape[1]:
         raise ValueError(f"--matrix {path}: expected a square (N, N) similarity matrix, got shape {data.shape}")
     return data

@@ -18,23 +18,38 @@ fixed ``split_seed``) unless the data bring one. A class-subfolder tree without 
 
 CIFAR batches are pickles; they are read with an unpickler that only admits the numpy
 array constructors such files contain, so a crafted file cannot run code.
+
+Reading is bounded: only regular files are opened (a FIFO or ``/dev/zero`` is refused before
+reading), no file, decompressed stream, set of arrays or decoded image set may exceed the
+input ceiling (:func:`contrastkit._io.max_input_bytes`, ``$CONTRASTKIT_MAX_INPUT_BYTES``,
+default 4 GiB), and every size a header declares (idx dimensions, ``.npy`` shapes inside a
+``.npz``, image dimensions) is checked against the ceiling and against what the file holds
+before memory is allocated for it; a gzip stream is read up to its declared size and no
+further.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
+import math
 import os
 import pickle
 import struct
+import zipfile
+import zlib
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from contrastkit._io import (check_input_size, memory_guard, one_line, open_input, read_exactly, read_input,
+                             read_npy_header)
 from contrastkit.data.base import (Dataset, Split, check_fraction, stratified_split, subset, to_float_images,
                                    to_labels)
 
@@ -73,6 +88,8 @@ def _resolve_size(size: SizeLike) -> Optional[Tuple[int, int]]:
 def _resize(images: Tensor, size: Optional[Tuple[int, int]]) -> Tensor:
     if size is None or tuple(images.shape[-2:]) == size:
         return images
+    check_input_size(math.prod(images.shape[:2]) * size[0] * size[1] * images.element_size(),
+                     f"size={size[0]}x{size[1]}: {images.shape[0]} resized images")
     return F.interpolate(images, size=size, mode="bilinear", align_corners=False,
                          antialias=True).clamp_(0.0, 1.0).contiguous()
 
@@ -102,6 +119,10 @@ def _finish(name: str, source_kind: str, source: Path, train: Split, val: Split,
     for what, split in (("train", train), ("val", val), ("test", test)):
         _check_nonempty(split, what, source)
     num_classes = int(max(int(s.labels.max()) for s in (train, val, test))) + 1
+    samples = sum(len(s) for s in (train, val, test))
+    if num_classes > max(samples, len(names or ())):
+        raise ValueError(f"{source}: labels go up to {num_classes - 1} but there are only {samples} samples; "
+                         "labels must be class indices 0, 1, ...")
     if names is not None and len(names) < num_classes:
         raise ValueError(f"{source}: labels go up to {num_classes - 1} but only {len(names)} class names are given")
     shapes = {tuple(s.images.shape[1:]) for s in (train, val, test)}
@@ -127,34 +148,72 @@ def _nchw(array: np.ndarray, key: str, source: Path) -> np.ndarray:
                      f"(1, 3), got {array.shape}")
 
 
+_ARCHIVE_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError, RuntimeError,
+                   KeyError, struct.error, UnicodeDecodeError)
+
+
+def _read_member(archive: zipfile.ZipFile, key: str, path: Path) -> np.ndarray:
+    """One ``.npy`` member of an archive, its header checked against the member's declared
+    size before the data are read (and the data read up to that size, no further)."""
+    what = f"{path} ({key})"
+    info = archive.getinfo(f"{key}.npy")
+    check_input_size(info.file_size, what)
+    with archive.open(info) as member:
+        header = read_npy_header(member, what)
+        if header.kind == "c":
+            raise ValueError(f"{what}: holds complex numbers ({header.descr}); store real images and labels")
+        if header.data_offset + header.nbytes != info.file_size:
+            raise ValueError(f"{what}: its header declares shape {header.shape} ({header.nbytes} bytes of "
+                             f"{header.descr}) but the member holds {info.file_size - header.data_offset} bytes")
+        data = read_exactly(member, header.nbytes, what)
+    array = np.frombuffer(data, dtype=np.dtype(header.descr))
+    return array.reshape(header.shape, order="F" if header.fortran_order else "C")
+
+
+def _npz_arrays(path: Path) -> Dict[str, np.ndarray]:
+    """The x_/y_ arrays of an ``.npz`` file, read within the input ceiling."""
+    with open_input(path) as handle:
+        try:
+            archive = zipfile.ZipFile(handle)
+        except _ARCHIVE_ERRORS as err:
+            raise ValueError(f"{path}: not a readable .npz file ({one_line(err)})") from None
+        with archive:
+            keys = {name[:-4] for name in archive.namelist() if name.endswith(".npy")}
+            missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in keys]
+            if missing:
+                raise ValueError(f"{path}: missing array(s) {', '.join(missing)} (found "
+                                 f"{', '.join(sorted(keys)) or 'none'})")
+            if ("x_val" in keys) != ("y_val" in keys):
+                raise ValueError(f"{path}: x_val and y_val must be given together")
+            wanted = [f"{x}_{part}" for part in ("train", "test", "val") for x in "xy" if f"{x}_{part}" in keys]
+            check_input_size(sum(archive.getinfo(f"{k}.npy").file_size for k in wanted), str(path))
+            arrays = {}
+            for key in wanted:
+                try:
+                    arrays[key] = _read_member(archive, key, path)
+                except _ARCHIVE_ERRORS as err:
+                    if isinstance(err, ValueError) and str(err).startswith(str(path)):
+                        raise
+                    raise ValueError(f"{path}: cannot read {key} ({one_line(err)})") from None
+    return arrays
+
+
 def load_npz(path: Path, *, size: SizeLike = None, val_fraction: float = 0.1, split_seed: int = 0) -> Dataset:
     path, size = Path(path), _resolve_size(size)
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as err:
-        raise ValueError(f"{path}: not a readable .npz file ({err})") from None
-    with archive:
-        keys = set(archive.files)
-        missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in keys]
-        if missing:
-            raise ValueError(f"{path}: missing array(s) {', '.join(missing)} (found {', '.join(sorted(keys)) or 'none'})")
-        if ("x_val" in keys) != ("y_val" in keys):
-            raise ValueError(f"{path}: x_val and y_val must be given together")
-        parts = ["train", "test"] + (["val"] if "x_val" in keys else [])
-        loaded: Dict[str, Split] = {}
-        for part in parts:
-            try:
-                x, y = archive[f"x_{part}"], archive[f"y_{part}"]
-            except (ValueError, OSError) as err:  # e.g. an object array refused without pickle
-                raise ValueError(f"{path}: cannot read x_{part}/y_{part} ({err})") from None
-            if x.shape[0] != np.asarray(y).shape[0]:
-                raise ValueError(f"{path}: x_{part} has {x.shape[0]} images but y_{part} has "
-                                 f"{np.asarray(y).shape[0]} labels")
-            images = to_float_images(_nchw(x, f"x_{part}", path), f"{path} (x_{part})")
-            labels = to_labels(y, f"{path} (y_{part})")
-            if images.shape[0] == 0:
-                raise ValueError(f"{path}: x_{part} is empty")
-            loaded[part] = Split(images=_resize(images, size), labels=labels)
+    arrays = _npz_arrays(path)
+    parts = ["train", "test"] + (["val"] if "x_val" in arrays else [])
+    loaded: Dict[str, Split] = {}
+    for part in parts:
+        x, y = arrays[f"x_{part}"], arrays[f"y_{part}"]
+        if x.ndim == 0 or y.ndim == 0:
+            raise ValueError(f"{path}: x_{part} and y_{part} must be arrays, not scalars")
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"{path}: x_{part} has {x.shape[0]} images but y_{part} has {y.shape[0]} labels")
+        images = to_float_images(_nchw(x, f"x_{part}", path), f"{path} (x_{part})")
+        labels = to_labels(y, f"{path} (y_{part})")
+        if images.shape[0] == 0:
+            raise ValueError(f"{path}: x_{part} is empty")
+        loaded[part] = Split(images=_resize(images, size), labels=labels)
     if "val" in loaded:
         train, val = loaded["train"], loaded["val"]
     else:
@@ -170,36 +229,54 @@ _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dt
 
 
 def read_idx(path: Path, ndim: int) -> np.ndarray:
-    """Read an idx file (MNIST format, optionally gzipped) with ``ndim`` dimensions."""
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as handle:
-            data = handle.read()
-    except (OSError, EOFError) as err:
-        raise ValueError(f"{path}: cannot read ({err})") from None
-    if len(data) < 4 or data[0] != 0 or data[1] != 0:
+    """Read an idx file (MNIST format, optionally gzipped) with ``ndim`` dimensions.
+
+    The data are read up to the size the header declares (which must be within the input
+    ceiling) and no further: a file, or a gzip stream, holding more or less is refused.
+    """
+    path = Path(path)
+    with open_input(path) as handle:
+        try:
+            if path.suffix == ".gz":
+                with gzip.GzipFile(fileobj=handle, mode="rb") as stream:
+                    return _read_idx_stream(stream, path, ndim, None)
+            return _read_idx_stream(handle, path, ndim, os.fstat(handle.fileno()).st_size)
+        except (OSError, EOFError, zlib.error) as err:
+            raise ValueError(f"{path}: cannot read ({one_line(err)})") from None
+
+
+def _read_idx_stream(stream, path: Path, ndim: int, file_size: Optional[int]) -> np.ndarray:
+    magic = stream.read(4)
+    if len(magic) < 4 or magic[0] != 0 or magic[1] != 0:
         raise ValueError(f"{path}: not an idx file (bad magic number)")
-    code, got_ndim = data[2], data[3]
+    code, got_ndim = magic[2], magic[3]
     if code not in _IDX_DTYPES:
         raise ValueError(f"{path}: unknown idx data type code 0x{code:02X}")
     if got_ndim != ndim:
         raise ValueError(f"{path}: expected an idx file with {ndim} dimension(s), got {got_ndim}")
-    header = 4 + 4 * ndim
-    if len(data) < header:
+    raw = stream.read(4 * ndim)
+    if len(raw) < 4 * ndim:
         raise ValueError(f"{path}: truncated idx header")
-    dims = struct.unpack(">" + "I" * ndim, data[4:header])
+    dims = struct.unpack(">" + "I" * ndim, raw)
     dtype = np.dtype(_IDX_DTYPES[code])
-    expected = int(np.prod(dims)) * dtype.itemsize
-    if len(data) - header != expected:
+    expected = math.prod(dims) * dtype.itemsize  # exact: Python integers do not overflow
+    check_input_size(expected, f"{path} (header shape {dims})")
+    header = 4 + 4 * ndim
+    if file_size is not None and file_size - header != expected:
         raise ValueError(f"{path}: header says shape {dims} ({expected} bytes of data) but the file holds "
-                         f"{len(data) - header} bytes")
-    return np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
+                         f"{file_size - header} bytes")
+    data = read_exactly(stream, expected, str(path), exact=False)
+    if len(data) != expected or stream.read(1):
+        held = f"{len(data)} bytes" if len(data) != expected else "more"
+        raise ValueError(f"{path}: header says shape {dims} ({expected} bytes of data) but the "
+                         f"{'stream' if file_size is None else 'file'} holds {held}")
+    return np.frombuffer(data, dtype=dtype).reshape(dims)
 
 
 def _find_mnist_file(folder: Path, base: str) -> Path:
     dotted = base.replace("-idx", ".idx")  # e.g. train-images.idx3-ubyte (a common re-packaging)
     for name in (base, base + ".gz", dotted, dotted + ".gz"):
-        if (folder / name).is_file():
+        if os.path.lexists(folder / name):  # a FIFO or device is refused when read
             return folder / name
     raise FileNotFoundError(f"{folder}: missing MNIST file {base} (or {base}.gz)")
 
@@ -250,12 +327,14 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 
 def _read_pickle(path: Path) -> dict:
+    # Unpickled from memory: the unpickler asks a file for as many bytes as a crafted length
+    # claims, while a BytesIO returns only what the (bounded) file holds.
+    data = read_input(path)
     try:
-        with open(path, "rb") as handle:
-            obj = _ArrayUnpickler(handle, encoding="bytes").load()
+        obj = _ArrayUnpickler(io.BytesIO(data), encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
-            IndexError, KeyError, OSError, struct.error) as err:
-        raise ValueError(f"{path}: not a readable CIFAR batch pickle ({err})") from None
+            IndexError, KeyError, OSError, struct.error, RecursionError, OverflowError, LookupError) as err:
+        raise ValueError(f"{path}: not a readable CIFAR batch pickle ({one_line(err)})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
     # Python 2 pickles (the official files) have bytes keys; normalise to str.
@@ -287,7 +366,7 @@ def load_cifar10(folder: Path, *, size: SizeLike = None, val_fraction: float = 0
     if (folder / "cifar-10-batches-py").is_dir():
         folder = folder / "cifar-10-batches-py"
     for name in CIFAR_TRAIN_FILES + (CIFAR_TEST_FILE,):
-        if not (folder / name).is_file():
+        if not os.path.lexists(folder / name):  # a FIFO or device is refused when read
             raise FileNotFoundError(f"{folder}: missing CIFAR-10 file {name}")
     parts = [_read_cifar_batch(folder / name) for name in CIFAR_TRAIN_FILES]
     train_images = torch.cat([p[0] for p in parts])
@@ -295,7 +374,7 @@ def load_cifar10(folder: Path, *, size: SizeLike = None, val_fraction: float = 0
     test_images, test_labels = _read_cifar_batch(folder / CIFAR_TEST_FILE)
     names: Optional[List[str]] = None
     meta_file = folder / "batches.meta"
-    if meta_file.is_file():
+    if os.path.lexists(meta_file):
         meta = _read_pickle(meta_file)
         raw = meta.get("label_names")
         if raw is None or not isinstance(raw, (list, tuple)):
@@ -328,17 +407,55 @@ def _list_images(folder: Path) -> List[Path]:
     return files
 
 
-def _open_images(files: Sequence[Path]):
+_BYTES_PER_BAND = {"I": 4, "F": 4, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2}
+
+
+def _decoded_size(image: Any) -> int:
+    return image.size[0] * image.size[1] * len(image.getbands()) * _BYTES_PER_BAND.get(image.mode, 1)
+
+
+@contextlib.contextmanager
+def open_image(path: Path, where: Optional[str] = None) -> Iterator[Any]:
+    """The PIL image at ``path`` with only its header read (a regular file within the input
+    ceiling); ``ValueError`` naming ``where`` (default the path) and the file when unreadable."""
     from PIL import Image  # lazy: pillow is an optional dependency
 
-    images = []
-    for file in files:
+    with open_input(path, _image_label(path, where)) as handle:
         try:
-            with Image.open(file) as img:
-                img.load()
-                images.append(img.copy())
+            image = Image.open(handle)
         except Exception as err:  # PIL raises many kinds (UnidentifiedImageError, OSError, SyntaxError...)
-            raise ValueError(f"{file}: cannot read image ({type(err).__name__}: {err})") from None
+            raise ValueError(f"{_unreadable(path, where)} ({type(err).__name__}: {one_line(err)})") from None
+        with image:
+            yield image
+
+
+def decode_image(image: Any, path: Path, where: Optional[str] = None, already: int = 0) -> Any:
+    """Decode an image from :func:`open_image` into memory, once its dimensions show that it
+    fits within the input ceiling together with ``already`` bytes decoded before it."""
+    width, height = image.size
+    check_input_size(already + _decoded_size(image), f"{_image_label(path, where)} ({width}x{height} {image.mode}"
+                                                     f"{', with the images before it' if already else ''})")
+    try:
+        image.load()
+        return image.copy()
+    except Exception as err:  # PIL raises many kinds (OSError, SyntaxError, DecompressionBombError...)
+        raise ValueError(f"{_unreadable(path, where)} ({type(err).__name__}: {one_line(err)})") from None
+
+
+def _image_label(path: Path, where: Optional[str]) -> str:
+    return str(path) if where is None else f"{where}: image {str(path)!r}"
+
+
+def _unreadable(path: Path, where: Optional[str]) -> str:
+    return f"{path}: cannot read image" if where is None else f"{where}: cannot read image {str(path)!r}"
+
+
+def _open_images(files: Sequence[Path]):
+    images, decoded = [], 0
+    for file in files:
+        with open_image(file) as image:
+            images.append(decode_image(image, file, already=decoded))
+        decoded += _decoded_size(images[-1])
     return images
 
 
@@ -346,7 +463,9 @@ def _to_array(images, color: str, size: Tuple[int, int]) -> np.ndarray:
     from PIL import Image
 
     h, w = size
-    out = np.empty((len(images), 1 if color == "L" else 3, h, w), dtype=np.uint8)
+    channels = 1 if color == "L" else 3
+    check_input_size(len(images) * channels * h * w, f"{len(images)} images of {channels}x{h}x{w}")
+    out = np.empty((len(images), channels, h, w), dtype=np.uint8)
     for i, img in enumerate(images):
         if img.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
             # PIL's own conversion of high-bit images to 8 bits clips; rescale instead
@@ -448,6 +567,8 @@ def detect_format(path: Path) -> str:
             return "npz"
         raise ValueError(f"{path}: unsupported data file (expected a .npz archive or a folder)")
     if not path.is_dir():
+        if os.path.exists(path):
+            raise ValueError(f"{path} is neither a regular file nor a folder (a device, FIFO or socket)")
         raise FileNotFoundError(f"{path}: no such file or folder")
     if (path / "cifar-10-batches-py").is_dir() or _is_cifar(path):
         return "cifar10"
@@ -481,6 +602,12 @@ def load_path(path: Union[str, os.PathLike], *, size: SizeLike = None, val_fract
     kind = detect_format(path)
     if kind != "imagefolder" and color is not None:
         raise ValueError(f"color applies to image folders only; {path} holds {kind} data")
+    with memory_guard(str(path)):
+        return _load_kind(kind, path, size_hw, val_fraction, test_fraction, split_seed, color)
+
+
+def _load_kind(kind: str, path: Path, size_hw: Optional[Tuple[int, int]], val_fraction: float,
+               test_fraction: float, split_seed: int, color: Optional[str]) -> Dataset:
     if kind == "npz":
         return load_npz(path, size=size_hw, val_fraction=val_fraction, split_seed=split_seed)
     if kind == "cifar10":

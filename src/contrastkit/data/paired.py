@@ -34,6 +34,7 @@ Splits are by scene (GlyphLab), by the loader's stratified split (digits), or by
 from __future__ import annotations
 
 import csv
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from contrastkit._io import check_input_size, memory_guard, one_line, read_input
 from contrastkit.data.base import Dataset, Split, check_fraction, check_positive_int
 
 __all__ = [
@@ -393,15 +395,25 @@ _SPLIT_NAMES = ("train", "val", "test")
 def _read_image(path: Path, size: int, channels: int, where: str) -> np.ndarray:
     from PIL import Image  # lazy: optional dependency
 
+    from contrastkit.data.files import decode_image, open_image
+
+    with open_image(path, where) as image:
+        img = decode_image(image, path, where)
     try:
-        with Image.open(path) as img:
-            img = img.convert("L" if channels == 1 else "RGB")
-            if img.size != (size, size):
-                img = img.resize((size, size), Image.BILINEAR)
-            array = np.asarray(img, dtype=np.uint8)
+        img = img.convert("L" if channels == 1 else "RGB")
+        if img.size != (size, size):
+            img = img.resize((size, size), Image.BILINEAR)
+        array = np.asarray(img, dtype=np.uint8)
     except (OSError, ValueError) as err:
-        raise ValueError(f"{where}: cannot read image {str(path)!r}: {err}") from None
+        raise ValueError(f"{where}: cannot read image {str(path)!r}: {one_line(err)}") from None
     return array[None] if channels == 1 else array.transpose(2, 0, 1)
+
+
+def _is_gray(path: Path, where: str) -> bool:
+    from contrastkit.data.files import open_image
+
+    with open_image(path, where) as image:
+        return image.mode in ("1", "L", "LA", "I", "I;16", "F")
 
 
 def load_pair_csv(path: Union[str, os.PathLike], *, size: int = 32, channels: Optional[int] = None,
@@ -422,58 +434,76 @@ def load_pair_csv(path: Union[str, os.PathLike], *, size: int = 32, channels: Op
             image field, an unknown split, an empty split, an unreadable image.
     """
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"pair file {str(path)!r} does not exist")
     size = check_positive_int(size, "size", minimum=4)
     if channels is not None and channels not in (1, 3):
         raise ValueError(f"channels must be 1, 3 or None (auto), got {channels!r}")
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise ValueError(f"{path}: empty file; expected a header row with columns image,text")
-        columns = [h.strip().lower() for h in header]
-        missing = [c for c in ("image", "text") if c not in columns]
-        if missing:
-            raise ValueError(f"{path}: header {header} lacks column(s) {', '.join(missing)}; "
-                             "expected image,text[,label][,split]")
-        col = {name: columns.index(name) for name in ("image", "text", "label", "split") if name in columns}
-        rows = []
-        for fields in reader:
-            where = f"{path}, line {reader.line_num}"
-            if not fields or all(not f.strip() for f in fields):
-                continue  # blank line
-            if len(fields) != len(columns):
-                raise ValueError(f"{where}: expected {len(columns)} fields ({','.join(columns)}), got {len(fields)}")
-            image, text = fields[col["image"]].strip(), fields[col["text"]].strip()
-            if not image:
-                raise ValueError(f"{where}: empty image path")
-            if not text:
-                raise ValueError(f"{where}: empty text for image {image!r}")
-            image_path = Path(image) if os.path.isabs(image) else path.parent / image
-            if not image_path.is_file():
-                raise FileNotFoundError(f"{where}: image {image!r} not found (looked for {str(image_path)!r})")
-            label = fields[col["label"]].strip() if "label" in col else None
-            if label is not None and not label:
-                raise ValueError(f"{where}: empty label (give every row a label or drop the column)")
-            split = fields[col["split"]].strip().lower() if "split" in col else None
-            if split is not None and split not in _SPLIT_NAMES:
-                raise ValueError(f"{where}: split must be one of {', '.join(_SPLIT_NAMES)}, got {split!r}")
-            rows.append((image_path, text, label, split, where))
+    with memory_guard(str(path)):
+        return _load_pair_csv(path, size, channels, val_fraction, test_fraction, split_seed)
+
+
+#: A CSV row: image path, text, label, split, and where it is ("FILE, line N").
+_Row = Tuple[Path, str, Optional[str], Optional[str], str]
+
+
+def _read_rows(path: Path) -> Tuple[Dict[str, int], List[_Row]]:
+    """The columns and the (image path, text, label, split, where) rows of a pair CSV."""
+    try:
+        text = read_input(path).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return _parse_rows(path, reader)
+    except csv.Error as err:
+        raise ValueError(f"{path}, line {reader.line_num}: {one_line(err)}") from None
+
+
+def _parse_rows(path: Path, reader: Any) -> Tuple[Dict[str, int], List[_Row]]:
+    header = next(reader, None)
+    if header is None:
+        raise ValueError(f"{path}: empty file; expected a header row with columns image,text")
+    columns = [h.strip().lower() for h in header]
+    missing = [c for c in ("image", "text") if c not in columns]
+    if missing:
+        raise ValueError(f"{path}: header {header} lacks column(s) {', '.join(missing)}; "
+                         "expected image,text[,label][,split]")
+    col = {name: columns.index(name) for name in ("image", "text", "label", "split") if name in columns}
+    rows = []
+    for fields in reader:
+        where = f"{path}, line {reader.line_num}"
+        if not fields or all(not f.strip() for f in fields):
+            continue  # blank line
+        if len(fields) != len(columns):
+            raise ValueError(f"{where}: expected {len(columns)} fields ({','.join(columns)}), got {len(fields)}")
+        image, text = fields[col["image"]].strip(), fields[col["text"]].strip()
+        if not image:
+            raise ValueError(f"{where}: empty image path")
+        if not text:
+            raise ValueError(f"{where}: empty text for image {image!r}")
+        image_path = Path(image) if os.path.isabs(image) else path.parent / image
+        if not os.path.lexists(image_path):  # a FIFO or device is refused when read
+            raise FileNotFoundError(f"{where}: image {image!r} not found (looked for {str(image_path)!r})")
+        label = fields[col["label"]].strip() if "label" in col else None
+        if label is not None and not label:
+            raise ValueError(f"{where}: empty label (give every row a label or drop the column)")
+        split = fields[col["split"]].strip().lower() if "split" in col else None
+        if split is not None and split not in _SPLIT_NAMES:
+            raise ValueError(f"{where}: split must be one of {', '.join(_SPLIT_NAMES)}, got {split!r}")
+        rows.append((image_path, text, label, split, where))
     if not rows:
         raise ValueError(f"{path}: no (image, text) rows after the header")
+    return col, rows
 
+
+def _load_pair_csv(path: Path, size: int, channels: Optional[int], val_fraction: float, test_fraction: float,
+                   split_seed: int) -> PairedDataset:
+    col, rows = _read_rows(path)
     if channels is None:
-        from PIL import Image
-
-        gray = True
-        for image_path, _, _, _, where in rows:
-            try:
-                with Image.open(image_path) as img:
-                    gray = gray and img.mode in ("1", "L", "LA", "I", "I;16", "F")
-            except OSError as err:
-                raise ValueError(f"{where}: cannot read image {str(image_path)!r}: {err}") from None
-        channels = 1 if gray else 3
+        channels = 1 if all(_is_gray(image_path, where) for image_path, _, _, _, where in rows) else 3
+    check_input_size(len(rows) * channels * size * size * 5,  # uint8 images, then as float32
+                     f"{path}: {len(rows)} rows of {channels}x{size}x{size} images")
 
     # Group rows by image so that one image never lands in two splits.
     image_ids: Dict[str, int] = {}

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from contrastkit import layout
+from contrastkit._io import read_json
 from contrastkit.metrics import knn_accuracy, linear_probe
 
 from .checkpoint import load_checkpoint
@@ -95,8 +96,7 @@ def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str 
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{config_path} is missing: is {run_dir} a `contrastkit pretrain` output?")
     try:
-        with open(config_path, encoding="utf-8") as handle:
-            stored = json.load(handle)
+        stored = read_json(config_path)
         config = PretrainConfig.from_dict(stored["config"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{config_path} is not a valid run configuration: {err}") from None

@@ -1,0 +1,221 @@
+"""A child Python process under an address-space limit, for tests that feed contrastkit hostile
+input: an unbounded read then fails the test (a MemoryError, a dead child or no answer in
+time) instead of exhausting the machine.
+
+The child sets ``RLIMIT_AS`` before importing anything. A bare ``import torch`` maps about
+0.6 GiB of address space, and torch with numpy, PIL, scikit-learn and contrastkit about
+0.8 GiB (measured as VmPeak with one thread), so :data:`ADDRESS_SPACE` = 2 GiB leaves over
+1 GiB for the work, while a loader that believed a header claiming gigabytes would fail. The
+input ceiling in the child is :data:`CEILING`, so that what contrastkit legitimately reads
+always fits under the limit.
+
+The child answers calls (one JSON line each) of the functions in ``_CALLS`` below; each
+answer says whether the call returned or which exception it raised, with its message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import textwrap
+from typing import Any, Dict, Optional
+
+import pytest
+
+import contrastkit
+
+ADDRESS_SPACE = 2 * 2**30
+CEILING = 256 * 2**20
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(contrastkit.__file__)))
+
+_CHILD = textwrap.dedent('''
+    import resource, sys, os
+    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever the code under test prints goes to stderr, not into the answers
+    import contextlib, io, json, traceback, warnings
+    import torch
+    torch.set_num_threads(1)
+
+    def cli(*argv):
+        from contrastkit.cli import main
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(argv))
+        return {"rc": code, "out": out.getvalue(), "err": err.getvalue()}
+
+    def load_path(path, options):
+        from contrastkit.data.files import load_path
+        ds = load_path(path, **options)
+        return [len(ds.train), len(ds.val), len(ds.test), list(ds.image_shape)]
+
+    def load_pair_csv(path, options):
+        from contrastkit.data.paired import load_pair_csv
+        ds = load_pair_csv(path, **options)
+        return [len(ds.train), len(ds.val), len(ds.test)]
+
+    def read_idx(path, ndim):
+        from contrastkit.data.files import read_idx
+        from pathlib import Path
+        return list(read_idx(Path(path), ndim).shape)
+
+    def load_matrix(path):
+        from contrastkit.commands.explain import load_matrix
+        return list(load_matrix(path).shape)
+
+    def load_checkpoint(path):
+        from contrastkit.train.checkpoint import load_checkpoint
+        return load_checkpoint(path)["epoch"]
+
+    def pretrain(config):
+        from contrastkit.train import PretrainConfig, pretrain
+        return pretrain(PretrainConfig(**config), progress=False)["epochs"]
+
+    def peak():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmPeak"):
+                return int(line.split()[1]) * 1024
+        return None
+
+    calls = dict(cli=cli, load_path=load_path, load_pair_csv=load_pair_csv, read_idx=read_idx,
+                 load_matrix=load_matrix, load_checkpoint=load_checkpoint, pretrain=pretrain, peak=peak)
+    answers.write("ready\\n")
+    for line in sys.stdin:
+        name, args = json.loads(line)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                answer = {"returned": calls[name](*args)}
+            except BaseException as err:  # a MemoryError is a finding, not a reason to stop
+                answer = {"raised": type(err).__name__, "classes": [c.__name__ for c in type(err).__mro__],
+                          "message": str(err),
+                          "traceback": traceback.format_exc()[-3000:]}
+        answer["warnings"] = [str(w.message) for w in caught]
+        answers.write(json.dumps(answer) + "\\n")
+''')
+
+
+class BoundedWorker:
+    """One child process under the limit; :meth:`call` runs a function there."""
+
+    def __init__(self, ceiling: int = CEILING, env: Optional[Dict[str, str]] = None) -> None:
+        self.env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                        MALLOC_ARENA_MAX="2", CONTRASTKIT_MAX_INPUT_BYTES=str(ceiling), **(env or {}))
+        self._start()
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", _CHILD, str(ADDRESS_SPACE)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                        env=self.env)
+        assert self._read_line(120) == "ready", "the bounded child did not start"
+
+    def _read_line(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            self.close()
+            raise AssertionError(f"no answer within {timeout} s: an unbounded read or a hang")
+        line = self.process.stdout.readline()
+        if not line:
+            code = self.process.wait()
+            raise AssertionError(f"the bounded child died (exit status {code}): a crash or the memory limit")
+        return line.strip()
+
+    def call(self, name: str, *args: Any, timeout: float = 60) -> Dict[str, Any]:
+        """``{"returned": value}`` or ``{"raised": type name, "message": ..., "traceback": ...}``,
+        plus ``"warnings"``. A child that died or hung in an earlier call is replaced first."""
+        if self.process.poll() is not None:
+            self._start()
+        self.process.stdin.write(json.dumps([name, list(args)]) + "\n")
+        self.process.stdin.flush()
+        return json.loads(self._read_line(timeout))
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def worker():
+    """A :class:`BoundedWorker` shared by the tests of a module (import this fixture)."""
+    child = BoundedWorker()
+    yield child
+    child.close()
+
+
+def fuzz_settings(examples: int = 15):
+    """Few examples, no deadline (each one is a round trip to the child);
+    ``CONTRASTKIT_FUZZ_EXAMPLES=500`` runs a deeper search."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(max_examples=int(os.environ.get("CONTRASTKIT_FUZZ_EXAMPLES", examples)), deadline=None,
+                    suppress_health_check=list(HealthCheck))
+
+
+def assert_clean(answer: Dict[str, Any], names: str, allowed=("ValueError", "FileNotFoundError")) -> None:
+    """The call returned, or raised one of ``allowed`` whose one-line message names ``names``."""
+    if "returned" in answer:
+        return
+    assert set(answer["classes"]) & set(allowed), answer.get("traceback", answer)
+    message = answer["message"]
+    assert "\n" not in message.strip() and names in message, message
+
+
+def assert_cli_error(answer: Dict[str, Any], command: str, names: str) -> str:
+    """The CLI call exited with status 2 after one error line naming ``names``; returns it."""
+    assert "returned" in answer, answer.get("traceback", answer)
+    result = answer["returned"]
+    assert result["rc"] == 2, result
+    lines = result["err"].strip().splitlines()
+    assert len(lines) == 1, result["err"]
+    assert lines[0].startswith(f"contrastkit {command}: error: ") and names in lines[0], lines[0]
+    assert "Traceback" not in result["err"]
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------ damaged files
+
+def damage(data: bytes, header: int = 64):
+    """A hypothesis strategy of ``data`` damaged as a careless copy or a hostile user would:
+    truncated, bits flipped (anywhere, or in the first ``header`` bytes where sizes are
+    declared), a big-endian 32-bit field in the header overwritten, garbage appended, or the
+    file grown past the input ceiling (``("oversize", data)``: write it sparse)."""
+    from hypothesis import strategies as st
+
+    n = len(data)
+
+    def flipped(spots):
+        out = bytearray(data)
+        for position, bit in spots:
+            out[position] ^= 1 << bit
+        return ("bytes", bytes(out))
+
+    def field(spot):
+        position, value = spot
+        out = bytearray(data)
+        out[position:position + 4] = value.to_bytes(4, "big")
+        return ("bytes", bytes(out))
+
+    bits = st.integers(0, 7)
+    return st.one_of(
+        st.integers(0, n - 1).map(lambda cut: ("bytes", data[:cut])),
+        st.lists(st.tuples(st.integers(0, n - 1), bits), min_size=1, max_size=6).map(flipped),
+        st.lists(st.tuples(st.integers(0, min(n, header) - 1), bits), min_size=1, max_size=3).map(flipped),
+        st.tuples(st.integers(0, max(0, min(n, header) - 4)), st.integers(0, 2**32 - 1)).map(field),
+        st.binary(min_size=1, max_size=256).map(lambda tail: ("bytes", data + tail)),
+        st.just(("oversize", data)),
+    )
+
+
+def write_damaged(path, damaged) -> bytes:
+    """Write what :func:`damage` drew to ``path``; returns the bytes (an oversize file is
+    ``data`` then zeros up to one byte over :data:`CEILING`, sparse on disk)."""
+    kind, data = damaged
+    with open(path, "wb") as handle:
+        handle.write(data)
+        if kind == "oversize":
+            handle.truncate(CEILING + 1)
+    return data
