@@ -310,7 +310,7 @@ def _optimizer(model: torch.nn.Module, config: PretrainConfig) -> torch.optim.Op
 def _restore(run: _Run) -> None:
     """Continue from ``checkpoints/last.pt``: weights, optimizer, schedule, RNG and counters."""
     path = run.folder.last_checkpoint
-    state = load_checkpoint(path, fallback=True)  # a damaged last.pt: resume from previous.pt, with a warning
+    state = load_checkpoint(path)  # a damaged last.pt is refused, naming previous.pt and how to use it
     _check_resumable(state, run.config, path)
     world_size = run.parallel.world_size
     if int(state.get("world_size", 1)) != world_size:
