@@ -118,22 +118,15 @@ class SigmoidExplanation:
 
     def candidate_records(self) -> List[Dict[str, Any]]:
         """One flat record per (anchor, candidate): the sigmoid columns, then the softmax's."""
-        n, k = self.similarities.shape
-        records = []
-        for i in range(n):
-            for j in range(k):
-                records.append({
-                    "temperature": self.temperature, "bias": self.bias, "anchor": i, "candidate": j,
-                    "is_positive": bool(j == self.positive[i]), "label": int(self.labels[i, j]),
-                    "similarity": float(self.similarities[i, j]), "logit": float(self.logits[i, j]),
-                    "match_probability": float(self.match_probabilities[i, j]),
-                    "probability": float(self.probabilities[i, j]), "loss_term": float(self.loss_terms[i, j]),
-                    "gradient": float(self.gradients[i, j]), "scale_gradient": float(self.scale_gradients[i, j]),
-                    "bias_gradient": float(self.bias_gradients[i, j]),
-                    "softmax_probability": float(self.softmax.probabilities[i, j]),
-                    "softmax_gradient": float(self.softmax.gradients[i, j]),
-                })
-        return records
+        columns = {"similarity": self.similarities, "logit": self.logits,
+                   "match_probability": self.match_probabilities, "probability": self.probabilities,
+                   "loss_term": self.loss_terms, "gradient": self.gradients, "scale_gradient": self.scale_gradients,
+                   "bias_gradient": self.bias_gradients, "softmax_probability": self.softmax.probabilities,
+                   "softmax_gradient": self.softmax.gradients}
+        return [{"temperature": self.temperature, "bias": self.bias, "anchor": i, "candidate": j,
+                 "is_positive": bool(j == self.positive[i]), "label": int(self.labels[i, j]),
+                 **{name: float(values[i, j]) for name, values in columns.items()}}
+                for i, j in np.ndindex(*self.similarities.shape)]
 
     def anchor_records(self) -> List[Dict[str, Any]]:
         """One flat record per anchor."""

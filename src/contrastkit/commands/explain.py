@@ -343,16 +343,25 @@ def _anchor_table(e) -> _Table:
     return table
 
 
-def _explain_matrix(printer: _Printer, e, request: _Request) -> None:
-    printer.line(f"InfoNCE on a {request.description}, tau = {e.temperature:g}")
+def _matrix_block(printer: _Printer, title: str, table: _Table, notes: List[str], row: Optional[int],
+                  explain_row) -> None:
+    """A matrix's anchor table and notes, then (with --row) every candidate of one anchor."""
+    printer.line(title)
     printer.line()
-    printer.table(_anchor_table(e))
+    printer.table(table)
     printer.line()
-    printer.line(f"mean loss = {fmt(e.loss)}    mean uniform choice: {fmt(float(e.log_n.mean()))}")
-    printer.line(f"mean loss limits: tau -> 0+: {fmt(e.mean_limit_zero)}; tau -> inf: {fmt(e.mean_limit_infinity)}")
-    if request.row is not None:
+    for text in notes:
+        printer.line(text)
+    if row is not None:
         printer.line()
-        _explain_one(printer, e, request.row, f"anchor {request.row}:")
+        explain_row(row, f"anchor {row}:")
+
+
+def _explain_matrix(printer: _Printer, e, request: _Request) -> None:
+    _matrix_block(printer, f"InfoNCE on a {request.description}, tau = {e.temperature:g}", _anchor_table(e),
+                  [f"mean loss = {fmt(e.loss)}    mean uniform choice: {fmt(float(e.log_n.mean()))}",
+                   f"mean loss limits: tau -> 0+: {fmt(e.mean_limit_zero)}; tau -> inf: {fmt(e.mean_limit_infinity)}"],
+                  request.row, lambda row, header: _explain_one(printer, e, row, header))
 
 
 def _sweep_table(s, request: _Request) -> _Table:
@@ -464,15 +473,12 @@ def _print_sigmoid(printer: _Printer, e, request: _Request) -> None:
         _sigmoid_one(printer, e, 0, f"sigmoid (SigLIP) vs softmax (InfoNCE), {request.description}: s = {scores}, "
                                     f"{where}, positive = candidate {int(e.positive[0])} (marked +)")
         return
-    printer.line(f"sigmoid (SigLIP) vs softmax (InfoNCE) on a {request.description}, {where}")
-    printer.line()
-    printer.table(_sigmoid_anchor_table(e))
-    printer.line()
-    printer.line(f"mean loss: sigmoid {fmt(e.loss)} (SigLIP's L); softmax {fmt(e.softmax.loss)}")
-    printer.line(f"mean dL/dt = {fmt(float(e.scale_gradient.mean()))}, mean dL/db = {fmt(float(e.bias_gradient.mean()))}")
-    if request.row is not None:
-        printer.line()
-        _sigmoid_one(printer, e, request.row, f"anchor {request.row}:")
+    _matrix_block(printer, f"sigmoid (SigLIP) vs softmax (InfoNCE) on a {request.description}, {where}",
+                  _sigmoid_anchor_table(e),
+                  [f"mean loss: sigmoid {fmt(e.loss)} (SigLIP's L); softmax {fmt(e.softmax.loss)}",
+                   f"mean dL/dt = {fmt(float(e.scale_gradient.mean()))}, "
+                   f"mean dL/db = {fmt(float(e.bias_gradient.mean()))}"],
+                  request.row, lambda row, header: _sigmoid_one(printer, e, row, header))
 
 
 def _run_sigmoid(args: argparse.Namespace, request: _Request, bias: float) -> int:
