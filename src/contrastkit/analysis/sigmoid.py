@@ -88,7 +88,7 @@ class SigmoidExplanation:
 
     @property
     def loss(self) -> float:
-        """Mean over anchors of the row loss (for a single row, its loss): SigLIP's ``L``."""
+        """SigLIP's ``L``, the mean over anchors of the row loss (for a single row, its loss)."""
         return float(self.losses.mean())
 
     @property

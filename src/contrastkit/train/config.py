@@ -187,7 +187,7 @@ class PretrainConfig:
 
     @property
     def paired(self) -> bool:
-        """Whether the run trains on image-text pairs (``method`` in :data:`PAIRED_METHODS`)."""
+        """Whether the run trains on image-text pairs (``method`` in ``PAIRED_METHODS``: convirt, siglip)."""
         return self.method in PAIRED_METHODS
 
     def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
