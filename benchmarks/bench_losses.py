@@ -48,7 +48,15 @@ METHODS: Dict[str, str] = {
     "info_nce/contrastkit-tiled": "contrastkit info_nce, tiled path",
     "info_nce/info-nce-pytorch": "info-nce-pytorch InfoNCE",
     "info_nce/gemm-bound": "3 products of (N x d)(d x N) size",
+    # two modalities, SigLIP's pairwise sigmoid loss (t = 1 / tau, b = -10)
+    "sigmoid/contrastkit-dense": "contrastkit sigmoid_loss, dense path",
+    "sigmoid/contrastkit-tiled": "contrastkit sigmoid_loss, tiled path",
+    "sigmoid/open_clip": "open_clip SigLipLoss",
+    "sigmoid/gemm-bound": "3 products of (N x d)(d x N) size",
 }
+
+#: SigLIP's initial bias, used by every sigmoid configuration (the scale is 1 / --temperature).
+SIGMOID_BIAS = -10.0
 
 
 def _load_submodule(name: str, stub_packages: Tuple[str, ...] = (), empty_modules: Tuple[str, ...] = ()):
@@ -119,6 +127,8 @@ def build(method: str, n: int, dim: int, tau: float) -> Tuple[Callable[[], torch
             return (lambda: ck.nt_xent_views(a, b, temperature=tau, chunk_size=chunk)), [a, b]
         if group == "bidirectional":
             return (lambda: ck.bidirectional_info_nce(a, b, temperature=tau, chunk_size=chunk)), [a, b]
+        if group == "sigmoid":
+            return (lambda: ck.sigmoid_loss(a, b, temperature=tau, bias=SIGMOID_BIAS, chunk_size=chunk)), [a, b]
         return (lambda: ck.info_nce(a, b, temperature=tau, chunk_size=chunk)), [a, b]
     if name == "pytorch-metric-learning":
         from pytorch_metric_learning.losses import NTXentLoss
@@ -138,9 +148,15 @@ def build(method: str, n: int, dim: int, tau: float) -> Tuple[Callable[[], torch
         return (lambda: loss_fn(a, b)), [a, b]
     if name == "open_clip":
         module = _load_submodule("open_clip.loss", stub_packages=("open_clip",))
-        loss_fn = module.ClipLoss()
         scale = torch.tensor(1.0 / tau)
         normalize = torch.nn.functional.normalize
+        if group == "sigmoid":
+            # Fixed scale and bias as tensors; on one process SigLipLoss is dense (its chunks are
+            # the other ranks' texts, exchanged between neighbours).
+            loss_fn = module.SigLipLoss()
+            bias = torch.tensor(SIGMOID_BIAS)
+            return (lambda: loss_fn(normalize(a, dim=-1), normalize(b, dim=-1), scale, bias)), [a, b]
+        loss_fn = module.ClipLoss()
         return (lambda: loss_fn(normalize(a, dim=-1), normalize(b, dim=-1), scale)), [a, b]
     if name == "info-nce-pytorch":
         from info_nce import InfoNCE

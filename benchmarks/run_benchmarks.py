@@ -33,6 +33,8 @@ GROUPS = {
         "contrastkit-dense", "contrastkit-tiled", "open_clip", "gemm-bound"]),
     "info_nce": ("InfoNCE with in-batch negatives, one direction (N x N)", [
         "contrastkit-dense", "contrastkit-tiled", "info-nce-pytorch", "gemm-bound"]),
+    "sigmoid": ("SigLIP sigmoid loss, t = 1/tau, b = -10 (N x N)", [
+        "contrastkit-dense", "contrastkit-tiled", "open_clip", "gemm-bound"]),
 }
 
 OOM_MARKERS = ("can't allocate memory", "MemoryError", "Cannot allocate memory", "std::bad_alloc",

@@ -2,9 +2,12 @@
 
 :func:`explain` and :func:`sweep` compute probabilities, gradients, the relative penalty over
 negatives and the temperature limits; :func:`plot_temperature` draws them (needs matplotlib).
+:func:`explain_sigmoid` does the same for the sigmoid (SigLIP) loss, next to the softmax view.
 """
 
 from .explanation import Explanation, Sweep, explain, sweep
 from .plots import plot_temperature
+from .sigmoid import SigmoidExplanation, explain_sigmoid
 
-__all__ = ["Explanation", "Sweep", "explain", "sweep", "plot_temperature"]
+__all__ = ["Explanation", "Sweep", "explain", "sweep", "plot_temperature", "SigmoidExplanation",
+           "explain_sigmoid"]

@@ -6,6 +6,7 @@
     contrastkit explain --matrix S.npy --diagonal --tau 0.1          # cross-modal, positives on the diagonal
     contrastkit explain 1 0.5 0 --json                   # machine-readable
     contrastkit explain 1 0.5 0 --plot temperature.png   # three panels
+    contrastkit explain 1 0.5 0 --sigmoid --tau 0.1 --bias -10   # SigLIP's sigmoid loss next to the softmax
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from contrastkit._io import memory_guard, open_input, read_exactly, read_npy_hea
 # The worked example of the course page P10: one query, three candidates, the first is the positive.
 DEFAULT_SCORES = (1.0, 0.5, 0.0)
 DEFAULT_TAU = 0.5
+SIGLIP_BIAS = -10.0  # the default of contrastkit.analysis.explain_sigmoid (not imported: torch loads late)
 _MAX_PROBABILITY_COLUMNS = 6
 
 
@@ -63,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draw probability, gradient and penalty vs temperature into FILE.png")
     parser.add_argument("--force", action="store_true", help="let --plot replace an existing file")
     parser.add_argument("--plain", action="store_true", help="plain-text tables even on a terminal")
+    parser.add_argument("--sigmoid", action="store_true",
+                        help="the sigmoid (SigLIP) loss: each pair's probability, loss term and gradients "
+                             "(w.r.t. s, the scale t = 1/tau and the bias b) next to the softmax view")
+    parser.add_argument("--bias", metavar="B",
+                        help=f"with --sigmoid: the bias b (default {SIGLIP_BIAS:g}, SigLIP's initialisation)")
 
 
 # --------------------------------------------------------------------------- parsing
@@ -368,16 +375,25 @@ def _anchor_table(e) -> _Table:
     return table
 
 
-def _explain_matrix(printer: _Printer, e, request: _Request) -> None:
-    printer.line(f"InfoNCE on a {request.description}, tau = {e.temperature:g}")
+def _matrix_block(printer: _Printer, title: str, table: _Table, notes: List[str], row: Optional[int],
+                  explain_row) -> None:
+    """A matrix's anchor table and notes, then (with --row) every candidate of one anchor."""
+    printer.line(title)
     printer.line()
-    printer.table(_anchor_table(e))
+    printer.table(table)
     printer.line()
-    printer.line(f"mean loss = {fmt(e.loss)}    mean uniform choice: {fmt(float(e.log_n.mean()))}")
-    printer.line(f"mean loss limits: tau -> 0+: {fmt(e.mean_limit_zero)}; tau -> inf: {fmt(e.mean_limit_infinity)}")
-    if request.row is not None:
+    for text in notes:
+        printer.line(text)
+    if row is not None:
         printer.line()
-        _explain_one(printer, e, request.row, f"anchor {request.row}:")
+        explain_row(row, f"anchor {row}:")
+
+
+def _explain_matrix(printer: _Printer, e, request: _Request) -> None:
+    _matrix_block(printer, f"InfoNCE on a {request.description}, tau = {e.temperature:g}", _anchor_table(e),
+                  [f"mean loss = {fmt(e.loss)}    mean uniform choice: {fmt(float(e.log_n.mean()))}",
+                   f"mean loss limits: tau -> 0+: {fmt(e.mean_limit_zero)}; tau -> inf: {fmt(e.mean_limit_infinity)}"],
+                  request.row, lambda row, header: _explain_one(printer, e, row, header))
 
 
 def _sweep_table(s, request: _Request) -> _Table:
@@ -426,8 +442,103 @@ def _print_sweep(printer: _Printer, s, request: _Request) -> None:
                  "representations with a frozen encoder and a linear probe")
 
 
+def _parse_bias(args: argparse.Namespace) -> float:
+    if args.bias is None:
+        return SIGLIP_BIAS
+    if not args.sigmoid:
+        raise ValueError("--bias needs --sigmoid")
+    values = _parse_floats([args.bias], "--bias")
+    if len(values) != 1 or not math.isfinite(values[0]):
+        raise ValueError(f"--bias must be one finite number, got {args.bias!r}")
+    return values[0]
+
+
+def _sigmoid_pair_table(e, anchor: int) -> _Table:
+    table = _Table(["candidate", "similarity", "logit", "P(match)", "P(right)", "loss term", "dL/ds", "dL/dt",
+                    "dL/db", "softmax p", "softmax dL/ds"])
+    for j in range(e.similarities.shape[1]):
+        if e.labels[anchor, j] == 0:
+            table.rows.append([f"{j} (self)", fmt(e.similarities[anchor, j])] + ["excluded"] + ["-"] * 8)
+            continue
+        name = f"{j} +" if j == e.positive[anchor] else str(j)
+        table.rows.append([name, fmt(e.similarities[anchor, j]), fmt(e.logits[anchor, j]),
+                           fmt(e.match_probabilities[anchor, j]), fmt(e.probabilities[anchor, j]),
+                           fmt(e.loss_terms[anchor, j]), fmt(e.gradients[anchor, j]),
+                           fmt(e.scale_gradients[anchor, j]), fmt(e.bias_gradients[anchor, j]),
+                           fmt(e.softmax.probabilities[anchor, j]), fmt(e.softmax.gradients[anchor, j])])
+    return table
+
+
+def _sigmoid_one(printer: _Printer, e, anchor: int, header: str) -> None:
+    printer.line(header)
+    printer.line()
+    printer.table(_sigmoid_pair_table(e, anchor))
+    printer.line()
+    printer.line(f"loss: sigmoid L = sum of the terms = {fmt(e.losses[anchor])}; "
+                 f"softmax -ln p+ = {fmt(e.softmax.losses[anchor])}")
+    printer.line(f"sum of dL/ds: sigmoid {fmt(e.gradient_sum[anchor])} (each pair is its own binary decision, "
+                 f"dL/ds = t (P(match) - [positive])); softmax {fmt(e.softmax.gradients[anchor].sum())} "
+                 "(the negatives compete with the positive: their gradients sum to minus its own)")
+    printer.line(f"scale t = 1/tau = {e.scale:g}: dL/dt = {fmt(e.scale_gradient[anchor])}, "
+                 f"dL/dt' = t dL/dt = {fmt(e.log_scale_gradient[anchor])} (SigLIP's t = exp(t')), "
+                 f"dL/dtau = {fmt(e.temperature_gradient[anchor])}")
+    printer.line(f"bias b = {e.bias:g}: dL/db = {fmt(e.bias_gradient[anchor])} (b shifts every logit alike; "
+                 "a negative dL/db raises b, every P(match) with it)")
+    printer.line(f"threshold: a pair reads as a match when s > -b tau = {fmt(e.threshold)}; tau sets how sharply "
+                 "P(match) turns around it (the softmax has no threshold: only differences of s count)")
+
+
+def _sigmoid_anchor_table(e) -> _Table:
+    table = _Table(["anchor", "positive", "s+", "P(right)+", "loss", "softmax loss", "sum dL/ds", "dL/dt", "dL/db"])
+    for i in range(len(e.positive)):
+        p = int(e.positive[i])
+        table.rows.append([str(i), str(p), fmt(e.similarities[i, p]), fmt(e.probabilities[i, p]),
+                           fmt(e.losses[i]), fmt(e.softmax.losses[i]), fmt(e.gradient_sum[i]),
+                           fmt(e.scale_gradient[i]), fmt(e.bias_gradient[i])])
+    return table
+
+
+def _print_sigmoid(printer: _Printer, e, request: _Request) -> None:
+    where = f"tau = {e.temperature:g} (t = {e.scale:g}), b = {e.bias:g}"
+    if not request.is_matrix:
+        scores = " ".join(f"{x:g}" for x in e.similarities[0])
+        _sigmoid_one(printer, e, 0, f"sigmoid (SigLIP) vs softmax (InfoNCE), {request.description}: s = {scores}, "
+                                    f"{where}, positive = candidate {int(e.positive[0])} (marked +)")
+        return
+    _matrix_block(printer, f"sigmoid (SigLIP) vs softmax (InfoNCE) on a {request.description}, {where}",
+                  _sigmoid_anchor_table(e),
+                  [f"mean loss: sigmoid {fmt(e.loss)} (SigLIP's L); softmax {fmt(e.softmax.loss)}",
+                   f"mean dL/dt = {fmt(float(e.scale_gradient.mean()))}, "
+                   f"mean dL/db = {fmt(float(e.bias_gradient.mean()))}"],
+                  request.row, lambda row, header: _sigmoid_one(printer, e, row, header))
+
+
+def _run_sigmoid(args: argparse.Namespace, request: _Request, bias: float) -> int:
+    from contrastkit.analysis import explain_sigmoid
+
+    results = [explain_sigmoid(request.similarities, temperature=tau, bias=bias, positive=request.positive,
+                               exclude_diagonal=request.exclude_diagonal) for tau in request.taus]
+    if args.json:
+        if len(results) == 1:
+            print(results[0].to_json(indent=2))
+        else:
+            print("[" + ",\n".join(r.to_json(indent=2) for r in results) + "]")
+        return 0
+    printer = _Printer(not args.plain and sys.stdout.isatty())
+    for k, e in enumerate(results):
+        if k:
+            printer.line()
+        _print_sigmoid(printer, e, request)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     request = _request(args)  # before importing torch, so a typo is reported at once
+    bias = _parse_bias(args)
+    if args.sigmoid:
+        if args.plot:
+            raise ValueError("--plot draws the softmax view only; leave it out with --sigmoid")
+        return _run_sigmoid(args, request, bias)
     if args.plot and os.path.exists(args.plot) and not args.force:
         raise FileExistsError(f"--plot {args.plot} exists; pass --force to replace it")
     from contrastkit.analysis import explain, sweep

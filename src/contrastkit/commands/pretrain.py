@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--learnable-temperature", action="store_true", default=None, help="train tau (CLIP parameterisation)")
     add("--temperature-schedule", default=None, metavar="SCHEDULE",
         help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], linear:START,END, "
-             "step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; see docs/temperature-study.md)")
+             "step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; siglip: learnable, "
+             "constant fixes its tau; see docs/temperature-study.md)")
     add("--epochs", type=int, default=None, help=f"(default {d.epochs})")
     add("--batch-size", type=int, default=None, help=f"source images per step (default {d.batch_size})")
     add("--optimizer", choices=OPTIMIZERS, default=None, help=f"(default {d.optimizer})")

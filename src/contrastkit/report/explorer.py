@@ -7,7 +7,9 @@ gradients ``dL/ds_j``, Wang & Liu's penalty distribution over the negatives with
 and the references and limits of the temperature lemma (textbook, section 30.2) update at
 once. Its JavaScript implements the single-row case of :func:`contrastkit.analysis.explain`
 with the same formulas in double precision (the test suite checks the page against the
-library in a real browser).
+library in a real browser). A second panel, the sigmoid view, shows the same row under
+SigLIP's sigmoid loss with a bias slider: the single-row case of
+:func:`contrastkit.analysis.explain_sigmoid`, checked the same way.
 
 Everything is inline (CSS, JavaScript, data); a Content-Security-Policy in the page forbids
 any network access, so it works offline and from ``file://``.

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
-__all__ = ["PretrainConfig", "METHODS", "OPTIMIZERS", "DEFAULT_TEMPERATURE", "RESUME_MAY_CHANGE"]
+__all__ = ["PretrainConfig", "METHODS", "PAIRED_METHODS", "OPTIMIZERS", "DEFAULT_TEMPERATURE", "RESUME_MAY_CHANGE"]
 
-METHODS = ("simclr", "moco", "supcon", "dcl", "simple", "hard_negative", "convirt")
+METHODS = ("simclr", "moco", "supcon", "dcl", "simple", "hard_negative", "convirt", "siglip")
+#: The methods on image-text pairs (their data, tokenizer and evaluation are convirt's).
+PAIRED_METHODS = ("convirt", "siglip")
 OPTIMIZERS = ("adamw", "sgd")
 VIEW_MODES = ("augment", "A", "B")
 ENCODER_NAMES = ("small", "resnet18")
@@ -22,7 +24,8 @@ ENCODER_NAMES = ("small", "resnet18")
 # docs/pretrain.md).
 DEFAULT_TEMPERATURE = {"simclr": 0.2, "moco": 0.2, "supcon": 0.1, "dcl": 0.2, "hard_negative": 0.2,
                        "simple": 1.0,  # the simple loss has no temperature (reported only)
-                       "convirt": 0.1}  # ConVIRT's tau (the ConVIRT tutorial)
+                       "convirt": 0.1,  # ConVIRT's tau (the ConVIRT tutorial)
+                       "siglip": 0.1}   # SigLIP's t = 1 / tau = 10 (Zhai et al. 2023), learnable by default
 DEFAULT_LR = {"adamw": 2e-3, "sgd": 0.1}
 # convirt (image-text pairs, the ConVIRT tutorial): ConVIRT's lambda and joint-space size d.
 # Text encoder "mean" (pooled word embeddings): on glyphlab-text it retrieved as well as the
@@ -94,7 +97,9 @@ class PretrainConfig:
     view_strength: Optional[float] = None  # make_views strength; None: its per-mode default
     temperature: Optional[float] = None
     learnable_temperature: bool = False
-    temperature_schedule: str = "constant"  # contrastkit.temperature.parse_schedule form
+    # contrastkit.temperature.parse_schedule form; None: "constant", for siglip "learnable"
+    # (SigLIP trains its scale; "constant" fixes it).
+    temperature_schedule: Optional[str] = None
     epochs: int = 60
     batch_size: int = 60             # divides glyphlab's 120 training scenes (the last partial batch is dropped)
     optimizer: str = "adamw"
@@ -125,7 +130,9 @@ class PretrainConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {c.optimizer!r}")
         if c.encoder not in ENCODER_NAMES:
             raise ValueError(f"encoder must be one of {ENCODER_NAMES}, got {c.encoder!r}")
-        if c.method == "convirt":
+        if c.method == "siglip":
+            _resolve_siglip(c)
+        elif c.method == "convirt":
             _resolve_convirt(c)
         elif c.weight is not None or c.text_encoder is not None:
             raise ValueError(f"weight and text_encoder apply to method convirt only, not {c.method!r}")
@@ -141,6 +148,8 @@ class PretrainConfig:
             raise TypeError(f"data_options must be a dict, got {type(c.data_options).__name__}")
         c.temperature = _positive_float(
             DEFAULT_TEMPERATURE[c.method] if c.temperature is None else c.temperature, "temperature")
+        if c.temperature_schedule is None:
+            c.temperature_schedule = "learnable" if c.method == "siglip" else "constant"
         c._schedule = _resolve_schedule(c)
         _positive_int(c.epochs, "epochs")
         _positive_int(c.batch_size, "batch_size", 2)
@@ -178,8 +187,8 @@ class PretrainConfig:
 
     @property
     def paired(self) -> bool:
-        """Whether the run trains on image-text pairs (``method == "convirt"``)."""
-        return self.method == "convirt"
+        """Whether the run trains on image-text pairs (``method`` in ``PAIRED_METHODS``: convirt, siglip)."""
+        return self.method in PAIRED_METHODS
 
     def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
         """Fill in the MoCo queue size (a multiple of the effective batch size).
@@ -211,18 +220,27 @@ class PretrainConfig:
         return cls(**data)
 
 
-def _resolve_convirt(c: PretrainConfig) -> None:
+def _resolve_siglip(c: PretrainConfig) -> None:
+    """siglip's options: convirt's (paired data, text encoder, joint-space size) but no lambda,
+    the sigmoid loss being symmetric."""
+    if c.weight is not None:
+        raise ValueError("weight (convirt's lambda) does not apply to siglip: its sigmoid loss is symmetric")
+    _resolve_convirt(c, name="siglip")
+    c.weight = None
+
+
+def _resolve_convirt(c: PretrainConfig, name: str = "convirt") -> None:
     """convirt's own options: paired data, no view modes (a batch is images and their texts)."""
     from contrastkit.data.paired import PAIRED_BUILTIN
 
     if c.views not in ("augment", "paired"):
-        raise ValueError(f"convirt pairs each image with its text; views {c.views!r} does not apply")
+        raise ValueError(f"{name} pairs each image with its text; views {c.views!r} does not apply")
     c.views = "paired"
     if c.view_strength is not None:
-        raise ValueError("convirt uses no augmentation (crops and flips would falsify the texts); "
+        raise ValueError(f"{name} uses no augmentation (crops and flips would falsify the texts); "
                          "view_strength does not apply")
     if isinstance(c.data, str) and c.data.lower() not in PAIRED_BUILTIN and not c.data.lower().endswith(".csv"):
-        raise ValueError(f"convirt needs paired data: {', '.join(PAIRED_BUILTIN)} or a .csv of image,text "
+        raise ValueError(f"{name} needs paired data: {', '.join(PAIRED_BUILTIN)} or a .csv of image,text "
                          f"rows, got {c.data!r}")
     c.weight = CONVIRT_DEFAULTS["weight"] if c.weight is None else c.weight
     if isinstance(c.weight, bool) or not isinstance(c.weight, (int, float)) or not (0.0 <= float(c.weight) <= 1.0):

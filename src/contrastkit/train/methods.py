@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from contrastkit import layout, losses
 from contrastkit.distributed import KeyQueue
+from contrastkit.losses.sigmoid import SIGLIP_BIAS, SIGLIP_SCALE
 from contrastkit.models import ProjectionHead, build_encoder
 
 from . import convirt
@@ -32,7 +33,7 @@ from .config import PretrainConfig
 from .geometry import geometry
 
 __all__ = ["Method", "EvalContext", "METHOD_REGISTRY", "get_method", "TwoViewMethod", "ContrastiveModel",
-           "HARD_NEGATIVE_QUANTILE"]
+           "HARD_NEGATIVE_QUANTILE", "Siglip", "SiglipModel"]
 
 # Wang & Liu's hard contrastive loss keeps the K most similar negatives (K = 4096 in the
 # paper); with the few in-batch negatives of a small batch we keep the hardest quarter.
@@ -345,9 +346,58 @@ class Convirt(Method):
         return convirt.evaluate_convirt(model, dataset, device)
 
 
+class SiglipModel(convirt.ConvirtModel):
+    """A :class:`~contrastkit.train.convirt.ConvirtModel` (image and text encoders, heads)
+    with SigLIP's learnable bias ``b`` next to its temperature, for the ``siglip`` method.
+
+    The temperature keeps contrastkit's ``tau``: :class:`~contrastkit.losses.Temperature`
+    stores ``log_scale = log(1 / tau)``, which is SigLIP's ``t'`` (``t = exp(t') = 1 / tau``),
+    so ``temperature=0.1`` is SigLIP's ``t' = log 10``; ``bias`` starts at ``b = -10``.
+    ``weight`` (convirt's lambda) does not apply: the sigmoid loss is symmetric.
+    """
+
+    def __init__(self, encoder: str, in_channels: int, tokenizer: Any, *,
+                 temperature: float = 1.0 / SIGLIP_SCALE, learnable_temperature: bool = True,
+                 bias: float = SIGLIP_BIAS, projection_dim: int = convirt.DEFAULT_DIM,
+                 text_encoder: str = "mean", text_width: int = 128) -> None:
+        super().__init__(encoder, in_channels, tokenizer, temperature=temperature,
+                         learnable_temperature=learnable_temperature, projection_dim=projection_dim,
+                         text_encoder=text_encoder, text_width=text_width)
+        self.method = "siglip"
+        self.bias = nn.Parameter(torch.tensor(float(bias)))
+
+    def loss(self, images: Tensor, tokens: Tuple[Tensor, Tensor], labels: Optional[Tensor] = None) -> Tensor:
+        """Mean sigmoid loss over the ``N`` pairs of the batch (inputs as
+        :meth:`ConvirtModel.loss <contrastkit.train.convirt.ConvirtModel.loss>`)."""
+        return get_method("siglip").loss(self, (images, tokens), labels)
+
+
+class Siglip(Convirt):
+    """SigLIP (Zhai et al., ICCV 2023) on image-text pairs: convirt's data, tokenizer, encoders
+    and retrieval / zero-shot evaluation, with the loss :func:`~contrastkit.losses.sigmoid_loss`
+    (every pair an independent binary decision) and SigLIP's learnable scale ``t = 1 / tau``
+    (init ``t' = log 10``) and bias (init ``b = -10``), trained as a :class:`SiglipModel`.
+    Under torchrun the loss is the paper's ring over every rank's texts."""
+
+    name = "siglip"
+    cross_rank = True
+
+    def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None) -> nn.Module:
+        if tokenizer is None:
+            raise ValueError("siglip needs the run's text tokenizer to build its model")
+        return SiglipModel(config.encoder, in_channels, tokenizer, temperature=config.temperature,
+                           learnable_temperature=config.learnable_temperature,
+                           projection_dim=config.projection_dim, text_encoder=config.text_encoder)
+
+    def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
+        v, u = embeddings
+        return losses.sigmoid_loss(v, u, temperature=model.temperature, bias=model.bias,
+                                   distributed=bool(model.distributed))
+
+
 #: Every method by name, in the order of :data:`~contrastkit.train.config.METHODS`.
 METHOD_REGISTRY: Dict[str, Method] = {method.name: method for method in (
-    SimCLR(), MoCo(), SupCon(), DCL(), Simple(), HardNegative(), Convirt())}
+    SimCLR(), MoCo(), SupCon(), DCL(), Simple(), HardNegative(), Convirt(), Siglip())}
 
 
 def get_method(name: str) -> Method:

@@ -103,6 +103,57 @@
     };
   }
 
+  // sigmoid(x) and log sigmoid(x) without overflow.
+  function sigmoid(x) {
+    if (x >= 0) return 1 / (1 + Math.exp(-x));
+    const e = Math.exp(x);
+    return e / (1 + e);
+  }
+
+  function logSigmoid(x) {
+    return -(Math.max(-x, 0) + Math.log1p(Math.exp(-Math.abs(x))));
+  }
+
+  // The sigmoid (SigLIP) loss of one row: the single-row case of
+  // contrastkit.analysis.explain_sigmoid (same formulas, float64), its field names.
+  function explainSigmoidRow(similarities, positive, tau, bias) {
+    const softmax = explainRow(similarities, positive, tau);
+    if (!(typeof bias === "number" && Number.isFinite(bias))) {
+      throw new RangeError("bias must be a finite number, got " + bias);
+    }
+    const s = softmax.similarities;
+    const logits = s.map(function (v) { return v / tau + bias; });
+    if (!logits.every(Number.isFinite)) {
+      throw new RangeError("temperature " + tau + " is too small for these similarities: s / tau overflows");
+    }
+    const labels = s.map(function (_, j) { return j === positive ? 1 : -1; });
+    const match = logits.map(sigmoid);
+    const probabilities = logits.map(function (l, j) { return sigmoid(labels[j] * l); });
+    const terms = logits.map(function (l, j) { return -logSigmoid(labels[j] * l); });
+    // q - y: for the positive -sigmoid(-l), not sigmoid(l) - 1, which would cancel near q = 1.
+    const residual = logits.map(function (l, j) { return j === positive ? -sigmoid(-l) : match[j]; });
+    let loss = 0, scaleGradient = 0, biasGradient = 0, gradientSum = 0;
+    const gradients = residual.map(function (r) { return r / tau; });
+    const scaleGradients = residual.map(function (r, j) { return r * s[j]; });
+    for (let j = 0; j < s.length; j++) {
+      loss += terms[j];
+      scaleGradient += scaleGradients[j];
+      biasGradient += residual[j];
+      gradientSum += gradients[j];
+    }
+    const scale = 1 / tau;
+    let softmaxGradientSum = 0;
+    for (const g of softmax.gradients) softmaxGradientSum += g;
+    return {
+      temperature: tau, bias: bias, scale: scale, similarities: s, positive: positive, labels: labels,
+      logits: logits, match_probabilities: match, probabilities: probabilities, loss_terms: terms,
+      gradients: gradients, scale_gradients: scaleGradients, bias_gradients: residual, loss: loss,
+      scale_gradient: scaleGradient, bias_gradient: biasGradient, log_scale_gradient: scale * scaleGradient,
+      gradient_sum: gradientSum, threshold: -bias * tau, softmax: softmax,
+      softmax_gradient_sum: softmaxGradientSum,
+    };
+  }
+
   // ------------------------------------------------------------------ formatting
 
   function fmt(value, decimals) {
@@ -129,8 +180,9 @@
   // ------------------------------------------------------------------ state
 
   const presets = JSON.parse(document.getElementById("ck-presets").textContent);
-  const state = { labels: [], s: [], positive: 0, tau: 0.5, preset: null };
+  const state = { labels: [], s: [], positive: 0, tau: 0.5, preset: null, sigmoid: false, bias: -10 };
   let lastResult = null;
+  let lastSigmoid = null;
 
   const $ = function (id) { return document.getElementById(id); };
   const rowsBody = $("candidate-rows");
@@ -330,6 +382,7 @@
     status.textContent = message;
     $("summary").classList.add("stale");
     rowsBody.classList.add("stale");
+    $("sigmoid-view").classList.add("stale");
   }
 
   function update() {
@@ -343,6 +396,7 @@
     status.textContent = "";
     $("summary").classList.remove("stale");
     rowsBody.classList.remove("stale");
+    $("sigmoid-view").classList.remove("stale");
     lastResult = result;
     const k = state.s.length;
     for (let j = 0; j < k; j++) {
@@ -389,9 +443,94 @@
     let negativeGradient = 0;
     for (let j = 0; j < k; j++) if (j !== state.positive) negativeGradient += result.gradients[j];
     $("out-grad-balance").textContent = fmt(-result.gradients[state.positive], 4) + " = " + fmt(negativeGradient, 4);
+    updateSigmoid();
     drawCharts(result);
     writeHash();
   }
+
+  // ------------------------------------------------------------------ the sigmoid view
+
+  const sigmoidToggle = $("sigmoid-toggle");
+  const biasRange = $("bias-range");
+  const biasNumber = $("bias-number");
+
+  function setBias(bias, fromRange) {
+    state.bias = bias;
+    if (!fromRange) biasRange.value = String(clamp(bias, -15, 5));
+    biasNumber.value = String(bias);
+    biasNumber.removeAttribute("aria-invalid");
+    biasRange.setAttribute("aria-valuetext", "b = " + bias);
+  }
+
+  function setSigmoid(on) {
+    state.sigmoid = on;
+    sigmoidToggle.checked = on;
+    $("sigmoid-view").hidden = !on;
+  }
+
+  function updateSigmoid() {
+    if (!state.sigmoid) { lastSigmoid = null; return; }
+    let r;
+    try {
+      r = explainSigmoidRow(state.s, state.positive, state.tau, state.bias);
+    } catch (err) {
+      showError(err.message);
+      return;
+    }
+    lastSigmoid = r;
+    const body = $("sigmoid-rows");
+    body.textContent = "";
+    for (let j = 0; j < state.s.length; j++) {
+      const tr = document.createElement("tr");
+      tr.classList.toggle("is-positive", j === state.positive);
+      const th = document.createElement("th");
+      th.scope = "row";
+      th.textContent = state.labels[j] + (j === state.positive ? " (positive)" : "");
+      tr.appendChild(th);
+      const cells = [["sig-logit-", r.logits[j], 4], ["sig-match-", r.match_probabilities[j], 6],
+                     ["sig-prob-", r.probabilities[j], 6], ["sig-term-", r.loss_terms[j], 6],
+                     ["sig-grad-", r.gradients[j], 4], ["sig-tgrad-", r.scale_gradients[j], 4],
+                     ["sig-bgrad-", r.bias_gradients[j], 4], ["sig-softgrad-", r.softmax.gradients[j], 4]];
+      for (const [prefix, value, decimals] of cells) {
+        const td = document.createElement("td");
+        td.className = "num";
+        td.id = prefix + j;
+        setOut(td, value, decimals);
+        tr.appendChild(td);
+      }
+      body.appendChild(tr);
+    }
+    setOut($("sig-loss"), r.loss, 6);
+    setOut($("sig-softmax-loss"), r.softmax.loss, 6);
+    setOut($("sig-grad-sum"), r.gradient_sum, 6);
+    setOut($("sig-softmax-grad-sum"), r.softmax_gradient_sum, 6);
+    setOut($("sig-scale-grad"), r.scale_gradient, 6);
+    setOut($("sig-log-scale-grad"), r.log_scale_gradient, 6);
+    setOut($("sig-bias-grad"), r.bias_gradient, 6);
+    setOut($("sig-threshold"), r.threshold, 4);
+  }
+
+  sigmoidToggle.addEventListener("change", function () {
+    setSigmoid(sigmoidToggle.checked);
+    update();
+  });
+  biasRange.addEventListener("input", function () {
+    setBias(Number(Number(biasRange.value).toFixed(1)), true);
+    update();
+  });
+  biasNumber.addEventListener("input", function () {
+    const v = Number(biasNumber.value);
+    if (biasNumber.value.trim() === "" || !Number.isFinite(v)) {
+      biasNumber.setAttribute("aria-invalid", "true");
+      showError("Bias b must be a finite number.");
+      return;
+    }
+    state.bias = v;
+    biasNumber.removeAttribute("aria-invalid");
+    biasRange.value = String(clamp(v, -15, 5));
+    biasRange.setAttribute("aria-valuetext", "b = " + v);
+    update();
+  });
 
   // ------------------------------------------------------------------ charts (inline SVG)
 
@@ -534,7 +673,8 @@
   // ------------------------------------------------------------------ shareable state in the URL hash
 
   function writeHash() {
-    const hash = "#s=" + state.s.join(",") + "&p=" + state.positive + "&t=" + state.tau;
+    let hash = "#s=" + state.s.join(",") + "&p=" + state.positive + "&t=" + state.tau;
+    if (state.sigmoid) hash += "&b=" + state.bias;
     try { history.replaceState(null, "", hash); } catch (err) { /* file:// in some browsers */ }
   }
 
@@ -550,6 +690,8 @@
     state.labels = s.map(function (_, j) { return "c" + (j + 1); });
     state.positive = positive;
     setTau(tau, false);
+    const bias = params.has("b") ? Number(params.get("b")) : NaN;
+    if (Number.isFinite(bias)) { setBias(bias, false); setSigmoid(true); }
     buildRows();
     markPreset(null);
     update();
@@ -565,6 +707,8 @@
   // For scripted checks (the test suite compares these numbers with the Python library).
   window.contrastkitExplorer = {
     explainRow: explainRow,
+    explainSigmoidRow: explainSigmoidRow,
+    sigmoidResult: function () { return lastSigmoid; },
     loadPreset: loadPreset,
     state: function () { return JSON.parse(JSON.stringify(state)); },
     result: function () { return lastResult; },
