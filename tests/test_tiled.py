@@ -184,19 +184,6 @@ def test_dcl_tiled_keeps_precision_when_the_positive_dominates():
     compare(lambda a, b, **k: dcl(a, b, temperature=0.02, **k), [z_a, z_b], 5, RTOL[torch.float32])
 
 
-def test_tiled_variants_match_loop_references_float64():
-    """dcl and SupCon L_in in tiles against the independent float64 loops of tests/reference.py."""
-    z_a, z_b = leaf(7, 5, dtype=torch.float64, seed=1), leaf(7, 5, dtype=torch.float64, seed=2)
-    stacked = ref.normalized(ref.rows(torch.cat([z_a, z_b]).detach()))
-    expected = ref.dcl(stacked, ref.views_index(7), 0.2)
-    got = dcl(z_a, z_b, temperature=0.2, reduction="none", chunk_size=3)
-    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
-    labels = [0, 1, 0, 2, 1, 0, 3]
-    expected = [0.0 if v is None else v for v in ref.supcon(ref.normalized(ref.rows(z_a.detach())), labels, 0.2, "in")]
-    got = supcon(z_a, torch.tensor(labels), temperature=0.2, variant="in", reduction="none", chunk_size=2)
-    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
-
-
 @pytest.mark.parametrize("bad,error", [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)])
 def test_chunk_size_validation(bad, error):
     z = torch.randn(4, 3)
@@ -217,6 +204,13 @@ def test_tiled_matches_loop_reference_float64():
     v, u = ref.normalized(ref.rows(z_a.detach())), ref.normalized(ref.rows(z_b.detach()))
     expected = ref.bidirectional(v, u, 0.1, 0.75)
     got = bidirectional_info_nce(z_a, z_b, temperature=0.1, weight=0.75, reduction="none", chunk_size=2)
+    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    expected = ref.dcl(stacked, ref.views_index(7), 0.2)  # the positive left out inside the tiles
+    got = dcl(z_a, z_b, temperature=0.2, reduction="none", chunk_size=3)
+    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    labels = [0, 1, 0, 2, 1, 0, 3]  # SupCon L_in; class 3 alone: no positive, reported as 0
+    expected = [v or 0.0 for v in ref.supcon(ref.normalized(ref.rows(z_a.detach())), labels, 0.2, "in")]
+    got = supcon(z_a, torch.tensor(labels), temperature=0.2, variant="in", reduction="none", chunk_size=2)
     assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
 
 

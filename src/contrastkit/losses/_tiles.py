@@ -4,9 +4,11 @@ A log-sum-exp over many candidates is kept as a running (maximum ``m``, scaled s
 pair per row (and per column) with ``lse = m + log s``; each tile of similarities is reduced
 to its own pair and merged in (:func:`merge_`). Entries left out of a sum (the anchor itself,
 its positive, or every column of another class) are set to ``-inf`` in the tile
-(:func:`mask_excluded_`, :func:`mask_other_labels_`, together in :func:`masked_tiles`). :func:`both_stats` reduces a tile for its
-rows and its columns with one shared shift when that is safe; :func:`pair_weights` and
-:func:`shifted_tile` rebuild ``exp(S - lse)`` in the backward pass. The buffers are flat and
+(:func:`mask_excluded_`, :func:`mask_other_labels_`, together in :func:`masked_tiles`; the
+row-only passes over such tiles are :func:`merge_masked_rows_` and
+:func:`add_masked_row_grads_`). :func:`both_stats` reduces a tile for its rows and its
+columns with one shared shift when that is safe; :func:`pair_weights` and :func:`shifted_tile`
+rebuild ``exp(S - lse)`` in the backward pass. The buffers are flat and
 reused for every tile (:func:`tile_buffers`, :func:`tile_view`), so a kernel never holds more
 than two ``chunk x chunk`` tiles.
 
@@ -112,6 +114,29 @@ def masked_tiles(a: Tensor, c: Tensor, exclude: Optional[Tensor], a_labels: Opti
             mask_other_labels_(tile, None if a_labels is None else a_labels[i0:i1],
                                None if c_labels is None else c_labels[j0:j1])
             yield i0, i1, j0, j1, tile
+
+
+def merge_masked_rows_(m: Tensor, s: Tensor, a: Tensor, c: Tensor, exclude: Optional[Tensor],
+                       a_labels: Optional[Tensor], c_labels: Optional[Tensor], chunk: int,
+                       tile_buf: Tensor, work_buf: Tensor) -> None:
+    """Merge the masked tiles of ``a c^T`` (:func:`masked_tiles`) into the rows' running
+    ``(m, s)``, in place."""
+    for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf):
+        merge_(m[i0:i1], s[i0:i1], *row_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0)))
+
+
+def add_masked_row_grads_(da: Optional[Tensor], dc: Optional[Tensor], a: Tensor, c: Tensor, grad: Tensor,
+                          lse: Tensor, exclude: Optional[Tensor], a_labels: Optional[Tensor],
+                          c_labels: Optional[Tensor], chunk: int, tile_buf: Tensor) -> None:
+    """The backward of :func:`merge_masked_rows_`: with ``P = grad * exp(a c^T - lse)`` on
+    the kept entries, ``da += P c`` and ``dc += P^T a`` (either may be ``None``); ``lse`` as
+    from :func:`backward_lse`."""
+    for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf):
+        weights = tile.sub_(lse[i0:i1, None]).exp_().mul_(grad[i0:i1, None])
+        if da is not None:
+            da[i0:i1].addmm_(weights, c[j0:j1])
+        if dc is not None:
+            dc[j0:j1].addmm_(weights.T, a[i0:i1])
 
 
 def refuse_double_backward() -> None:

@@ -18,22 +18,19 @@ The next block is sent while the current one is being computed (``batch_isend_ir
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from ._tiles import (
+    add_masked_row_grads_,
     backward_lse,
-    masked_tiles,
-    merge_,
+    merge_masked_rows_,
     no_autocast,
     refuse_double_backward,
-    row_stats,
     tile_buffers,
-    tile_ranges,
-    tile_view,
 )
 
 __all__ = ["ring_logsumexp"]
@@ -88,9 +85,8 @@ class _RingLogSumExp(torch.autograd.Function):
         with torch.no_grad(), no_autocast(anchors):
             for step in range(world):
                 incoming, requests = _prefetch(block, sizes, step, group)
-                for i0, i1, j0, j1, tile in masked_tiles(anchors, block[0], exclude if step == 0 else None,
-                                                         anchor_labels, _labels(block), chunk, tile_buf):
-                    merge_(m[i0:i1], s[i0:i1], *row_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0)))
+                merge_masked_rows_(m, s, anchors, block[0], exclude if step == 0 else None, anchor_labels,
+                                   _labels(block), chunk, tile_buf, work_buf)
                 _wait(requests)
                 if incoming is not None:
                     block = incoming
@@ -117,11 +113,8 @@ class _RingLogSumExp(torch.autograd.Function):
                 # The block must be fully used before it moves on with its gradient, so the
                 # candidates (not yet their gradient) are prefetched while computing.
                 incoming, requests = _prefetch(block, sizes, step, group)
-                for i0, i1, j0, j1, tile in masked_tiles(anchors, block[0], exclude if step == 0 else None,
-                                                         anchor_labels, _labels(block), chunk, tile_buf):
-                    weights = tile.sub_(lse[i0:i1, None]).exp_().mul_(grad[i0:i1, None])
-                    d_anchors[i0:i1].addmm_(weights, block[0][j0:j1])
-                    d_block[j0:j1].addmm_(weights.T, anchors[i0:i1])
+                add_masked_row_grads_(d_anchors, d_block, anchors, block[0], grad, lse,
+                                      exclude if step == 0 else None, anchor_labels, _labels(block), chunk, tile_buf)
                 _wait(requests)
                 if world == 1:
                     break

@@ -39,9 +39,10 @@ import torch
 from torch import Tensor
 
 from ._tiles import (
+    add_masked_row_grads_,
     backward_lse,
     both_stats,
-    masked_tiles,
+    merge_masked_rows_,
     merge_,
     no_autocast,
     pair_weights,
@@ -53,7 +54,8 @@ from ._tiles import (
     tile_view,
 )
 
-__all__ = ["self_logsumexp", "cross_logsumexp", "masked_logsumexp", "DEFAULT_CHUNK_SIZE", "DENSE_MAX_ENTRIES", "use_tiled"]
+__all__ = ["self_logsumexp", "cross_logsumexp", "masked_logsumexp", "DEFAULT_CHUNK_SIZE", "DENSE_MAX_ENTRIES",
+           "use_tiled"]
 
 #: Tile edge used when tiling is chosen automatically (fastest on a 2-core CPU, fp32, d=128;
 #: see benchmarks/RESULTS.md). Two float32 tiles of this size take 8 MiB.
@@ -231,35 +233,28 @@ class _MaskedLogSumExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: Tensor, c: Tensor, chunk: int, exclude: Optional[Tensor],  # type: ignore[override]
                 a_labels: Optional[Tensor], c_labels: Optional[Tensor]) -> Tensor:
+        ctx.chunk = chunk
         n, k = a.shape[0], c.shape[0]
         m = a.new_full((n,), float("-inf"))
         s = a.new_zeros(n)
         tile_buf, work_buf = tile_buffers(a, max(min(chunk, n), min(chunk, k), 1))
         with torch.no_grad(), no_autocast(a):
-            for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf):
-                merge_(m[i0:i1], s[i0:i1], *row_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0)))
-            lse = m + s.log()
-        ctx.chunk = chunk
+            merge_masked_rows_(m, s, a, c, exclude, a_labels, c_labels, chunk, tile_buf, work_buf)
+        lse = m + s.log()
         ctx.save_for_backward(a, c, lse, exclude, a_labels, c_labels)
         return lse
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        refuse_double_backward()
         a, c, lse, exclude, a_labels, c_labels = ctx.saved_tensors
+        refuse_double_backward()
         need_a, need_c = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         da = torch.zeros_like(a) if need_a else None
         dc = torch.zeros_like(c) if need_c else None
-        grad = grad.to(a.dtype)
-        lse = backward_lse(lse)
         tile_buf, _ = tile_buffers(a, max(min(ctx.chunk, a.shape[0]), min(ctx.chunk, c.shape[0]), 1))
         with torch.no_grad(), no_autocast(a):
-            for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, ctx.chunk, tile_buf):
-                weights = tile.sub_(lse[i0:i1, None]).exp_().mul_(grad[i0:i1, None])
-                if need_a:
-                    da[i0:i1].addmm_(weights, c[j0:j1])
-                if need_c:
-                    dc[j0:j1].addmm_(weights.T, a[i0:i1])
+            add_masked_row_grads_(da, dc, a, c, grad.to(a.dtype), backward_lse(lse), exclude, a_labels, c_labels,
+                                  ctx.chunk, tile_buf)
         return da, dc, None, None, None, None
 
 

@@ -86,7 +86,7 @@ def dcl(
         normalize: L2-normalise rows first.
         chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
             memory-linear tiled computation, whose tiles leave out each anchor and its
-            positive (:func:`contrastkit.losses.tiled.masked_logsumexp`).
+            positive (``contrastkit.losses.tiled.masked_logsumexp``).
         distributed, distributed_mode: global negatives over ranks (module docstring), as in
             :func:`nt_xent_views` (tiles in ``"local"`` mode: the ring exchange); ``N >= 2``
             then applies to the global batch.
