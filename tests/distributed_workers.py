@@ -89,6 +89,8 @@ LOSSES: Dict[str, Callable] = {
                                                                                   weight=0.75, **kw),
     "supcon_views": lambda a, b, y, t, **kw: L.supcon(torch.stack([a, b], dim=1), y, temperature=t, **kw),
     "supcon_in": lambda a, b, y, t, **kw: L.supcon(a, y, temperature=t, variant="in", **kw),
+    "supcon_in_views": lambda a, b, y, t, **kw: L.supcon(torch.stack([a, b], dim=1), y, temperature=t,
+                                                         variant="in", **kw),
 }
 # Tiled variants (tiles of 3 rows: several per rank, ragged at the edges); in "local" mode they
 # run the ring exchange. Their reference is the dense loss of the same name.
@@ -98,10 +100,13 @@ TILED = {
     "info_nce_tiled": "info_nce",
     "bidirectional_info_nce_tiled": "bidirectional_info_nce",
     "supcon_views_tiled": "supcon_views",
+    "dcl_tiled": "dcl",
+    "supcon_in_tiled": "supcon_in",
+    "supcon_in_views_tiled": "supcon_in_views",
 }
 for _name, _dense in TILED.items():
     LOSSES[_name] = (lambda dense: lambda a, b, y, t, **kw: LOSSES[dense](a, b, y, t, chunk_size=TILE, **kw))(_dense)
-# SupCon has no ring: tiled + local raises, so that combination is not run.
+# SupCon L_out has no ring: tiled + local raises, so that combination is not run.
 SKIP = {("supcon_views_tiled", "local")}
 
 

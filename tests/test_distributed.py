@@ -36,7 +36,7 @@ def own_anchor_losses(name: str, per_anchor: torch.Tensor, sizes, rank: int) -> 
     name = W.TILED.get(name, name)
     if name in ("nt_xent_views", "dcl"):
         return torch.cat([per_anchor[start:stop], per_anchor[total + start:total + stop]])
-    if name == "supcon_views":
+    if name in ("supcon_views", "supcon_in_views"):
         return per_anchor[2 * start:2 * stop]
     return per_anchor[start:stop]
 

@@ -21,6 +21,7 @@ from contrastkit.losses import (
     NTXentViews,
     Temperature,
     bidirectional_info_nce,
+    dcl,
     info_nce,
     nt_xent,
     nt_xent_views,
@@ -145,9 +146,42 @@ def test_supcon_views_tiled_matches_dense():
     compare(lambda a, t, **k: supcon(a, labels, temperature=t, **k), [z, tau], 5, RTOL[torch.float64])
 
 
-def test_supcon_in_refuses_chunk_size():
-    with pytest.raises(ValueError, match="chunk_size"):
-        supcon(torch.randn(6, 4), torch.arange(6) % 2, temperature=0.1, variant="in", chunk_size=4)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n,chunk", [(1, 1), (6, 1), (9, 4), (31, 8)])
+def test_supcon_in_tiled_matches_dense(dtype, n, chunk):
+    z, tau = leaf(n, 8, dtype=dtype, seed=n), learnable_tau(dtype)
+    labels = torch.arange(n) % 4
+    labels[-1] = 99  # a singleton class: an anchor without positives (left out of the mean)
+    if n == 1:  # no anchor has a positive: only "none" and "sum" are defined
+        for reduction in ("none", "sum"):
+            dense = supcon(z, labels, temperature=tau, variant="in", reduction=reduction)
+            assert float(dense.sum()) == 0.0
+            assert torch.equal(supcon(z, labels, temperature=tau, variant="in", reduction=reduction, chunk_size=1),
+                               dense)
+        return
+    compare(lambda a, t, **k: supcon(a, labels, temperature=t, variant="in", **k), [z, tau], chunk, RTOL[dtype])
+
+
+def test_supcon_in_views_tiled_matches_dense():
+    z, tau = leaf(6, 2, 8, dtype=torch.float64), learnable_tau(torch.float64)
+    labels = torch.tensor([0, 1, 0, 2, 1, 3])
+    compare(lambda a, t, **k: supcon(a, labels, temperature=t, variant="in", **k), [z, tau], 5,
+            RTOL[torch.float64])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n,chunk", [(2, 1), (3, 2), (13, 4), (40, 7), (40, 80)])
+def test_dcl_tiled_matches_dense(dtype, n, chunk):
+    z_a, z_b, tau = leaf(n, 8, dtype=dtype, seed=n), leaf(n, 8, dtype=dtype, seed=n + 1), learnable_tau(dtype)
+    compare(lambda a, b, t, **k: dcl(a, b, temperature=t, **k), [z_a, z_b, tau], chunk, RTOL[dtype])
+
+
+def test_dcl_tiled_keeps_precision_when_the_positive_dominates():
+    """The positive is left out inside the tiles, not subtracted from the full log-sum-exp
+    afterwards (that would cancel catastrophically when the positive holds nearly all the mass)."""
+    z_a = leaf(16, 8, dtype=torch.float32, seed=3)
+    z_b = (z_a.detach() + 1e-3 * torch.randn(16, 8, generator=torch.Generator().manual_seed(4))).requires_grad_()
+    compare(lambda a, b, **k: dcl(a, b, temperature=0.02, **k), [z_a, z_b], 5, RTOL[torch.float32])
 
 
 @pytest.mark.parametrize("bad,error", [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)])
@@ -170,6 +204,13 @@ def test_tiled_matches_loop_reference_float64():
     v, u = ref.normalized(ref.rows(z_a.detach())), ref.normalized(ref.rows(z_b.detach()))
     expected = ref.bidirectional(v, u, 0.1, 0.75)
     got = bidirectional_info_nce(z_a, z_b, temperature=0.1, weight=0.75, reduction="none", chunk_size=2)
+    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    expected = ref.dcl(stacked, ref.views_index(7), 0.2)  # the positive left out inside the tiles
+    got = dcl(z_a, z_b, temperature=0.2, reduction="none", chunk_size=3)
+    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    labels = [0, 1, 0, 2, 1, 0, 3]  # SupCon L_in; class 3 alone: no positive, reported as 0
+    expected = [v or 0.0 for v in ref.supcon(ref.normalized(ref.rows(z_a.detach())), labels, 0.2, "in")]
+    got = supcon(z_a, torch.tensor(labels), temperature=0.2, variant="in", reduction="none", chunk_size=2)
     assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
 
 
@@ -242,6 +283,10 @@ def test_gradcheck_kernels(n, chunk):
     assert torch.autograd.gradcheck(lambda a: tiled.self_logsumexp(a, chunk), (x,))
     assert torch.autograd.gradcheck(lambda a, b: tiled.cross_logsumexp(a, b, chunk), (x, y))
     assert torch.autograd.gradcheck(lambda a, b: tiled.cross_logsumexp(a, b, chunk, columns=False)[0], (x, y))
+    exclude = torch.tensor([[i, (i + 1) % n] for i in range(n)])
+    assert torch.autograd.gradcheck(lambda a, b: tiled.masked_logsumexp(a, b, chunk, exclude=exclude), (x, y))
+    labels = (torch.arange(n) % 2, torch.arange(n + 2) % 3)
+    assert torch.autograd.gradcheck(lambda a, b: tiled.masked_logsumexp(a, b, chunk, labels=labels), (x, y))
 
 
 def test_gradcheck_public_losses_with_temperature():
@@ -253,6 +298,10 @@ def test_gradcheck_public_losses_with_temperature():
         lambda a, b, t: bidirectional_info_nce(a, b, temperature=t, weight=0.75, chunk_size=2), (z_a, z_b, tau))
     assert torch.autograd.gradcheck(
         lambda a, b, t: info_nce(a, b, b[:3] * 2, temperature=t, chunk_size=2), (z_a, z_b, tau))
+    assert torch.autograd.gradcheck(lambda a, b, t: dcl(a, b, temperature=t, chunk_size=3), (z_a, z_b, tau))
+    labels = torch.tensor([0, 1, 0, 1, 2])  # class 2 alone: an anchor without positives
+    assert torch.autograd.gradcheck(
+        lambda a, t: supcon(a, labels, temperature=t, variant="in", chunk_size=2), (z_a, tau))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -2,7 +2,8 @@
 
 Depends on torch alone and imports without an initialised process group. The losses in
 :mod:`contrastkit.losses` use these through their ``distributed=`` option; the derivation of
-the gradients and the communication model are in ``docs/distributed.md``.
+the gradients and the communication model are in ``docs/distributed.md``. MoCo's shuffle-BN
+across ranks is :func:`shuffle_across_ranks`.
 """
 
 from .gather import (
@@ -17,10 +18,12 @@ from .gather import (
     resolve_group,
 )
 from .queue import KeyQueue
+from .shuffle import RankShuffle, shuffle_across_ranks
 
 __all__ = [
     "DistributedArg",
     "KeyQueue",
+    "RankShuffle",
     "RowLayout",
     "all_gather_no_grad",
     "all_gather_with_grad",
@@ -29,4 +32,5 @@ __all__ = [
     "get_world_size",
     "is_active",
     "resolve_group",
+    "shuffle_across_ranks",
 ]

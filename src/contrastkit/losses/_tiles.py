@@ -2,9 +2,13 @@
 
 A log-sum-exp over many candidates is kept as a running (maximum ``m``, scaled sum ``s``)
 pair per row (and per column) with ``lse = m + log s``; each tile of similarities is reduced
-to its own pair and merged in (:func:`merge_`). :func:`both_stats` reduces a tile for its
-rows and its columns with one shared shift when that is safe; :func:`pair_weights` and
-:func:`shifted_tile` rebuild ``exp(S - lse)`` in the backward pass. The buffers are flat and
+to its own pair and merged in (:func:`merge_`). Entries left out of a sum (the anchor itself,
+its positive, or every column of another class) are set to ``-inf`` in the tile
+(:func:`mask_excluded_`, :func:`mask_other_labels_`, together in :func:`masked_tiles`; the
+row-only passes over such tiles are :func:`merge_masked_rows_` and
+:func:`add_masked_row_grads_`). :func:`both_stats` reduces a tile for its rows and its
+columns with one shared shift when that is safe; :func:`pair_weights` and :func:`shifted_tile`
+rebuild ``exp(S - lse)`` in the backward pass. The buffers are flat and
 reused for every tile (:func:`tile_buffers`, :func:`tile_view`), so a kernel never holds more
 than two ``chunk x chunk`` tiles.
 
@@ -14,7 +18,7 @@ Private to :mod:`contrastkit.losses`: :mod:`.tiled` and :mod:`.ring` are its use
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -73,6 +77,66 @@ def both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m: 
     merge_(row_m, row_s, *row_stats(tile, work))
     merge_(col_m, col_s, *col_stats(tile, work))
     return shift, False
+
+
+def mask_excluded_(tile: Tensor, exclude: Optional[Tensor], i0: int, i1: int, j0: int, j1: int) -> None:
+    """Set the excluded entries of a tile to -inf: ``exclude`` ``(n, k)`` holds, per anchor
+    row, the candidate columns (of the whole candidate block) left out of its sum."""
+    if exclude is None:
+        return
+    columns = exclude[i0:i1]
+    inside = (columns >= j0) & (columns < j1)
+    if bool(inside.any()):
+        rows = torch.arange(i1 - i0, device=tile.device)[:, None].expand_as(columns)
+        tile[rows[inside], columns[inside] - j0] = float("-inf")
+
+
+def mask_other_labels_(tile: Tensor, row_labels: Optional[Tensor], col_labels: Optional[Tensor]) -> None:
+    """Keep only the entries whose row and column share a label (SupCon's positives)."""
+    if row_labels is not None:
+        tile.masked_fill_(row_labels[:, None] != col_labels[None, :], float("-inf"))
+
+
+def backward_lse(lse: Tensor) -> Tensor:
+    """``lse`` for rebuilding ``exp(S - lse)``: a row whose sum is empty (``-inf``, every entry
+    masked) gets ``+inf``, so its weights are ``exp(-inf) = 0`` instead of NaN."""
+    return torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)
+
+
+def masked_tiles(a: Tensor, c: Tensor, exclude: Optional[Tensor], a_labels: Optional[Tensor],
+                 c_labels: Optional[Tensor], chunk: int,
+                 tile_buf: Tensor) -> Iterator[Tuple[int, int, int, int, Tensor]]:
+    """Every tile ``a[i0:i1] @ c[j0:j1].T`` with its left-out entries -inf, in one buffer."""
+    for i0, i1 in tile_ranges(a.shape[0], chunk):
+        for j0, j1 in tile_ranges(c.shape[0], chunk):
+            tile = torch.mm(a[i0:i1], c[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
+            mask_excluded_(tile, exclude, i0, i1, j0, j1)
+            mask_other_labels_(tile, None if a_labels is None else a_labels[i0:i1],
+                               None if c_labels is None else c_labels[j0:j1])
+            yield i0, i1, j0, j1, tile
+
+
+def merge_masked_rows_(m: Tensor, s: Tensor, a: Tensor, c: Tensor, exclude: Optional[Tensor],
+                       a_labels: Optional[Tensor], c_labels: Optional[Tensor], chunk: int,
+                       tile_buf: Tensor, work_buf: Tensor) -> None:
+    """Merge the masked tiles of ``a c^T`` (:func:`masked_tiles`) into the rows' running
+    ``(m, s)``, in place."""
+    for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf):
+        merge_(m[i0:i1], s[i0:i1], *row_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0)))
+
+
+def add_masked_row_grads_(da: Optional[Tensor], dc: Optional[Tensor], a: Tensor, c: Tensor, grad: Tensor,
+                          lse: Tensor, exclude: Optional[Tensor], a_labels: Optional[Tensor],
+                          c_labels: Optional[Tensor], chunk: int, tile_buf: Tensor) -> None:
+    """The backward of :func:`merge_masked_rows_`: with ``P = grad * exp(a c^T - lse)`` on
+    the kept entries, ``da += P c`` and ``dc += P^T a`` (either may be ``None``); ``lse`` as
+    from :func:`backward_lse`."""
+    for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf):
+        weights = tile.sub_(lse[i0:i1, None]).exp_().mul_(grad[i0:i1, None])
+        if da is not None:
+            da[i0:i1].addmm_(weights, c[j0:j1])
+        if dc is not None:
+            dc[j0:j1].addmm_(weights.T, a[i0:i1])
 
 
 def refuse_double_backward() -> None:

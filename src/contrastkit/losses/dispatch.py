@@ -109,11 +109,11 @@ def _divide_by_temperature(x: Tensor, tau, power: float) -> Tensor:
 
 
 def _ring_lse(shard: Shard, anchors: Tensor, candidates: Tensor, chunk: int, blocks: int = 1,
-              exclude_own: Optional[Tensor] = None) -> Tensor:
+              exclude_own: Optional[Tensor] = None, labels: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
     """Log-sum-exp of this rank's anchors against every rank's candidates, by ring exchange;
     each rank holds ``blocks`` candidate rows per row of its batch."""
     sizes = [blocks * size for size in shard.layout.sizes]
-    return ring.ring_logsumexp(anchors, candidates, shard.group, sizes, chunk, exclude_own)
+    return ring.ring_logsumexp(anchors, candidates, shard.group, sizes, chunk, exclude_own, labels)
 
 
 @dataclass
@@ -128,8 +128,9 @@ class SelfContrast:
         labels: ``(N,)`` class labels: an anchor's positives are the other rows of its class.
             With neither ``positive_index`` nor ``labels``, two blocks are two views and row
             ``i`` of one pairs with row ``i`` of the other.
-        multi_positive: with ``labels``, ``"out"`` or ``"in"`` (:func:`.core.per_anchor_nll`).
-        exclude_positive: leave the positive out of the denominator too (dense only).
+        multi_positive: with ``labels``, ``"out"`` or ``"in"`` (:func:`.core.per_anchor_nll`);
+            ``"out"`` has no ring form (its positive term needs the gathered class sums).
+        exclude_positive: leave the positive out of the denominator too (the decoupled loss).
     """
 
     blocks: Tuple[Tensor, ...]
@@ -154,9 +155,8 @@ class SelfContrast:
         return self._rows(self.blocks[0].shape[0]) if shard.local else rows, rows
 
     def tileable(self, shard: Shard) -> bool:
-        if self.exclude_positive:
-            return False
-        return self.labels is None or (self.multi_positive == "out" and not shard.local)
+        # L_out's positive term is a per-class sum of the gathered rows: no ring form.
+        return self.labels is None or self.multi_positive == "in" or not shard.local
 
     def _positive_index(self, batch: int, device: torch.device) -> Tensor:
         if self.positive_index is not None:
@@ -167,13 +167,31 @@ class SelfContrast:
         flat = [prepare(b.reshape(-1, b.shape[-1]), normalize, name) for b, name in zip(blocks, self.names)]
         return flat[0] if len(flat) == 1 else torch.cat(flat)
 
+    def _exclusions(self, own: Tensor, positive: Tensor) -> Tensor:
+        """The columns left out of each anchor's denominator: itself (and its positive)."""
+        return torch.stack([own, positive], dim=1) if self.exclude_positive else own[:, None]
+
     def ring(self, call: LossCall, chunk: int, normalize: bool, total: int) -> Tensor:
-        # The positive of each own anchor is one of this rank's own rows (views only).
+        # Every anchor's positives are found among the rows travelling round the ring: the
+        # other view of its own row is one of this rank's rows, SupCon L_in's are its class.
+        shard = call.shard
         x = _divide_by_temperature(self._prepared(self.blocks, normalize), call.tau, 0.5)
         own = torch.arange(x.shape[0], device=x.device)
-        lse = _ring_lse(call.shard, x, x, chunk, blocks=len(self.blocks), exclude_own=own[:, None])
-        losses = lse - (x * x[views_positive_index(self.blocks[0].shape[0], x.device)]).sum(dim=1)
-        return call.shard.reduce(losses, call.reduction, anchors_total=self._rows(total))
+        blocks = len(self.blocks) * self._per_row
+        if self.labels is not None:
+            labels = self.labels.to(torch.int64).repeat_interleave(self._per_row)  # travels the ring
+            lse = _ring_lse(shard, x, x, chunk, blocks=blocks, exclude_own=own[:, None])
+            positive_lse = _ring_lse(shard, x, x, chunk, blocks=blocks, exclude_own=own[:, None],
+                                     labels=(labels, labels))
+            everyone = shard.gather_labels(self.labels).repeat_interleave(self._per_row)
+            counts = _positive_counts(labels, everyone)
+            valid = counts > 0
+            losses = lse - positive_lse + counts.clamp(min=1).to(x.dtype).log()
+            return shard.reduce(losses, call.reduction, valid, anchors_total=_anchors_with_positive(everyone))
+        positive = views_positive_index(self.blocks[0].shape[0], x.device)
+        lse = _ring_lse(shard, x, x, chunk, blocks=blocks, exclude_own=self._exclusions(own, positive))
+        losses = lse - (x * x[positive]).sum(dim=1)
+        return shard.reduce(losses, call.reduction, anchors_total=self._rows(total))
 
     def gather(self, shard: Shard) -> Tuple[Tensor, ...]:
         blocks = shard.gather(*self.blocks)
@@ -186,10 +204,16 @@ class SelfContrast:
         blocks, labels = gathered
         x = self._prepared(blocks, normalize)
         if labels is not None:
-            return _tiled_supcon_out(x, labels, call.tau, chunk, call.reduction)
+            tiled_supcon = _tiled_supcon_out if self.multi_positive == "out" else _tiled_supcon_in
+            return tiled_supcon(x, labels, call.tau, chunk, call.reduction)
         x = _divide_by_temperature(x, call.tau, 0.5)
         index = self._positive_index(total, x.device)
-        return reduce(tiled.self_logsumexp(x, chunk) - (x * x[index]).sum(dim=1), call.reduction)
+        if self.exclude_positive:
+            own = torch.arange(x.shape[0], device=x.device)
+            lse = tiled.masked_logsumexp(x, x, chunk, exclude=self._exclusions(own, index))
+        else:
+            lse = tiled.self_logsumexp(x, chunk)
+        return reduce(lse - (x * x[index]).sum(dim=1), call.reduction)
 
     def dense(self, call: LossCall, gathered, normalize: bool, total: int) -> Tensor:
         blocks, labels = gathered
@@ -209,6 +233,25 @@ class SelfContrast:
         logits = (select(x, rows) @ x.T) / call.tau
         losses, valid = per_anchor_nll(logits, positives, mask, self.multi_positive)
         return shard.reduce(losses, call.reduction, valid, anchors_total=anchors_total)
+
+
+def _positive_counts(labels: Tensor, everyone: Tensor) -> Tensor:
+    """How many rows of ``everyone`` (which holds ``labels``' rows too) share each row's label,
+    the row itself not counted."""
+    classes, counts = torch.unique(everyone, return_counts=True)
+    return counts[torch.searchsorted(classes, labels.to(classes.dtype))] - 1
+
+
+def _tiled_supcon_in(x: Tensor, labels: Tensor, tau, chunk: int, reduction: str) -> Tensor:
+    """SupCon L_in in tiles: ``loss_i = lse_{j != i} l_ij - lse_{p in P(i)} l_ip + log |P(i)|``;
+    the positives' log-sum-exp is a second pass over the tiles that keeps only the columns of
+    the anchor's class."""
+    x = _divide_by_temperature(x, tau, 0.5)
+    own = torch.arange(x.shape[0], device=x.device)[:, None]
+    positive_lse = tiled.masked_logsumexp(x, x, chunk, exclude=own, labels=(labels, labels))
+    counts = _positive_counts(labels, labels)
+    losses = tiled.self_logsumexp(x, chunk) - positive_lse + counts.clamp(min=1).to(x.dtype).log()
+    return reduce(losses, reduction, counts > 0)
 
 
 def _anchors_with_positive(labels: Tensor) -> int:

@@ -18,13 +18,20 @@ The next block is sent while the current one is being computed (``batch_isend_ir
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ._tiles import merge_, no_autocast, refuse_double_backward, row_stats, tile_buffers, tile_ranges, tile_view
+from ._tiles import (
+    add_masked_row_grads_,
+    backward_lse,
+    merge_masked_rows_,
+    no_autocast,
+    refuse_double_backward,
+    tile_buffers,
+)
 
 __all__ = ["ring_logsumexp"]
 
@@ -44,70 +51,61 @@ def _wait(requests) -> None:
         request.wait()
 
 
-def _mask_excluded_(tile: Tensor, exclude: Optional[Tensor], i0: int, i1: int, j0: int, j1: int) -> None:
-    """Set the excluded entries (own block only) of a tile to -inf."""
-    if exclude is None:
-        return
-    columns = exclude[i0:i1]
-    inside = (columns >= j0) & (columns < j1)
-    if bool(inside.any()):
-        rows = torch.arange(i1 - i0, device=tile.device)[:, None].expand_as(columns)
-        tile[rows[inside], columns[inside] - j0] = float("-inf")
-
-
-def _prefetch(block: Tensor, sizes: Sequence[int], step: int, group) -> Tuple[Optional[Tensor], List]:
-    """Start passing ``block`` on and receiving the next one (none after the last step)."""
+def _prefetch(block: Sequence[Tensor], sizes: Sequence[int], step: int, group) -> Tuple[Optional[List[Tensor]], List]:
+    """Start passing ``block`` (the candidates, and their labels if any) on and receiving the
+    next one (none after the last step)."""
     rank, world = dist.get_rank(group), len(sizes)
     if step == world - 1:
         return None, []
-    incoming = block.new_empty((sizes[(rank - step - 1) % world], block.shape[1]))
-    return incoming, _start_shift([block], [incoming], group)
+    rows = sizes[(rank - step - 1) % world]
+    incoming = [t.new_empty((rows, *t.shape[1:])) for t in block]
+    return incoming, _start_shift(block, incoming, group)
 
 
-def _tiles(anchors: Tensor, block: Tensor, exclude: Optional[Tensor], chunk: int,
-           tile_buf: Tensor) -> Iterator[Tuple[int, int, int, int, Tensor]]:
-    """Every tile ``anchors[i0:i1] @ block[j0:j1].T`` (excluded entries -inf), in one buffer."""
-    for i0, i1 in tile_ranges(anchors.shape[0], chunk):
-        for j0, j1 in tile_ranges(block.shape[0], chunk):
-            tile = torch.mm(anchors[i0:i1], block[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
-            _mask_excluded_(tile, exclude, i0, i1, j0, j1)
-            yield i0, i1, j0, j1, tile
+def _labels(block: Sequence[Tensor]) -> Optional[Tensor]:
+    return block[1] if len(block) > 1 else None
+
+
+def _travelling(candidates: Tensor, labels: Optional[Tensor]) -> List[Tensor]:
+    return [candidates.detach()] if labels is None else [candidates.detach(), labels]
 
 
 class _RingLogSumExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchors: Tensor, candidates: Tensor, exclude: Optional[Tensor],  # type: ignore[override]
-                sizes: Tuple[int, ...], group, chunk: int) -> Tensor:
+                sizes: Tuple[int, ...], group, chunk: int, anchor_labels: Optional[Tensor] = None,
+                candidate_labels: Optional[Tensor] = None) -> Tensor:
         world = len(sizes)
         n = anchors.shape[0]
         m = anchors.new_full((n,), float("-inf"))
         s = anchors.new_zeros(n)
         side = max(min(chunk, n), min(chunk, max(sizes)))
         tile_buf, work_buf = tile_buffers(anchors, side)
-        block = candidates.detach()
+        block = _travelling(candidates, candidate_labels)
         with torch.no_grad(), no_autocast(anchors):
             for step in range(world):
                 incoming, requests = _prefetch(block, sizes, step, group)
-                for i0, i1, j0, j1, tile in _tiles(anchors, block, exclude if step == 0 else None, chunk, tile_buf):
-                    merge_(m[i0:i1], s[i0:i1], *row_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0)))
+                merge_masked_rows_(m, s, anchors, block[0], exclude if step == 0 else None, anchor_labels,
+                                   _labels(block), chunk, tile_buf, work_buf)
                 _wait(requests)
                 if incoming is not None:
                     block = incoming
             lse = m + s.log()
         ctx.sizes, ctx.group, ctx.chunk = sizes, group, chunk
-        ctx.save_for_backward(anchors, candidates, lse, exclude)
+        ctx.save_for_backward(anchors, candidates, lse, exclude, anchor_labels, candidate_labels)
         return lse
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         refuse_double_backward()
-        anchors, candidates, lse, exclude = ctx.saved_tensors
+        anchors, candidates, lse, exclude, anchor_labels, candidate_labels = ctx.saved_tensors
         sizes, group, chunk = ctx.sizes, ctx.group, ctx.chunk
         rank, world = dist.get_rank(group), len(sizes)
         n = anchors.shape[0]
         grad = grad.to(anchors.dtype)
+        lse = backward_lse(lse)
         d_anchors = torch.zeros_like(anchors)
-        block, d_block = candidates.detach(), torch.zeros_like(candidates)
+        block, d_block = _travelling(candidates, candidate_labels), torch.zeros_like(candidates)
         side = max(min(chunk, n), min(chunk, max(sizes)))
         tile_buf, _ = tile_buffers(anchors, side)
         with torch.no_grad(), no_autocast(anchors):
@@ -115,10 +113,8 @@ class _RingLogSumExp(torch.autograd.Function):
                 # The block must be fully used before it moves on with its gradient, so the
                 # candidates (not yet their gradient) are prefetched while computing.
                 incoming, requests = _prefetch(block, sizes, step, group)
-                for i0, i1, j0, j1, tile in _tiles(anchors, block, exclude if step == 0 else None, chunk, tile_buf):
-                    weights = tile.sub_(lse[i0:i1, None]).exp_().mul_(grad[i0:i1, None])
-                    d_anchors[i0:i1].addmm_(weights, block[j0:j1])
-                    d_block[j0:j1].addmm_(weights.T, anchors[i0:i1])
+                add_masked_row_grads_(d_anchors, d_block, anchors, block[0], grad, lse,
+                                      exclude if step == 0 else None, anchor_labels, _labels(block), chunk, tile_buf)
                 _wait(requests)
                 if world == 1:
                     break
@@ -129,7 +125,7 @@ class _RingLogSumExp(torch.autograd.Function):
                     block = incoming
                 d_block = incoming_grad
         # After W hops the gradient of this rank's own candidates has come home.
-        return d_anchors, d_block, None, None, None, None
+        return d_anchors, d_block, None, None, None, None, None, None
 
 
 def ring_logsumexp(
@@ -139,6 +135,7 @@ def ring_logsumexp(
     sizes: Sequence[int],
     chunk_size: int,
     exclude_own: Optional[Tensor] = None,
+    labels: Optional[Tuple[Tensor, Tensor]] = None,
 ) -> Tensor:
     """``lse_i = log sum_j exp(a_i . c_j)`` over the candidates of *every* rank, in tiles.
 
@@ -150,9 +147,14 @@ def ring_logsumexp(
         chunk_size: tile edge.
         exclude_own: optional ``(n, k)`` long tensor: column indices into this rank's *own*
             candidates left out of anchor ``i``'s sum (itself, or its positive).
+        labels: optional ``(anchor_labels (n,), candidate_labels (sizes[rank],))``: only the
+            candidates of the anchor's class enter its sum (SupCon L_in's positives); the
+            labels travel with their block. An anchor left with no candidate gets ``-inf``
+            (and a zero gradient).
 
     Returns ``(n,)``; the backward pass sends each rank's candidate gradient home (see the
     module docstring). Memory ``O((n + max(sizes)) d + chunk_size^2)``.
     """
+    anchor_labels, candidate_labels = (None, None) if labels is None else labels
     return _RingLogSumExp.apply(anchors, candidates, exclude_own, tuple(int(s) for s in sizes), group,
-                                int(chunk_size))
+                                int(chunk_size), anchor_labels, candidate_labels)

@@ -45,14 +45,15 @@ def supcon(
             ``"mean"`` raises ``ValueError``.
         normalize: L2-normalise rows first.
         chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
-            memory-linear tiled computation. Tiling is available for ``variant="out"``
-            (whose positive term is a per-class sum); ``"in"`` is always dense and raises
-            ``ValueError`` if a ``chunk_size`` is given.
+            memory-linear tiled computation. ``"out"``'s positive term is a per-class sum;
+            ``"in"``'s, the log-sum-exp over the anchor's positives, is a second pass over
+            the tiles that keeps only the columns of the anchor's class.
         distributed, distributed_mode: global negatives over ranks (module docstring); the
             labels are gathered too, so positives are found on every rank, and ``"mean"`` is
             over the global batch's anchors that have a positive. Tiling is done on the
-            gathered batch in ``"global"`` mode; ``"local"`` mode is dense (there is no ring
-            SupCon) and raises ``ValueError`` if a ``chunk_size`` is given.
+            gathered batch in ``"global"`` mode. In ``"local"`` mode with tiles, ``"in"``
+            runs the ring exchange (the labels travel with their rows); ``"out"`` has no ring
+            form and raises ``ValueError`` if a ``chunk_size`` is given.
 
     Denominator: every other row (positives included, self excluded).
 
@@ -68,10 +69,8 @@ def supcon(
             raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")
         check_embeddings(z, "z", ndim=3 if isinstance(z, Tensor) and z.dim() == 3 else 2)
         labels = check_labels(labels, z.shape[0], z.device)
-        if variant == "in" and chunk_size is not None:
-            raise ValueError("chunk_size (tiled computation) is only available for variant='out'")
-        if call.shard.local and chunk_size is not None:
-            raise ValueError("chunk_size is not available with distributed_mode='local' for supcon; "
-                             "use distributed_mode='global' for the tiled computation")
+        if call.shard.local and chunk_size is not None and variant == "out":
+            raise ValueError("chunk_size is not available with distributed_mode='local' for supcon "
+                             "variant='out'; use distributed_mode='global' for the tiled computation")
     spec = SelfContrast((z,), ("z",), labels=labels, multi_positive=variant)
     return contrast(call, spec, normalize=normalize)

@@ -11,6 +11,10 @@ tile by tile and never hold more than two ``chunk x chunk`` tiles:
   dense formulation.
 * :func:`cross_logsumexp` — two modalities, the row-wise (and optionally column-wise)
   log-sum-exp of ``A B^T``, both from the same tile.
+* :func:`masked_logsumexp` — the row-wise log-sum-exp of ``A C^T`` over a subset of the
+  candidates of each row: some columns excluded per row (the decoupled loss leaves out the
+  anchor and its positive) and/or only the columns of the row's class (SupCon L_in's
+  positives). Every tile is computed for its rows only.
 
 The temperature is folded into the inputs by the callers (``x = z / sqrt(tau)``, or
 ``a = v / tau``), so its gradient, learnable or not, flows through ordinary autograd.
@@ -35,7 +39,10 @@ import torch
 from torch import Tensor
 
 from ._tiles import (
+    add_masked_row_grads_,
+    backward_lse,
     both_stats,
+    merge_masked_rows_,
     merge_,
     no_autocast,
     pair_weights,
@@ -47,7 +54,8 @@ from ._tiles import (
     tile_view,
 )
 
-__all__ = ["self_logsumexp", "cross_logsumexp", "DEFAULT_CHUNK_SIZE", "DENSE_MAX_ENTRIES", "use_tiled"]
+__all__ = ["self_logsumexp", "cross_logsumexp", "masked_logsumexp", "DEFAULT_CHUNK_SIZE", "DENSE_MAX_ENTRIES",
+           "use_tiled"]
 
 #: Tile edge used when tiling is chosen automatically (fastest on a 2-core CPU, fp32, d=128;
 #: see benchmarks/RESULTS.md). Two float32 tiles of this size take 8 MiB.
@@ -216,3 +224,55 @@ def cross_logsumexp(a: Tensor, b: Tensor, chunk_size: int, *, columns: bool = Tr
     Exact and differentiable in both inputs; memory ``O((N + K) d + chunk_size^2)``.
     """
     return _CrossLogSumExp.apply(a, b, int(chunk_size), bool(columns))
+
+
+# --------------------------------------------------------------------------- masked rows
+
+
+class _MaskedLogSumExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, c: Tensor, chunk: int, exclude: Optional[Tensor],  # type: ignore[override]
+                a_labels: Optional[Tensor], c_labels: Optional[Tensor]) -> Tensor:
+        ctx.chunk = chunk
+        n, k = a.shape[0], c.shape[0]
+        m = a.new_full((n,), float("-inf"))
+        s = a.new_zeros(n)
+        tile_buf, work_buf = tile_buffers(a, max(min(chunk, n), min(chunk, k), 1))
+        with torch.no_grad(), no_autocast(a):
+            merge_masked_rows_(m, s, a, c, exclude, a_labels, c_labels, chunk, tile_buf, work_buf)
+        lse = m + s.log()
+        ctx.save_for_backward(a, c, lse, exclude, a_labels, c_labels)
+        return lse
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        a, c, lse, exclude, a_labels, c_labels = ctx.saved_tensors
+        refuse_double_backward()
+        need_a, need_c = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        da = torch.zeros_like(a) if need_a else None
+        dc = torch.zeros_like(c) if need_c else None
+        tile_buf, _ = tile_buffers(a, max(min(ctx.chunk, a.shape[0]), min(ctx.chunk, c.shape[0]), 1))
+        with torch.no_grad(), no_autocast(a):
+            add_masked_row_grads_(da, dc, a, c, grad.to(a.dtype), backward_lse(lse), exclude, a_labels, c_labels,
+                                  ctx.chunk, tile_buf)
+        return da, dc, None, None, None, None
+
+
+def masked_logsumexp(
+    a: Tensor,
+    c: Tensor,
+    chunk_size: int,
+    *,
+    exclude: Optional[Tensor] = None,
+    labels: Optional[Tuple[Tensor, Tensor]] = None,
+) -> Tensor:
+    """``lse_i = log sum_{j in C(i)} exp(a_i . c_j)`` for ``a`` ``(N, d)``, ``c`` ``(K, d)``, in tiles.
+
+    ``C(i)`` is every candidate except the columns ``exclude[i]`` (``exclude``: ``(N, m)``
+    long column indices, e.g. the anchor itself and its positive) and, with
+    ``labels = (a_labels (N,), c_labels (K,))``, except the candidates of other classes. A row
+    whose ``C(i)`` is empty gets ``-inf`` and a zero gradient. Exact and differentiable in
+    ``a`` and ``c`` (``c`` may be ``a`` itself); memory ``O((N + K) d + chunk_size^2)``.
+    """
+    a_labels, c_labels = (None, None) if labels is None else labels
+    return _MaskedLogSumExp.apply(a, c, int(chunk_size), exclude, a_labels, c_labels)

@@ -4,8 +4,12 @@
 :func:`hard_negative_nt_xent` (only the hardest negatives), :func:`debiased_nt_xent` and
 :func:`hcl` (a corrected, reweighted negative mass). Conventions:
 :mod:`contrastkit.losses.functional`. Only :func:`dcl` has in-batch negatives in the plain
-log-sum-exp form, so only it goes through :func:`contrastkit.losses.dispatch.contrast` (and
-takes ``distributed=``); the others are computed densely here.
+log-sum-exp form, so only it goes through :func:`contrastkit.losses.dispatch.contrast` (dense,
+tiled, gathered or ring). :func:`simple_loss` and :func:`hard_negative_nt_xent` are computed
+densely here; they take ``distributed=`` too, through the same row exchange
+(:class:`contrastkit.losses._sharding.Shard`): in ``"local"`` mode a rank computes its own
+anchors' rows of the global similarity matrix, so the simple loss's mean is over the negatives
+of every rank and the hardest negatives are mined among all of them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from torch import Tensor
 from contrastkit.distributed.gather import DistributedArg
 
 from .core import full_precision, per_anchor_nll, reduce
+from ._sharding import Shard, select
 from .dispatch import LossCall, SelfContrast, contrast, self_mask, views_positive_index
 from .infonce import nt_xent_views  # noqa: F401  (used by the doctests)
 from .validation import (
@@ -34,15 +39,20 @@ from .validation import (
 __all__ = ["dcl", "simple_loss", "hard_negative_nt_xent", "debiased_nt_xent", "hcl"]
 
 
-def _views(z_a: Tensor, z_b: Tensor, tau, normalize: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """Logits ``(2N, 2N)`` of the stacked views, each anchor's positive index and a mask of
-    its negatives (neither itself nor its positive); autocast must already be off."""
-    n = z_a.shape[0]
-    z = torch.cat([prepare(z_a, normalize, "z_a"), prepare(z_b, normalize, "z_b")])
-    index = views_positive_index(n, z.device)
-    negatives = self_mask(2 * n, z.device)
-    negatives[torch.arange(2 * n, device=z.device), index] = False
-    return (z @ z.T) / tau, index, negatives
+def _views(shard: Shard, z_a: Tensor, z_b: Tensor, tau, normalize: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Logits of the stacked views ``(2N, 2N)``, each anchor's positive index, a mask of its
+    negatives (neither itself nor its positive) and its own column; autocast must already be
+    off. With ``shard`` in ``"local"`` mode: only the rows of this rank's anchors
+    ``(2n, 2N)`` of the global batch's logits."""
+    blocks = shard.gather(z_a, z_b)
+    total = blocks[0].shape[0]
+    z = torch.cat([prepare(blocks[0], normalize, "z_a"), prepare(blocks[1], normalize, "z_b")])
+    rows = shard.anchor_rows(blocks=2, device=z.device)
+    own = torch.arange(2 * total, device=z.device) if rows is None else rows
+    index = select(views_positive_index(total, z.device), rows)
+    negatives = self_mask(2 * total, z.device, rows)
+    negatives[torch.arange(own.shape[0], device=z.device), index] = False
+    return (select(z, rows) @ z.T) / tau, index, negatives, own
 
 
 def _at_least_two_pairs(n: int, name: str, empty: str) -> None:
@@ -57,6 +67,7 @@ def dcl(
     temperature: TemperatureLike,
     reduction: str = "mean",
     normalize: bool = True,
+    chunk_size: Optional[int] = None,
     distributed: DistributedArg = False,
     distributed_mode: str = "global",
 ) -> Tensor:
@@ -73,15 +84,19 @@ def dcl(
         temperature: ``tau > 0``.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation, whose tiles leave out each anchor and its
+            positive (``contrastkit.losses.tiled.masked_logsumexp``).
         distributed, distributed_mode: global negatives over ranks (module docstring), as in
-            :func:`nt_xent_views`; ``N >= 2`` then applies to the global batch.
+            :func:`nt_xent_views` (tiles in ``"local"`` mode: the ring exchange); ``N >= 2``
+            then applies to the global batch.
 
     Example:
         >>> z_a = torch.tensor([[1.0, 0.0], [0.0, 1.0]]); z_b = z_a.clone()
         >>> round(float(dcl(z_a, z_b, temperature=1.0)), 6)  # -1 + log(2 * exp(0)) < 0
         -0.306853
     """
-    call = LossCall(temperature=temperature, reduction=reduction,
+    call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
                     distributed=distributed, distributed_mode=distributed_mode)
     with call.checking():
         check_pair(z_a, z_b)
@@ -96,6 +111,8 @@ def simple_loss(
     negative_weight: float = 1.0,
     reduction: str = "mean",
     normalize: bool = True,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """Wang & Liu's "simple" loss, the ``tau -> infinity`` limit that weighs every negative
     the same: ``loss_i = -s_{i,p(i)} + negative_weight * mean_{j not in {i, p(i)}} s_ij``.
@@ -109,23 +126,28 @@ def simple_loss(
         negative_weight: lambda >= 0 on the mean negative similarity.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first.
+        distributed, distributed_mode: the negatives of every rank (module docstring): the
+            mean is over the ``2N - 2`` negatives of the global batch of ``N`` pairs, and the
+            reductions are those of :func:`nt_xent_views`.
 
     Example:
         >>> z_a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
         >>> float(simple_loss(z_a, z_a.clone()))  # -1 + mean of one negative cosine 0
         -1.0
     """
-    check_reduction(reduction)
-    check_pair(z_a, z_b)
-    _at_least_two_pairs(z_a.shape[0], "simple_loss", "there are no negatives")
-    negative_weight = check_nonnegative(negative_weight, "negative_weight")
-    n = z_a.shape[0]
+    shard = Shard(distributed, distributed_mode)
+    with shard.checking():
+        check_reduction(reduction)
+        check_pair(z_a, z_b)
+        negative_weight = check_nonnegative(negative_weight, "negative_weight")
+    n = shard.exchange(z_a, z_b)
+    _at_least_two_pairs(n, "simple_loss", "there are no negatives")
     with full_precision(z_a.device):
-        similarities, index, _ = _views(z_a, z_b, 1.0, normalize)
+        similarities, index, _, own = _views(shard, z_a, z_b, 1.0, normalize)
         positive = similarities.gather(1, index[:, None]).squeeze(1)
-        negative_sum = similarities.sum(dim=1) - similarities.diagonal() - positive
+        negative_sum = similarities.sum(dim=1) - similarities.gather(1, own[:, None]).squeeze(1) - positive
         losses = -positive + negative_weight * negative_sum / (2 * n - 2)
-        return reduce(losses, reduction)
+        return shard.reduce(losses, reduction, anchors_total=2 * n)
 
 
 def hard_negative_nt_xent(
@@ -137,6 +159,8 @@ def hard_negative_nt_xent(
     quantile: Optional[float] = None,
     reduction: str = "mean",
     normalize: bool = True,
+    distributed: DistributedArg = False,
+    distributed_mode: str = "global",
 ) -> Tensor:
     """NT-Xent whose denominator keeps only each anchor's hardest negatives (Wang & Liu's
     explicit hard-negative sampling).
@@ -150,6 +174,9 @@ def hard_negative_nt_xent(
             similarities, i.e. the top ``ceil((1 - quantile) * (2N - 2))`` (at least one).
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first.
+        distributed, distributed_mode: mine among the negatives of every rank (module
+            docstring): ``N`` is then the global batch, so ``top_k`` and ``quantile`` count
+            its ``2N - 2`` negatives; the reductions are those of :func:`nt_xent_views`.
 
     Denominator: the positive plus the selected negatives. Selection is by similarity and
     carries no gradient; ties at the cut are broken arbitrarily.
@@ -159,29 +186,29 @@ def hard_negative_nt_xent(
         >>> round(float(hard_negative_nt_xent(z, z, temperature=1.0, top_k=1)), 6)
         0.313262
     """
-    call = LossCall(temperature=temperature, reduction=reduction)
+    call = LossCall(temperature=temperature, reduction=reduction,
+                    distributed=distributed, distributed_mode=distributed_mode)
     with call.checking():
         check_pair(z_a, z_b)
         if (top_k is None) == (quantile is None):
             raise ValueError("give exactly one of top_k and quantile")
-        n = z_a.shape[0]
-        num_negatives = 2 * n - 2
-        _at_least_two_pairs(n, "hard_negative_nt_xent", "there are no negatives")
         if top_k is not None:
-            k = min(optional_int(top_k, "top_k", minimum=1), num_negatives)
+            top_k = optional_int(top_k, "top_k", minimum=1)
         else:
-            q = check_probability(quantile, "quantile", open_high=True)
-            k = max(1, math.ceil((1.0 - q) * num_negatives))
-    rows = torch.arange(2 * n, device=z_a.device)
+            quantile = check_probability(quantile, "quantile", open_high=True)
+    n = call.shard.exchange(z_a, z_b)
+    _at_least_two_pairs(n, "hard_negative_nt_xent", "there are no negatives")
+    num_negatives = 2 * n - 2
+    k = min(top_k, num_negatives) if top_k is not None else max(1, math.ceil((1.0 - quantile) * num_negatives))
     with full_precision(z_a.device):
-        logits, index, negatives = _views(z_a, z_b, call.tau, normalize)
+        logits, index, negatives, _ = _views(call.shard, z_a, z_b, call.tau, normalize)
         with torch.no_grad():
             hardest = logits.masked_fill(~negatives, float("-inf")).topk(k, dim=1).indices
             mask = torch.zeros_like(logits, dtype=torch.bool)
             mask.scatter_(1, hardest, True)
-            mask[rows, index] = True
+            mask[torch.arange(logits.shape[0], device=logits.device), index] = True
         losses, _ = per_anchor_nll(logits, index, mask)
-        return reduce(losses, reduction)
+        return call.shard.reduce(losses, reduction, anchors_total=2 * n)
 
 
 def _debiased_from_log_masses(
@@ -291,7 +318,7 @@ def _debiased(z_a, z_b, temperature, tau_plus, beta, reduction, normalize, name)
         tau_plus = check_probability(tau_plus, "tau_plus", open_high=True)
     num_negatives = 2 * n - 2
     with full_precision(z_a.device):
-        logits, index, negatives = _views(z_a, z_b, call.tau, normalize)
+        logits, index, negatives, _ = _views(Shard(False, "global"), z_a, z_b, call.tau, normalize)
         log_positive = logits.gather(1, index[:, None]).squeeze(1)
         neg_inf = float("-inf")
         if beta == 0.0:

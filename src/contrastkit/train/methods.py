@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from contrastkit import layout, losses
-from contrastkit.distributed import KeyQueue
+from contrastkit.distributed import KeyQueue, shuffle_across_ranks
 from contrastkit.losses.sigmoid import SIGLIP_BIAS, SIGLIP_SCALE
 from contrastkit.models import ProjectionHead, build_encoder
 
@@ -220,10 +220,9 @@ class Simple(TwoViewMethod):
     temperature)."""
 
     name = "simple"
-    cross_rank = False
 
     def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
-        return losses.simple_loss(*embeddings)
+        return losses.simple_loss(*embeddings, **_across_ranks(model))
 
 
 class HardNegative(TwoViewMethod):
@@ -231,11 +230,11 @@ class HardNegative(TwoViewMethod):
     keeping the hardest quarter of the ``2N - 2`` negatives (``HARD_NEGATIVE_QUANTILE``)."""
 
     name = "hard_negative"
-    cross_rank = False
 
     def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
+        # Under torchrun the hardest quarter of the global batch's negatives.
         return losses.hard_negative_nt_xent(*embeddings, temperature=model.temperature,
-                                            quantile=HARD_NEGATIVE_QUANTILE)
+                                            quantile=HARD_NEGATIVE_QUANTILE, **_across_ranks(model))
 
 
 class MoCo(TwoViewMethod):
@@ -243,7 +242,14 @@ class MoCo(TwoViewMethod):
     positives, a :class:`~contrastkit.distributed.KeyQueue` of earlier keys (starting full of
     random unit keys) as negatives, :func:`~contrastkit.losses.info_nce`. In training mode
     each step first moves the key network towards the online one and afterwards enqueues its
-    keys (every rank's, under torchrun)."""
+    keys (every rank's, under torchrun).
+
+    Shuffle-BN (He et al. 2020): under torchrun the key network's batch is shuffled across
+    ranks before its forward pass and put back in order afterwards
+    (:func:`~contrastkit.distributed.shuffle_across_ranks`), so that its BatchNorm statistics
+    are those of other images than the query's and cannot leak the positive. The permutation
+    is drawn by rank 0 from torch's global RNG (seeded, and checkpointed on resume). Under one
+    process it is a no-op; ``model.shuffle_bn = False`` turns it off."""
 
     name = "moco"
 
@@ -255,6 +261,7 @@ class MoCo(TwoViewMethod):
         for parameter in list(model.key_encoder.parameters()) + list(model.key_head.parameters()):
             parameter.requires_grad_(False)
         model.queue = KeyQueue(queue_size, model.head.out_dim, start_full=True)
+        model.shuffle_bn = True
 
     def embed(self, model: nn.Module, batch: Batch) -> Tuple[Tensor, ...]:
         view_a, view_b = batch
@@ -262,7 +269,7 @@ class MoCo(TwoViewMethod):
         with torch.no_grad():
             if model.training:  # after the query's forward: the key BatchNorm follows its statistics
                 _momentum_update(model)
-            keys = F.normalize(model.key_head(model.key_encoder(view_b)), dim=1)
+            keys = _keys(model, view_b)
         return query, keys
 
     def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
@@ -276,6 +283,15 @@ class MoCo(TwoViewMethod):
         if model.training:
             model.queue.enqueue(embeddings[1], group=model.distributed)
         return loss
+
+
+def _keys(model: nn.Module, view_b: Tensor) -> Tensor:
+    """MoCo's keys of ``view_b``, the batch shuffled across ranks for the key network in
+    training under torchrun (shuffle-BN, :class:`MoCo`)."""
+    if not (model.training and model.distributed and getattr(model, "shuffle_bn", True)):
+        return F.normalize(model.key_head(model.key_encoder(view_b)), dim=1)
+    shuffled, shuffle = shuffle_across_ranks(view_b, model.distributed)
+    return shuffle.unshuffle(F.normalize(model.key_head(model.key_encoder(shuffled)), dim=1))
 
 
 @torch.no_grad()
@@ -303,7 +319,6 @@ class Convirt(Method):
     retrieval and zero-shot classification (:func:`~contrastkit.train.convirt.evaluate_convirt`)."""
 
     name = "convirt"
-    cross_rank = False
 
     def load_data(self, config: PretrainConfig) -> Any:
         from contrastkit.data.paired import load_paired
@@ -337,7 +352,8 @@ class Convirt(Method):
     def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
         # labels are ignored: pairs, not classes, define the positives.
         v, u = embeddings
-        return losses.bidirectional_info_nce(v, u, temperature=model.temperature, weight=model.weight)
+        return losses.bidirectional_info_nce(v, u, temperature=model.temperature, weight=model.weight,
+                                             **_across_ranks(model))
 
     def val_metrics(self, run: EvalContext) -> Dict[str, Any]:
         return convirt.val_retrieval(run.model, run.dataset, run.device)
