@@ -9,8 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, List
 
 
 def write_json(path: str, data: Any) -> None:
@@ -39,14 +38,3 @@ def read_json(path: Any, *, hint: str = "") -> Any:
             return json.load(handle)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON (line {err.lineno}: {err.msg}){hint}") from None
-
-
-def remove_outputs(folder: str, names: Iterable[str]) -> None:
-    """Delete the listed files or folders inside ``folder`` (only those: nothing else a user
-    keeps there is touched)."""
-    for name in names:
-        path = os.path.join(folder, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.remove(path)
