@@ -63,8 +63,6 @@ VERSION = 1
 MAX_MANIFEST_BYTES = 16 * 2**20
 _CHUNK = 2**20
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
-#: What a crash may leave of the manifest's own temporary file (see :meth:`Manifest._save`).
-_MANIFEST_TEMPORARY = re.compile(re.escape(MANIFEST) + r"\.\d+\.tmp\Z")
 _SHOWN = 5  # names listed in a message
 
 
@@ -423,11 +421,6 @@ def _plan_into(plan: RemovalPlan, folder: str, problems: List[str], top: bool) -
         plan.doomed.append(_Doomed(path, entry, _signature(os.lstat(path))))
         parts = name.split("/")
         plan.folders.extend(os.path.join(folder, *parts[:depth]) for depth in range(1, len(parts)))
-    for entry_name in os.listdir(folder):
-        if _MANIFEST_TEMPORARY.match(entry_name):
-            path = os.path.join(folder, entry_name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                plan.doomed.append(_Doomed(path, None, _signature(os.lstat(path))))
     for name in data["nested"]:
         path = os.path.join(folder, *name.split("/"))
         shown = _relative(root, path)
