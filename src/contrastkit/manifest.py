@@ -45,7 +45,7 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PureWindowsPath
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -231,7 +231,7 @@ class Manifest:
         self._save(data)
 
     def reset(self) -> None:
-        """Start an empty manifest of :attr:`kind` (the folder's files are left as they are)."""
+        """Start an empty manifest of this ``kind`` (the folder's files are left as they are)."""
         self._save(self._empty())
 
     def record(self, *names: "str | os.PathLike[str]", sha256: Optional[Mapping[str, str]] = None) -> None:
@@ -287,12 +287,13 @@ class Manifest:
             self.record(*marked, sha256=known)
 
     def write_json(self, name: str, data: Any) -> None:
-        """:func:`contrastkit._io.write_json` into ``folder/name``, recorded."""
+        """Write ``data`` to ``folder/name`` as indented, key-sorted JSON, atomically, and record it."""
         with self.writing(name):
             _io.write_json(os.path.join(self.folder, *_name(name).split("/")), data)
 
     def write_csv(self, name: str, rows: List[Dict[str, Any]]) -> None:
-        """:func:`contrastkit._io.write_csv` into ``folder/name``, recorded."""
+        """Write ``rows`` (dicts with the same keys) to ``folder/name`` as CSV with a header,
+        atomically, and record it."""
         with self.writing(name):
             _io.write_csv(os.path.join(self.folder, *_name(name).split("/")), rows)
 
@@ -344,20 +345,21 @@ class _Doomed:
     signature: Tuple[int, int, int, int]
 
 
-@dataclass
 class RemovalPlan:
-    """What ``--force`` will delete in :attr:`folder`, checked (see :func:`plan_removal`).
+    """What ``--force`` will delete in ``folder``, checked (made by :func:`plan_removal`).
 
     :attr:`files` are the paths to delete, :attr:`folders` the folders to remove if they
     are empty afterwards.
     """
 
-    folder: str
-    doomed: List[_Doomed] = field(default_factory=list)
-    folders: List[str] = field(default_factory=list)
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.doomed: List[Any] = []  # _Doomed: a path, its entry and its stat signature
+        self.folders: List[str] = []
 
     @property
     def files(self) -> List[str]:
+        """The paths :meth:`apply` deletes."""
         return [d.path for d in self.doomed]
 
     def apply(self) -> None:
