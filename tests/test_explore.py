@@ -127,7 +127,8 @@ def test_write_refuses_a_user_file_and_replaces_its_own(tmp_path):
     assert user.read_text() == "<html>my notes</html>"
     write_explorer(user, force=True)
     assert is_explorer_page(user)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.html", "page.html"]  # no temporary left
+    # no temporary left; the page is recorded in the folder's manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["contrastkit-manifest.json", "notes.html", "page.html"]
 
 
 def test_write_errors(tmp_path):

@@ -187,6 +187,13 @@ def test_existing_output_is_never_overwritten_without_resume_or_force(tmp_path, 
     assert main(["pretrain", "--out", str(out), "--epochs", "1", "--quiet"]) == 2
     assert "is not empty" in capsys.readouterr().err
     assert sorted(os.listdir(out)) == ["notes.txt"]
+    # a folder without a manifest: --force cannot tell a run's files from the user's, and refuses
+    with pytest.raises(FileExistsError, match="no contrastkit-manifest.json.*notes.txt"):
+        pretrain(tiny_config(out), force=True, progress=False)
+    assert sorted(os.listdir(out)) == ["notes.txt"]
+    out = tmp_path / "run"
+    pretrain(tiny_config(out), progress=False)
+    (out / "notes.txt").write_text("my notes")
     pretrain(tiny_config(out), force=True, progress=False)
     assert (out / "notes.txt").read_text() == "my notes"  # --force removes only the run's own files
     first = (out / "summary.json").read_text()

@@ -234,7 +234,8 @@ def test_run_report_is_replaced_but_a_user_file_is_not(tmp_path):
     assert user.read_text() == "my page"
     write_report(run, user, force=True)
     assert user.read_text().startswith("<!DOCTYPE html>")
-    assert sorted(p.name for p in run.iterdir()) == ["config.json", "report.html"]  # no temporary left
+    # no temporary left; the report is recorded in the folder's manifest
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "contrastkit-manifest.json", "report.html"]
 
 
 def test_unfinished_run_and_partial_last_line(tmp_path):

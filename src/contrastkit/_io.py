@@ -15,10 +15,9 @@ import json
 import math
 import os
 import re
-import shutil
 import stat
 import struct
-from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, BinaryIO, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 
 def write_json(path: str, data: Any) -> None:
@@ -53,16 +52,6 @@ def read_json(path: Any, *, hint: str = "") -> Any:
     except RecursionError:
         raise ValueError(f"{path} nests JSON too deeply{hint}") from None
 
-
-def remove_outputs(folder: str, names: Iterable[str]) -> None:
-    """Delete the listed files or folders inside ``folder`` (only those: nothing else a user
-    keeps there is touched)."""
-    for name in names:
-        path = os.path.join(folder, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.remove(path)
 
 
 # ------------------------------------------------------------------------------ bounded reading

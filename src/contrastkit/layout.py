@@ -11,6 +11,7 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/tokenizer.json       paired (image-text) runs only
     RUN/probe.json           ``contrastkit probe RUN`` re-evaluation
     RUN/report.html          ``contrastkit report`` / written after a run
+    RUN/contrastkit-manifest.json   every file above that contrastkit wrote (see below)
 
 A *study* folder (``contrastkit sweep`` / ``contrastkit experiment``)::
 
@@ -19,6 +20,10 @@ A *study* folder (``contrastkit sweep`` / ``contrastkit experiment``)::
     OUT/verdicts.json                      the verdicts printed
     OUT/*.png                              the plots
     OUT/runs/<run>/                        one run folder per run
+    OUT/contrastkit-manifest.json          the files above, the runs as nested manifests
+
+Every folder contrastkit writes holds a manifest (:data:`MANIFEST`, see
+:mod:`contrastkit.manifest`): ``--force`` deletes the files it lists, and only those.
 
 Standard library only, so that every layer may import it.
 """
@@ -29,7 +34,7 @@ import os
 from typing import Tuple
 
 __all__ = [
-    "DEFAULT_ROOT",
+    "DEFAULT_ROOT", "MANIFEST", "RUN_FILES", "CHECKPOINT_FILES",
     "CONFIG", "METRICS", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT", "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX",
     "TOKENIZER", "PROBE", "REPORT",
     "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder",
@@ -54,10 +59,22 @@ TOKENIZER = "tokenizer.json"
 PROBE = "probe.json"
 REPORT = "report.html"
 
-#: What ``pretrain`` writes in its folder (``--force`` removes these, and only these).
+#: What ``pretrain`` writes in its folder (``--force`` removes those of them its manifest lists).
 RUN_OUTPUTS: Tuple[str, ...] = (CONFIG, METRICS, SUMMARY, CHECKPOINTS, TOKENIZER, REPORT)
 #: Any of these marks a folder as a run folder.
 RUN_MARKERS: Tuple[str, ...] = (SUMMARY, METRICS, CONFIG)
+
+# ------------------------------------------------------------------------------ manifests
+#: The manifest of every folder contrastkit writes (the files it wrote, their sizes and hashes).
+MANIFEST = "contrastkit-manifest.json"
+#: The files (paths inside the folder) ``pretrain`` writes; one of them that exists and is not
+#: in the manifest stops ``--force`` (it would be overwritten).
+#: The checkpoint files (paths inside the run folder): the latest, the one before it, and
+#: their SHA-256 files.
+CHECKPOINT_FILES: Tuple[str, ...] = tuple(f"{CHECKPOINTS}/{name}{suffix}" for name in (LAST_CHECKPOINT, PREVIOUS_CHECKPOINT)
+                                          for suffix in ("", DIGEST_SUFFIX))
+RUN_FILES: Tuple[str, ...] = (CONFIG, METRICS, SUMMARY) + CHECKPOINT_FILES + (TOKENIZER, REPORT)
+# ------------------------------------------------------------------------------ (manifests end)
 
 
 class RunFolder:

@@ -7,6 +7,7 @@ import json
 import os
 
 from contrastkit import layout
+from contrastkit.manifest import Manifest
 from contrastkit.commands.common import print_result_table
 
 
@@ -28,9 +29,7 @@ def run(args: argparse.Namespace) -> int:
     result = evaluate_run(args.run_dir, checkpoint=args.checkpoint, device=args.device,
                           baselines=not args.no_baselines, threads=args.threads)
     if args.save:
-        with open(layout.RunFolder(args.run_dir).probe, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2, sort_keys=True)
-            handle.write("\n")
+        Manifest(args.run_dir).write_json(layout.PROBE, result)  # recorded in the run's manifest
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:

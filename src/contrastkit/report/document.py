@@ -17,6 +17,8 @@ import webbrowser
 from pathlib import Path
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
+from contrastkit.manifest import Manifest
+
 __all__ = ["Page", "check_target", "is_generated_by", "write_page", "figure_png", "fmt", "open_in_browser"]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -225,15 +227,19 @@ def write_page(path: PathLike, text: str, *, generator: str, force: bool = False
 
     An existing file is replaced only when its generator tag is ``generator`` or ``force`` is
     true; otherwise ``FileExistsError``. ``option`` names the command-line option in messages.
+    The page is recorded in the manifest of its folder (:mod:`contrastkit.manifest`; one is
+    started if the folder has none), so that ``--force`` on that folder may delete it.
     """
     target = check_target(path, generator=generator, force=force, option=option)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, target)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
+    # Recorded in the folder's manifest (a run or study folder's, or one started for the page).
+    with Manifest(target.parent).writing(target.name, temporary.name):
+        try:
+            temporary.write_text(text, encoding="utf-8")
+            os.replace(temporary, target)
+        finally:
+            if temporary.exists():
+                temporary.unlink()
     return target
 
 

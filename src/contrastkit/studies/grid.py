@@ -4,6 +4,10 @@ Each run of a study is one :class:`RunSpec`, executed through :func:`contrastkit
 into ``OUT/runs/<name>/`` (a ``contrastkit pretrain`` run folder). A finished run (its
 ``summary.json`` exists) is reused, an interrupted one resumed from its checkpoint, so a study
 cut off at any point continues where it stopped.
+
+The study folder's manifest (:mod:`contrastkit.manifest`) lists the study's own files and each
+run folder as a nested manifest, so that ``--force`` removes the study's runs through their own
+manifests and leaves any other folder in ``OUT/runs/`` alone.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from contrastkit import layout
 from contrastkit._io import read_json as _read_json
-from contrastkit._io import remove_outputs, write_json
+from contrastkit.manifest import Manifest, clear_folder
 
 __all__ = ["RunSpec", "prepare_out", "check_specs", "run_grid", "read_json"]
 
@@ -44,11 +48,14 @@ def read_json(path: str) -> Any:
 
 
 def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], settings: Dict[str, Any],
-                settings_file: str, command: str) -> None:
-    """Make ``out`` ready: a new or empty folder; with ``force`` the files in ``owned`` are
-    deleted first; with ``resume`` the stored settings must equal ``settings``.
+                settings_file: str, command: str) -> Manifest:
+    """Make ``out`` ready and return its manifest: a new or empty folder; with ``force`` the
+    files its manifest lists (the runs through their own manifests) are deleted first, and a
+    folder without a manifest is refused (:func:`contrastkit.manifest.plan_removal`); with
+    ``resume`` the stored settings must equal ``settings``. ``owned`` are the names the study
+    writes in ``out`` (one that is there and not listed stops ``force``).
 
-    Anything else in a non-empty folder is never overwritten.
+    Anything else in a non-empty folder is never overwritten or deleted.
     """
     if resume and force:
         raise ValueError("--resume and --force exclude each other: resume continues, force starts over")
@@ -56,6 +63,7 @@ def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], se
         raise FileExistsError(f"output path {out} exists and is not a folder")
     settings = json.loads(json.dumps(settings))  # compare as stored
     settings_path = os.path.join(out, settings_file)
+    manifest = Manifest(out, command)
     if resume:
         if not os.path.isfile(settings_path):
             raise FileNotFoundError(f"nothing to resume: {settings_path} does not exist")
@@ -65,14 +73,16 @@ def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], se
             details = ", ".join(f"{k}: stored {stored.get(k)!r} vs now {settings.get(k)!r}" for k in differing)
             raise ValueError(f"{out} holds a {command} with other settings ({details}); "
                              "resume with the same options or start over with --force")
-        return
-    if os.path.isdir(out) and os.listdir(out):
-        if not force:
-            raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the {command} "
-                                  f"in it or --force to start over (deletes {', '.join(owned)})")
-        remove_outputs(out, owned)
-    os.makedirs(out, exist_ok=True)
-    write_json(settings_path, settings)
+        if not manifest.exists():  # a study of an older contrastkit: its own files by name
+            manifest.adopt(name for name in owned if name != layout.RUNS)
+        return manifest
+    if os.path.isdir(out) and os.listdir(out) and not force:
+        raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the {command} "
+                              f"in it or --force to start over (deletes the files its {layout.MANIFEST} "
+                              "lists as contrastkit's, and the runs it lists through their own)")
+    clear_folder(out, kind=command, will_write=[name for name in owned if name != layout.RUNS])
+    manifest.write_json(settings_file, settings)
+    return manifest
 
 
 def check_specs(specs: Sequence[RunSpec]) -> None:
@@ -147,15 +157,37 @@ class _Display:
             self.live.stop()
 
 
+def _register_runs(specs: Sequence[RunSpec], runs_dir: str, manifest: Manifest, resume: bool) -> None:
+    """List every run folder in the study's manifest before any run starts. A folder already
+    in ``runs_dir`` under a run's name that the manifest does not list is someone else's: it
+    is refused, except on ``resume`` (the user continues this study: its runs are adopted)."""
+    nested = set(manifest.nested)
+    names = [os.path.relpath(os.path.join(runs_dir, spec.name), manifest.folder).replace(os.sep, "/")
+             for spec in specs]
+    foreign = [name for name in names if name not in nested and not resume
+               and os.path.lexists(os.path.join(manifest.folder, name))
+               and (not os.path.isdir(os.path.join(manifest.folder, name))
+                    or os.listdir(os.path.join(manifest.folder, name)))]
+    if foreign:
+        raise FileExistsError(f"{', '.join(foreign)} in {manifest.folder} already exist(s) and are not runs "
+                              f"this study's {layout.MANIFEST} lists; move them away or choose another --out")
+    manifest.add_nested(*[name for name in names if name not in nested])
+
+
 def run_grid(specs: List[RunSpec], runs_dir: str, *, title: str, progress: bool,
-             cell: Callable[[Dict[str, Any]], str]) -> List[RunSpec]:
+             cell: Callable[[Dict[str, Any]], str], manifest: Optional[Manifest] = None,
+             resume: bool = False) -> List[RunSpec]:
     """Run every spec in order (``runs_dir/<name>``), filling ``spec.summary``.
 
     Runs whose ``summary.json`` exists are reused, interrupted ones resumed from their
     checkpoint, so a grid interrupted at any point can be continued. ``progress`` shows a
     live table on a terminal (``cell(summary)`` is a finished run's entry), else one line per
-    run on stderr.
+    run on stderr. ``manifest`` (the study folder's, from :func:`prepare_out`) gets every run
+    folder as a nested manifest before the first run starts; ``resume`` says the study is
+    being continued (run folders it does not list yet are adopted rather than refused).
     """
+    if manifest is not None:
+        _register_runs(specs, runs_dir, manifest, resume)
     os.makedirs(runs_dir, exist_ok=True)
     display = _Display(title, specs, progress, cell)
     try:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from contrastkit import layout
-from contrastkit._io import write_csv, write_json
 from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec, check_specs, prepare_out, run_grid
@@ -130,7 +129,8 @@ class Study:
 
     @property
     def outputs(self) -> Tuple[str, ...]:
-        """Every name this study writes in its folder (what ``force`` deletes, and only that)."""
+        """Every name this study writes in its folder (``force`` deletes those of them its
+        manifest lists, and only those)."""
         return (layout.RUNS, self.table_file, self.settings_file, layout.VERDICTS) + tuple(self.plot_files)
 
     @property
@@ -160,12 +160,14 @@ class Study:
         out = self.default_out if out is None else os.fspath(out)
         specs = self.specs(settings)
         check_specs(specs)
-        prepare_out(out, resume=resume, force=force, owned=self.outputs, settings=settings,
-                    settings_file=self.settings_file, command=self.label)
-        run_grid(specs, os.path.join(out, layout.RUNS), title=self.title, progress=progress, cell=self.cell)
+        manifest = prepare_out(out, resume=resume, force=force, owned=self.outputs, settings=settings,
+                               settings_file=self.settings_file, command=self.label)
+        run_grid(specs, os.path.join(out, layout.RUNS), title=self.title, progress=progress, cell=self.cell,
+                 manifest=manifest, resume=resume)
         rows = self.rows(specs)
-        write_csv(os.path.join(out, self.table_file), rows)
+        manifest.write_csv(self.table_file, rows)
         verdicts = self.verdicts(rows)
-        write_json(os.path.join(out, layout.VERDICTS), [v.to_dict() for v in verdicts])
-        plots = self.plot(rows, out)
+        manifest.write_json(layout.VERDICTS, [v.to_dict() for v in verdicts])
+        with manifest.writing(*self.plot_files):
+            plots = self.plot(rows, out)
         return StudyResult(self, out, settings, specs, rows, verdicts, plots)

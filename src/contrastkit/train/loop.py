@@ -7,11 +7,13 @@ the method's name.
 
 Outputs in ``config.out``: ``config.json`` (resolved configuration), ``metrics.jsonl`` (one
 JSON record per logged step and per epoch), ``checkpoints/last.pt`` (written atomically each
-epoch) and ``summary.json`` (final numbers).
+epoch) and ``summary.json`` (final numbers), each recorded in the folder's manifest
+(:mod:`contrastkit.manifest`) as it is written, so that ``--force`` deletes exactly these.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -27,7 +29,7 @@ import torch
 
 from contrastkit import layout
 from contrastkit import __version__
-from contrastkit._io import remove_outputs, write_json
+from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RESUME_MAY_CHANGE, PretrainConfig
@@ -60,8 +62,9 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _check_out(out: str, resume: bool, force: bool) -> None:
-    """Refuse before any work: a non-empty OUT needs --resume or --force."""
+def _check_out(out: str, resume: bool, force: bool) -> Optional[RemovalPlan]:
+    """Refuse before any work: a non-empty OUT needs --resume or --force, and --force needs a
+    folder whose manifest accounts for what would be deleted (returns that plan)."""
     if resume and force:
         raise ValueError("--resume and --force exclude each other: resume continues a run, force starts over")
     if os.path.exists(out) and not os.path.isdir(out):
@@ -70,17 +73,27 @@ def _check_out(out: str, resume: bool, force: bool) -> None:
         checkpoint = layout.RunFolder(out).last_checkpoint
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"nothing to resume: {checkpoint} does not exist")
-        return
+        Manifest(out).read()  # an unreadable manifest is refused before any work
+        return None
     if os.path.isdir(out) and os.listdir(out) and not force:
         raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the run "
-                              "in it or --force to start over (this deletes its config.json, "
-                              "metrics.jsonl, summary.json and checkpoints/)")
+                              f"in it or --force to start over (this deletes the files its {layout.MANIFEST} "
+                              "lists as contrastkit's, nothing else)")
+    return plan_removal(out, will_write=layout.RUN_FILES) if force else None
 
 
-def _prepare_out(out: str, resume: bool) -> None:
-    """Once the run is set up: with --force delete the previous run's files (only those)."""
-    if not resume:
-        remove_outputs(out, OUTPUT_FILES)
+def _prepare_out(out: str, resume: bool, plan: Optional[RemovalPlan] = None) -> None:
+    """Once the run is set up: with --force delete the previous run's files (the ``plan`` of
+    :func:`_check_out`), and start the folder's manifest; on resume keep it (a run of an older
+    contrastkit, without one, gets one listing its run files)."""
+    manifest = Manifest(out, "run")
+    if resume:
+        if not manifest.exists():
+            manifest.adopt(layout.RUN_FILES)
+    else:
+        if plan is not None:
+            plan.apply()
+        manifest.reset()
     os.makedirs(layout.RunFolder(out).checkpoints, exist_ok=True)
 
 
@@ -98,9 +111,10 @@ def _truncate_metrics(path: str, epoch: int, step: int) -> None:
             if record.get("step", 0) <= step and record.get("epoch", 0) <= epoch:
                 kept.append(json.dumps(record) + "\n")
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.writelines(kept)
-    os.replace(tmp, path)
+    with Manifest(os.path.dirname(path)).writing(os.path.basename(path)):
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.writelines(kept)
+        os.replace(tmp, path)
 
 
 def _check_resumable(state: Dict[str, Any], config: PretrainConfig, path: str) -> None:
@@ -197,7 +211,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         run.parallel.teardown()
         return None
     summary = _summarise(run, baselines)
-    write_json(run.folder.summary, summary)
+    Manifest(run.folder.root).write_json(layout.SUMMARY, summary)
     run.parallel.barrier()
     run.parallel.teardown()
     return summary
@@ -251,7 +265,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     parallel = setup(device)
     if parallel.active and device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
-    parallel.run_on_main(lambda: _check_out(config.out, resume, force))
+    plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
     if dataset is None:
         dataset = method.load_data(config)
@@ -286,13 +300,19 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     run = _Run(config, method, parallel, device, dataset, views, tokenizer, model, step_loss, optimizer,
                scheduler, schedule, layout.RunFolder(config.out), batch_size, rank_batch, steps_per_epoch,
                total_steps, warmup_steps, started)
-    parallel.run_on_main(lambda: _prepare_out(config.out, resume))
-    parallel.run_on_main(lambda: method.save_run_files(model, run.folder))
+    parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
+    parallel.run_on_main(lambda: _save_run_files(run))
     if resume:
         _restore(run)
     if parallel.is_main:
-        write_json(run.folder.config, {"config": config.to_dict(), "derived": _derived(run)})
+        Manifest(config.out).write_json(layout.CONFIG, {"config": config.to_dict(), "derived": _derived(run)})
     return run
+
+
+def _save_run_files(run: _Run) -> None:
+    """The method's own files (the tokenizer of the paired methods), recorded in the manifest."""
+    with Manifest(run.folder.root).writing(layout.TOKENIZER):
+        run.method.save_run_files(run.model, run.folder)
 
 
 def _optimizer(model: torch.nn.Module, config: PretrainConfig) -> torch.optim.Optimizer:
@@ -358,9 +378,12 @@ def _train(run: _Run, progress: Optional[bool],
     labels = run.dataset.train.labels
     labels = labels.to(run.device) if labels is not None else None  # paired data may lack labels
     run.model.train()
+    # metrics.jsonl grows all through training: marked as being written until it is closed.
+    recording = (Manifest(run.folder.root).writing(layout.METRICS) if run.parallel.is_main
+                 else contextlib.nullcontext())
     try:
-        with (open(run.folder.metrics, "a", encoding="utf-8") if run.parallel.is_main
-              else open(os.devnull, "w")) as metrics:
+        with recording, (open(run.folder.metrics, "a", encoding="utf-8") if run.parallel.is_main
+                         else open(os.devnull, "w")) as metrics:
             while run.epoch < run.config.epochs:
                 epoch_started = time.perf_counter()
                 loss_sum = _train_epoch(run, labels, metrics, bar)
@@ -444,6 +467,8 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
     metrics.flush()
     rng_per_rank = parallel.gather_objects(rng_state())
     if parallel.is_main:
+        manifest = Manifest(run.folder.root)
+        marked = manifest.mark_writing(*layout.CHECKPOINT_FILES)
         save_checkpoint(run.folder.last_checkpoint, {
             "config": config.to_dict(), "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
             "scheduler": run.scheduler.state_dict(),
@@ -451,6 +476,7 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
             "epoch": run.epoch, "step": run.step, "train_seconds": run.train_seconds,
             "epoch_losses": run.epoch_losses,
         })
+        manifest.record(*marked)  # hashed once, here (a digest the writer returns could be passed)
     parallel.barrier()  # the checkpoint is complete before any rank goes on
     return record
 
