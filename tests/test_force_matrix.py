@@ -26,7 +26,9 @@ TINY_CLI = ["--epochs", "1", "--batch-size", "8", "--quiet"] + [
     arg for key, value in TINY_GLYPHLAB.items() for arg in ("--data-option", f"{key}={value}")]
 TINY_STUDY = ["--seeds", "1", "--epochs", "1", "--batch-size", "8", "--no-progress"] + [
     arg for key, value in TINY_GLYPHLAB.items() for arg in ("--data-option", f"{key}={value}")]
-RUN_FILES = {"config.json", "metrics.jsonl", "summary.json", "checkpoints/last.pt", "report.html"}
+# A one-epoch run: the checkpoint and its SHA-256 file (no previous.pt yet).
+RUN_FILES = {"config.json", "metrics.jsonl", "summary.json", "checkpoints/last.pt", "checkpoints/last.pt.sha256",
+             "report.html"}
 
 
 def tiny_config(out, **overrides):
@@ -152,7 +154,9 @@ def test_resume_keeps_the_manifest_consistent(tmp_path):
     assert Manifest(out).check() == [] and "checkpoints/last.pt" in Manifest(out).files
     pretrain(tiny_config(out, epochs=2), resume=True, progress=False, baselines=False)
     assert Manifest(out).check() == []
-    assert set(Manifest(out).files) == RUN_FILES - {"report.html"}
+    # two epochs: the first checkpoint is kept as previous.pt, with its digest
+    assert set(Manifest(out).files) == (RUN_FILES - {"report.html"}) | {"checkpoints/previous.pt",
+                                                                       "checkpoints/previous.pt.sha256"}
 
 
 def test_resuming_a_run_of_an_older_version_adopts_its_run_files(run):
