@@ -193,10 +193,10 @@ def cached_gradient_loss(
             statistics) are put back after the replay, so that each micro-batch updates them
             once, as in its first pass.
         tolerance: the largest difference between the two passes over a micro-batch, relative
-            to ``max(1, max |embedding|)``; default :func:`replay_tolerance` of the dtype.
+            to ``max(1, max |embedding|)``; default ``accumulation.replay_tolerance(dtype)``.
 
     Returns:
-        The loss (detached: its graph has been used).
+        Tensor: the loss of the whole batch, detached, since its graph has been used.
 
     Raises:
         ValueError: ``micro_batch`` out of range or not dividing ``B``; an embedding with the
