@@ -252,7 +252,7 @@ def _resolve_accumulation(c: PretrainConfig) -> None:
     from contrastkit.train.accumulation import check_micro_batch
     from contrastkit.train.methods import get_method
 
-    get_method(c.method)._check_micro_batch()
+    get_method(c.method).require_cached_gradients()
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun: the check is per process
     share = c.batch_size // world if world > 1 and c.batch_size % world == 0 else c.batch_size
     where = f"this process's share of the batch under torchrun ({share} of {c.batch_size})" if share != c.batch_size \

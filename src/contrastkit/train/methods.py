@@ -124,13 +124,14 @@ class Method:
         ``micro_batch`` rows (:func:`~contrastkit.train.accumulation.cached_gradient_loss`):
         the parameters' ``.grad`` are those of ``loss(model, batch, labels).backward()`` when
         no layer has batch statistics; returns the (detached) loss."""
-        self._check_micro_batch()
+        self.require_cached_gradients()
         self._check_cross_rank(model)
         return cached_gradient_loss(lambda part: self.embed(model, part),
                                     lambda embeddings: self.objective(model, embeddings, labels),
                                     batch, micro_batch, model=model)
 
-    def _check_micro_batch(self) -> None:
+    def require_cached_gradients(self) -> None:
+        """Raise ``ValueError`` unless the method takes ``--micro-batch`` (:attr:`cached_gradients`)."""
         if not self.cached_gradients:
             raise ValueError(f"method {self.name!r} does not take --micro-batch: its loss is not one of the "
                              "whole batch's per-row embeddings (in-batch negatives)")
