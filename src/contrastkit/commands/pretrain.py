@@ -14,7 +14,7 @@ from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, P
 _FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
            "temperature_schedule",
            "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
-           "queue_size", "projection_dim", "weight", "text_encoder", "seed", "device", "threads", "log_every",
+           "queue_size", "projection_dim", "weight", "text_encoder", "micro_batch", "norm", "seed", "device", "threads", "log_every",
            "eval_every", "out")
 
 
@@ -61,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="convirt: lambda on the image->text InfoNCE, 1 - lambda on text->image (default 0.75)")
     add("--text-encoder", choices=("transformer", "mean"), default=None,
         help="convirt: text encoder, mean-pooled word embeddings or a 2-layer transformer (default mean)")
+    add("--micro-batch", type=int, default=None, metavar="M",
+        help="cached-gradient accumulation: embed the batch in micro-batches of M source images (M divides "
+             "the batch, per process under torchrun), the loss still on the whole batch; the gradients are "
+             "the full batch's without batch statistics (--norm group); see docs/accumulation.md")
+    add("--norm", choices=("batch", "group"), default=None,
+        help="the encoder's and head's normalisation: BatchNorm, or GroupNorm/LayerNorm, which have no "
+             "batch statistics (default batch)")
     add("--seed", type=int, default=None, help=f"(default {d.seed})")
     add("--device", default=None, help="auto, cpu, cuda, cuda:1, ... (default auto)")
     add("--threads", type=int, default=None,

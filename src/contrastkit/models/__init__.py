@@ -4,6 +4,6 @@ The encoder output ``h`` is what a frozen read-out (linear probe, kNN) evaluates
 projection ``z`` only feeds the contrastive loss. Plain torch, no torchvision.
 """
 
-from .encoders import ENCODERS, ProjectionHead, ResNet18, SmallCNN, build_encoder
+from .encoders import ENCODERS, NORMS, ProjectionHead, ResNet18, SmallCNN, build_encoder, norm_layer
 
-__all__ = ["ENCODERS", "ProjectionHead", "ResNet18", "SmallCNN", "build_encoder"]
+__all__ = ["ENCODERS", "NORMS", "ProjectionHead", "ResNet18", "SmallCNN", "build_encoder", "norm_layer"]

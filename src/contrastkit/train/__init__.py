@@ -2,9 +2,12 @@
 
 Entry points: :func:`pretrain` (train + evaluate, writes a run folder) and
 :func:`evaluate_run` (re-evaluate a run folder's checkpoint). Each method is a
-:class:`Method` object, registered by name in :data:`METHOD_REGISTRY`.
+:class:`Method` object, registered by name in :data:`METHOD_REGISTRY`. :func:`cached_gradient_loss`
+(:mod:`contrastkit.train.accumulation`) takes a batch larger than the encoder's activations
+fit, exactly, in micro-batches, in any training loop.
 """
 
+from .accumulation import average_gradients, cached_gradient_loss
 from .config import DEFAULT_TEMPERATURE, METHODS, PretrainConfig
 from .evaluate import evaluate_encoders, evaluate_features, evaluate_run, extract_features
 from .loop import pretrain, warmup_cosine
@@ -12,4 +15,5 @@ from .methods import METHOD_REGISTRY, ContrastiveModel, EvalContext, Method, Two
 
 __all__ = ["PretrainConfig", "METHODS", "DEFAULT_TEMPERATURE", "ContrastiveModel", "pretrain",
            "warmup_cosine", "Method", "TwoViewMethod", "EvalContext", "METHOD_REGISTRY", "get_method",
-           "evaluate_run", "evaluate_encoders", "evaluate_features", "extract_features"]
+           "evaluate_run", "evaluate_encoders", "evaluate_features", "extract_features", "cached_gradient_loss",
+           "average_gradients"]

@@ -111,6 +111,8 @@ class PretrainConfig:
     projection_dim: Optional[int] = None  # None: 64, convirt 512
     weight: Optional[float] = None        # convirt's lambda on image->text (None: 0.75)
     text_encoder: Optional[str] = None    # convirt's text encoder (None: mean)
+    micro_batch: Optional[int] = None     # cached-gradient accumulation in micro-batches of this many (None: off)
+    norm: Optional[str] = None            # the built-in networks' normalisation: None (BatchNorm) or "group"
     seed: int = 0
     device: str = "auto"
     threads: int = 1                # CPU threads (0: torch's default); see setup.limit_threads
@@ -173,6 +175,7 @@ class PretrainConfig:
         _positive_int(c.eval_every, "eval_every", 0)
         _positive_int(c.knn_k, "knn_k")
         c.knn_temperature = _positive_float(c.knn_temperature, "knn_temperature")
+        _resolve_accumulation(c)
         return c
 
     @property
@@ -251,3 +254,25 @@ def _resolve_convirt(c: PretrainConfig, name: str = "convirt") -> None:
         raise ValueError(f"text_encoder must be one of {TEXT_ENCODER_NAMES}, got {c.text_encoder!r}")
     if c.projection_dim is None:
         c.projection_dim = CONVIRT_DEFAULTS["projection_dim"]
+
+
+def _resolve_accumulation(c: PretrainConfig) -> None:
+    """``micro_batch`` (it divides this process's share of the batch; the method must take it)
+    and ``norm`` (``"batch"`` is stored as ``None``, what runs before the option wrote)."""
+    from contrastkit.models import NORMS
+
+    if c.norm is not None and c.norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {c.norm!r}")
+    if c.norm == "batch":
+        c.norm = None
+    if c.micro_batch is None:
+        return
+    from contrastkit.train.accumulation import check_micro_batch
+    from contrastkit.train.methods import get_method
+
+    get_method(c.method).require_cached_gradients()
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun: the check is per process
+    share = c.batch_size // world if world > 1 and c.batch_size % world == 0 else c.batch_size
+    where = f"this process's share of the batch under torchrun ({share} of {c.batch_size})" if share != c.batch_size \
+        else f"the batch size ({c.batch_size})"
+    check_micro_batch(c.micro_batch, share, batch=where)

@@ -78,6 +78,8 @@ class ConvirtModel(nn.Module):
         projection_dim: ``d`` of the joint space (ConVIRT 512).
         text_encoder: ``"transformer"`` or ``"mean"`` (see :class:`TextEncoder`).
         text_width: the text encoder's width.
+        norm: the image encoder's and heads' normalisation, ``None``/``"batch"`` or ``"group"``
+            (:func:`~contrastkit.models.build_encoder`).
 
     ``encoder`` / ``embed`` are the image side evaluated by the linear probe, like the other
     methods' models.
@@ -86,17 +88,17 @@ class ConvirtModel(nn.Module):
     def __init__(self, encoder: str, in_channels: int, tokenizer: WordTokenizer, *,
                  temperature: float = DEFAULT_TEMPERATURE, learnable_temperature: bool = False,
                  weight: float = DEFAULT_WEIGHT, projection_dim: int = DEFAULT_DIM,
-                 text_encoder: str = "mean", text_width: int = 128) -> None:
+                 text_encoder: str = "mean", text_width: int = 128, norm: Optional[str] = None) -> None:
         super().__init__()
         self.method = "convirt"
         self.weight = float(check_probability(weight, "weight"))
         self.tokenizer = tokenizer
-        self.encoder = build_encoder(encoder, in_channels)
+        self.encoder = build_encoder(encoder, in_channels, norm=norm)
         self.text_encoder = TextEncoder(len(tokenizer), width=text_width, kind=text_encoder,
                                         max_length=tokenizer.max_length)
         self.image_head = ProjectionHead(self.encoder.out_dim, hidden_dim=self.encoder.out_dim,
-                                         out_dim=projection_dim)
-        self.text_head = ProjectionHead(text_width, hidden_dim=text_width, out_dim=projection_dim)
+                                         out_dim=projection_dim, norm=norm)
+        self.text_head = ProjectionHead(text_width, hidden_dim=text_width, out_dim=projection_dim, norm=norm)
         self.temperature = losses.Temperature(temperature, learnable=learnable_temperature)
         # Set by the training loop under torchrun (the method has no cross-rank form yet).
         self.distributed = False

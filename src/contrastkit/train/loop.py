@@ -31,6 +31,7 @@ from contrastkit import layout
 from contrastkit import __version__
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
+from .accumulation import average_gradients
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RESUME_MAY_CHANGE, PretrainConfig
 from .evaluate import evaluate_model, extract_features
@@ -421,9 +422,15 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     tau_now = _follow_schedule(run.model, run.schedule, run.step, run.total_steps)
     if tau_now is not None:  # a varying tau is logged at every step
         metrics.write(json.dumps({"kind": "tau", "step": run.step + 1, "tau": tau_now}) + "\n")
-    loss = run.step_loss(batch, None if labels is None else labels[indices.to(run.device)])
-    run.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    batch_labels = None if labels is None else labels[indices.to(run.device)]
+    if run.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
+        run.optimizer.zero_grad(set_to_none=True)
+        loss = run.method.cached_gradient_loss(run.model, batch, batch_labels, run.config.micro_batch)
+        average_gradients(run.model.parameters())
+    else:
+        loss = run.step_loss(batch, batch_labels)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
     run.optimizer.step()
     run.model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
     run.scheduler.step()

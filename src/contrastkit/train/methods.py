@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,7 @@ from contrastkit.losses.sigmoid import SIGLIP_BIAS, SIGLIP_SCALE
 from contrastkit.models import ProjectionHead, build_encoder
 
 from . import convirt
+from .accumulation import cached_gradient_loss
 from .config import PretrainConfig
 from .geometry import geometry
 
@@ -68,6 +69,10 @@ class Method:
     name: ClassVar[str]
     #: Whether the loss has a cross-rank form (every rank's negatives) for torchrun.
     cross_rank: ClassVar[bool] = True
+    #: Whether ``--micro-batch`` (cached-gradient accumulation) applies: :meth:`embed` is
+    #: per-row and :meth:`objective` takes the whole batch's embeddings (its in-batch
+    #: negatives). A new method opts in.
+    cached_gradients: ClassVar[bool] = False
 
     # -- data ---------------------------------------------------------------------------
     def load_data(self, config: PretrainConfig) -> Any:
@@ -114,6 +119,24 @@ class Method:
         self._check_cross_rank(model)
         return self.objective(model, self.embed(model, batch), labels)
 
+    def cached_gradient_loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor],
+                             micro_batch: int) -> Tensor:
+        """The loss of one training step with its gradients accumulated in micro-batches of
+        ``micro_batch`` rows (:func:`~contrastkit.train.accumulation.cached_gradient_loss`):
+        the parameters' ``.grad`` are those of ``loss(model, batch, labels).backward()`` when
+        no layer has batch statistics; returns the (detached) loss."""
+        self.require_cached_gradients()
+        self._check_cross_rank(model)
+        return cached_gradient_loss(lambda part: self.embed(model, part),
+                                    lambda embeddings: self.objective(model, embeddings, labels),
+                                    batch, micro_batch, model=model)
+
+    def require_cached_gradients(self) -> None:
+        """Raise ``ValueError`` unless the method takes ``--micro-batch`` (:attr:`cached_gradients`)."""
+        if not self.cached_gradients:
+            raise ValueError(f"method {self.name!r} does not take --micro-batch: its loss is not one of the "
+                             "whole batch's per-row embeddings (in-batch negatives)")
+
     def _check_cross_rank(self, model: nn.Module) -> None:
         if getattr(model, "distributed", False) and not self.cross_rank:
             raise ValueError(f"method {self.name!r} has no cross-rank form yet; run it without torchrun")
@@ -144,6 +167,8 @@ class TwoViewMethod(Method):
     ``(z_a, z_b)``; the val and test numbers are the two-view geometry of ``h`` and ``z``
     (alignment, uniformity, tolerance; ``train/geometry.py``)."""
 
+    cached_gradients = True
+
     def load_data(self, config: PretrainConfig) -> Any:
         from contrastkit.data import load_dataset
 
@@ -160,6 +185,7 @@ class TwoViewMethod(Method):
             self.name, config.encoder, in_channels,
             temperature=config.temperature, learnable_temperature=config.learnable_temperature,
             projection_dim=config.projection_dim, momentum=config.momentum, queue_size=config.queue_size,
+            norm=config.norm,
         )
 
     def extend_model(self, model: "ContrastiveModel", queue_size: Optional[int]) -> None:
@@ -266,11 +292,7 @@ class MoCo(TwoViewMethod):
     def embed(self, model: nn.Module, batch: Batch) -> Tuple[Tensor, ...]:
         view_a, view_b = batch
         query = model.head(model.encoder(view_a))
-        with torch.no_grad():
-            if model.training:  # after the query's forward: the key BatchNorm follows its statistics
-                _momentum_update(model)
-            keys = _keys(model, view_b)
-        return query, keys
+        return query, _keys(model, view_b)
 
     def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
         query, keys = embeddings
@@ -284,14 +306,40 @@ class MoCo(TwoViewMethod):
             model.queue.enqueue(embeddings[1], group=model.distributed)
         return loss
 
+    def cached_gradient_loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor],
+                             micro_batch: int) -> Tensor:
+        """Only the queries are accumulated: the key side has no gradient and runs once per
+        step, between the two passes (one momentum update after the queries' first pass, as
+        in :meth:`embed`; the keys in micro-batches; one enqueue at the end)."""
+        self._check_cross_rank(model)
+        view_a, view_b = batch
+        keys: List[Tensor] = []
 
-def _keys(model: nn.Module, view_b: Tensor) -> Tensor:
-    """MoCo's keys of ``view_b``, the batch shuffled across ranks for the key network in
-    training under torchrun (shuffle-BN, :class:`MoCo`)."""
-    if not (model.training and model.distributed and getattr(model, "shuffle_bn", True)):
-        return F.normalize(model.key_head(model.key_encoder(view_b)), dim=1)
-    shuffled, shuffle = shuffle_across_ranks(view_b, model.distributed)
-    return shuffle.unshuffle(F.normalize(model.key_head(model.key_encoder(shuffled)), dim=1))
+        def objective(embeddings: Tuple[Tensor, ...]) -> Tensor:
+            keys.append(_keys(model, view_b, micro_batch))
+            return self.objective(model, (embeddings[0], keys[0]), labels)
+
+        loss = cached_gradient_loss(lambda part: (model.head(model.encoder(part)),), objective, view_a,
+                                    micro_batch, model=model)
+        if model.training:
+            model.queue.enqueue(keys[0], group=model.distributed)
+        return loss
+
+
+@torch.no_grad()
+def _keys(model: nn.Module, view_b: Tensor, chunk: Optional[int] = None) -> Tensor:
+    """MoCo's keys of ``view_b`` (in chunks of ``chunk`` rows if given), after the momentum
+    update in training mode (called after the query's forward: the key BatchNorm follows its
+    statistics); the batch is shuffled across ranks for the key network in training under
+    torchrun (shuffle-BN, :class:`MoCo`)."""
+    if model.training:
+        _momentum_update(model)
+    shuffle = None
+    if model.training and model.distributed and getattr(model, "shuffle_bn", True):
+        view_b, shuffle = shuffle_across_ranks(view_b, model.distributed)
+    parts = view_b.split(chunk) if chunk else (view_b,)
+    keys = torch.cat([F.normalize(model.key_head(model.key_encoder(part)), dim=1) for part in parts])
+    return keys if shuffle is None else shuffle.unshuffle(keys)
 
 
 @torch.no_grad()
@@ -319,6 +367,7 @@ class Convirt(Method):
     retrieval and zero-shot classification (:func:`~contrastkit.train.convirt.evaluate_convirt`)."""
 
     name = "convirt"
+    cached_gradients = True
 
     def load_data(self, config: PretrainConfig) -> Any:
         from contrastkit.data.paired import load_paired
@@ -343,7 +392,8 @@ class Convirt(Method):
             raise ValueError("convirt needs the run's text tokenizer to build its model")
         return convirt.ConvirtModel(config.encoder, in_channels, tokenizer, temperature=config.temperature,
                                     learnable_temperature=config.learnable_temperature, weight=config.weight,
-                                    projection_dim=config.projection_dim, text_encoder=config.text_encoder)
+                                    projection_dim=config.projection_dim, text_encoder=config.text_encoder,
+                                    norm=config.norm)
 
     def embed(self, model: nn.Module, batch: Batch) -> Tuple[Tensor, ...]:
         images, (ids, mask) = batch
@@ -435,11 +485,13 @@ class ContrastiveModel(nn.Module):
         projection_dim: size of ``z``.
         momentum: MoCo's key-encoder EMA coefficient.
         queue_size: MoCo's number of stored keys (required for ``"moco"``).
+        norm: the encoder's and head's normalisation, ``None``/``"batch"`` (BatchNorm) or
+            ``"group"`` (GroupNorm, LayerNorm in the head; :func:`~contrastkit.models.build_encoder`).
     """
 
     def __init__(self, method: str, encoder: str, in_channels: int, *, temperature: float,
                  learnable_temperature: bool = False, projection_dim: int = 64,
-                 momentum: float = 0.99, queue_size: Optional[int] = None) -> None:
+                 momentum: float = 0.99, queue_size: Optional[int] = None, norm: Optional[str] = None) -> None:
         super().__init__()
         two_view = METHOD_REGISTRY.get(method)
         if not isinstance(two_view, TwoViewMethod):
@@ -449,9 +501,9 @@ class ContrastiveModel(nn.Module):
         # Set by the training loop under torchrun: the losses then use every rank's negatives
         # (local mode) and MoCo's queue receives every rank's keys.
         self.distributed = False
-        self.encoder = build_encoder(encoder, in_channels)
+        self.encoder = build_encoder(encoder, in_channels, norm=norm)
         self.head = ProjectionHead(self.encoder.out_dim, hidden_dim=max(self.encoder.out_dim, projection_dim),
-                                   out_dim=projection_dim)
+                                   out_dim=projection_dim, norm=norm)
         self.temperature = losses.Temperature(temperature, learnable=learnable_temperature)
         self.momentum = momentum
         two_view.extend_model(self, queue_size)
