@@ -425,10 +425,10 @@ class SiglipModel(convirt.ConvirtModel):
     def __init__(self, encoder: str, in_channels: int, tokenizer: Any, *,
                  temperature: float = 1.0 / SIGLIP_SCALE, learnable_temperature: bool = True,
                  bias: float = SIGLIP_BIAS, projection_dim: int = convirt.DEFAULT_DIM,
-                 text_encoder: str = "mean", text_width: int = 128) -> None:
+                 text_encoder: str = "mean", text_width: int = 128, norm: Optional[str] = None) -> None:
         super().__init__(encoder, in_channels, tokenizer, temperature=temperature,
                          learnable_temperature=learnable_temperature, projection_dim=projection_dim,
-                         text_encoder=text_encoder, text_width=text_width)
+                         text_encoder=text_encoder, text_width=text_width, norm=norm)
         self.method = "siglip"
         self.bias = nn.Parameter(torch.tensor(float(bias)))
 
@@ -453,7 +453,8 @@ class Siglip(Convirt):
             raise ValueError("siglip needs the run's text tokenizer to build its model")
         return SiglipModel(config.encoder, in_channels, tokenizer, temperature=config.temperature,
                            learnable_temperature=config.learnable_temperature,
-                           projection_dim=config.projection_dim, text_encoder=config.text_encoder)
+                           projection_dim=config.projection_dim, text_encoder=config.text_encoder,
+                           norm=config.norm)
 
     def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
         v, u = embeddings
