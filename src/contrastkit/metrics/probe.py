@@ -90,47 +90,63 @@ def _standardise(train: np.ndarray, *others: np.ndarray) -> Tuple[torch.Tensor, 
 
 
 class _MultinomialProbe:
-    """L-BFGS fits of one standardised training set along a grid of ``C`` (see module doc)."""
+    """L-BFGS fits of one standardised training set along a grid of ``C`` (see module doc).
+
+    The objective and its gradient are written out rather than left to autograd so that both
+    products run in their fast layout: logits as ``W^T X^T`` (``k x n``) and the weight
+    gradient as ``G^T X`` (``k x d``); on CPU the autograd form ``X^T G`` of a tall, thin
+    matrix ran ~10x slower than ``G^T X``. ``x`` and its transpose are both kept, contiguous.
+    """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, classes: int, max_iter: int) -> None:
-        self.x, self.y, self.classes, self.max_iter = x, y, classes, max_iter
+        self.x, self.xt = x.contiguous(), x.T.contiguous()
+        self.y, self.classes, self.max_iter = y, classes, max_iter
+        self.rows = torch.arange(x.shape[0])
         covariance = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
         for start in range(0, x.shape[0], 8192):  # float32 products, float64 sums
-            block = x[start:start + 8192]
-            covariance += (block.T @ block).double()
+            covariance += (self.xt[:, start:start + 8192] @ self.x[start:start + 8192]).double()
         eigenvalues, self.basis = torch.linalg.eigh(covariance / x.shape[0])
         self.eigenvalues = eigenvalues.clamp(min=0.0)
         self.weight = torch.zeros(x.shape[1], classes, dtype=torch.float64)
         self.bias = torch.zeros(classes, dtype=torch.float64)
 
+    def _loss_and_gradients(self, weight: torch.Tensor, bias: torch.Tensor, penalty: float):
+        """``mean CE + penalty / 2 ||W||^2`` and its gradients w.r.t. ``W`` and ``b``."""
+        logits = torch.addmm(bias.float()[:, None], weight.T.float(), self.xt)  # (k, n)
+        log_norm = logits.logsumexp(0)
+        loss = (log_norm - logits[self.y, self.rows]).double().mean() + 0.5 * penalty * weight.pow(2).sum()
+        residual = logits.sub_(log_norm).exp_()  # softmax probabilities, then minus the one-hot labels
+        residual[self.y, self.rows] -= 1.0
+        residual /= self.x.shape[0]
+        grad_weight = (residual @ self.x).double().T + penalty * weight
+        return loss, grad_weight, residual.sum(1).double()
+
     def fit(self, c: float) -> None:
         """Minimise ``mean CE(x W + b) + ||W||^2 / (2 C n)`` from the current solution."""
         penalty = 1.0 / (c * self.x.shape[0])
         scale = (self.eigenvalues / self.classes + penalty).rsqrt()  # diagonal preconditioner
-        v = ((self.basis.T @ self.weight) / scale[:, None]).requires_grad_()
-        b = self.bias.clone().requires_grad_()
+        v = (self.basis.T @ self.weight) / scale[:, None]
+        b = self.bias.clone()
         optimizer = torch.optim.LBFGS([v, b], lr=1.0, max_iter=self.max_iter, history_size=10,
                                       tolerance_grad=PROBE_TOLERANCE, tolerance_change=1e-12,
                                       line_search_fn="strong_wolfe")
 
         def objective() -> torch.Tensor:
-            optimizer.zero_grad()
-            weight = self.basis @ (scale[:, None] * v)
-            logits = self.x @ weight.float() + b.float()
-            loss = F.cross_entropy(logits, self.y).double() + 0.5 * penalty * weight.pow(2).sum()
-            loss.backward()
+            loss, grad_weight, grad_bias = self._loss_and_gradients(self.basis @ (scale[:, None] * v), b, penalty)
+            v.grad = scale[:, None] * (self.basis.T @ grad_weight)  # chain rule through W = Q S V
+            b.grad = grad_bias
             return loss
 
-        optimizer.step(objective)
+        with torch.no_grad():
+            optimizer.step(objective)
         self.iterations = optimizer.state[v]["n_iter"]
         self.evaluations = optimizer.state[v]["func_evals"]
-        with torch.no_grad():
-            self.weight = self.basis @ (scale[:, None] * v.detach())
-            self.bias = b.detach().clone()
+        self.weight = self.basis @ (scale[:, None] * v)
+        self.bias = b
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor) -> np.ndarray:
-        return (x @ self.weight.float() + self.bias.float()).argmax(1).numpy()
+        return torch.addmm(self.bias.float(), x, self.weight.float()).argmax(1).numpy()
 
 
 def linear_probe(
