@@ -39,18 +39,19 @@ from contrastkit.train.geometry import geometry  # noqa: E402
 from contrastkit.train.setup import build_model  # noqa: E402
 
 
-def epoch_seconds(config: PretrainConfig, dataset: Any, steps: int, warmup: int = 2) -> float:
-    """Seconds of one training epoch: the median-free mean of ``steps`` full steps, times the
-    steps of an epoch (the last partial batch is dropped, as in training)."""
+def epoch_seconds(config: PretrainConfig, dataset: Any, steps: int, warmup: int = 2) -> Dict[str, float]:
+    """Seconds of one training epoch: the mean of ``steps`` full steps (after ``warmup``), times
+    the steps of an epoch (the last partial batch is dropped, as in training); wall-clock and
+    process CPU seconds (on a loaded machine the CPU time of a 1-thread run is the stable one)."""
     views = make_views(dataset, mode="augment", device="cpu")
     model = build_model(config, dataset.image_shape[0])
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(0)
     n = dataset.train.images.shape[0]
-    elapsed = 0.0
+    elapsed = cpu = 0.0
     for step in range(warmup + steps):
         indices = torch.randint(0, n, (config.batch_size,), generator=generator)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         view_a, view_b = views(dataset.train, indices)
         loss = model.loss(view_a, view_b, dataset.train.labels[indices])
         optimizer.zero_grad(set_to_none=True)
@@ -59,7 +60,8 @@ def epoch_seconds(config: PretrainConfig, dataset: Any, steps: int, warmup: int 
         float(loss.detach())
         if step >= warmup:
             elapsed += time.perf_counter() - started
-    return elapsed / steps * (n // config.batch_size)
+            cpu += time.process_time() - cpu_started
+    return {"wall": elapsed / steps * (n // config.batch_size), "cpu": cpu / steps * (n // config.batch_size)}
 
 
 @contextlib.contextmanager
@@ -69,11 +71,12 @@ def timed_parts(times: Dict[str, float]) -> Iterator[None]:
 
     def wrap(name: str, function: Callable) -> Callable:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             try:
                 return function(*args, **kwargs)
             finally:
                 times[name] += time.perf_counter() - started
+                times[f"{name}_cpu"] += time.process_time() - cpu_started
         return timed
 
     for name in ("extract_features", "linear_probe", "knn_accuracy"):
@@ -94,16 +97,18 @@ def readout_seconds(config: PretrainConfig, dataset: Any) -> Dict[str, Any]:
     views = make_views(dataset, mode="augment", device="cpu")
     times: Dict[str, float] = defaultdict(float)
     device = torch.device("cpu")
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     with timed_parts(times):
         numbers = evaluate_module.evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline,
                                                     raw_pixels=True, knn_k=config.knn_k,
                                                     knn_temperature=config.knn_temperature)
-    geometry_started = time.perf_counter()
+    geometry_started, geometry_cpu = time.perf_counter(), time.process_time()
     numbers["representation"] = geometry(model, dataset.test, views, device, batch_size=config.batch_size,
                                          temperature=config.temperature, seed=config.seed)
     times["geometry"] = time.perf_counter() - geometry_started
+    times["geometry_cpu"] = time.process_time() - geometry_cpu
     times["total"] = time.perf_counter() - started
+    times["total_cpu"] = time.process_time() - cpu_started
     return {"seconds": dict(times), "numbers": numbers}
 
 
@@ -127,11 +132,14 @@ def main() -> None:
           f"{os.cpu_count()} CPUs; data {dataset.name} {tuple(dataset.image_shape)} "
           f"train/val/test {sizes['train']}/{sizes['val']}/{sizes['test']}, batch {args.batch_size}")
     print()
-    print("| measurement | features s | probe s | kNN s | geometry s | read-out s | epoch s | read-out / epoch |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| {args.label or 'read-out'} | {seconds.get('extract_features', 0):.1f} | "
-          f"{seconds.get('linear_probe', 0):.1f} | {seconds.get('knn_accuracy', 0):.1f} | {seconds['geometry']:.1f} | "
-          f"{seconds['total']:.1f} | {epoch:.1f} | {seconds['total'] / epoch:.2f} |")
+    print("| measurement | clock | features s | probe s | kNN s | geometry s | read-out s | epoch s | read-out / epoch |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for clock, suffix in (("wall", ""), ("CPU", "_cpu")):
+        parts = " | ".join(f"{seconds.get(part + suffix, 0):.1f}"
+                           for part in ("extract_features", "linear_probe", "knn_accuracy", "geometry", "total"))
+        one_epoch = epoch["wall" if clock == "wall" else "cpu"]
+        print(f"| {args.label or 'read-out'} | {clock} | {parts} | {one_epoch:.1f} | "
+              f"{seconds['total' + suffix] / one_epoch:.2f} |")
     accuracies = {key: value for key, value in readout["numbers"].items()
                   if key.endswith("accuracy") or key.endswith("probe_c")}
     print()
@@ -140,7 +148,8 @@ def main() -> None:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"label": args.label, "sizes": sizes, "batch_size": args.batch_size,
                        "threads": torch.get_num_threads(), "readout_seconds": seconds, "epoch_seconds": epoch,
-                       "ratio": seconds["total"] / epoch, "numbers": readout["numbers"]}, handle, indent=1)
+                       "ratio_wall": seconds["total"] / epoch["wall"],
+                       "ratio_cpu": seconds["total_cpu"] / epoch["cpu"], "numbers": readout["numbers"]}, handle, indent=1)
 
 
 if __name__ == "__main__":
