@@ -106,11 +106,13 @@ def _peer_versions() -> Dict[str, str]:
     return out
 
 
-def build(method: str, n: int, dim: int, tau: float) -> Tuple[Callable[[], torch.Tensor], list]:
-    """Inputs (leaf tensors that need a gradient) and a closure computing the loss."""
+def build(method: str, n: int, dim: int, tau: float, device: str = "cpu",
+          dtype: torch.dtype = torch.float32) -> Tuple[Callable[[], torch.Tensor], list]:
+    """Inputs (leaf tensors that need a gradient, on ``device`` in ``dtype``) and a closure
+    computing the loss."""
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(n, dim, generator=generator).requires_grad_()
-    b = torch.randn(n, dim, generator=generator).requires_grad_()
+    a = torch.randn(n, dim, generator=generator).to(device, dtype).requires_grad_()
+    b = torch.randn(n, dim, generator=generator).to(device, dtype).requires_grad_()
     group, name = method.split("/")
     import contrastkit.losses as ck
     from contrastkit.losses import tiled
@@ -134,7 +136,7 @@ def build(method: str, n: int, dim: int, tau: float) -> Tuple[Callable[[], torch
         from pytorch_metric_learning.losses import NTXentLoss
 
         loss_fn = NTXentLoss(temperature=tau)
-        labels = torch.arange(n).repeat(2)
+        labels = torch.arange(n, device=device).repeat(2)
         return (lambda: loss_fn(torch.cat([a, b]), labels)), [a, b]
     if name == "lightly":
         module = _load_submodule(
@@ -148,13 +150,13 @@ def build(method: str, n: int, dim: int, tau: float) -> Tuple[Callable[[], torch
         return (lambda: loss_fn(a, b)), [a, b]
     if name == "open_clip":
         module = _load_submodule("open_clip.loss", stub_packages=("open_clip",))
-        scale = torch.tensor(1.0 / tau)
+        scale = torch.tensor(1.0 / tau, device=device)
         normalize = torch.nn.functional.normalize
         if group == "sigmoid":
             # Fixed scale and bias as tensors; on one process SigLipLoss is dense (its chunks are
             # the other ranks' texts, exchanged between neighbours).
             loss_fn = module.SigLipLoss()
-            bias = torch.tensor(SIGMOID_BIAS)
+            bias = torch.tensor(SIGMOID_BIAS, device=device)
             return (lambda: loss_fn(normalize(a, dim=-1), normalize(b, dim=-1), scale, bias)), [a, b]
         loss_fn = module.ClipLoss()
         return (lambda: loss_fn(normalize(a, dim=-1), normalize(b, dim=-1), scale)), [a, b]

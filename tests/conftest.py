@@ -9,6 +9,25 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
+    parser.addoption("--test-device", default=os.environ.get("CONTRASTKIT_TEST_DEVICE", "cpu"),
+                     help="device of the device-agnostic tests (the test_device fixture): cpu (default), "
+                          "cuda, cuda:1, ...; also CONTRASTKIT_TEST_DEVICE")
+
+
+def pytest_configure(config):
+    name = config.getoption("--test-device")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise pytest.UsageError(f"--test-device {name!r} is not a torch device: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--test-device {name!r} was asked for but CUDA is not available")
+
+
+@pytest.fixture(scope="session")
+def test_device(request):
+    """The device the device-agnostic tests run their tensors on (``--test-device``)."""
+    return torch.device(request.config.getoption("--test-device"))
 
 
 def pytest_collection_modifyitems(config, items):

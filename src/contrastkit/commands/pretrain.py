@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=None, help=f"(default {d.seed})")
     add("--device", default=None, help="auto, cpu, cuda, cuda:1, ... (default auto)")
     add("--threads", type=int, default=None,
-        help="CPU threads (default 1: fastest on a CPU shared with other jobs; 0 = torch's default)")
+        help="CPU threads (default 0: the cores this process may use); on a CPU shared with other jobs "
+             "use --threads 1, or set OMP_WAIT_POLICY=PASSIVE so idle OpenMP threads do not spin")
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
     add("--eval-every", type=int, default=None,
         help="epochs between val kNN checks logged to metrics.jsonl (default 0: never)")

@@ -1,7 +1,6 @@
 """Metrics on frozen features (pure functions).
 
-* Read-out: linear probe and weighted kNN (:mod:`contrastkit.metrics.probe`); scikit-learn
-  is imported lazily inside the functions that need it.
+* Read-out: linear probe and weighted kNN (:mod:`contrastkit.metrics.probe`; torch, float32).
 * Representation geometry: alignment, uniformity, tolerance, positive vs nearest-negative
   similarity, penalty entropy, effective rank (:mod:`contrastkit.metrics.representation`;
   pure torch, chunked so large evaluation sets fit in memory).

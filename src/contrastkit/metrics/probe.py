@@ -1,24 +1,40 @@
 """The fixed read-out protocol on frozen features.
 
-* Linear probe: features standardised with train statistics, scikit-learn's multinomial
-  ``LogisticRegression`` (L-BFGS) fitted on train for every ``C`` of a grid; the ``C`` with
-  the best val accuracy (the smallest such ``C`` on ties) is reported with its test accuracy.
+* Linear probe: features standardised with train statistics, a multinomial logistic
+  regression (mean cross-entropy plus ``||W||^2 / (2 C n)``, intercept not penalised, as
+  scikit-learn's ``LogisticRegression``) fitted by L-BFGS on train for every ``C`` of a grid,
+  each fit warm-started from the previous one; the ``C`` with the best val accuracy (the
+  smallest such ``C`` on ties) is reported with its test accuracy.
 * Weighted kNN (Wu et al. 2018, "instance discrimination"): features L2-normalised, the
   ``k`` train rows with the largest cosine similarity vote for their class with weight
   ``exp(cos / temperature)``; the class with the largest total wins.
+
+Both run in torch on float32 features (statistics and the L-BFGS state in float64), on as
+many threads as torch is given. The probe minimises the same objective as scikit-learn, in
+the preconditioned coordinates ``W = Q diag((e / k + 1 / (C n))^(-1/2)) V`` (``Q, e`` the
+eigenvectors and eigenvalues of the train features' covariance, ``k`` classes): the same
+optimum, reached in tens of L-BFGS iterations where raw correlated pixels took thousands.
+The kNN similarities are computed a block of queries at a time, so memory stays
+``O(block * n)``.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Sequence
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 __all__ = ["DEFAULT_C_GRID", "ProbeResult", "linear_probe", "knn_predict", "knn_accuracy"]
 
 DEFAULT_C_GRID = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
+
+#: Queries per block of the kNN similarity matrix (``block x n`` float32 at a time).
+KNN_BLOCK = 1024
+#: L-BFGS stops when the largest gradient entry (preconditioned coordinates) falls below this.
+PROBE_TOLERANCE = 1e-5
 
 
 @dataclass
@@ -37,14 +53,20 @@ class ProbeResult:
 
 
 def _features(x: object, name: str) -> np.ndarray:
-    array = np.asarray(x, dtype=np.float64)
+    """``x`` as a float32 ``(n, d)`` array (float64 inputs are checked before the cast)."""
+    array = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if not np.issubdtype(array.dtype, np.floating):
+        array = array.astype(np.float64)
     if array.ndim != 2:
         raise ValueError(f"{name} must have shape (n, d), got {array.shape}")
     if array.shape[0] == 0:
         raise ValueError(f"{name} is empty")
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{name} contains NaN or infinite values")
-    return array
+    single = np.asarray(array, dtype=np.float32)
+    if not np.all(np.isfinite(single)):
+        raise ValueError(f"{name} holds values beyond the float32 range (|x| > 3.4e38)")
+    return single
 
 
 def _labels(y: object, n: int, name: str) -> np.ndarray:
@@ -54,6 +76,77 @@ def _labels(y: object, n: int, name: str) -> np.ndarray:
     if not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{name} must hold integer class labels, got dtype {array.dtype}")
     return array.astype(np.int64)
+
+
+def _standardise(train: np.ndarray, *others: np.ndarray) -> Tuple[torch.Tensor, ...]:
+    """Subtract the train mean, divide by the train standard deviation (population, a
+    constant column divided by 1, as scikit-learn's ``StandardScaler``); float32 tensors."""
+    x = torch.from_numpy(train)
+    mean = x.mean(0, dtype=torch.float64)
+    std = (x.double() - mean).pow_(2).mean(0).sqrt_()
+    std = torch.where(std < 10 * torch.finfo(torch.float64).eps, torch.ones_like(std), std)
+    mean, std = mean.float(), std.float()
+    return tuple((torch.from_numpy(a) - mean) / std for a in (train, *others))
+
+
+class _MultinomialProbe:
+    """L-BFGS fits of one standardised training set along a grid of ``C`` (see module doc).
+
+    The objective and its gradient are written out rather than left to autograd so that both
+    products run in their fast layout: logits as ``W^T X^T`` (``k x n``) and the weight
+    gradient as ``G^T X`` (``k x d``); on CPU the autograd form ``X^T G`` of a tall, thin
+    matrix ran ~10x slower than ``G^T X``. ``x`` and its transpose are both kept, contiguous.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, classes: int, max_iter: int) -> None:
+        self.x, self.xt = x.contiguous(), x.T.contiguous()
+        self.y, self.classes, self.max_iter = y, classes, max_iter
+        self.rows = torch.arange(x.shape[0])
+        covariance = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
+        for start in range(0, x.shape[0], 8192):  # float32 products, float64 sums
+            covariance += (self.xt[:, start:start + 8192] @ self.x[start:start + 8192]).double()
+        eigenvalues, self.basis = torch.linalg.eigh(covariance / x.shape[0])
+        self.eigenvalues = eigenvalues.clamp(min=0.0)
+        self.weight = torch.zeros(x.shape[1], classes, dtype=torch.float64)
+        self.bias = torch.zeros(classes, dtype=torch.float64)
+
+    def _loss_and_gradients(self, weight: torch.Tensor, bias: torch.Tensor, penalty: float):
+        """``mean CE + penalty / 2 ||W||^2`` and its gradients w.r.t. ``W`` and ``b``."""
+        logits = torch.addmm(bias.float()[:, None], weight.T.float(), self.xt)  # (k, n)
+        log_norm = logits.logsumexp(0)
+        loss = (log_norm - logits[self.y, self.rows]).double().mean() + 0.5 * penalty * weight.pow(2).sum()
+        residual = logits.sub_(log_norm).exp_()  # softmax probabilities, then minus the one-hot labels
+        residual[self.y, self.rows] -= 1.0
+        residual /= self.x.shape[0]
+        grad_weight = (residual @ self.x).double().T + penalty * weight
+        return loss, grad_weight, residual.sum(1).double()
+
+    def fit(self, c: float) -> None:
+        """Minimise ``mean CE(x W + b) + ||W||^2 / (2 C n)`` from the current solution."""
+        penalty = 1.0 / (c * self.x.shape[0])
+        scale = (self.eigenvalues / self.classes + penalty).rsqrt()  # diagonal preconditioner
+        v = (self.basis.T @ self.weight) / scale[:, None]
+        b = self.bias.clone()
+        optimizer = torch.optim.LBFGS([v, b], lr=1.0, max_iter=self.max_iter, history_size=10,
+                                      tolerance_grad=PROBE_TOLERANCE, tolerance_change=1e-12,
+                                      line_search_fn="strong_wolfe")
+
+        def objective() -> torch.Tensor:
+            loss, grad_weight, grad_bias = self._loss_and_gradients(self.basis @ (scale[:, None] * v), b, penalty)
+            v.grad = scale[:, None] * (self.basis.T @ grad_weight)  # chain rule through W = Q S V
+            b.grad = grad_bias
+            return loss
+
+        with torch.no_grad():
+            optimizer.step(objective)
+        self.iterations = optimizer.state[v]["n_iter"]
+        self.evaluations = optimizer.state[v]["func_evals"]
+        self.weight = self.basis @ (scale[:, None] * v)
+        self.bias = b
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor) -> np.ndarray:
+        return torch.addmm(self.bias.float(), x, self.weight.float()).argmax(1).numpy()
 
 
 def linear_probe(
@@ -74,10 +167,6 @@ def linear_probe(
 
     Returns a :class:`ProbeResult`; accuracies are fractions in ``[0, 1]``.
     """
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
-
     train_x = _features(train_x, "train_x")
     val_x = _features(val_x, "val_x")
     test_x = _features(test_x, "test_x")
@@ -88,28 +177,28 @@ def linear_probe(
     train_y = _labels(train_y, train_x.shape[0], "train_y")
     val_y = _labels(val_y, val_x.shape[0], "val_y")
     test_y = _labels(test_y, test_x.shape[0], "test_y")
-    if len(np.unique(train_y)) < 2:
+    classes, train_index = np.unique(train_y, return_inverse=True)
+    if len(classes) < 2:
         raise ValueError("train_y holds a single class; a probe needs at least two")
     grid = [float(c) for c in c_grid]
     if not grid or any(not np.isfinite(c) or c <= 0 for c in grid):
         raise ValueError(f"c_grid must be a non-empty sequence of positive numbers, got {c_grid}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
 
-    scaler = StandardScaler().fit(train_x)
-    train_s, val_s, test_s = (scaler.transform(x) for x in (train_x, val_x, test_x))
+    train_s, val_s, test_s = _standardise(train_x, val_x, test_x)
     # One model walked along the grid from strong to weak regularisation, each fit starting
     # from the previous solution (same optimum, far fewer L-BFGS iterations at large C).
-    model = LogisticRegression(max_iter=max_iter, warm_start=True)
+    # A fit that stops at max_iter is still a valid read-out, as with scikit-learn.
+    model = _MultinomialProbe(train_s, torch.from_numpy(train_index.astype(np.int64)), len(classes), int(max_iter))
     best = None
     by_c: Dict[float, float] = {}
     for c in sorted(set(grid)):
-        with warnings.catch_warnings():
-            # A probe that has not fully converged at max_iter is still a valid read-out.
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            model.set_params(C=c).fit(train_s, train_y)
-        val_acc = float((model.predict(val_s) == val_y).mean())
+        model.fit(c)
+        val_acc = float((classes[model.predict(val_s)] == val_y).mean())
         by_c[c] = val_acc
         if best is None or val_acc > best[0]:
-            best = (val_acc, c, float((model.predict(test_s) == test_y).mean()))
+            best = (val_acc, c, float((classes[model.predict(test_s)] == test_y).mean()))
     val_acc, best_c, test_acc = best
     return ProbeResult(test_accuracy=test_acc, val_accuracy=val_acc, best_c=best_c, val_accuracy_by_c=by_c)
 
@@ -145,19 +234,24 @@ def knn_predict(
     if memory_y.max() >= classes:
         raise ValueError(f"memory_y holds label {memory_y.max()} but num_classes is {classes}")
 
-    def unit(x: np.ndarray) -> np.ndarray:
-        norms = np.linalg.norm(x, axis=1, keepdims=True)
-        return x / np.maximum(norms, 1e-12)
+    def unit(x: np.ndarray) -> torch.Tensor:
+        # Norms in float64: a float32 square sum of large features could overflow.
+        norms = np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
+        return torch.from_numpy((x / np.maximum(norms, 1e-12)).astype(np.float32))
 
-    similarity = unit(query_x) @ unit(memory_x).T  # (m, n)
-    k = min(int(k), memory_x.shape[0])
-    neighbours = np.argpartition(-similarity, k - 1, axis=1)[:, :k]
-    neighbour_sim = np.take_along_axis(similarity, neighbours, axis=1)
-    # Subtracting the row maximum keeps exp() finite; it scales every vote of a row equally.
-    weights = np.exp((neighbour_sim - neighbour_sim.max(axis=1, keepdims=True)) / temperature)
-    votes = np.zeros((query_x.shape[0], classes))
-    np.add.at(votes, (np.arange(query_x.shape[0])[:, None], memory_y[neighbours]), weights)
-    return votes.argmax(axis=1)
+    memory, queries = unit(memory_x), unit(query_x)
+    labels = torch.from_numpy(memory_y)
+    k = min(int(k), memory.shape[0])
+    predictions = np.empty(queries.shape[0], dtype=np.int64)
+    for start in range(0, queries.shape[0], KNN_BLOCK):
+        similarity = queries[start:start + KNN_BLOCK] @ memory.T  # (block, n)
+        neighbour_sim, neighbours = similarity.topk(k, dim=1)
+        # Subtracting the row maximum keeps exp() finite; it scales every vote of a row equally.
+        weights = ((neighbour_sim - neighbour_sim[:, :1]) / temperature).double().exp_()
+        votes = torch.zeros(neighbours.shape[0], classes, dtype=torch.float64)
+        votes.scatter_add_(1, labels[neighbours], weights)
+        predictions[start:start + KNN_BLOCK] = votes.numpy().argmax(axis=1)
+    return predictions
 
 
 def knn_accuracy(

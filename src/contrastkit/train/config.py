@@ -115,7 +115,7 @@ class PretrainConfig:
     norm: Optional[str] = None            # the built-in networks' normalisation: None (BatchNorm) or "group"
     seed: int = 0
     device: str = "auto"
-    threads: int = 1                # CPU threads (0: torch's default); see setup.limit_threads
+    threads: int = 0                # CPU threads; 0: the cores this process may use (setup.resolve_threads)
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val kNN checks (0: never)
     knn_k: int = 20

@@ -32,11 +32,12 @@ __all__ = ["extract_features", "evaluate_features", "evaluate_encoders", "evalua
 def extract_features(encoder: nn.Module, images: torch.Tensor, device: torch.device,
                      batch_size: int = 256) -> np.ndarray:
     """``h`` of ``images`` ``(n, C, H, W)`` in eval mode (BatchNorm uses running statistics):
-    ``(n, d)`` float64. The encoder's train/eval mode is restored afterwards."""
+    ``(n, d)`` float32 (the precision the read-out computes in). The encoder's train/eval mode
+    is restored afterwards."""
     was_training = encoder.training
     encoder.eval()
     try:
-        chunks = [encoder(images[i:i + batch_size].to(device)).double().cpu()
+        chunks = [encoder(images[i:i + batch_size].to(device)).float().cpu()
                   for i in range(0, images.shape[0], batch_size)]
     finally:
         encoder.train(was_training)
@@ -67,7 +68,7 @@ def evaluate_encoders(dataset: Any, encoder: nn.Module, device: torch.device, *,
                                      dataset, **options)
         result.update({f"random_init_{key}": value for key, value in baseline.items()})
     if raw_pixels:
-        pixels = evaluate_features(*(s.images.reshape(s.images.shape[0], -1).double().cpu().numpy()
+        pixels = evaluate_features(*(s.images.reshape(s.images.shape[0], -1).float().cpu().numpy()
                                      for s in splits), dataset, **options)
         result.update({f"raw_pixel_{key}": value for key, value in pixels.items()})
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Iterator
 
 import torch
@@ -10,20 +11,32 @@ import torch
 from .config import PretrainConfig
 from .methods import get_method
 
-__all__ = ["resolve_device", "load_data", "build_model", "limit_threads"]
+__all__ = ["resolve_device", "load_data", "build_model", "limit_threads", "resolve_threads"]
+
+
+def resolve_threads(threads: int) -> int:
+    """The CPU threads a run with ``threads`` uses: ``threads`` itself, or for ``0`` (the
+    default of ``PretrainConfig.threads``) the cores this process may run on
+    (``os.sched_getaffinity``, which honours ``taskset`` and container CPU sets), else torch's
+    own choice where the platform has no affinity call.
+
+    On a CPU shared with other jobs, OpenMP threads that spin-wait for each other can make a
+    multi-threaded step several times slower than a 1-thread one (benchmarks/RESULTS_train.md);
+    ``OMP_WAIT_POLICY=PASSIVE`` in the environment, or ``threads=1``, avoids that.
+    """
+    if threads:
+        return int(threads)
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows: no affinity call
+        return torch.get_num_threads()
 
 
 @contextlib.contextmanager
 def limit_threads(threads: int) -> Iterator[None]:
-    """Run with ``threads`` CPU threads for torch and for the BLAS/OpenMP pools scikit-learn
-    uses (0: leave the process settings alone); the previous settings come back afterwards.
-
-    Why the default is 1: on a CPU shared with other jobs, a 2-thread small-CNN step ran 6x
-    slower than a 1-thread one (threads spin-waiting for each other; benchmarks/RESULTS_train.md).
-    """
-    if not threads:
-        yield
-        return
+    """Run with :func:`resolve_threads` ``(threads)`` CPU threads for torch and for the
+    BLAS/OpenMP pools scikit-learn uses; the previous settings come back afterwards."""
+    threads = resolve_threads(threads)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -1,0 +1,95 @@
+"""The torch read-out gives the numbers of the scikit-learn / float64 read-out it replaced."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from contrastkit.metrics import knn_predict, linear_probe
+from contrastkit.train.setup import limit_threads
+
+pytest.importorskip("sklearn")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with limit_threads(1):
+        yield
+
+
+def _overlapping_clusters(rng, sizes, classes=4, dim=24):
+    # Overlapping classes (spread comparable to the centre distance) and correlated features:
+    # the optimum of every C is finite and the probe accuracy is well below 1.
+    centres = rng.normal(size=(classes, dim)) * 1.5
+    mixing = np.eye(dim) + 0.8 * rng.normal(size=(dim, dim)) / np.sqrt(dim)
+    out = []
+    for n in sizes:
+        labels = rng.integers(0, classes, size=n)
+        out.append(((centres[labels] + 3.0 * rng.normal(size=(n, dim))) @ mixing * 7.0 + 3.0, labels))
+    return out
+
+
+def _sklearn_probe(train, val, test, grid):
+    """The former read-out: StandardScaler, LogisticRegression (L-BFGS, multinomial), float64,
+    converged tightly so the comparison is with the optimum, not with an early stop."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    scaler = StandardScaler().fit(train[0])
+    by_c, test_by_c = {}, {}
+    for c in grid:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = LogisticRegression(C=c, max_iter=10000, tol=1e-8).fit(scaler.transform(train[0]), train[1])
+        by_c[c] = float((model.predict(scaler.transform(val[0])) == val[1]).mean())
+        test_by_c[c] = float((model.predict(scaler.transform(test[0])) == test[1]).mean())
+    return by_c, test_by_c
+
+
+def test_probe_matches_scikit_learn_within_the_probe_tolerance():
+    rng = np.random.default_rng(3)
+    train, val, test = _overlapping_clusters(rng, (400, 300, 300))
+    grid = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
+    result = linear_probe(*train, *val, *test, c_grid=grid)
+    by_c, test_by_c = _sklearn_probe(train, val, test, grid)
+    # Tolerance: 1% of the split (3 of 300 samples) per C; in practice they agree to a sample.
+    for c in grid:
+        assert abs(result.val_accuracy_by_c[c] - by_c[c]) <= 0.01, (c, result.val_accuracy_by_c, by_c)
+    assert abs(result.test_accuracy - test_by_c[result.best_c]) <= 0.01
+    assert 0.4 < result.test_accuracy < 0.95  # a problem where the probe is informative
+
+
+def test_probe_accepts_float32_and_float64_alike():
+    rng = np.random.default_rng(4)
+    train, val, test = _overlapping_clusters(rng, (200, 100, 100))
+    as64 = linear_probe(*train, *val, *test)
+    as32 = linear_probe(train[0].astype(np.float32), train[1], val[0].astype(np.float32), val[1],
+                        test[0].astype(np.float32), test[1])
+    assert as32.best_c == as64.best_c
+    assert abs(as32.test_accuracy - as64.test_accuracy) <= 0.01
+
+
+def _knn_float64(memory_x, memory_y, query_x, k, temperature, classes):
+    """The former kNN: float64 numpy, the whole (m, n) similarity matrix at once."""
+    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # noqa: E731
+    similarity = unit(query_x) @ unit(memory_x).T
+    neighbours = np.argpartition(-similarity, k - 1, axis=1)[:, :k]
+    neighbour_sim = np.take_along_axis(similarity, neighbours, axis=1)
+    weights = np.exp((neighbour_sim - neighbour_sim.max(axis=1, keepdims=True)) / temperature)
+    votes = np.zeros((query_x.shape[0], classes))
+    np.add.at(votes, (np.arange(query_x.shape[0])[:, None], memory_y[neighbours]), weights)
+    return votes.argmax(axis=1)
+
+
+@pytest.mark.parametrize("block", [7, 1024])
+def test_knn_matches_the_float64_reference(monkeypatch, block):
+    from contrastkit.metrics import probe
+
+    monkeypatch.setattr(probe, "KNN_BLOCK", block)  # several blocks, and one
+    rng = np.random.default_rng(5)
+    (memory_x, memory_y), (query_x, query_y) = _overlapping_clusters(rng, (500, 120), classes=5, dim=16)
+    for k, temperature in ((20, 0.07), (5, 0.5), (1, 0.07)):
+        expected = _knn_float64(memory_x, memory_y, query_x, k, temperature, 5)
+        got = knn_predict(memory_x, memory_y, query_x, k=k, temperature=temperature, num_classes=5)
+        # float32 similarities may reorder two neighbours whose cosines agree to ~1e-7.
+        assert (got == expected).mean() >= 0.99, (k, temperature)
