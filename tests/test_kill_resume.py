@@ -6,7 +6,7 @@ kill point, runs the CLI and is killed there with SIGKILL (no cleanup of any kin
 kill points: during a training step (in ``backward``), half-way through writing a checkpoint
 (``torch.save`` has written half the file), between the renames that put a checkpoint in place
 (after the third and after the fourth ``os.replace`` into ``checkpoints/``), during the final
-evaluation (the linear probe's first ``fit``) and while writing the report (before
+evaluation (the linear probe's first L-BFGS step) and while writing the report (before
 ``report.html`` is renamed into place). After each kill, ``last.pt`` must load as it is.
 """
 
@@ -25,7 +25,6 @@ TIMING_KEYS = {"seconds", "train_seconds", "eval_seconds", "images_per_second"}
 HARNESS = textwrap.dedent('''
     import io, json, os, signal, sys
     import torch
-    import sklearn.linear_model
     import contrastkit.report
     from contrastkit.cli import main
     from contrastkit.train.checkpoint import load_checkpoint
@@ -69,9 +68,9 @@ HARNESS = textwrap.dedent('''
                         die()
             os.replace = replace
         elif kind == "probe":
-            def fit(self, *args, **kwargs):
+            def step(self, *args, **kwargs):  # the linear probe's first L-BFGS step
                 die()
-            sklearn.linear_model.LogisticRegression.fit = fit
+            torch.optim.LBFGS.step = step
         elif kind == "report":
             real_replace = os.replace
             def replace(src, dst):
