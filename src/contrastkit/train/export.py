@@ -10,12 +10,14 @@ no more than one batch of features is held in memory. Files (see
 ``splits``, ``names``; or ``OUT.npy`` (``h``), ``OUT_z.npy`` (``z``) and ``OUT.csv`` (``split,
 index, label, name`` per row). A marker (``OUT.npz.contrastkit.json`` or
 ``OUT.npy.contrastkit.json``) lists what was written: an
-existing file is replaced only with ``force`` and only if an earlier export's marker lists it.
+existing file is replaced only with ``force`` and only if an earlier export's marker lists it
+with the size and SHA-256 it still has.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -112,23 +114,39 @@ def _check_targets(files: Dict[str, str], force: bool) -> None:
         raise FileExistsError(f"{existing[0]} exists; pass --force to replace an earlier contrastkit embed output")
     listed = _listed_files(files["marker"])
     for path in existing:
-        if path != files["marker"] and (os.path.basename(path) not in listed or not os.path.isfile(path)
-                                        or os.path.islink(path)):
+        if path != files["marker"] and os.path.basename(path) not in listed:
             raise FileExistsError(f"{path} exists and was not written by contrastkit embed (its marker "
-                                  f"{files['marker']} does not list it); not replacing it")
+                                  f"{files['marker']} does not list it as it is now); not replacing it")
 
 
 def _listed_files(marker: str) -> List[str]:
-    """The file names an earlier export's marker lists (none without a readable marker)."""
+    """The files an earlier export's marker lists and that are still as it wrote them (same
+    size and SHA-256): a file a user put there since under the same name is not one of them."""
     if not os.path.isfile(marker) or os.path.islink(marker):
         return []
     try:
         with open(marker, encoding="utf-8") as handle:
             stored = json.load(handle)
-        listed = stored["files"] if stored.get("written_by") == "contrastkit embed" else []
+        listed = stored["sha256"] if stored.get("written_by") == "contrastkit embed" else {}
+        items = list(listed.items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return []
-    return [name for name in listed if isinstance(name, str) and os.path.basename(name) == name]
+    folder = os.path.dirname(os.path.abspath(marker))
+    unchanged = []
+    for name, digest in items:
+        path = os.path.join(folder, str(name))
+        if (isinstance(name, str) and os.path.basename(name) == name and os.path.isfile(path)
+                and not os.path.islink(path) and _sha256(path) == digest):
+            unchanged.append(name)
+    return unchanged
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _projection_head(model: nn.Module) -> nn.Module:
@@ -227,6 +245,7 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
         "h_dim": h.width, "z_dim": z.width if z is not None else None,
         "files": sorted(os.path.basename(path) for path in written.values()),
         "sizes": {os.path.basename(path): os.path.getsize(path) for path in written.values()},
+        "sha256": {os.path.basename(path): _sha256(path) for path in written.values()},
     })
     return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names))
 
@@ -255,9 +274,7 @@ def _previous_outputs_removed(files: Dict[str, str]) -> None:
     """With ``force``: an earlier export's files (only those its marker lists) go first."""
     folder = os.path.dirname(os.path.abspath(files["marker"]))
     for name in _listed_files(files["marker"]):
-        path = os.path.join(folder, name)
-        if os.path.isfile(path) and not os.path.islink(path):
-            os.remove(path)
+        os.remove(os.path.join(folder, name))
 
 
 def _zip(path: str, npy_files: Dict[str, str], arrays: Dict[str, np.ndarray]) -> None:
