@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from _tiny_run import TINY_ARGS, without_timings
-from contrastkit._config_file import read_config_file, write_config_file
+from contrastkit.config_files import read_config_file, write_config_file
 from contrastkit.cli import main
 from contrastkit.commands import pretrain as pretrain_command
 from contrastkit.commands.common import UsageError, add_config_argument, apply_config_file, config_defaults

@@ -7,7 +7,6 @@ the previous file intact rather than a truncated one.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import os
 import shutil
@@ -51,12 +50,3 @@ def remove_outputs(folder: str, names: Iterable[str]) -> None:
             shutil.rmtree(path)
         elif os.path.exists(path):
             os.remove(path)
-
-
-def file_digest(path: "str | os.PathLike[str]", algorithm: str = "sha256") -> str:
-    """The hex digest of a file's bytes (``hashlib`` algorithm name), read in 1 MiB blocks."""
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -82,7 +82,7 @@ def apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> O
     path = finder.parse_known_args(list(argv))[0].config
     if path is None:
         return None
-    from contrastkit._config_file import read_config_file
+    from contrastkit.config_files import read_config_file
 
     parser.set_defaults(**config_defaults(parser, read_config_file(path), path))
     return path

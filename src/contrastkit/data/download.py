@@ -15,8 +15,6 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, Union
 
-from contrastkit._io import file_digest
-
 MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 #: MD5 of the official gzipped MNIST files.
 MNIST_MD5: Dict[str, str] = {
@@ -34,7 +32,11 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _md5(path: Path) -> str:
-    return file_digest(path, "md5")
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _fetch(url: str, target: Path, md5: str, timeout: float) -> None:

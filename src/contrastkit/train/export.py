@@ -17,6 +17,7 @@ with the size and SHA-256 it still has.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from contrastkit import __version__, layout
-from contrastkit._io import file_digest, write_json
+from contrastkit._io import write_json
 
 from .evaluate import extract_features, load_run
 from .setup import limit_threads, resolve_device
@@ -135,9 +136,17 @@ def _listed_files(marker: str) -> List[str]:
     for name, digest in items:
         path = os.path.join(folder, str(name))
         if (isinstance(name, str) and os.path.basename(name) == name and os.path.isfile(path)
-                and not os.path.islink(path) and file_digest(path) == digest):
+                and not os.path.islink(path) and _sha256(path) == digest):
             unchanged.append(name)
     return unchanged
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _projection_head(model: nn.Module) -> nn.Module:
@@ -236,7 +245,7 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
         "h_dim": h.width, "z_dim": z.width if z is not None else None,
         "files": sorted(os.path.basename(path) for path in written.values()),
         "sizes": {os.path.basename(path): os.path.getsize(path) for path in written.values()},
-        "sha256": {os.path.basename(path): file_digest(path) for path in written.values()},
+        "sha256": {os.path.basename(path): _sha256(path) for path in written.values()},
     })
     return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names))
 

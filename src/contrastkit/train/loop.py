@@ -28,7 +28,7 @@ import torch
 
 from contrastkit import layout
 from contrastkit import __version__
-from contrastkit._config_file import write_config_file
+from contrastkit.config_files import write_config_file
 from contrastkit._io import remove_outputs, write_json
 
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state

@@ -12,6 +12,8 @@ import json
 import os
 from typing import Any, Dict, Mapping
 
+__all__ = ["read_config_file", "write_config_file", "MAX_BYTES"]
+
 #: A configuration is a few dozen lines; anything larger is refused before parsing.
 MAX_BYTES = 1 << 20
 YAML_MISSING = "reading YAML needs PyYAML: pip install 'contrastkit[yaml]' (or write the file as JSON)"
