@@ -51,8 +51,8 @@ def test_two_process_torchrun_pretrain_writes_one_run_folder_and_resumes(tmp_pat
     summary = _summary(torchrun(*TINY, "--method", "simclr", "--epochs", "1", "--out", str(out)))
     assert summary["epochs"] == 1 and summary["method"] == "simclr"
     # One run folder, written by rank 0 alone: no per-rank files, no duplicated records.
-    assert sorted(os.listdir(out)) == ["checkpoints", "config.json", "contrastkit-manifest.json", "metrics.jsonl",
-                                       "report.html", "summary.json"]
+    assert sorted(os.listdir(out)) == ["checkpoints", "config.json", "config.yaml", "contrastkit-manifest.json",
+                                       "metrics.jsonl", "report.html", "summary.json"]
     assert sorted(os.listdir(out / "checkpoints")) == ["last.pt", "last.pt.sha256"]  # and its digest
     with open(out / "config.json", encoding="utf-8") as handle:
         assert json.load(handle)["derived"]["world_size"] == 2

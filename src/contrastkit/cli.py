@@ -17,7 +17,7 @@ import importlib
 import sys
 from typing import List, Optional
 
-from contrastkit.commands.common import UsageError
+from contrastkit.commands.common import UsageError, apply_config_file
 
 __all__ = ["main", "build_parser", "COMMANDS", "DESCRIPTION", "UsageError"]
 
@@ -33,6 +33,7 @@ COMMANDS = {
     "probe": ("contrastkit.commands.probe", "re-evaluate a pretraining run's checkpoint with the linear probe"),
     "sweep": ("contrastkit.commands.sweep", "pretrain over a grid of temperatures and seeds; metrics, plots, verdicts"),
     "experiment": ("contrastkit.commands.experiment", "run an experiment of the source texts (positive-pairs, convirt-ablation)"),
+    "embed": ("contrastkit.commands.embed", "write a run's embeddings (h, optionally z) of a data set to .npy/.csv or .npz"),
     "explore": ("contrastkit.commands.explore", "write (or serve) the interactive temperature explorer page and open it"),
     "report": ("contrastkit.commands.report", "write one self-contained HTML report of a run, sweep or experiment folder"),
 }
@@ -60,8 +61,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         module = importlib.import_module(COMMANDS[name][0])
         sub = argparse.ArgumentParser(prog=f"contrastkit {name}", description=COMMANDS[name][1])
         module.add_arguments(sub)
-        args = sub.parse_args(argv[1:])
         try:
+            apply_config_file(sub, argv[1:])  # --config FILE: the file's values become the defaults
+            args = sub.parse_args(argv[1:])
             return int(module.run(args) or 0)
         except (UsageError, ValueError, TypeError, FileNotFoundError, IsADirectoryError,
                 PermissionError, FileExistsError) as err:

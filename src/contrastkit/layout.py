@@ -3,7 +3,10 @@
 A *run* folder (``contrastkit pretrain --out RUN``)::
 
     RUN/config.json          resolved configuration + derived facts
+    RUN/config.yaml          the same options as a config file (``pretrain --config``)
     RUN/metrics.jsonl        one JSON record per logged step and per epoch
+    RUN/metrics.csv          ``--logger csv``: the logged scalars, one per row
+    RUN/tensorboard/         ``--logger tensorboard``: TensorBoard event files
     RUN/summary.json         the final numbers
     RUN/checkpoints/last.pt  the latest checkpoint (written atomically)
     RUN/checkpoints/previous.pt  the one before it, kept in case last.pt is damaged
@@ -12,6 +15,13 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/probe.json           ``contrastkit probe RUN`` re-evaluation
     RUN/report.html          ``contrastkit report`` / written after a run
     RUN/contrastkit-manifest.json   every file above that contrastkit wrote (see below)
+
+An *embedding export* (``contrastkit embed RUN --out FILE``)::
+
+    FILE.npz                 h (z), labels, splits, names in one archive, or
+    FILE.npy, FILE_z.npy     h (and z with --projection), one row per sample
+    FILE.csv                 split, index, label and name of each row
+    FILE.npz|FILE.npy.contrastkit.json   what the export wrote (a later --force replaces only these)
 
 A *study* folder (``contrastkit sweep`` / ``contrastkit experiment``)::
 
@@ -31,13 +41,13 @@ Standard library only, so that every layer may import it.
 from __future__ import annotations
 
 import os
-from typing import Tuple
+from typing import Dict, Tuple
 
 __all__ = [
     "DEFAULT_ROOT", "MANIFEST", "RUN_FILES", "CHECKPOINT_FILES",
-    "CONFIG", "METRICS", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT", "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX",
-    "TOKENIZER", "PROBE", "REPORT",
-    "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder",
+    "CONFIG", "CONFIG_FILE", "METRICS", "METRICS_CSV", "TENSORBOARD", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT",
+    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "TOKENIZER", "PROBE", "REPORT",
+    "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EMBEDDINGS_MARKER", "embedding_files",
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT",
     "ACCURACY_PLOT", "UNIFORMITY_PLOT", "TOLERANCE_PLOT", "UNIFORMITY_TOLERANCE_PLOT", "SIMILARITY_PROFILE_PLOT",
@@ -48,7 +58,10 @@ DEFAULT_ROOT = "runs"
 
 # ------------------------------------------------------------------------------ a run folder
 CONFIG = "config.json"
+CONFIG_FILE = "config.yaml"
 METRICS = "metrics.jsonl"
+METRICS_CSV = "metrics.csv"
+TENSORBOARD = "tensorboard"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
@@ -60,7 +73,8 @@ PROBE = "probe.json"
 REPORT = "report.html"
 
 #: What ``pretrain`` writes in its folder (``--force`` removes those of them its manifest lists).
-RUN_OUTPUTS: Tuple[str, ...] = (CONFIG, METRICS, SUMMARY, CHECKPOINTS, TOKENIZER, REPORT)
+RUN_OUTPUTS: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, TENSORBOARD, SUMMARY, CHECKPOINTS,
+                                TOKENIZER, REPORT)
 #: Any of these marks a folder as a run folder.
 RUN_MARKERS: Tuple[str, ...] = (SUMMARY, METRICS, CONFIG)
 
@@ -73,7 +87,7 @@ MANIFEST = "contrastkit-manifest.json"
 #: their SHA-256 files.
 CHECKPOINT_FILES: Tuple[str, ...] = tuple(f"{CHECKPOINTS}/{name}{suffix}" for name in (LAST_CHECKPOINT, PREVIOUS_CHECKPOINT)
                                           for suffix in ("", DIGEST_SUFFIX))
-RUN_FILES: Tuple[str, ...] = (CONFIG, METRICS, SUMMARY) + CHECKPOINT_FILES + (TOKENIZER, REPORT)
+RUN_FILES: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, SUMMARY) + CHECKPOINT_FILES + (TOKENIZER, REPORT)
 # ------------------------------------------------------------------------------ (manifests end)
 
 
@@ -91,8 +105,20 @@ class RunFolder:
         return self._path(CONFIG)
 
     @property
+    def config_file(self) -> str:
+        return self._path(CONFIG_FILE)
+
+    @property
     def metrics(self) -> str:
         return self._path(METRICS)
+
+    @property
+    def metrics_csv(self) -> str:
+        return self._path(METRICS_CSV)
+
+    @property
+    def tensorboard(self) -> str:
+        return self._path(TENSORBOARD)
 
     @property
     def summary(self) -> str:
@@ -124,6 +150,27 @@ class RunFolder:
 
     def __repr__(self) -> str:
         return f"RunFolder({self.root!r})"
+
+
+# ------------------------------------------------------------------------------ an embedding export
+#: Suffix of the marker an embedding export writes next to its files.
+EMBEDDINGS_MARKER = ".contrastkit.json"
+
+
+def embedding_files(out: "str | os.PathLike[str]", projection: bool) -> Dict[str, str]:
+    """The files ``contrastkit embed --out OUT`` writes, by role: ``archive`` (``OUT`` ending in
+    ``.npz``) or ``h`` / ``z`` (with ``projection``) / ``rows`` (``.npy`` + ``.csv``), and
+    ``marker``. ``OUT`` without either suffix is a stem: ``OUT.npy``, ``OUT_z.npy``, ``OUT.csv``."""
+    out = os.fspath(out)
+    stem, suffix = os.path.splitext(out)
+    if suffix.lower() == ".npz":
+        files = {"archive": out}
+    else:
+        if suffix.lower() != ".npy":
+            stem = out
+        files = {"h": f"{stem}.npy", **({"z": f"{stem}_z.npy"} if projection else {}), "rows": f"{stem}.csv"}
+    files["marker"] = f"{files.get('archive') or files['h']}{EMBEDDINGS_MARKER}"
+    return files
 
 
 # ------------------------------------------------------------------------------ a study folder

@@ -6,10 +6,12 @@ Light to import (no torch): :mod:`contrastkit.cli` imports it for every command.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-__all__ = ["UsageError", "parse_data_options", "parse_numbers", "add_study_arguments", "study_options",
+__all__ = ["UsageError", "parse_data_options", "parse_numbers", "parse_names", "add_config_argument",
+           "apply_config_file", "config_defaults", "add_study_arguments", "study_options",
            "print_result_table", "print_study"]
 
 
@@ -41,10 +43,120 @@ def parse_numbers(text: Optional[str], option: str) -> Optional[List[float]]:
         raise ValueError(f"{option} must be comma-separated numbers, got {text!r}") from None
 
 
+def parse_names(text: Optional[str], option: str, known: Sequence[str]) -> Optional[List[str]]:
+    """A comma-separated list of names out of ``known`` (``None`` stays ``None``: the default;
+    ``""`` or ``none``: no names)."""
+    if text is None:
+        return None
+    names = [part.strip() for part in str(text).split(",") if part.strip() and part.strip() != "none"]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"{option}: unknown name {unknown[0]!r}; choose from {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+# ------------------------------------------------------------------------------ config files
+# A command that declares ``--config FILE`` (add_config_argument) gets the file's values as its
+# argparse defaults (apply_config_file, called by contrastkit.cli before parsing), so every
+# option given on the command line still wins over the file.
+
+_ALIASES = "_config_aliases"
+
+
+def add_config_argument(parser: argparse.ArgumentParser, *, aliases: Optional[Mapping[str, str]] = None) -> None:
+    """Add ``--config FILE``: a YAML or JSON mapping of this command's options (keys as the option
+    names, dashes or underscores; ``aliases`` maps further accepted keys to option names)."""
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="read options from a YAML or JSON file (keys: the option names, e.g. "
+                             "batch-size or batch_size); options given here override the file's")
+    parser.set_defaults(**{_ALIASES: dict(aliases or {})})
+
+
+def apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Optional[str]:
+    """Read the ``--config FILE`` named in ``argv`` (if the parser has that option and it is
+    given) and make its values the parser's defaults; returns the file's path or ``None``."""
+    if not any(action.dest == "config" for action in parser._actions):
+        return None
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--config", default=None)
+    path = finder.parse_known_args(list(argv))[0].config
+    if path is None:
+        return None
+    from contrastkit.config_files import read_config_file
+
+    parser.set_defaults(**config_defaults(parser, read_config_file(path), path))
+    return path
+
+
+def config_defaults(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str) -> Dict[str, Any]:
+    """``values`` (from the file ``path``) checked against the options of ``parser`` and
+    converted to their types: ``{dest: value}``. An unknown key (with the closest option
+    suggested), a key given twice or a value of the wrong type raises :class:`UsageError`."""
+    by_name: Dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", "config") or action.dest.startswith("_"):
+            continue
+        by_name[action.dest] = action
+        for option in action.option_strings:
+            if option.startswith("--"):
+                by_name[option[2:].replace("-", "_")] = action
+    for alias, target in (parser.get_default(_ALIASES) or {}).items():
+        by_name[alias] = by_name[target.replace("-", "_")]
+    positionals = {action.dest for action in parser._actions if not action.option_strings}
+    result: Dict[str, Any] = {}
+    for key, value in values.items():
+        name = str(key).replace("-", "_")
+        action = by_name.get(name)
+        if action is None:
+            if name in positionals:
+                raise UsageError(f"config file {path}: {key!r} is given on the command line, not in the file")
+            close = difflib.get_close_matches(name, list(by_name), n=1)
+            hint = f" (did you mean {close[0].replace('_', '-')!r}?)" if close else ""
+            raise UsageError(f"config file {path}: unknown key {key!r}{hint}")
+        if action.dest in result:
+            raise UsageError(f"config file {path}: {key!r} sets --{action.dest.replace('_', '-')} a second time")
+        result[action.dest] = _config_value(action, value, f"config file {path}: {key!r}")
+    return result
+
+
+def _config_value(action: argparse.Action, value: Any, where: str) -> Any:
+    """One config value as the command line would have produced it for ``action``."""
+    if value is None:
+        return None
+    if action.nargs == 0:  # a flag (store_true)
+        if not isinstance(value, bool):
+            raise UsageError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(action, argparse._AppendAction):  # repeatable KEY=VALUE items
+        if isinstance(value, dict):
+            return [f"{k}={json.dumps(v)}" for k, v in value.items()]
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(item, str) for item in items):
+            raise UsageError(f"{where} must be a mapping or a list of KEY=VALUE strings, got {value!r}")
+        return list(items)
+    if isinstance(value, list) and action.type is None:  # a comma-separated option
+        value = ",".join(str(item) for item in value)
+    expected = {int: "an integer", float: "a number"}.get(action.type)
+    if isinstance(value, bool) or isinstance(value, (list, dict)) or (
+            action.type is int and isinstance(value, float)):
+        raise UsageError(f"{where} must be {expected or 'a string'}, got {value!r}")
+    if expected is None and not isinstance(value, str):
+        value = str(value)
+    if action.type is not None and isinstance(value, str):
+        try:
+            value = action.type(value)
+        except (TypeError, ValueError):
+            raise UsageError(f"{where} must be {expected or 'valid'}, got {value!r}") from None
+    if action.choices is not None and value not in action.choices:
+        raise UsageError(f"{where} must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+    return value
+
+
 # ------------------------------------------------------------------------------ study commands
 
 def add_study_arguments(parser: argparse.ArgumentParser, *, epochs_default: Any, batch_default: Any) -> None:
-    """Options every study command shares (data options, training length, output handling)."""
+    """Options every study command shares (data options, training length, output handling,
+    ``--config FILE``)."""
     parser.add_argument("--epochs", type=int, default=None, help=f"pretraining epochs per run (default {epochs_default})")
     parser.add_argument("--batch-size", type=int, default=None, help=f"pairs per batch (default {batch_default})")
     parser.add_argument("--data-option", action="append", default=[], metavar="KEY=VALUE",
@@ -57,6 +169,7 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, epochs_default: Any,
     parser.add_argument("--force", action="store_true",
                         help="start over in an existing output folder (deletes what this command wrote there)")
     parser.add_argument("--no-progress", action="store_true", help="no live display, one line per run")
+    add_config_argument(parser)
 
 
 def study_options(args: argparse.Namespace) -> Dict[str, Any]:

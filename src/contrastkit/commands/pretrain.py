@@ -7,15 +7,19 @@ import json
 import os
 
 from contrastkit import layout
-from contrastkit.commands.common import parse_data_options, print_result_table
+from contrastkit.commands.common import add_config_argument, parse_data_options, parse_names, print_result_table
 from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, PretrainConfig
+from contrastkit.train.loggers import LOGGER_NAMES
 
 # Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
 _FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
            "temperature_schedule",
            "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
            "queue_size", "projection_dim", "weight", "text_encoder", "micro_batch", "norm", "seed", "device", "threads", "log_every",
-           "eval_every", "out")
+           "eval_every", "knn_k", "knn_temperature", "out")
+# Config-file keys that are PretrainConfig field names rather than option names (OUT/config.yaml
+# holds the fields): every field of PretrainConfig is a key of `pretrain --config`.
+_CONFIG_ALIASES = {"data_options": "data_option", "loggers": "logger"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Train an encoder with a contrastive loss on two views of each image, then judge it by the "
         "fixed read-out protocol (frozen encoder -> linear probe with C chosen on val, and weighted "
         "kNN) next to two baselines: the same network at random init and raw pixels. Writes "
-        "OUT/config.json, OUT/metrics.jsonl, OUT/checkpoints/last.pt and OUT/summary.json.")
+        "OUT/config.json, OUT/config.yaml (pass it back with --config to rerun), OUT/metrics.jsonl, "
+        "OUT/checkpoints/last.pt and OUT/summary.json.")
     # Every default is None so that --resume can tell given options from defaults.
     add = parser.add_argument
     add("--data", default=None, help=f"glyphlab, digits, or a path (image folder, MNIST idx, CIFAR-10 "
@@ -34,9 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="loader option, repeatable, e.g. train_scenes=480 for glyphlab (VALUE parsed as JSON if it can be)")
     add("--method", choices=METHODS, default=None, help=f"(default {d.method})")
     add("--encoder", choices=("small", "resnet18"), default=None, help=f"(default {d.encoder}; resnet18 wants a GPU)")
-    add("--views", choices=("augment", "A", "B"), default=None,
+    add("--views", choices=("augment", "A", "B", "paired"), default=None,
         help="augment: two SimCLR augmentations; A/B: glyphlab noise-realisation pairs (B rotates one "
-             f"view by 90 degrees) (default {d.views})")
+             f"view by 90 degrees); paired: convirt's image-text pairs (default {d.views})")
     add("--view-strength", type=float, default=None, help="augmentation strength in [0, 2] (default 1 for "
                                                           "augment, 0 for A/B)")
     add("--temperature", type=float, default=None,
@@ -76,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
     add("--eval-every", type=int, default=None,
         help="epochs between val kNN checks logged to metrics.jsonl (default 0: never)")
+    add("--knn-k", type=int, default=None, help=f"neighbours of the kNN read-out (default {d.knn_k})")
+    add("--knn-temperature", type=float, default=None,
+        help=f"temperature of the weighted kNN read-out (default {d.knn_temperature})")
+    add("--logger", default=None, metavar="NAMES",
+        help="also log to: csv (OUT/metrics.csv), tensorboard (OUT/tensorboard/, needs the tensorboard "
+             "package), comma-separated (default: metrics.jsonl only)")
     add("--out", default=None, help=f"output folder (default {d.out})")
     add("--resume", action="store_true", help="continue the run in OUT from its last checkpoint (options not "
                                               "given are taken from OUT/config.json)")
@@ -83,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--quiet", action="store_true", help="no progress bar")
     add("--json", action="store_true", help="print summary.json instead of the table")
     add("--no-report", action="store_true", help="do not write OUT/report.html (see: contrastkit report --help)")
+    add_config_argument(parser, aliases=_CONFIG_ALIASES)
 
 
 def config_from_args(args: argparse.Namespace) -> PretrainConfig:
@@ -91,6 +103,9 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
     given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name, None) is not None}
     if args.data_option is not None:
         given["data_options"] = parse_data_options(args.data_option)
+    loggers = parse_names(args.logger, "--logger", LOGGER_NAMES)
+    if loggers is not None:
+        given["loggers"] = loggers
     base = PretrainConfig().to_dict()
     if args.resume:
         out = given.get("out", base["out"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
@@ -37,7 +37,7 @@ DEFAULT_WEIGHT_DECAY = {"adamw": 1e-4, "sgd": 5e-4}
 # Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
 # stretches the cosine schedule from the resumed step on.
 # ``threads`` and ``device`` may change too, at the price of bit-exactness (reduction order).
-RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every"})
+RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers"})
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -53,6 +53,18 @@ def _positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value}")
     return value
+
+
+def _resolve_loggers(loggers: Any) -> List[str]:
+    """``loggers`` as a list of known names (a comma-separated string is split)."""
+    from .loggers import check_loggers
+
+    if isinstance(loggers, str):
+        loggers = [part.strip() for part in loggers.split(",") if part.strip()]
+    if not isinstance(loggers, (list, tuple)) or not all(isinstance(name, str) for name in loggers):
+        raise TypeError(f"loggers must be a list of logger names, got {loggers!r}")
+    check_loggers(loggers)
+    return list(dict.fromkeys(loggers))
 
 
 def _resolve_schedule(c: "PretrainConfig") -> "TemperatureSchedule":
@@ -121,6 +133,7 @@ class PretrainConfig:
     knn_k: int = 20
     knn_temperature: float = 0.07
     out: str = os.path.join("runs", "pretrain")
+    loggers: List[str] = field(default_factory=list)  # beyond metrics.jsonl: "csv", "tensorboard"
 
     def resolved(self) -> "PretrainConfig":
         """A validated copy with every default filled in (queue size needs the data: see
@@ -176,6 +189,7 @@ class PretrainConfig:
         _positive_int(c.knn_k, "knn_k")
         c.knn_temperature = _positive_float(c.knn_temperature, "knn_temperature")
         _resolve_accumulation(c)
+        c.loggers = _resolve_loggers(c.loggers)
         return c
 
     @property

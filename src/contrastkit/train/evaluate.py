@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -25,7 +26,8 @@ from .config import PretrainConfig
 from .methods import get_method
 from .setup import build_model, limit_threads, load_data, resolve_device
 
-__all__ = ["extract_features", "evaluate_features", "evaluate_encoders", "evaluate_model", "evaluate_run"]
+__all__ = ["extract_features", "evaluate_features", "evaluate_encoders", "evaluate_model", "evaluate_run",
+           "SavedRun", "load_run"]
 
 
 @torch.no_grad()
@@ -87,10 +89,41 @@ def evaluate_model(config: PretrainConfig, model: nn.Module, dataset: Any, devic
     return result
 
 
-def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str = "auto",
-                 baselines: bool = True, threads: Optional[int] = None) -> Dict[str, Any]:
-    """Re-evaluate the checkpoint of a finished or interrupted run (``contrastkit probe``);
-    ``threads`` defaults to the run's setting."""
+@dataclass
+class SavedRun:
+    """A run folder read back: its configuration, a checkpoint's state and where they came from
+    (:func:`load_run`)."""
+
+    folder: str
+    config: PretrainConfig
+    state: Dict[str, Any]
+    checkpoint: str
+    config_path: str
+    image_shape: Optional[Tuple[int, ...]] = None  # (C, H, W) of the training images, if recorded
+
+    def load_data(self, data: Optional[str] = None, data_options: Optional[Dict[str, Any]] = None) -> Any:
+        """The run's own data set (its loader and options, as it trained), or ``data`` (with
+        ``data_options``) read by the run's method."""
+        if data is None:
+            return load_data(self.config)
+        return load_data(replace(self.config, data=data, data_options=dict(data_options or {})))
+
+    def build_model(self, in_channels: int, device: torch.device) -> nn.Module:
+        """The run's model with the checkpoint's weights, on ``device``."""
+        tokenizer = get_method(self.config.method).saved_tokenizer(self.folder)
+        model = build_model(self.config, in_channels, tokenizer)
+        try:
+            model.load_state_dict(self.state["model"])
+        except RuntimeError as err:
+            raise ValueError(f"checkpoint {self.checkpoint} does not match the model in {self.config_path}: "
+                             f"{str(err).splitlines()[0]}") from None
+        return model.to(device)
+
+
+def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
+    """Read the run folder ``run_dir`` (``config.json`` and ``checkpoint``, by default
+    ``checkpoints/last.pt``); a folder that is not a run, or a checkpoint of another run, is
+    refused naming the file."""
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"run folder {run_dir} does not exist")
     config_path = layout.RunFolder(run_dir).config
@@ -103,28 +136,36 @@ def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str 
         raise ValueError(f"{config_path} is not a valid run configuration: {err}") from None
     path = checkpoint or layout.RunFolder(run_dir).last_checkpoint
     state = load_checkpoint(path)
-    if state["config"] != config.to_dict():
-        raise ValueError(f"checkpoint {path} does not belong to the run in {run_dir} (configurations differ)")
-    with limit_threads(config.threads if threads is None else threads):
-        return _evaluate_state(config, state, path, config_path, device, baselines)
-
-
-def _evaluate_state(config: PretrainConfig, state: Dict[str, Any], path: str, config_path: str, device: str,
-                    baselines: bool) -> Dict[str, Any]:
-    started = time.perf_counter()
-    torch_device = resolve_device(device)
-    dataset = load_data(config)
-    tokenizer = get_method(config.method).saved_tokenizer(os.path.dirname(config_path))
-    model = build_model(config, dataset.image_shape[0], tokenizer)
-    baseline = build_model(config, dataset.image_shape[0], tokenizer).encoder.to(torch_device) if baselines else None
+    # Compared as configurations, so that a field added since the run was written (at its default) matches.
     try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as err:
-        raise ValueError(f"checkpoint {path} does not match the model in {config_path}: "
-                         f"{str(err).splitlines()[0]}") from None
-    model.to(torch_device)
+        same = PretrainConfig.from_dict(state["config"]).to_dict() == config.to_dict()
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        raise ValueError(f"checkpoint {path} does not belong to the run in {run_dir} (configurations differ)")
+    shape = (stored.get("derived") or {}).get("dataset", {}).get("image_shape")
+    return SavedRun(run_dir, config, state, path, config_path, tuple(shape) if isinstance(shape, list) else None)
+
+
+def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str = "auto",
+                 baselines: bool = True, threads: Optional[int] = None) -> Dict[str, Any]:
+    """Re-evaluate the checkpoint of a finished or interrupted run (``contrastkit probe``);
+    ``threads`` defaults to the run's setting."""
+    saved = load_run(run_dir, checkpoint=checkpoint)
+    with limit_threads(saved.config.threads if threads is None else threads):
+        return _evaluate_state(saved, device, baselines)
+
+
+def _evaluate_state(saved: SavedRun, device: str, baselines: bool) -> Dict[str, Any]:
+    started = time.perf_counter()
+    config, state = saved.config, saved.state
+    torch_device = resolve_device(device)
+    dataset = saved.load_data()
+    model = saved.build_model(dataset.image_shape[0], torch_device)
+    baseline = (build_model(config, dataset.image_shape[0], get_method(config.method).saved_tokenizer(saved.folder))
+                .encoder.to(torch_device) if baselines else None)
     result = evaluate_model(config, model, dataset, torch_device, baseline_encoder=baseline, raw_pixels=baselines)
-    result.update({"checkpoint": os.path.abspath(path), "epochs": int(state["epoch"]), "step": int(state["step"]),
-                   "data": config.data, "method": config.method, "encoder": config.encoder,
-                   "seconds": time.perf_counter() - started})
+    result.update({"checkpoint": os.path.abspath(saved.checkpoint), "epochs": int(state["epoch"]),
+                   "step": int(state["step"]), "data": config.data, "method": config.method,
+                   "encoder": config.encoder, "seconds": time.perf_counter() - started})
     return result

@@ -5,10 +5,12 @@ an epoch (:func:`_end_epoch`: its record, the val numbers, the checkpoint) and t
 numbers) is asked of its :class:`~contrastkit.train.methods.Method`; the loop never looks at
 the method's name.
 
-Outputs in ``config.out``: ``config.json`` (resolved configuration), ``metrics.jsonl`` (one
-JSON record per logged step and per epoch), ``checkpoints/last.pt`` (written atomically each
-epoch) and ``summary.json`` (final numbers), each recorded in the folder's manifest
-(:mod:`contrastkit.manifest`) as it is written, so that ``--force`` deletes exactly these.
+Outputs in ``config.out``: ``config.json`` (resolved configuration), ``config.yaml`` (the same
+options as a ``--config`` file), ``metrics.jsonl`` (one JSON record per logged step and per
+epoch; with ``loggers`` also ``metrics.csv`` / ``tensorboard/``, :mod:`.loggers`),
+``checkpoints/last.pt`` (written atomically each epoch) and ``summary.json`` (final numbers),
+each recorded in the folder's manifest (:mod:`contrastkit.manifest`) as it is written, so that
+``--force`` deletes exactly these.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import torch
 
 from contrastkit import layout
 from contrastkit import __version__
+from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
 from .accumulation import average_gradients
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RESUME_MAY_CHANGE, PretrainConfig
 from .evaluate import evaluate_model, extract_features
+from .loggers import Loggers, open_loggers
 from .methods import EvalContext, Method, get_method
 from .parallel import LossForward, Parallel, setup
 from .setup import build_model, limit_threads, resolve_device
@@ -206,12 +210,24 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
               views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
               baselines: bool = True) -> Optional[Dict[str, Any]]:
     run = _set_up(config, resume, force, dataset, views)
-    _train(run, progress, on_epoch_end)
-    if not run.parallel.is_main:
-        run.parallel.barrier()  # rank 0 evaluates and writes the summary
-        run.parallel.teardown()
-        return None
-    summary = _summarise(run, baselines)
+    if run.parallel.is_main:
+        manifest = Manifest(run.folder.root)
+        marked = manifest.mark_writing(layout.CONFIG_FILE, *([layout.METRICS_CSV] if run.config.loggers else []))
+        write_config_file(run.folder.config_file, run.config.to_dict(),
+                          header="contrastkit pretrain --config FILE reruns this run (options given override it)")
+        manifest.record(layout.CONFIG_FILE)
+        run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if resume else None)
+    try:
+        _train(run, progress, on_epoch_end)
+        if not run.parallel.is_main:
+            run.parallel.barrier()  # rank 0 evaluates and writes the summary
+            run.parallel.teardown()
+            return None
+        summary = _summarise(run, baselines)
+    finally:
+        run.loggers.close()
+        if run.parallel.is_main:
+            _record_logger_files(run.folder)
     Manifest(run.folder.root).write_json(layout.SUMMARY, summary)
     run.parallel.barrier()
     run.parallel.teardown()
@@ -246,6 +262,7 @@ class _Run:
     step: int = 0
     train_seconds: float = 0.0
     epoch_losses: List[float] = field(default_factory=list)
+    loggers: Loggers = field(default_factory=Loggers)  # --logger (rank 0); metrics.jsonl is separate
 
     @property
     def n_train(self) -> int:
@@ -314,6 +331,15 @@ def _save_run_files(run: _Run) -> None:
     """The method's own files (the tokenizer of the paired methods), recorded in the manifest."""
     with Manifest(run.folder.root).writing(layout.TOKENIZER):
         run.method.save_run_files(run.model, run.folder)
+
+
+def _record_logger_files(folder: layout.RunFolder) -> None:
+    """List what the loggers wrote (``metrics.csv``, the TensorBoard event files) in the manifest."""
+    names = [layout.METRICS_CSV] if os.path.isfile(os.path.join(folder.root, layout.METRICS_CSV)) else []
+    for directory, _, files in os.walk(os.path.join(folder.root, layout.TENSORBOARD)):
+        names += [os.path.relpath(os.path.join(directory, name), folder.root).replace(os.sep, "/") for name in files]
+    if names:
+        Manifest(folder.root).record(*names)
 
 
 def _optimizer(model: torch.nn.Module, config: PretrainConfig) -> torch.optim.Optimizer:
@@ -451,6 +477,7 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
     record = {"kind": "step", "epoch": run.epoch + 1, "step": run.step, "loss": value, "tau": tau,
               "lr": run.scheduler.get_last_lr()[0], "images_per_second": speed}
     metrics.write(json.dumps(record) + "\n")
+    run.loggers.record(record)
     bar.update(window_steps, epoch=f"{run.epoch + 1}/{run.config.epochs}", loss=f"{value:.4f}", tau=f"{tau:.3f}",
                speed=f"{speed:.0f}")
     return now
@@ -472,6 +499,8 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
         record.update(run.method.val_metrics(run.eval_context()))
     metrics.write(json.dumps(record) + "\n")
     metrics.flush()
+    run.loggers.record(record)
+    run.loggers.flush()
     rng_per_rank = parallel.gather_objects(rng_state())
     if parallel.is_main:
         manifest = Manifest(run.folder.root)
@@ -500,7 +529,7 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
                              raw_pixels=baselines)
     numbers.update(run.method.test_metrics(run.eval_context()))
     eval_seconds = time.perf_counter() - eval_started
-    return {
+    summary = {
         **numbers,
         "final_loss": run.epoch_losses[-1] if run.epoch_losses else None,
         "epochs": run.epoch, "steps": run.step, "method": config.method, "data": run.dataset.name,
@@ -513,6 +542,8 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
                                 and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"])
         if baselines and "probe_accuracy" in numbers else None,
     }
+    run.loggers.summary(summary, step=run.step, epoch=run.epoch)
+    return summary
 
 
 def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> Optional[float]:

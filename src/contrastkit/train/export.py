@@ -1,0 +1,314 @@
+"""Embeddings out of a run folder (``contrastkit embed``): ``h`` (encoder output, what the
+linear probe reads) and optionally ``z`` (the projection head's output, not normalised) of
+every image of a data set, with its split, label and name.
+
+The encoder is rebuilt from the run folder (:func:`~contrastkit.train.evaluate.load_run`),
+``h`` is computed batch by batch by :func:`~contrastkit.train.evaluate.extract_features` (the
+probe's own feature extractor, so the numbers are the probe's) and streamed into the output:
+no more than one batch of features is held in memory. Files (see
+:func:`contrastkit.layout.embedding_files`): ``OUT.npz`` with ``h``, ``z``, ``labels``,
+``splits``, ``names``; or ``OUT.npy`` (``h``), ``OUT_z.npy`` (``z``) and ``OUT.csv`` (``split,
+index, label, name`` per row). A marker (``OUT.npz.contrastkit.json`` or
+``OUT.npy.contrastkit.json``) lists what was written: an
+existing file is replaced only with ``force`` and only if an earlier export's marker lists it
+with the size and SHA-256 it still has.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from contrastkit import __version__, layout
+from contrastkit._io import write_json
+
+from .evaluate import extract_features, load_run
+from .setup import limit_threads, resolve_device
+
+__all__ = ["SPLITS", "EmbeddingExport", "export_embeddings"]
+
+#: What ``split`` accepts (``all``: train, val and test, in that order).
+SPLITS = ("train", "val", "test", "all")
+
+
+@dataclass
+class EmbeddingExport:
+    """What :func:`export_embeddings` wrote: ``files`` by role (``archive`` or ``h`` / ``z`` /
+    ``rows``, and ``marker``), the number of ``rows`` and the widths of ``h`` and ``z``
+    (``z_dim`` ``None`` without the projection)."""
+
+    files: Dict[str, str]
+    rows: int
+    h_dim: int
+    z_dim: Optional[int]
+    splits: Tuple[str, ...]
+
+
+def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
+                      data_options: Optional[Dict[str, Any]] = None, split: str = "all",
+                      projection: bool = False, checkpoint: Optional[str] = None, force: bool = False,
+                      device: str = "auto", batch_size: int = 256, threads: Optional[int] = None,
+                      progress: Optional[bool] = None) -> EmbeddingExport:
+    """Write the embeddings of ``data`` (default: the run's own data set and options) under
+    the encoder of the run in ``run_dir``.
+
+    Args:
+        run_dir: a ``contrastkit pretrain`` output folder.
+        out: ``PATH.npz`` (one archive) or ``PATH.npy`` / ``PATH`` (``.npy`` files + ``.csv``).
+        data, data_options: another data set for the same encoder (its loader options; the
+            run's own options when ``data`` is not given).
+        split: ``train``, ``val``, ``test`` or ``all``.
+        projection: also write ``z``, the projection head's output.
+        checkpoint: another checkpoint of the run (default ``checkpoints/last.pt``).
+        force: replace the files of an earlier export (only files its marker lists).
+        progress: show a progress bar; ``None``: when stderr is a terminal.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` is not a run, or the folder of ``out`` does not exist.
+        FileExistsError: an output file exists (without ``force``, or not written by an export).
+        ValueError: a bad option, or data whose images the encoder cannot read.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    files = layout.embedding_files(out, projection)
+    _check_targets(files, force)
+    saved = load_run(run_dir, checkpoint=checkpoint)
+    with limit_threads(saved.config.threads if threads is None else threads):
+        torch_device = resolve_device(device)
+        dataset = saved.load_data(data, data_options)
+        model = saved.build_model(saved.image_shape[0] if saved.image_shape else dataset.image_shape[0], torch_device)
+        if saved.image_shape and dataset.image_shape[0] != saved.image_shape[0]:
+            raise ValueError(f"{data or saved.config.data} has {dataset.image_shape[0]}-channel images; the run "
+                             f"in {run_dir} was trained on {saved.image_shape[0]} channels")
+        names = ("train", "val", "test") if split == "all" else (split,)
+        head = _projection_head(model) if projection else None
+        return _write(files, dataset, names, model.encoder, head, torch_device, batch_size, progress,
+                      {"run": os.path.abspath(run_dir), "checkpoint": os.path.abspath(saved.checkpoint),
+                       "data": data or saved.config.data, "split": split})
+
+
+def _check_targets(files: Dict[str, str], force: bool) -> None:
+    """Refuse before any work: a missing output folder, or an existing file that ``force`` may
+    not replace (one an earlier export's marker does not list)."""
+    folder = os.path.dirname(os.path.abspath(files["marker"]))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"output folder {folder} does not exist")
+    existing = [path for path in files.values() if os.path.lexists(path)]
+    if not existing:
+        return
+    if not force:
+        raise FileExistsError(f"{existing[0]} exists; pass --force to replace an earlier contrastkit embed output")
+    listed = _listed_files(files["marker"])
+    for path in existing:
+        if path != files["marker"] and os.path.basename(path) not in listed:
+            raise FileExistsError(f"{path} exists and was not written by contrastkit embed (its marker "
+                                  f"{files['marker']} does not list it as it is now); not replacing it")
+
+
+def _listed_files(marker: str) -> List[str]:
+    """The files an earlier export's marker lists and that are still as it wrote them (same
+    size and SHA-256): a file a user put there since under the same name is not one of them."""
+    if not os.path.isfile(marker) or os.path.islink(marker):
+        return []
+    try:
+        with open(marker, encoding="utf-8") as handle:
+            stored = json.load(handle)
+        listed = stored["sha256"] if stored.get("written_by") == "contrastkit embed" else {}
+        items = list(listed.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    folder = os.path.dirname(os.path.abspath(marker))
+    unchanged = []
+    for name, digest in items:
+        path = os.path.join(folder, str(name))
+        if (isinstance(name, str) and os.path.basename(name) == name and os.path.isfile(path)
+                and not os.path.islink(path) and _sha256(path) == digest):
+            unchanged.append(name)
+    return unchanged
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _projection_head(model: nn.Module) -> nn.Module:
+    head = getattr(model, "head", None) or getattr(model, "image_head", None)
+    if head is None:
+        raise ValueError(f"the run's model ({type(model).__name__}) has no projection head to export")
+    return head
+
+
+def _chunks(split: Any, batch_size: int) -> Iterator[Tuple[torch.Tensor, np.ndarray, List[str]]]:
+    """``(images, labels, names)`` of consecutive batches of ``split`` (labels -1 where the
+    data have none; names: the split's ``files`` where it keeps them, else ``split/index``)."""
+    images = split.images
+    labels = getattr(split, "labels", None)
+    files = getattr(split, "files", None)
+    for start in range(0, int(images.shape[0]), batch_size):
+        batch = images[start:start + batch_size]
+        n = int(batch.shape[0])
+        batch_labels = (np.full(n, -1, dtype=np.int64) if labels is None
+                        else np.asarray(labels[start:start + n].cpu().numpy(), dtype=np.int64))
+        yield batch, batch_labels, [str(files[start + i]) if files is not None else str(start + i)
+                                    for i in range(n)]
+
+
+class _Columns:
+    """Streams float32 rows into a ``.npy`` file whose width is known at the first batch."""
+
+    def __init__(self, path: str, rows: int) -> None:
+        self.path, self.rows, self.filled, self.width = path, rows, 0, 0
+        self.array: Optional[np.memmap] = None
+
+    def add(self, values: np.ndarray) -> None:
+        if self.array is None:
+            self.array = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.float32,
+                                                   shape=(self.rows, values.shape[1]))
+            self.width = int(values.shape[1])
+        self.array[self.filled:self.filled + values.shape[0]] = values
+        self.filled += values.shape[0]
+
+    def close(self) -> None:
+        if self.array is not None:
+            self.array.flush()
+            del self.array
+            self.array = None
+
+
+def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: nn.Module,
+           head: Optional[nn.Module], device: torch.device, batch_size: int, progress: Optional[bool],
+           facts: Dict[str, Any]) -> EmbeddingExport:
+    splits = [(name, getattr(dataset, name)) for name in names]
+    total = sum(int(split.images.shape[0]) for _, split in splits)
+    if total == 0:
+        raise ValueError(f"{facts['data']} has no images in the {facts['split']} split")
+    work = tempfile.mkdtemp(prefix=".embed-", dir=os.path.dirname(os.path.abspath(files["marker"])))
+    try:
+        h = _Columns(os.path.join(work, "h.npy"), total)
+        z = _Columns(os.path.join(work, "z.npy"), total) if head is not None else None
+        rows_path = os.path.join(work, "rows.csv")
+        labels: List[np.ndarray] = []
+        row_splits: List[str] = []
+        row_names: List[str] = []
+        with open(rows_path, "w", newline="", encoding="utf-8") as handle, _Bar(progress, total) as bar:
+            writer = csv.writer(handle)
+            writer.writerow(("split", "index", "label", "name"))
+            for name, split in splits:
+                index = 0
+                for images, batch_labels, batch_names in _chunks(split, batch_size):
+                    features = _features(encoder, images, device, batch_size, facts)
+                    h.add(features.astype(np.float32))
+                    if z is not None:
+                        z.add(_project(head, features, device))
+                    writer.writerows((name, index + i, int(label), label_name) for i, (label, label_name)
+                                     in enumerate(zip(batch_labels, batch_names)))
+                    labels.append(batch_labels)
+                    row_splits.extend([name] * len(batch_names))
+                    row_names.extend(batch_names)
+                    index += len(batch_names)
+                    bar.advance(len(batch_names))
+        h.close()
+        if z is not None:
+            z.close()
+        _previous_outputs_removed(files)
+        if "archive" in files:
+            _zip(files["archive"], {"h": h.path, **({"z": z.path} if z is not None else {})},
+                 {"labels": np.concatenate(labels), "splits": np.array(row_splits), "names": np.array(row_names)})
+        else:
+            os.replace(h.path, files["h"])
+            if z is not None:
+                os.replace(z.path, files["z"])
+            os.replace(rows_path, files["rows"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    written = {role: path for role, path in files.items() if role != "marker"}
+    write_json(files["marker"], {
+        "written_by": "contrastkit embed", "version": __version__, **facts, "rows": total,
+        "h_dim": h.width, "z_dim": z.width if z is not None else None,
+        "files": sorted(os.path.basename(path) for path in written.values()),
+        "sizes": {os.path.basename(path): os.path.getsize(path) for path in written.values()},
+        "sha256": {os.path.basename(path): _sha256(path) for path in written.values()},
+    })
+    return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names))
+
+
+def _features(encoder: nn.Module, images: torch.Tensor, device: torch.device, batch_size: int,
+              facts: Dict[str, Any]) -> np.ndarray:
+    try:
+        return extract_features(encoder, images, device, batch_size)
+    except RuntimeError as err:  # e.g. images of a size the encoder was not built for
+        raise ValueError(f"the encoder of {facts['run']} cannot read the images of {facts['data']} "
+                         f"({tuple(images.shape[1:])}): {str(err).splitlines()[0]}") from None
+
+
+@torch.no_grad()
+def _project(head: nn.Module, features: np.ndarray, device: torch.device) -> np.ndarray:
+    """``z`` of float64 copies of float32 ``h`` (exact: the same numbers the head would see)."""
+    was_training = head.training
+    head.eval()
+    try:
+        return head(torch.from_numpy(features).float().to(device)).cpu().numpy().astype(np.float32)
+    finally:
+        head.train(was_training)
+
+
+def _previous_outputs_removed(files: Dict[str, str]) -> None:
+    """With ``force``: an earlier export's files (only those its marker lists) go first."""
+    folder = os.path.dirname(os.path.abspath(files["marker"]))
+    for name in _listed_files(files["marker"]):
+        os.remove(os.path.join(folder, name))
+
+
+def _zip(path: str, npy_files: Dict[str, str], arrays: Dict[str, np.ndarray]) -> None:
+    """An ``.npz`` (what :func:`numpy.savez` writes) from ``.npy`` files on disk and small arrays."""
+    tmp = f"{path}.tmp"
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, source in npy_files.items():
+            archive.write(source, arcname=f"{name}.npy")
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+    os.replace(tmp, path)
+
+
+class _Bar:
+    """A rich progress bar over the rows (a no-op when disabled)."""
+
+    def __init__(self, enabled: Optional[bool], total: int) -> None:
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.total = total
+
+    def __enter__(self) -> "_Bar":
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("embed"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+            self.task = self.progress.add_task("embed", total=self.total)
+            self.progress.start()
+        return self
+
+    def advance(self, rows: int) -> None:
+        if self.enabled:
+            self.progress.update(self.task, advance=rows)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            self.progress.stop()

@@ -1,0 +1,21 @@
+"""A tiny GlyphLab pretraining run (seconds on a CPU), for the tests of a run's outputs."""
+
+from contrastkit.train import PretrainConfig
+
+TINY_GLYPHLAB = {"train_scenes": 16, "val_scenes": 9, "test_scenes": 12, "size": 28}
+# The same run on the command line.
+TINY_ARGS = ["--data", "glyphlab", *[f"--data-option={key}={value}" for key, value in TINY_GLYPHLAB.items()],
+             "--batch-size", "8", "--device", "cpu", "--log-every", "1", "--quiet", "--no-report"]
+# Numbers of a summary that depend on the machine's speed, not on the run.
+TIMINGS = ("seconds", "train_seconds", "eval_seconds", "images_per_second")
+
+
+def tiny_config(out, **overrides):
+    options = dict(data="glyphlab", data_options=dict(TINY_GLYPHLAB), epochs=1, batch_size=8, out=str(out),
+                   device="cpu", log_every=1)
+    options.update(overrides)
+    return PretrainConfig(**options)
+
+
+def without_timings(summary):
+    return {key: value for key, value in summary.items() if key not in TIMINGS}

@@ -1,0 +1,110 @@
+"""contrastkit embed: a run's h (and z) of a data set, equal to what the probe reads; nothing a user wrote replaced."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from _tiny_run import TINY_GLYPHLAB, tiny_config
+from contrastkit.cli import main
+from contrastkit.data import load_dataset
+from contrastkit.train import extract_features, pretrain
+from contrastkit.train.evaluate import load_run
+from contrastkit.train.export import export_embeddings
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, one_torch_thread):
+    out = tmp_path_factory.mktemp("run")
+    pretrain(tiny_config(out), progress=False, baselines=False)
+    return out
+
+
+def _probe_features(run_dir, split):
+    """h as the probe computes it: extract_features on the run's encoder, rebuilt from the folder."""
+    saved = load_run(str(run_dir))
+    dataset = saved.load_data()
+    model = saved.build_model(dataset.image_shape[0], torch.device("cpu"))
+    return extract_features(model.encoder, getattr(dataset, split).images, torch.device("cpu")), model, dataset
+
+
+def test_test_split_equals_the_probes_features(run_dir, tmp_path, capsys):
+    out = tmp_path / "emb.npy"
+    assert main(["embed", str(run_dir), "--split", "test", "--projection", "--out", str(out), "--quiet",
+                 "--batch-size", "5"]) == 0
+    assert "wrote 12 rows" in capsys.readouterr().out
+    h = np.load(out)
+    expected, model, dataset = _probe_features(run_dir, "test")
+    assert h.dtype == np.float32 and h.shape == expected.shape
+    assert np.array_equal(h.astype(np.float64), expected)  # the same numbers, not just close
+    with torch.no_grad():
+        model.eval()
+        z = model.head(torch.from_numpy(expected).float()).numpy()
+    # z in batches of 5 vs one batch of 12: the head's matrix products may round differently.
+    np.testing.assert_allclose(np.load(tmp_path / "emb_z.npy"), z, rtol=1e-5, atol=1e-7)
+    with open(tmp_path / "emb.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["label"]) for r in rows] == dataset.test.labels.tolist()
+    assert [(r["split"], int(r["index"])) for r in rows] == [("test", i) for i in range(12)]
+    marker = json.loads((tmp_path / "emb.npy.contrastkit.json").read_text())
+    assert marker["written_by"] == "contrastkit embed" and sorted(marker["files"]) == ["emb.csv", "emb.npy", "emb_z.npy"]
+
+
+def test_npz_of_all_splits_and_of_other_data(run_dir, tmp_path):
+    result = export_embeddings(str(run_dir), str(tmp_path / "all.npz"), progress=False)
+    with np.load(tmp_path / "all.npz", allow_pickle=False) as archive:
+        assert sorted(archive.files) == ["h", "labels", "names", "splits"]
+        h, splits, labels = archive["h"], archive["splits"], archive["labels"]
+    sizes = [TINY_GLYPHLAB[f"{s}_scenes"] for s in ("train", "val", "test")]
+    assert result.rows == h.shape[0] == sum(sizes) and list(splits).count("val") == sizes[1]
+    expected, _, dataset = _probe_features(run_dir, "train")
+    assert np.array_equal(h[:sizes[0]].astype(np.float64), expected)
+    assert labels[:sizes[0]].tolist() == dataset.train.labels.tolist()
+    other = dict(TINY_GLYPHLAB, test_scenes=5)
+    export_embeddings(str(run_dir), str(tmp_path / "other.npz"), data="glyphlab", data_options=other,
+                      split="test", progress=False)
+    with np.load(tmp_path / "other.npz") as archive:
+        assert archive["h"].shape[0] == 5
+    assert load_dataset("glyphlab", seed=0, **other).test.images.shape[0] == 5
+
+
+def test_a_users_file_is_never_overwritten(run_dir, tmp_path, capsys):
+    mine = tmp_path / "emb.npy"
+    mine.write_bytes(b"my own data")
+    for extra in ([], ["--force"]):
+        assert main(["embed", str(run_dir), "--out", str(mine), "--quiet", *extra]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.count("\n") == 0 and str(mine) in error
+    assert mine.read_bytes() == b"my own data"
+    assert not (tmp_path / "emb.csv").exists()
+    # A user's file next to an earlier export, under a name the export did not write, stays too.
+    ours = tmp_path / "ours.npy"
+    assert main(["embed", str(run_dir), "--out", str(ours), "--projection", "--quiet"]) == 0
+    assert main(["embed", str(run_dir), "--out", str(ours), "--quiet"]) == 2  # exists: needs --force
+    (tmp_path / "ours.csv").unlink()
+    (tmp_path / "ours.csv").write_text("a user's table\n")
+    assert main(["embed", str(run_dir), "--out", str(ours), "--quiet", "--force"]) == 2
+    assert (tmp_path / "ours.csv").read_text() == "a user's table\n"
+    (tmp_path / "ours.csv").unlink()
+    assert main(["embed", str(run_dir), "--out", str(ours), "--quiet", "--force", "--split", "val"]) == 0
+    assert np.load(ours).shape[0] == TINY_GLYPHLAB["val_scenes"]
+    assert not (tmp_path / "ours_z.npy").exists()  # the earlier export's z, no longer asked for, is gone
+
+
+def test_bad_input_is_one_line_exit_2(run_dir, tmp_path, capsys):
+    (tmp_path / "folder").mkdir()
+    cases = [
+        (["embed", str(tmp_path / "folder"), "--out", str(tmp_path / "x.npz")], "config.json is missing"),
+        (["embed", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.npz")], "does not exist"),
+        (["embed", str(run_dir), "--out", str(tmp_path / "no" / "x.npz")], "output folder"),
+        (["embed", str(run_dir), "--out", str(tmp_path / "x.npz"), "--data-option", "size=28"], "--data-option"),
+        (["embed", str(run_dir), "--out", str(tmp_path / "x.npz"), "--data", str(tmp_path / "missing.npz")],
+         "missing.npz"),
+    ]
+    for argv, message in cases:
+        assert main(argv + ["--quiet"]) == 2, argv
+        error = capsys.readouterr().err.strip()
+        assert error.count("\n") == 0 and message in error, error
+    assert not (tmp_path / "x.npz").exists() and not (tmp_path / "no").exists()
