@@ -27,7 +27,7 @@ TINY_CLI = ["--epochs", "1", "--batch-size", "8", "--quiet"] + [
 TINY_STUDY = ["--seeds", "1", "--epochs", "1", "--batch-size", "8", "--no-progress"] + [
     arg for key, value in TINY_GLYPHLAB.items() for arg in ("--data-option", f"{key}={value}")]
 # A one-epoch run: the checkpoint and its SHA-256 file (no previous.pt yet).
-RUN_FILES = {"config.json", "metrics.jsonl", "summary.json", "checkpoints/last.pt", "checkpoints/last.pt.sha256",
+RUN_FILES = {"config.json", "config.yaml", "metrics.jsonl", "summary.json", "checkpoints/last.pt", "checkpoints/last.pt.sha256",
              "report.html"}
 
 

@@ -95,11 +95,15 @@ def test_resume_keeps_one_row_per_step(tmp_path, one_torch_thread):
     config = tiny_config(out, epochs=2, loggers=loggers)
     checkpoint = out / "checkpoints" / "last.pt"
 
-    def crash_in_epoch_two(epoch, record):
+    digest = out / "checkpoints" / "last.pt.sha256"
+
+    def crash_in_epoch_two(epoch, record):  # the checkpoint and its SHA-256 go back to epoch 1's
         if epoch == 1:
             shutil.copy(checkpoint, tmp_path / "epoch1.pt")
+            shutil.copy(digest, tmp_path / "epoch1.pt.sha256")
         else:
             shutil.copy(tmp_path / "epoch1.pt", checkpoint)
+            shutil.copy(tmp_path / "epoch1.pt.sha256", digest)
             raise _Interrupt
 
     with pytest.raises(_Interrupt):

@@ -212,10 +212,12 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     run = _set_up(config, resume, force, dataset, views)
     if run.parallel.is_main:
         manifest = Manifest(run.folder.root)
-        marked = manifest.mark_writing(layout.CONFIG_FILE, *([layout.METRICS_CSV] if run.config.loggers else []))
+        marked = manifest.mark_writing(layout.CONFIG_FILE)
         write_config_file(run.folder.config_file, run.config.to_dict(),
                           header="contrastkit pretrain --config FILE reruns this run (options given override it)")
-        manifest.record(layout.CONFIG_FILE)
+        manifest.record(*marked)
+        if "csv" in run.config.loggers:
+            manifest.mark_writing(layout.METRICS_CSV)  # recorded when the loggers close
         run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if resume else None)
     try:
         _train(run, progress, on_epoch_end)
@@ -335,11 +337,10 @@ def _save_run_files(run: _Run) -> None:
 
 def _record_logger_files(folder: layout.RunFolder) -> None:
     """List what the loggers wrote (``metrics.csv``, the TensorBoard event files) in the manifest."""
-    names = [layout.METRICS_CSV] if os.path.isfile(os.path.join(folder.root, layout.METRICS_CSV)) else []
+    names = [layout.METRICS_CSV, f"{layout.METRICS_CSV}.tmp"]  # a missing one leaves the list
     for directory, _, files in os.walk(os.path.join(folder.root, layout.TENSORBOARD)):
         names += [os.path.relpath(os.path.join(directory, name), folder.root).replace(os.sep, "/") for name in files]
-    if names:
-        Manifest(folder.root).record(*names)
+    Manifest(folder.root).record(*names)
 
 
 def _optimizer(model: torch.nn.Module, config: PretrainConfig) -> torch.optim.Optimizer:
