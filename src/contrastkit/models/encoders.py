@@ -304,18 +304,26 @@ def encoder_from_spec(spec: str, in_channels: int, options: Optional[Mapping[str
     return module
 
 
-def describe_encoder(module: nn.Module) -> str:
+def describe_encoder(module: nn.Module, in_channels: int) -> str:
     """The spec that rebuilds ``module``'s architecture: ``"package.module:Class"`` when that
-    class can be imported again (called with no options), else ``"object:package.module.Class"``."""
+    class can be imported again and, called with no options (``in_channels`` when it takes it),
+    builds parameters of the same names and shapes; else ``"object:package.module.Class"``.
+    Torch's global RNG is left untouched."""
     cls = type(module)
     path = f"{cls.__module__}:{cls.__qualname__}"
     if cls.__module__ != "__main__" and "<locals>" not in cls.__qualname__:
         try:
-            if load_factory(path) is cls:
-                return path
-        except (ValueError, TypeError):
-            pass
+            with torch.random.fork_rng(devices=[]):
+                rebuilt = encoder_from_spec(path, in_channels) if load_factory(path) is cls else None
+        except Exception:  # any failure to rebuild means: not rebuildable from the path alone
+            rebuilt = None
+        if rebuilt is not None and _shapes(rebuilt) == _shapes(module):
+            return path
     return f"{OBJECT_PREFIX}{cls.__module__}.{cls.__qualname__}"
+
+
+def _shapes(module: nn.Module) -> Dict[str, tuple]:
+    return {key: tuple(value.shape) for key, value in module.state_dict().items()}
 
 
 class PooledEncoder(nn.Module):

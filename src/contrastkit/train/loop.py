@@ -19,7 +19,7 @@ import platform
 import random
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -32,7 +32,7 @@ from contrastkit._io import remove_outputs, write_json
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RESUME_MAY_CHANGE, PretrainConfig
 from contrastkit.data.streaming import EpochBatchSampler, is_streaming, make_loader
-from contrastkit.models import unwrap_encoder
+from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .evaluate import evaluate_model, extract_features, split_images
 from .methods import EvalContext, Method, get_method
@@ -203,12 +203,8 @@ def pretrain(
     the ranks by a ``DistributedSampler``; only rank 0 writes files and evaluates, and the
     other ranks return ``None``. Resuming needs the same number of processes.
     """
-    if encoder is not None:
-        from contrastkit.models import describe_encoder
-
-        if not isinstance(encoder, torch.nn.Module):
-            raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}")
-        config = replace(config, encoder=describe_encoder(encoder), encoder_options={})
+    if encoder is not None and not isinstance(encoder, torch.nn.Module):
+        raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}")
     config = config.resolved()
     with limit_threads(config.threads):
         return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder)
@@ -220,17 +216,23 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     run = _set_up(config, resume, force, dataset, views, encoder)
     _train(run, progress, on_epoch_end)
     run.loader = None  # ends the persistent workers before the evaluation starts its own
-    if encoder is not None:  # the caller's module gets the trained weights
-        encoder.load_state_dict(unwrap_encoder(run.model.encoder).state_dict())
     if not run.parallel.is_main:
         run.parallel.barrier()  # rank 0 evaluates and writes the summary
         run.parallel.teardown()
+        _return_encoder(run, encoder)
         return None
     summary = _summarise(run, baselines)
     write_json(run.folder.summary, summary)
     run.parallel.barrier()
     run.parallel.teardown()
+    _return_encoder(run, encoder)
     return summary
+
+
+def _return_encoder(run: "_Run", encoder: Optional[torch.nn.Module]) -> None:
+    """The caller's encoder module gets the trained weights (after the baseline was built)."""
+    if encoder is not None:
+        encoder.load_state_dict(unwrap_encoder(run.model.encoder).state_dict())
 
 
 @dataclass
@@ -259,7 +261,9 @@ class _Run:
     started: float
     loader: Any = None      # DataLoader of the training split (index batches, or images and indices)
     sampler: Any = None     # its EpochBatchSampler (set_epoch before each epoch)
-    encoder: Optional[torch.nn.Module] = None  # the module the caller passed (the baseline's initialisation)
+    # The module the caller passed, when its class cannot rebuild it (the baseline then starts
+    # from it); None when config.encoder rebuilds the architecture (the baseline is built from it).
+    encoder: Optional[torch.nn.Module] = None
     epoch: int = 0
     step: int = 0
     train_seconds: float = 0.0
@@ -291,6 +295,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     if config.paired and is_streaming(dataset):
         raise ValueError("convirt reads its image-text pairs in memory; a streamed data set is not supported")
     n_train = len(dataset.train)
+    if encoder is not None:  # record how to rebuild it: its class path, or that it was an object
+        config.encoder, config.encoder_options = describe_encoder(encoder, dataset.image_shape[0]), {}
     batch_size = min(config.batch_size, n_train)
     if batch_size < 2:
         raise ValueError(f"the training split of {config.data} has {n_train} image(s); at least 2 are needed")
@@ -320,7 +326,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
 
     run = _Run(config, method, parallel, device, dataset, views, tokenizer, model, step_loss, optimizer,
                scheduler, schedule, layout.RunFolder(config.out), batch_size, rank_batch, steps_per_epoch,
-               total_steps, warmup_steps, started, encoder=encoder)
+               total_steps, warmup_steps, started,
+               encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
     run.loader = make_loader(dataset.train, batch_sampler=run.sampler, workers=config.workers,

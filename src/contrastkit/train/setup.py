@@ -96,13 +96,13 @@ def build_model(config: PretrainConfig, image_shape: Union[int, Sequence[int]], 
     and the projection head is built on the feature size it finds. The global RNG is left
     untouched, so the random-init baseline can be rebuilt at any time with identical weights.
     """
-    from contrastkit.models import describe_encoder, encoder_from_spec, prepare_encoder
+    from contrastkit.models import encoder_from_spec, prepare_encoder
 
     shape = (int(image_shape), 32, 32) if isinstance(image_shape, int) else tuple(int(s) for s in image_shape)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         if encoder is not None:
-            module, name = copy.deepcopy(encoder), describe_encoder(encoder)
+            module, name = copy.deepcopy(encoder), f"{type(encoder).__module__}.{type(encoder).__qualname__}"
         else:
             module, name = encoder_from_spec(config.encoder, shape[0], config.encoder_options), config.encoder
         if not isinstance(image_shape, int) or getattr(module, "out_dim", None) is None:
