@@ -39,16 +39,10 @@ __all__ = ["ImageFolderDataset", "StreamingDataset", "LabelledDataset", "Unreada
 class UnreadableImageError(ValueError):
     """An image of a streamed folder cannot be read; the message names the file.
 
-    Raised in a ``DataLoader`` worker, torch re-raises it in the main process with the worker's
-    traceback in the message; the constructor keeps only the original line, so the error stays
-    one line naming the file.
+    A worker does not raise it (torch would re-raise it wrapped in the worker's traceback, and
+    the other workers would be torn down mid-write): it marks the item, and the loader raises
+    it in the main process (:func:`make_loader`), one line naming the file.
     """
-
-    def __init__(self, message: str) -> None:
-        marker = f"{type(self).__name__}: "
-        if "Traceback" in message and marker in message:
-            message = message.rsplit(marker, 1)[1].strip()
-        super().__init__(message)
 
 
 # -- the file index ------------------------------------------------------------------------
@@ -376,20 +370,42 @@ class _Indices(torch.utils.data.Dataset):
 
 
 class _WithIndex(torch.utils.data.Dataset):
-    """Item ``i`` of a streamed split is ``(image, i)`` (its label is in ``split.labels``)."""
+    """Item ``i`` of a streamed split is ``(image, i)`` (its label is in ``split.labels``); an
+    unreadable image is ``(zeros, -1 - i)``, for the main process to raise."""
 
     def __init__(self, split: Any) -> None:
         self.split = split
+        self.blank = torch.zeros(tuple(split.image_shape), dtype=torch.uint8)
 
     def __len__(self) -> int:
         return len(self.split)
 
     def __getitem__(self, index: int) -> Tuple[Tensor, int]:
-        return self.split[index][0], index
+        try:
+            return self.split[index][0], index
+        except UnreadableImageError:
+            return self.blank, -1 - index
+
+
+class _StreamLoader:
+    """Iterates a ``DataLoader`` of :class:`_WithIndex` items and raises, in this process, the
+    error of an item a worker could not read (by reading it again here)."""
+
+    def __init__(self, loader: DataLoader, split: Any) -> None:
+        self.loader, self.split = loader, split
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Tuple[Tensor, Tensor]]:
+        for images, indices in self.loader:
+            if bool((indices < 0).any()):
+                self.split[-1 - int(indices[indices < 0][0])]  # raises UnreadableImageError naming the file
+            yield images, indices
 
 
 def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sampler: Optional[Sampler] = None,
-                pin_memory: bool = False, seed: int = 0) -> DataLoader:
+                pin_memory: bool = False, seed: int = 0) -> Any:
     """A ``DataLoader`` over ``split``.
 
     An in-memory :class:`~contrastkit.data.Split` yields batches of indices ``(b,)`` int64 (the
@@ -398,7 +414,8 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
     processes (persistent, so an epoch does not pay their start-up again). ``batch_sampler``
     (e.g. :class:`EpochBatchSampler`) sets the batches; by default consecutive batches of
     ``batch_size`` in order, the last one partial. The loader draws its base seed from its own
-    generator (``seed``), never from torch's global RNG, which the views use.
+    generator (``seed``), never from torch's global RNG, which the views use. An image that
+    cannot be read raises :class:`UnreadableImageError` naming it, in this process.
     """
     if isinstance(split, Split):
         dataset: torch.utils.data.Dataset = _Indices(len(split))
@@ -412,8 +429,10 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
     if workers:
         options.update(persistent_workers=True, prefetch_factor=2)
     if batch_sampler is not None:
-        return DataLoader(dataset, batch_sampler=batch_sampler, **options)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=False, **options)
+        loader = DataLoader(dataset, batch_sampler=batch_sampler, **options)
+    else:
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=False, **options)
+    return loader if isinstance(split, Split) else _StreamLoader(loader, split)
 
 
 def read_images(split: Any, indices: Tensor) -> Tensor:
