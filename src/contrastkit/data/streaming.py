@@ -161,7 +161,7 @@ def _as_image_tensor(image: Any, what: str) -> Tensor:
 class StreamingDataset:
     """Train / val / test splits read item by item; the streamed twin of
     :class:`~contrastkit.data.Dataset` (same ``name``, ``class_names``, ``num_classes``,
-    ``image_shape``, ``channels``, ``source``, ``splits()``, ``summary()``). Each split is a
+    ``image_shape``, ``source``, ``splits()``, ``summary()``). Each split is a
     map-style data set of ``(image, label)`` with a ``labels`` int64 tensor."""
 
     has_realisations = False
@@ -186,10 +186,6 @@ class StreamingDataset:
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
-
-    @property
-    def channels(self) -> int:
-        return int(self.image_shape[0])
 
     def splits(self) -> List[Tuple[str, Any]]:
         return [("train", self.train), ("val", self.val), ("test", self.test)]
@@ -232,7 +228,7 @@ def stream_image_folder(root: Union[str, os.PathLike], *, size: Any = None, val_
     """The class-folder tree at ``root`` as a :class:`StreamingDataset`: only the file index
     is read now, the images when they are asked for.
 
-    The layout and the splits are :func:`~contrastkit.data.files.load_image_folder`'s
+    The layout and the splits are those of :func:`~contrastkit.data.load_dataset` for an image folder
     (``root/<class>/*`` split three ways, or ``root/{train,val,test}/<class>/*`` with val carved
     from train; stratified, ``split_seed``), so both give the same train/val/test membership.
     ``color`` ``None`` and ``size`` ``None`` take the first image's (grayscale or RGB, its size);
@@ -240,7 +236,7 @@ def stream_image_folder(root: Union[str, os.PathLike], *, size: Any = None, val_
     """
     from PIL import Image
 
-    from contrastkit.data.files import _GRAY_MODES, _resolve_size, _scan_tree
+    from contrastkit.data.files import _GRAY_MODES, _resolve_size, scan_image_tree
 
     root = Path(root)
     if not root.is_dir():
@@ -248,17 +244,8 @@ def stream_image_folder(root: Union[str, os.PathLike], *, size: Any = None, val_
     if color is not None and color not in ("L", "RGB"):
         raise ValueError(f"color must be None, 'L' or 'RGB', got {color!r}")
     val_fraction = check_fraction(val_fraction, "val_fraction")
-    has_parts = (root / "train").is_dir() and (root / "test").is_dir()
-    if has_parts:
-        train_files, train_labels, names = _scan_tree(root / "train")
-        parts = {"train": (train_files, train_labels)}
-        for part in ("val", "test"):
-            if (root / part).is_dir():
-                files, labels, _ = _scan_tree(root / part, names)
-                parts[part] = (files, labels)
-    else:
-        files, labels, names = _scan_tree(root)
-        parts = {"all": (files, labels)}
+    parts, names = scan_image_tree(root)
+    has_parts = "all" not in parts
     first = next(iter(parts.values()))[0][0]
     try:
         with Image.open(first) as img:

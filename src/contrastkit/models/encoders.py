@@ -153,20 +153,17 @@ class ResNet50(nn.Module):
         super().__init__()
         if in_channels < 1 or width < 1:
             raise ValueError(f"in_channels and width must be >= 1, got {in_channels}, {width}")
-        self.stem = nn.Sequential(*_conv_bn_relu(in_channels, width))
-        blocks: List[nn.Module] = []
+        layers: List[nn.Module] = [*_conv_bn_relu(in_channels, width)]
         channels = width
         for index, (count, stage_width) in enumerate(zip((3, 4, 6, 3), (width, 2 * width, 4 * width, 8 * width))):
             for block in range(count):
-                stride = 2 if index > 0 and block == 0 else 1
-                blocks.append(_Bottleneck(channels, stage_width, stride))
+                layers.append(_Bottleneck(channels, stage_width, 2 if index > 0 and block == 0 else 1))
                 channels = stage_width * _Bottleneck.expansion
-        self.stages = nn.Sequential(*blocks)
-        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.out_dim = channels
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.flatten(self.pool(self.stages(self.stem(x))), 1)
+        return self.features(x)
 
 
 class SmallViT(nn.Module):

@@ -124,7 +124,7 @@ def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str 
     ``threads`` defaults to the run's setting.
 
     The encoder is rebuilt from the run's ``encoder`` and ``encoder_options``
-    (:func:`~contrastkit.train.setup.build_model`); a run given its encoder as a Python object
+    (``contrastkit.train.setup.build_model``); a run given its encoder as a Python object
     whose class cannot be rebuilt with no arguments needs it again as ``encoder`` (its
     architecture; the weights come from the checkpoint). A run given its data set as an
     object needs it again as ``dataset``."""

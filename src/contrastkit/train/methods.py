@@ -95,7 +95,7 @@ class Method:
                     encoder: Optional[nn.Module] = None) -> nn.Module:
         """The model at its initialisation (the caller seeds the RNG). ``encoder``: the image
         encoder to build it on, already checked (with ``out_dim``; see
-        :func:`contrastkit.train.setup.build_model`), else the built-in ``config.encoder``."""
+        ``contrastkit.train.setup.build_model``), else the built-in ``config.encoder``."""
         raise NotImplementedError
 
     def embed(self, model: nn.Module, batch: Batch) -> Tuple[Tensor, ...]:
