@@ -33,7 +33,7 @@ from contrastkit.data.base import Split, check_fraction, stratified_split
 
 __all__ = ["ImageFolderDataset", "StreamingDataset", "LabelledDataset", "UnreadableImageError",
            "EpochBatchSampler", "stream_image_folder", "as_streaming", "make_loader", "read_images",
-           "is_streaming", "StreamedViews"]
+           "is_streaming", "in_memory", "StreamedViews"]
 
 
 class UnreadableImageError(ValueError):
@@ -215,6 +215,12 @@ def _carve(split: Any, fractions: Sequence[float], split_seed: int, source: str)
         raise ValueError(f"{source}: {len(split)} images are too few for non-empty splits of fractions "
                          f"{[round(f, 4) for f in fractions]}")
     return [_SubsetSplit(split, part) for part in parts]
+
+
+def in_memory(split: Any) -> bool:
+    """Whether ``split`` holds its images as one tensor (a :class:`~contrastkit.data.Split`, or
+    a paired split), rather than reading them item by item."""
+    return isinstance(split, Split) or isinstance(getattr(split, "images", None), Tensor)
 
 
 def is_streaming(dataset: Any) -> bool:
@@ -404,7 +410,7 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
     generator (``seed``), never from torch's global RNG, which the views use. An image that
     cannot be read raises :class:`UnreadableImageError` naming it, in this process.
     """
-    if isinstance(split, Split):
+    if in_memory(split):
         dataset: torch.utils.data.Dataset = _Indices(len(split))
         workers = 0  # nothing to decode
     else:
@@ -419,13 +425,13 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
         loader = DataLoader(dataset, batch_sampler=batch_sampler, **options)
     else:
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=False, **options)
-    return loader if isinstance(split, Split) else _StreamLoader(loader, split)
+    return loader if in_memory(split) else _StreamLoader(loader, split)
 
 
 def read_images(split: Any, indices: Tensor) -> Tensor:
     """The images of ``indices`` of a split, stacked ``(b, C, H, W)``: read in this process
     (for the few held-out batches an evaluation draws; training reads through the loader)."""
-    if isinstance(split, Split):
+    if in_memory(split):
         return split.images[indices.to(split.images.device)]
     return torch.stack([split[int(i)][0] for i in indices.tolist()])
 
@@ -450,7 +456,7 @@ class StreamedViews:
         self._held = ({int(i): row for row, i in enumerate(indices.tolist())}, images)
 
     def __call__(self, split: Any, indices: Tensor) -> Tuple[Tensor, Tensor]:
-        if isinstance(split, Split):
+        if in_memory(split):
             return self.views(split, indices)
         images = None
         if self._held is not None:

@@ -17,8 +17,7 @@ import torch
 from torch import nn
 
 from contrastkit import layout
-from contrastkit.data.base import Split
-from contrastkit.data.streaming import make_loader
+from contrastkit.data.streaming import in_memory, make_loader
 from contrastkit.metrics import knn_accuracy, linear_probe
 
 from .checkpoint import load_checkpoint
@@ -33,7 +32,7 @@ __all__ = ["extract_features", "evaluate_features", "evaluate_encoders", "evalua
 def split_images(split: Any) -> Any:
     """What :func:`extract_features` reads of a split: an in-memory split's ``images`` tensor,
     or the streamed split itself (read in batches)."""
-    return split.images if isinstance(split, Split) else split
+    return split.images if in_memory(split) else split
 
 
 def _image_batches(images: Any, batch_size: int, workers: int) -> Iterator[torch.Tensor]:
@@ -65,7 +64,7 @@ def extract_features(encoder: nn.Module, images: Any, device: torch.device, batc
 
 def _pixels(split: Any, workers: int) -> np.ndarray:
     """The raw-pixel baseline's features of a split: its images flattened, float64."""
-    if isinstance(split, Split):
+    if in_memory(split):
         return split.images.reshape(split.images.shape[0], -1).double().cpu().numpy()
     return extract_features(nn.Flatten(), split, torch.device("cpu"), workers=workers)
 

@@ -331,7 +331,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
     run.loader = make_loader(dataset.train, batch_sampler=run.sampler, workers=config.workers,
-                             pin_memory=device.type == "cuda", seed=config.seed)
+                             pin_memory=device.type == "cuda" and is_streaming(dataset), seed=config.seed)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume))
     parallel.run_on_main(lambda: method.save_run_files(model, run.folder))
     if resume:
@@ -428,9 +428,10 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str], ba
     for batch, item in enumerate(run.loader):
         if isinstance(item, torch.Tensor):  # an in-memory split: the batch's indices
             indices = item
-        else:  # a streamed split: the decoded images and their indices
+        else:  # a streamed split: the decoded images and their indices, handed to the batch maker
             images, indices = item
-            run.batches.hold(indices, images)
+            if hasattr(run.batches, "hold"):  # a caller's own views read the split themselves
+                run.batches.hold(indices, images)
         loss = _train_step(run, indices, labels, metrics)
         loss_sum += loss.detach()
         window_steps += 1
