@@ -19,13 +19,14 @@ class UsageError(Exception):
     """An error in what the user asked for; printed as one line, exit status 2."""
 
 
-def parse_data_options(items: Optional[Sequence[str]]) -> Dict[str, Any]:
-    """``--data-option KEY=VALUE`` items as a dict (VALUE parsed as JSON when it can be)."""
+def parse_data_options(items: Optional[Sequence[str]], option: str = "--data-option") -> Dict[str, Any]:
+    """``--data-option KEY=VALUE`` items (or another ``option``'s) as a dict (VALUE parsed as
+    JSON when it can be)."""
     options: Dict[str, Any] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--data-option must look like KEY=VALUE, got {item!r}")
+            raise ValueError(f"{option} must look like KEY=VALUE, got {item!r}")
         try:
             options[key.strip()] = json.loads(value)
         except json.JSONDecodeError:

@@ -8,14 +8,14 @@ import os
 
 from contrastkit import layout
 from contrastkit.commands.common import add_config_argument, parse_data_options, parse_names, print_result_table
-from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, PretrainConfig
+from contrastkit.train.config import DEFAULT_TEMPERATURE, ENCODER_NAMES, METHODS, OPTIMIZERS, PretrainConfig
 from contrastkit.train.loggers import LOGGER_NAMES
 
 # Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
 _FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
            "temperature_schedule",
            "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
-           "queue_size", "projection_dim", "weight", "text_encoder", "micro_batch", "norm", "seed", "device", "threads", "log_every",
+           "queue_size", "projection_dim", "weight", "text_encoder", "micro_batch", "norm", "seed", "device", "threads", "workers", "log_every",
            "eval_every", "knn_k", "knn_temperature", "out")
 # Config-file keys that are PretrainConfig field names rather than option names (OUT/config.yaml
 # holds the fields): every field of PretrainConfig is a key of `pretrain --config`.
@@ -38,7 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--data-option", action="append", default=None, metavar="KEY=VALUE",
         help="loader option, repeatable, e.g. train_scenes=480 for glyphlab (VALUE parsed as JSON if it can be)")
     add("--method", choices=METHODS, default=None, help=f"(default {d.method})")
-    add("--encoder", choices=("small", "resnet18"), default=None, help=f"(default {d.encoder}; resnet18 wants a GPU)")
+    add("--encoder", default=None, metavar="NAME",
+        help=f"a built-in ({', '.join(ENCODER_NAMES)}; resnet18/resnet50 want a GPU, vit is for 32x32 "
+             f"images) or package.module:factory, a callable returning any nn.Module from images "
+             f"(N, C, H, W) to (N, D) or (N, D, ...) (default {d.encoder})")
+    add("--encoder-option", action="append", default=None, metavar="KEY=VALUE",
+        help="keyword argument of the encoder's factory, repeatable, e.g. width=32 (VALUE parsed as JSON if it "
+             "can be); recorded with the run, so probe rebuilds the encoder without them")
     add("--views", choices=("augment", "A", "B", "paired"), default=None,
         help="augment: two SimCLR augmentations; A/B: glyphlab noise-realisation pairs (B rotates one "
              f"view by 90 degrees); paired: convirt's image-text pairs (default {d.views})")
@@ -78,6 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--threads", type=int, default=None,
         help="CPU threads (default 0: the cores this process may use); on a CPU shared with other jobs "
              "use --threads 1, or set OMP_WAIT_POLICY=PASSIVE so idle OpenMP threads do not spin")
+    add("--workers", type=int, default=None,
+        help="DataLoader worker processes decoding images; an image folder with --workers > 0 (or "
+             "--data-option stream=true) is streamed, only its file index held in memory (default 0)")
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
     add("--eval-every", type=int, default=None,
         help="epochs between val kNN checks logged to metrics.jsonl (default 0: never)")
@@ -106,6 +115,8 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
     loggers = parse_names(args.logger, "--logger", LOGGER_NAMES)
     if loggers is not None:
         given["loggers"] = loggers
+    if args.encoder_option is not None:
+        given["encoder_options"] = parse_data_options(args.encoder_option, option="--encoder-option")
     base = PretrainConfig().to_dict()
     if args.resume:
         out = given.get("out", base["out"])

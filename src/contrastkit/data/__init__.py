@@ -10,6 +10,10 @@
 python batches, or a ``.npz`` file); see :func:`load_dataset`. Nothing is downloaded unless
 asked: :func:`download_mnist` and :func:`download_cifar10` fetch the official files into a
 folder to load.
+
+Data too large to hold are streamed (:mod:`contrastkit.data.streaming`): :func:`stream_image_folder`
+keeps only the file index of a class-folder tree and decodes images in ``DataLoader`` workers;
+:func:`as_streaming` wraps any map-style ``torch.utils.data.Dataset`` of ``(image, label)``.
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ from typing import Any, Callable, Dict, Union
 
 from contrastkit.data.base import Dataset, Split
 from contrastkit.data.download import download_cifar10, download_mnist
+from contrastkit.data.streaming import (EpochBatchSampler, ImageFolderDataset, StreamingDataset,
+                                        UnreadableImageError, as_streaming, make_loader, stream_image_folder)
 from contrastkit.data.views import MODES, ViewMaker, make_views
 
 __all__ = ["load_dataset", "make_views", "Dataset", "Split", "ViewMaker", "MODES", "BUILTIN",
-           "download_mnist", "download_cifar10"]
+           "download_mnist", "download_cifar10", "ImageFolderDataset", "StreamingDataset", "UnreadableImageError",
+           "EpochBatchSampler", "stream_image_folder", "as_streaming", "make_loader"]
 
 #: Built-in data set names.
 BUILTIN = ("glyphlab", "digits")

@@ -502,6 +502,23 @@ def _scan_tree(root: Path, class_names: Optional[List[str]] = None) -> Tuple[Lis
     return files, labels, class_names
 
 
+def scan_image_tree(root: Path) -> Tuple[Dict[str, Tuple[List[Path], List[int]]], List[str]]:
+    """The file index of an image folder: ``({part: (files, labels)}, class_names)`` with parts
+    ``train``, ``test`` (and ``val``) when ``root`` has ``train/`` and ``test/`` folders, else
+    one part ``all``. Nothing is decoded."""
+    root = Path(root)
+    if (root / "train").is_dir() and (root / "test").is_dir():
+        train_files, train_labels, names = _scan_tree(root / "train")
+        parts = {"train": (train_files, train_labels)}
+        for part in ("val", "test"):
+            if (root / part).is_dir():
+                files, labels, _ = _scan_tree(root / part, names)
+                parts[part] = (files, labels)
+        return parts, names
+    files, labels, names = _scan_tree(root)
+    return {"all": (files, labels)}, names
+
+
 def load_image_folder(root: Path, *, size: SizeLike = None, val_fraction: float = 0.1, test_fraction: float = 0.2,
                       split_seed: int = 0, color: Optional[str] = None) -> Dataset:
     """Load ``root/<class>/*`` or ``root/{train,val,test}/<class>/*`` images.
@@ -514,17 +531,8 @@ def load_image_folder(root: Path, *, size: SizeLike = None, val_fraction: float 
     if color is not None and color not in ("L", "RGB"):
         raise ValueError(f"color must be None, 'L' or 'RGB', got {color!r}")
     target = _resolve_size(size)
-    has_parts = (root / "train").is_dir() and (root / "test").is_dir()
-    if has_parts:
-        train_files, train_labels, names = _scan_tree(root / "train")
-        parts = {"train": (train_files, train_labels)}
-        for part in ("val", "test"):
-            if (root / part).is_dir():
-                files, labels, _ = _scan_tree(root / part, names)
-                parts[part] = (files, labels)
-    else:
-        files, labels, names = _scan_tree(root)
-        parts = {"all": (files, labels)}
+    parts, names = scan_image_tree(root)
+    has_parts = "all" not in parts
     opened = {part: _open_images(files) for part, (files, _) in parts.items()}
     every = [img for imgs in opened.values() for img in imgs]
     if color is None:

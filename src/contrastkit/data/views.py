@@ -169,6 +169,21 @@ class ViewMaker:
             second = (first + torch.randint(1, r, (idx.numel(),))) % r
             view_a = source[idx, first.to(source.device)]
             view_b = source[idx, second.to(source.device)]
+        return self._finish(view_a, view_b)
+
+    def views_of(self, images: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(view_a, view_b)`` of a batch of images ``(b, C, H, W)``, uint8 (0..255) or float
+        in ``[0, 1]``, from anywhere (a streamed batch); mode ``"augment"`` only."""
+        if self.mode != "augment":
+            raise ValueError(f"views {self.mode!r} need noise realisations; a batch of images has none")
+        if images.dim() != 4 or tuple(images.shape[1:]) != self.image_shape:
+            raise ValueError(f"images must have shape (b, {', '.join(map(str, self.image_shape))}), "
+                             f"got {tuple(images.shape)}")
+        images = images.to(self.device, non_blocking=True)
+        images = images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
+        return self._finish(images, images)
+
+    def _finish(self, view_a: Tensor, view_b: Tensor) -> Tuple[Tensor, Tensor]:
         view_a = view_a.to(self.device, dtype=torch.float32, non_blocking=True)
         view_b = view_b.to(self.device, dtype=torch.float32, non_blocking=True)
         if self._augment is not None:
@@ -200,8 +215,9 @@ def make_views(dataset: Dataset, mode: str = "augment", device: Union[torch.devi
     Returns a :class:`ViewMaker`; ``views(split, indices)`` -> ``(view_a, view_b)``, two
     ``(b, C, H, W)`` float32 tensors in ``[0, 1]`` on ``device``.
     """
-    if not isinstance(dataset, Dataset):
-        raise TypeError(f"dataset must be a contrastkit.data.Dataset, got {type(dataset).__name__}")
+    if not isinstance(dataset, Dataset) and not getattr(dataset, "streamed", False):
+        raise TypeError(f"dataset must be a contrastkit.data.Dataset or StreamingDataset, got "
+                        f"{type(dataset).__name__}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode in ("A", "B") and not dataset.has_realisations:

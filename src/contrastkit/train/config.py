@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -17,7 +18,7 @@ METHODS = ("simclr", "moco", "supcon", "dcl", "simple", "hard_negative", "convir
 PAIRED_METHODS = ("convirt", "siglip")
 OPTIMIZERS = ("adamw", "sgd")
 VIEW_MODES = ("augment", "A", "B")
-ENCODER_NAMES = ("small", "resnet18")
+ENCODER_NAMES = ("small", "resnet18", "resnet50", "vit")  # the built-ins of contrastkit.models.ENCODERS
 
 # Per-method temperature defaults: MoCo v2's 0.2, SupCon's 0.1 (Khosla et al.); SimCLR and DCL
 # use 0.2 too (SimCLR's CIFAR-10 runs used 0.5; on glyphlab 0.2 and 0.5 read out the same,
@@ -37,7 +38,9 @@ DEFAULT_WEIGHT_DECAY = {"adamw": 1e-4, "sgd": 5e-4}
 # Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
 # stretches the cosine schedule from the resumed step on.
 # ``threads`` and ``device`` may change too, at the price of bit-exactness (reduction order).
-RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers"})
+# ``workers`` only decode images (no randomness), so any number resumes exactly.
+RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers",
+                               "workers"})
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -104,7 +107,8 @@ class PretrainConfig:
     data: str = "glyphlab"
     data_options: Dict[str, Any] = field(default_factory=dict)
     method: str = "simclr"
-    encoder: str = "small"
+    encoder: str = "small"          # a built-in name, "package.module:factory" or "object:..." (models.encoders)
+    encoder_options: Dict[str, Any] = field(default_factory=dict)  # the factory's keyword arguments
     views: str = "augment"
     view_strength: Optional[float] = None  # make_views strength; None: its per-mode default
     temperature: Optional[float] = None
@@ -128,6 +132,7 @@ class PretrainConfig:
     seed: int = 0
     device: str = "auto"
     threads: int = 0                # CPU threads; 0: the cores this process may use (setup.resolve_threads)
+    workers: int = 0                # DataLoader worker processes decoding streamed images (0: in this process)
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val kNN checks (0: never)
     knn_k: int = 20
@@ -143,8 +148,7 @@ class PretrainConfig:
             raise ValueError(f"method must be one of {METHODS}, got {c.method!r}")
         if c.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {c.optimizer!r}")
-        if c.encoder not in ENCODER_NAMES:
-            raise ValueError(f"encoder must be one of {ENCODER_NAMES}, got {c.encoder!r}")
+        _check_encoder_spec(c)
         if c.method == "siglip":
             _resolve_siglip(c)
         elif c.method == "convirt":
@@ -184,6 +188,7 @@ class PretrainConfig:
         if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
         _positive_int(c.threads, "threads", 0)
+        _positive_int(c.workers, "workers", 0)
         _positive_int(c.log_every, "log_every")
         _positive_int(c.eval_every, "eval_every", 0)
         _positive_int(c.knn_k, "knn_k")
@@ -244,6 +249,19 @@ def _resolve_siglip(c: PretrainConfig) -> None:
         raise ValueError("weight (convirt's lambda) does not apply to siglip: its sigmoid loss is symmetric")
     _resolve_convirt(c, name="siglip")
     c.weight = None
+
+
+def _check_encoder_spec(c: PretrainConfig) -> None:
+    """``encoder`` is a built-in name or a factory path (whether the factory exists is checked
+    when the model is built); ``encoder_options`` a dict of JSON values (saved in config.json)."""
+    if not isinstance(c.encoder, str) or not (c.encoder in ENCODER_NAMES or ":" in c.encoder):
+        raise ValueError(f"encoder must be one of {ENCODER_NAMES} or 'package.module:factory', got {c.encoder!r}")
+    if not isinstance(c.encoder_options, dict):
+        raise TypeError(f"encoder_options must be a dict, got {type(c.encoder_options).__name__}")
+    try:
+        json.dumps(c.encoder_options)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"encoder_options must hold JSON values (they are saved with the run): {err}") from None
 
 
 def _resolve_convirt(c: PretrainConfig, name: str = "convirt") -> None:

@@ -17,7 +17,7 @@ loss and evaluation hooks) puts together:
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -70,7 +70,7 @@ class ConvirtModel(nn.Module):
     ``h_u`` -> ``text_head`` -> ``u``; loss ``bidirectional_info_nce(v, u, tau, weight)``.
 
     Args:
-        encoder: the pipeline's image encoder name (``"small"``, ``"resnet18"``).
+        encoder: the pipeline's image encoder: a built-in name, or a module with ``out_dim``.
         in_channels: image channels.
         tokenizer: the text tokenizer (its size fixes the embedding table).
         temperature: initial ``tau`` (ConVIRT 0.1); ``learnable_temperature`` trains it.
@@ -85,7 +85,7 @@ class ConvirtModel(nn.Module):
     methods' models.
     """
 
-    def __init__(self, encoder: str, in_channels: int, tokenizer: WordTokenizer, *,
+    def __init__(self, encoder: Union[str, nn.Module], in_channels: int, tokenizer: WordTokenizer, *,
                  temperature: float = DEFAULT_TEMPERATURE, learnable_temperature: bool = False,
                  weight: float = DEFAULT_WEIGHT, projection_dim: int = DEFAULT_DIM,
                  text_encoder: str = "mean", text_width: int = 128, norm: Optional[str] = None) -> None:
@@ -93,7 +93,7 @@ class ConvirtModel(nn.Module):
         self.method = "convirt"
         self.weight = float(check_probability(weight, "weight"))
         self.tokenizer = tokenizer
-        self.encoder = build_encoder(encoder, in_channels, norm=norm)
+        self.encoder = encoder if isinstance(encoder, nn.Module) else build_encoder(encoder, in_channels, norm=norm)
         self.text_encoder = TextEncoder(len(tokenizer), width=text_width, kind=text_encoder,
                                         max_length=tokenizer.max_length)
         self.image_head = ProjectionHead(self.encoder.out_dim, hidden_dim=self.encoder.out_dim,

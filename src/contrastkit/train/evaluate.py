@@ -11,7 +11,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
@@ -19,31 +19,57 @@ from torch import nn
 
 from contrastkit import layout
 from contrastkit._io import read_json
+from contrastkit.data.streaming import in_memory, make_loader
 from contrastkit.metrics import knn_accuracy, linear_probe
 
 from .checkpoint import load_checkpoint
 from .config import PretrainConfig
 from .methods import get_method
-from .setup import build_model, limit_threads, load_data, resolve_device
+from .setup import as_run_data, build_model, limit_threads, load_data, resolve_device
 
 __all__ = ["extract_features", "evaluate_features", "evaluate_encoders", "evaluate_model", "evaluate_run",
-           "SavedRun", "load_run"]
+           "split_images", "SavedRun", "load_run"]
+
+
+def split_images(split: Any) -> Any:
+    """What :func:`extract_features` reads of a split: an in-memory split's ``images`` tensor,
+    or the streamed split itself (read in batches)."""
+    return split.images if in_memory(split) else split
+
+
+def _image_batches(images: Any, batch_size: int, workers: int) -> Iterator[torch.Tensor]:
+    if isinstance(images, torch.Tensor):
+        for i in range(0, images.shape[0], batch_size):
+            yield images[i:i + batch_size]
+        return
+    for batch, _ in make_loader(images, batch_size=batch_size, workers=workers):
+        yield batch.float().div_(255.0) if batch.dtype == torch.uint8 else batch
 
 
 @torch.no_grad()
-def extract_features(encoder: nn.Module, images: torch.Tensor, device: torch.device,
-                     batch_size: int = 256) -> np.ndarray:
-    """``h`` of ``images`` ``(n, C, H, W)`` in eval mode (BatchNorm uses running statistics):
-    ``(n, d)`` float32 (the precision the read-out computes in). The encoder's train/eval mode
+def extract_features(encoder: nn.Module, images: Any, device: torch.device, batch_size: int = 256, *,
+                     workers: int = 0) -> np.ndarray:
+    """``h`` of ``images`` in eval mode (BatchNorm uses running statistics): ``(n, d)`` float32
+    (the precision the read-out computes in).
+
+    ``images`` is an ``(n, C, H, W)`` float tensor in ``[0, 1]`` or a streamed split (a
+    map-style data set of ``(image, label)``, uint8 images scaled to ``[0, 1]``), read in
+    batches of ``batch_size`` (decoded in ``workers`` processes). The encoder's train/eval mode
     is restored afterwards."""
     was_training = encoder.training
     encoder.eval()
     try:
-        chunks = [encoder(images[i:i + batch_size].to(device)).float().cpu()
-                  for i in range(0, images.shape[0], batch_size)]
+        chunks = [encoder(batch.to(device)).float().cpu() for batch in _image_batches(images, batch_size, workers)]
     finally:
         encoder.train(was_training)
     return torch.cat(chunks).numpy()
+
+
+def _pixels(split: Any, workers: int) -> np.ndarray:
+    """The raw-pixel baseline's features of a split: its images flattened, float32."""
+    if in_memory(split):
+        return split.images.reshape(split.images.shape[0], -1).float().cpu().numpy()
+    return extract_features(nn.Flatten(), split, torch.device("cpu"), workers=workers)
 
 
 def evaluate_features(train_x: np.ndarray, val_x: np.ndarray, test_x: np.ndarray, dataset: Any, *,
@@ -59,19 +85,22 @@ def evaluate_features(train_x: np.ndarray, val_x: np.ndarray, test_x: np.ndarray
 
 def evaluate_encoders(dataset: Any, encoder: nn.Module, device: torch.device, *,
                       baseline_encoder: Optional[nn.Module] = None, raw_pixels: bool = True,
-                      knn_k: int = 20, knn_temperature: float = 0.07) -> Dict[str, Any]:
+                      knn_k: int = 20, knn_temperature: float = 0.07, workers: int = 0) -> Dict[str, Any]:
     """Numbers for ``summary.json``: the trained encoder's, and with ``random_init_`` /
-    ``raw_pixel_`` prefixes the baselines' (when asked for)."""
+    ``raw_pixel_`` prefixes the baselines' (when asked for). Streamed splits are read in
+    batches (``workers`` decoding processes)."""
     splits = (dataset.train, dataset.val, dataset.test)
     options = {"knn_k": knn_k, "knn_temperature": knn_temperature}
-    result = evaluate_features(*(extract_features(encoder, s.images, device) for s in splits), dataset, **options)
+
+    def features(model: nn.Module) -> Iterator[np.ndarray]:
+        return (extract_features(model, split_images(s), device, workers=workers) for s in splits)
+
+    result = evaluate_features(*features(encoder), dataset, **options)
     if baseline_encoder is not None:
-        baseline = evaluate_features(*(extract_features(baseline_encoder, s.images, device) for s in splits),
-                                     dataset, **options)
+        baseline = evaluate_features(*features(baseline_encoder), dataset, **options)
         result.update({f"random_init_{key}": value for key, value in baseline.items()})
     if raw_pixels:
-        pixels = evaluate_features(*(s.images.reshape(s.images.shape[0], -1).float().cpu().numpy()
-                                     for s in splits), dataset, **options)
+        pixels = evaluate_features(*(_pixels(s, workers) for s in splits), dataset, **options)
         result.update({f"raw_pixel_{key}": value for key, value in pixels.items()})
     return result
 
@@ -84,7 +113,8 @@ def evaluate_model(config: PretrainConfig, model: nn.Module, dataset: Any, devic
     result: Dict[str, Any] = {}
     if dataset.num_classes:
         result = evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline_encoder,
-                                   raw_pixels=raw_pixels, knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+                                   raw_pixels=raw_pixels, knn_k=config.knn_k, knn_temperature=config.knn_temperature,
+                                   workers=config.workers)
     result.update(get_method(config.method).readout(model, dataset, device))
     return result
 
@@ -108,16 +138,24 @@ class SavedRun:
             return load_data(self.config)
         return load_data(replace(self.config, data=data, data_options=dict(data_options or {})))
 
-    def build_model(self, in_channels: int, device: torch.device) -> nn.Module:
-        """The run's model with the checkpoint's weights, on ``device``."""
-        tokenizer = get_method(self.config.method).saved_tokenizer(self.folder)
-        model = build_model(self.config, in_channels, tokenizer)
+    def build_model(self, image_shape: Any, device: torch.device, encoder: Optional[nn.Module] = None) -> nn.Module:
+        """The run's model for images of ``image_shape`` ``(C, H, W)`` with the checkpoint's
+        weights, on ``device``; ``encoder``: the architecture of a run given its encoder as a
+        module (see :func:`evaluate_run`)."""
+        model = self.build_untrained(image_shape, encoder)
         try:
             model.load_state_dict(self.state["model"])
         except RuntimeError as err:
-            raise ValueError(f"checkpoint {self.checkpoint} does not match the model in {self.config_path}: "
-                             f"{str(err).splitlines()[0]}") from None
+            hint = ("; the run's encoder was given as a module: pass the same architecture again (encoder=...)"
+                    if ":" in self.config.encoder and encoder is None else "")
+            raise ValueError(f"checkpoint {self.checkpoint} does not match the model (encoder "
+                             f"{self.config.encoder!r}) in {self.config_path}: {str(err).splitlines()[0]}{hint}") from None
         return model.to(device)
+
+    def build_untrained(self, image_shape: Any, encoder: Optional[nn.Module] = None) -> nn.Module:
+        """The run's model at its initialisation (the random-init baseline's network)."""
+        tokenizer = get_method(self.config.method).saved_tokenizer(self.folder)
+        return build_model(self.config, image_shape, tokenizer, encoder=encoder)
 
 
 def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
@@ -148,22 +186,29 @@ def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
 
 
 def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str = "auto",
-                 baselines: bool = True, threads: Optional[int] = None) -> Dict[str, Any]:
+                 baselines: bool = True, threads: Optional[int] = None, encoder: Optional[nn.Module] = None,
+                 dataset: Any = None) -> Dict[str, Any]:
     """Re-evaluate the checkpoint of a finished or interrupted run (``contrastkit probe``);
-    ``threads`` defaults to the run's setting."""
+    ``threads`` defaults to the run's setting.
+
+    The encoder is rebuilt from the run's ``encoder`` and ``encoder_options``
+    (``contrastkit.train.setup.build_model``); a run given its encoder as a Python object
+    whose class cannot be rebuilt with no arguments needs it again as ``encoder`` (its
+    architecture; the weights come from the checkpoint). A run given its data set as an
+    object needs it again as ``dataset``."""
     saved = load_run(run_dir, checkpoint=checkpoint)
     with limit_threads(saved.config.threads if threads is None else threads):
-        return _evaluate_state(saved, device, baselines)
+        return _evaluate_state(saved, device, baselines, encoder, dataset)
 
 
-def _evaluate_state(saved: SavedRun, device: str, baselines: bool) -> Dict[str, Any]:
+def _evaluate_state(saved: SavedRun, device: str, baselines: bool, encoder: Optional[nn.Module] = None,
+                    dataset: Any = None) -> Dict[str, Any]:
     started = time.perf_counter()
     config, state = saved.config, saved.state
     torch_device = resolve_device(device)
-    dataset = saved.load_data()
-    model = saved.build_model(dataset.image_shape[0], torch_device)
-    baseline = (build_model(config, dataset.image_shape[0], get_method(config.method).saved_tokenizer(saved.folder))
-                .encoder.to(torch_device) if baselines else None)
+    dataset = saved.load_data() if dataset is None else as_run_data(dataset)
+    model = saved.build_model(dataset.image_shape, torch_device, encoder)
+    baseline = saved.build_untrained(dataset.image_shape, encoder).encoder.to(torch_device) if baselines else None
     result = evaluate_model(config, model, dataset, torch_device, baseline_encoder=baseline, raw_pixels=baselines)
     result.update({"checkpoint": os.path.abspath(saved.checkpoint), "epochs": int(state["epoch"]),
                    "step": int(state["step"]), "data": config.data, "method": config.method,

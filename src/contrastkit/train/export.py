@@ -90,7 +90,7 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
     with limit_threads(saved.config.threads if threads is None else threads):
         torch_device = resolve_device(device)
         dataset = saved.load_data(data, data_options)
-        model = saved.build_model(saved.image_shape[0] if saved.image_shape else dataset.image_shape[0], torch_device)
+        model = saved.build_model(saved.image_shape if saved.image_shape else dataset.image_shape, torch_device)
         if saved.image_shape and dataset.image_shape[0] != saved.image_shape[0]:
             raise ValueError(f"{data or saved.config.data} has {dataset.image_shape[0]}-channel images; the run "
                              f"in {run_dir} was trained on {saved.image_shape[0]} channels")

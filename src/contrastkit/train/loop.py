@@ -37,11 +37,14 @@ from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 from .accumulation import average_gradients
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RESUME_MAY_CHANGE, PretrainConfig
-from .evaluate import evaluate_model, extract_features
+from contrastkit.data.streaming import EpochBatchSampler, is_streaming, make_loader
+from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
+
+from .evaluate import evaluate_model, extract_features, split_images
 from .loggers import Loggers, open_loggers
 from .methods import EvalContext, Method, get_method
 from .parallel import LossForward, Parallel, setup
-from .setup import build_model, limit_threads, resolve_device
+from .setup import as_run_data, build_model, limit_threads, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -126,6 +129,8 @@ def _check_resumable(state: Dict[str, Any], config: PretrainConfig, path: str) -
     stored = state["config"]
     if not isinstance(stored, dict):
         raise ValueError(f"checkpoint {path} has no readable configuration")
+    # A key added since the checkpoint was written has its default there.
+    stored = {**PretrainConfig().to_dict(), **stored}
     current = config.to_dict()
     differing = sorted(key for key in set(stored) | set(current)
                        if key not in RESUME_MAY_CHANGE and stored.get(key) != current.get(key))
@@ -174,6 +179,7 @@ def pretrain(
     views: Any = None,
     on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]] = None,
     baselines: bool = True,
+    encoder: Optional[torch.nn.Module] = None,
 ) -> Optional[Dict[str, Any]]:
     """Train ``config.method`` on ``config.data`` and evaluate it; returns the summary dict
     (also written to ``config.out/summary.json``).
@@ -186,11 +192,26 @@ def pretrain(
         dataset, views: an already loaded data set and batch maker (by default the method's
             :meth:`~contrastkit.train.methods.Method.load_data` / ``batches``:
             ``contrastkit.data.load_dataset`` / ``make_views`` from the config for the
-            two-view methods).
+            two-view methods). ``dataset`` may also be any map-style
+            ``torch.utils.data.Dataset`` of ``(image, label)`` (val and test are carved out of
+            it) or a dict of them with keys ``train`` (and ``val``, ``test``): it is then
+            streamed (:func:`contrastkit.data.as_streaming`), as an image folder is with
+            ``config.workers > 0``.
         on_epoch_end: called as ``on_epoch_end(epoch, record)`` after each epoch's checkpoint
             (on every rank under torchrun).
         baselines: also evaluate the random-init and raw-pixel baselines (a sweep of many
             runs on the same data may skip them).
+        encoder: any ``nn.Module`` mapping ``(N, C, H, W)`` to ``(N, D)`` or ``(N, D, ...)``
+            (pooled), used instead of ``config.encoder``. The run records its class path
+            (``config.encoder``), so ``contrastkit probe`` can rebuild it when the class can be
+            imported with no arguments; otherwise pass it again to
+            :func:`~contrastkit.train.evaluate_run`. At the end ``encoder`` holds the trained
+            weights.
+
+    Batches come from a ``torch.utils.data.DataLoader`` over the training split whose batch
+    sampler (:class:`~contrastkit.data.EpochBatchSampler`) yields the epoch's shuffled
+    indices; a streamed split is decoded in ``config.workers`` worker processes, the views
+    are made from the decoded batch on the training device.
 
     The per-epoch shuffling uses its own generator seeded from ``(seed, epoch)``; the views
     draw from torch's global RNG, whose state (with numpy's and python's) is checkpointed,
@@ -201,15 +222,17 @@ def pretrain(
     the ranks by a ``DistributedSampler``; only rank 0 writes files and evaluates, and the
     other ranks return ``None``. Resuming needs the same number of processes.
     """
+    if encoder is not None and not isinstance(encoder, torch.nn.Module):
+        raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}")
     config = config.resolved()
     with limit_threads(config.threads):
-        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines)
+        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder)
 
 
 def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
               views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
-              baselines: bool = True) -> Optional[Dict[str, Any]]:
-    run = _set_up(config, resume, force, dataset, views)
+              baselines: bool = True, encoder: Optional[torch.nn.Module] = None) -> Optional[Dict[str, Any]]:
+    run = _set_up(config, resume, force, dataset, views, encoder)
     if run.parallel.is_main:
         manifest = Manifest(run.folder.root)
         marked = manifest.mark_writing(layout.CONFIG_FILE)
@@ -221,9 +244,11 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if resume else None)
     try:
         _train(run, progress, on_epoch_end)
+        run.loader = None  # ends the persistent workers before the evaluation starts its own
         if not run.parallel.is_main:
             run.parallel.barrier()  # rank 0 evaluates and writes the summary
             run.parallel.teardown()
+            _return_encoder(run, encoder)
             return None
         summary = _summarise(run, baselines)
     finally:
@@ -233,7 +258,14 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     Manifest(run.folder.root).write_json(layout.SUMMARY, summary)
     run.parallel.barrier()
     run.parallel.teardown()
+    _return_encoder(run, encoder)
     return summary
+
+
+def _return_encoder(run: "_Run", encoder: Optional[torch.nn.Module]) -> None:
+    """The caller's encoder module gets the trained weights (after the baseline was built)."""
+    if encoder is not None:
+        encoder.load_state_dict(unwrap_encoder(run.model.encoder).state_dict())
 
 
 @dataclass
@@ -260,6 +292,11 @@ class _Run:
     total_steps: int
     warmup_steps: int
     started: float
+    loader: Any = None      # DataLoader of the training split (index batches, or images and indices)
+    sampler: Any = None     # its EpochBatchSampler (set_epoch before each epoch)
+    # The module the caller passed, when its class cannot rebuild it (the baseline then starts
+    # from it); None when config.encoder rebuilds the architecture (the baseline is built from it).
+    encoder: Optional[torch.nn.Module] = None
     epoch: int = 0
     step: int = 0
     train_seconds: float = 0.0
@@ -268,7 +305,7 @@ class _Run:
 
     @property
     def n_train(self) -> int:
-        return int(self.dataset.train.images.shape[0])
+        return len(self.dataset.train)
 
     def eval_context(self) -> EvalContext:
         return EvalContext(self.model, self.dataset, self.batches, self.device, self.config, self.batch_size)
@@ -276,7 +313,8 @@ class _Run:
 
 # -- set-up -------------------------------------------------------------------------------
 
-def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, views: Any) -> _Run:
+def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, views: Any,
+            encoder: Optional[torch.nn.Module] = None) -> _Run:
     """Everything before the first step: process group, data, model, optimizer, the run
     folder, and on resume the checkpointed state."""
     started = time.perf_counter()
@@ -287,9 +325,12 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         device = torch.device("cuda", torch.cuda.current_device())
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
-    if dataset is None:
-        dataset = method.load_data(config)
-    n_train = int(dataset.train.images.shape[0])
+    dataset = method.load_data(config) if dataset is None else as_run_data(dataset)
+    if config.paired and is_streaming(dataset):
+        raise ValueError("convirt reads its image-text pairs in memory; a streamed data set is not supported")
+    n_train = len(dataset.train)
+    if encoder is not None:  # record how to rebuild it: its class path, or that it was an object
+        config.encoder, config.encoder_options = describe_encoder(encoder, dataset.image_shape[0]), {}
     batch_size = min(config.batch_size, n_train)
     if batch_size < 2:
         raise ValueError(f"the training split of {config.data} has {n_train} image(s); at least 2 are needed")
@@ -301,7 +342,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     if views is None:
         views = method.batches(dataset, config, device, tokenizer)
 
-    model = build_model(config, dataset.image_shape[0], tokenizer).to(device)
+    model = build_model(config, dataset.image_shape, tokenizer, encoder=encoder).to(device)
     schedule = config.schedule
     step_loss: Any = LossForward(model, method)
     if parallel.active:
@@ -319,7 +360,12 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
 
     run = _Run(config, method, parallel, device, dataset, views, tokenizer, model, step_loss, optimizer,
                scheduler, schedule, layout.RunFolder(config.out), batch_size, rank_batch, steps_per_epoch,
-               total_steps, warmup_steps, started)
+               total_steps, warmup_steps, started,
+               encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
+    run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
+                                    world_size=parallel.world_size)
+    run.loader = make_loader(dataset.train, batch_sampler=run.sampler, workers=config.workers,
+                             pin_memory=device.type == "cuda" and is_streaming(dataset), seed=config.seed)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
     parallel.run_on_main(lambda: _save_run_files(run))
     if resume:
@@ -388,7 +434,8 @@ def _derived(run: _Run) -> Dict[str, Any]:
             "warmup_steps": run.warmup_steps, "device": str(run.device),
             "dataset": {"name": dataset.name, "num_classes": int(dataset.num_classes),
                         "image_shape": list(dataset.image_shape),
-                        "sizes": {s: int(getattr(dataset, s).images.shape[0]) for s in ("train", "val", "test")}},
+                        "sizes": {s: len(getattr(dataset, s)) for s in ("train", "val", "test")},
+                        "streamed": is_streaming(dataset)},
             "views": getattr(run.batches, "config", None),
             "parameters": sum(p.numel() for p in run.model.encoder.parameters()),
             "world_size": run.parallel.world_size,
@@ -426,14 +473,16 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str], ba
     """One pass over this rank's share of the shuffled training set (``labels``: of the whole
     training split, on the device, or ``None``); returns the summed loss."""
     config = run.config
-    if run.parallel.active:
-        order = _rank_order(run.n_train, config.seed, run.epoch, run.parallel)
-    else:
-        order = torch.randperm(run.n_train, generator=torch.Generator().manual_seed(config.seed * 100_003 + run.epoch))
+    run.sampler.set_epoch(run.epoch)  # the epoch's order: seeded by (seed, epoch), nothing else
     loss_sum = torch.zeros((), device=run.device)
     window_started, window_steps = time.perf_counter(), 0
-    for batch in range(run.steps_per_epoch):
-        indices = order[batch * run.rank_batch:(batch + 1) * run.rank_batch]
+    for batch, item in enumerate(run.loader):
+        if isinstance(item, torch.Tensor):  # an in-memory split: the batch's indices
+            indices = item
+        else:  # a streamed split: the decoded images and their indices, handed to the batch maker
+            images, indices = item
+            if hasattr(run.batches, "hold"):  # a caller's own views read the split themselves
+                run.batches.hold(indices, images)
         loss = _train_step(run, indices, labels, metrics)
         loss_sum += loss.detach()
         window_steps += 1
@@ -524,7 +573,7 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     """Rank 0's held-out evaluation and the summary (``summary.json``)."""
     config = run.config
     eval_started = time.perf_counter()
-    baseline = (build_model(config, run.dataset.image_shape[0], run.tokenizer).encoder.to(run.device)
+    baseline = (build_model(config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder).encoder.to(run.device)
                 if baselines else None)
     numbers = evaluate_model(config, run.model, run.dataset, run.device, baseline_encoder=baseline,
                              raw_pixels=baselines)
@@ -553,21 +602,10 @@ def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> 
     return schedule.apply(model.temperature, step, total_steps)
 
 
-def _rank_order(n_train: int, seed: int, epoch: int, parallel: Parallel) -> torch.Tensor:
-    """This rank's share of the epoch's shuffled images (``DistributedSampler``: the same
-    permutation on every rank, every ``world_size``-th image from ``rank`` on)."""
-    from torch.utils.data import DistributedSampler
-
-    sampler = DistributedSampler(range(n_train), num_replicas=parallel.world_size, rank=parallel.rank,
-                                 shuffle=True, seed=seed, drop_last=True)
-    sampler.set_epoch(epoch)
-    return torch.tensor(list(sampler), dtype=torch.long)
-
-
 def _val_knn(model: Any, dataset: Any, device: torch.device, config: PretrainConfig) -> float:
     from contrastkit.metrics import knn_accuracy
 
-    train_x = extract_features(model.encoder, dataset.train.images, device)
-    val_x = extract_features(model.encoder, dataset.val.images, device)
+    train_x = extract_features(model.encoder, split_images(dataset.train), device, workers=config.workers)
+    val_x = extract_features(model.encoder, split_images(dataset.val), device, workers=config.workers)
     return knn_accuracy(train_x, dataset.train.labels.numpy(), val_x, dataset.val.labels.numpy(),
                         k=config.knn_k, temperature=config.knn_temperature, num_classes=dataset.num_classes)

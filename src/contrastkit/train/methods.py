@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
+import os
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -96,8 +97,11 @@ class Method:
         raise NotImplementedError
 
     # -- model and loss -----------------------------------------------------------------
-    def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None) -> nn.Module:
-        """The model at its initialisation (the caller seeds the RNG)."""
+    def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None, *,
+                    encoder: Optional[nn.Module] = None) -> nn.Module:
+        """The model at its initialisation (the caller seeds the RNG). ``encoder``: the image
+        encoder to build it on, already checked (with ``out_dim``; see
+        ``contrastkit.train.setup.build_model``), else the built-in ``config.encoder``."""
         raise NotImplementedError
 
     def embed(self, model: nn.Module, batch: Batch) -> Tuple[Tensor, ...]:
@@ -170,19 +174,34 @@ class TwoViewMethod(Method):
     cached_gradients = True
 
     def load_data(self, config: PretrainConfig) -> Any:
-        from contrastkit.data import load_dataset
+        """:func:`~contrastkit.data.load_dataset`, or for an image folder with ``workers > 0``
+        or the data option ``stream=true``, :func:`~contrastkit.data.stream_image_folder`
+        (only the file index in memory)."""
+        from contrastkit.data import load_dataset, stream_image_folder
 
-        return load_dataset(config.data, seed=config.seed, **config.data_options)
+        options = dict(config.data_options)
+        stream = options.pop("stream", None)
+        if stream is not None and not isinstance(stream, bool):
+            raise ValueError(f"data option stream must be true or false, got {stream!r}")
+        if stream or (stream is None and config.workers > 0 and _is_image_folder(config.data)):
+            if not _is_image_folder(config.data):
+                raise ValueError(f"data option stream=true streams a folder of class subfolders of images; "
+                                 f"{config.data!r} is not one")
+            return stream_image_folder(config.data, **options)
+        return load_dataset(config.data, seed=config.seed, **options)
 
     def batches(self, dataset: Any, config: PretrainConfig, device: torch.device,
                 tokenizer: Any = None) -> Callable[[Any, Tensor], Batch]:
         from contrastkit.data import make_views
+        from contrastkit.data.streaming import StreamedViews, is_streaming
 
-        return make_views(dataset, mode=config.views, device=device, strength=config.view_strength)
+        views = make_views(dataset, mode=config.views, device=device, strength=config.view_strength)
+        return StreamedViews(views) if is_streaming(dataset) else views
 
-    def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None) -> nn.Module:
+    def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None, *,
+                    encoder: Optional[nn.Module] = None) -> nn.Module:
         return ContrastiveModel(
-            self.name, config.encoder, in_channels,
+            self.name, config.encoder if encoder is None else encoder, in_channels,
             temperature=config.temperature, learnable_temperature=config.learnable_temperature,
             projection_dim=config.projection_dim, momentum=config.momentum, queue_size=config.queue_size,
             norm=config.norm,
@@ -342,6 +361,15 @@ def _keys(model: nn.Module, view_b: Tensor, chunk: Optional[int] = None) -> Tens
     return keys if shuffle is None else shuffle.unshuffle(keys)
 
 
+def _is_image_folder(data: str) -> bool:
+    from contrastkit.data.files import detect_format
+
+    try:
+        return os.path.isdir(data) and detect_format(data) == "imagefolder"
+    except (ValueError, FileNotFoundError):
+        return False
+
+
 @torch.no_grad()
 def _momentum_update(model: nn.Module) -> None:
     """Key network <- momentum * key network + (1 - momentum) * online network, parameters and
@@ -387,10 +415,11 @@ class Convirt(Method):
                 tokenizer: Any = None) -> Callable[[Any, Tensor], Batch]:
         return convirt.PairedBatches(tokenizer, device)
 
-    def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None) -> nn.Module:
+    def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None, *,
+                    encoder: Optional[nn.Module] = None) -> nn.Module:
         if tokenizer is None:
             raise ValueError("convirt needs the run's text tokenizer to build its model")
-        return convirt.ConvirtModel(config.encoder, in_channels, tokenizer, temperature=config.temperature,
+        return convirt.ConvirtModel(config.encoder if encoder is None else encoder, in_channels, tokenizer, temperature=config.temperature,
                                     learnable_temperature=config.learnable_temperature, weight=config.weight,
                                     projection_dim=config.projection_dim, text_encoder=config.text_encoder,
                                     norm=config.norm)
@@ -480,7 +509,9 @@ class ContrastiveModel(nn.Module):
     Args:
         method: ``"simclr"``, ``"moco"``, ``"supcon"``, ``"dcl"``, ``"simple"`` or
             ``"hard_negative"`` (see their :class:`Method` objects in :data:`METHOD_REGISTRY`).
-        encoder: ``"small"`` or ``"resnet18"``; ``in_channels`` its input channels.
+        encoder: a built-in name of :data:`~contrastkit.models.ENCODERS`, or an encoder module
+            with ``out_dim`` (:func:`~contrastkit.models.prepare_encoder`); ``in_channels``
+            the input channels.
         temperature: initial ``tau``; ``learnable_temperature`` trains it (CLIP's
             parameterisation, :class:`~contrastkit.losses.Temperature`).
         projection_dim: size of ``z``.
@@ -490,7 +521,7 @@ class ContrastiveModel(nn.Module):
             ``"group"`` (GroupNorm, LayerNorm in the head; :func:`~contrastkit.models.build_encoder`).
     """
 
-    def __init__(self, method: str, encoder: str, in_channels: int, *, temperature: float,
+    def __init__(self, method: str, encoder: Union[str, nn.Module], in_channels: int, *, temperature: float,
                  learnable_temperature: bool = False, projection_dim: int = 64,
                  momentum: float = 0.99, queue_size: Optional[int] = None, norm: Optional[str] = None) -> None:
         super().__init__()
@@ -502,7 +533,7 @@ class ContrastiveModel(nn.Module):
         # Set by the training loop under torchrun: the losses then use every rank's negatives
         # (local mode) and MoCo's queue receives every rank's keys.
         self.distributed = False
-        self.encoder = build_encoder(encoder, in_channels, norm=norm)
+        self.encoder = encoder if isinstance(encoder, nn.Module) else build_encoder(encoder, in_channels, norm=norm)
         self.head = ProjectionHead(self.encoder.out_dim, hidden_dim=max(self.encoder.out_dim, projection_dim),
                                    out_dim=projection_dim, norm=norm)
         self.temperature = losses.Temperature(temperature, learnable=learnable_temperature)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
+from torch import nn
 
 from .config import PretrainConfig
 from .methods import get_method
 
-__all__ = ["resolve_device", "load_data", "build_model", "limit_threads", "resolve_threads"]
+__all__ = ["resolve_device", "load_data", "as_run_data", "build_model", "limit_threads", "resolve_threads"]
 
 
 def resolve_threads(threads: int) -> int:
@@ -71,10 +73,51 @@ def load_data(config: PretrainConfig) -> Any:
     return get_method(config.method).load_data(config)
 
 
-def build_model(config: PretrainConfig, in_channels: int, tokenizer: Any = None) -> Any:
-    """The model at its initialisation for ``config.seed``; the global RNG is left untouched,
-    so the random-init baseline can be rebuilt at any time with identical weights. convirt
-    also needs the run's text ``tokenizer``."""
+def as_run_data(dataset: Any) -> Any:
+    """A data set as a run reads it: a contrastkit data set (in memory or streamed) as it is;
+    a user's map-style ``torch.utils.data.Dataset`` of ``(image, label)``, or a dict of them
+    with the key ``train`` (and ``val``, ``test``), streamed
+    (:func:`~contrastkit.data.as_streaming`)."""
+    from contrastkit.data.streaming import as_streaming
+
+    if hasattr(dataset, "train") and hasattr(dataset, "image_shape"):
+        return dataset
+    if isinstance(dataset, dict):
+        unknown = sorted(set(dataset) - {"train", "val", "test"})
+        if unknown or "train" not in dataset:
+            raise ValueError(f"a dict of data sets needs the key 'train' (and optionally 'val', 'test'), got "
+                             f"{sorted(dataset)}")
+        return as_streaming(**dataset)
+    return as_streaming(dataset)
+
+
+def build_model(config: PretrainConfig, image_shape: Union[int, Sequence[int]], tokenizer: Any = None, *,
+                encoder: Optional[nn.Module] = None) -> Any:
+    """The model at its initialisation for ``config.seed``: the one place a run's model, its
+    random-init baseline, and the model of a finished run (``probe``, ``embed``) are built.
+
+    Args:
+        config: the run's configuration; ``config.encoder`` / ``config.encoder_options`` say
+            which encoder (:func:`~contrastkit.models.encoder_from_spec`).
+        image_shape: the data's ``(C, H, W)`` (or only ``C``: the dry forward then assumes
+            32x32, and is skipped for an encoder that declares ``out_dim``).
+        tokenizer: the run's text tokenizer (convirt).
+        encoder: a module to use instead of ``config.encoder`` (copied, never modified: the
+            copy is trained, so the baseline built from the same module is its initialisation).
+
+    The encoder is checked by one dry forward (:func:`~contrastkit.models.prepare_encoder`),
+    and the projection head is built on the feature size it finds. The global RNG is left
+    untouched, so the random-init baseline can be rebuilt at any time with identical weights.
+    """
+    from contrastkit.models import encoder_from_spec, prepare_encoder
+
+    shape = (int(image_shape), 32, 32) if isinstance(image_shape, int) else tuple(int(s) for s in image_shape)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        return get_method(config.method).build_model(config, in_channels, tokenizer)
+        if encoder is not None:
+            module, name = copy.deepcopy(encoder), f"{type(encoder).__module__}.{type(encoder).__qualname__}"
+        else:
+            module, name = encoder_from_spec(config.encoder, shape[0], config.encoder_options), config.encoder
+        if not isinstance(image_shape, int) or getattr(module, "out_dim", None) is None:
+            module = prepare_encoder(module, shape, name=repr(name))
+        return get_method(config.method).build_model(config, shape[0], tokenizer, encoder=module)

@@ -1,0 +1,469 @@
+"""Streamed data: splits read item by item through ``torch.utils.data`` instead of held whole.
+
+:class:`ImageFolderDataset` holds only the file index of a class-folder tree (the paths, as
+one numpy byte array so that forked workers share its pages, and the labels); each image is
+decoded by Pillow when it is asked for, in the ``DataLoader``'s workers. :class:`StreamingDataset`
+puts three such splits (or any map-style ``torch.utils.data.Dataset`` returning
+``(image, label)``) together with the names the training loop reads (``image_shape``,
+``class_names``, ``num_classes``), like the in-memory :class:`~contrastkit.data.Dataset`.
+
+The order of the images is not the loader's: :class:`EpochBatchSampler` yields, for each
+epoch, the same batches of indices the in-memory path draws (a permutation seeded by
+``(seed, epoch)``; under torchrun ``DistributedSampler``'s share of it). Workers only decode,
+so a run's randomness (the views, drawn on the training device) does not depend on how many
+there are, and a resumed run needs no worker state.
+
+>>> data = stream_image_folder("cifar10-jpeg")                        # doctest: +SKIP
+>>> loader = make_loader(data.train, batch_size=256, workers=4)       # doctest: +SKIP
+>>> images, indices = next(iter(loader))    # (256, 3, 32, 32) uint8, (256,) int64  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Sampler, Subset
+
+from contrastkit.data.base import Split, check_fraction, stratified_split
+
+__all__ = ["ImageFolderDataset", "StreamingDataset", "LabelledDataset", "UnreadableImageError",
+           "EpochBatchSampler", "stream_image_folder", "as_streaming", "make_loader", "read_images",
+           "is_streaming", "in_memory", "StreamedViews"]
+
+
+class UnreadableImageError(ValueError):
+    """An image of a streamed folder cannot be read; the message names the file.
+
+    A worker does not raise it (torch would re-raise it wrapped in the worker's traceback, and
+    the other workers would be torn down mid-write): it marks the item, and the loader raises
+    it in the main process (:func:`make_loader`), one line naming the file.
+    """
+
+
+# -- the file index ------------------------------------------------------------------------
+
+class ImageFolderDataset(torch.utils.data.Dataset):
+    """Map-style data set of image files, decoded on access: item ``i`` is
+    ``(image, label)``, ``image`` ``(C, H, W)`` uint8, ``label`` an int.
+
+    Args:
+        files: the image paths.
+        labels: their class indices.
+        color: ``"L"`` (1 channel) or ``"RGB"`` (3 channels).
+        size: ``(H, W)``; an image of another size is resized (bilinear).
+
+    Only the index is held: ``files`` as one numpy byte array, ``labels`` as an int64 tensor.
+    An unreadable file raises :class:`UnreadableImageError` naming it.
+    """
+
+    def __init__(self, files: Sequence[Union[str, os.PathLike]], labels: Sequence[int], *, color: str,
+                 size: Tuple[int, int]) -> None:
+        if color not in ("L", "RGB"):
+            raise ValueError(f"color must be 'L' or 'RGB', got {color!r}")
+        if len(files) != len(labels):
+            raise ValueError(f"{len(files)} files but {len(labels)} labels")
+        # One byte array, not a list of str: forked workers then share the pages instead of
+        # copying them as reference counts change.
+        self.files = np.array([os.fsencode(str(f)) for f in files], dtype=np.bytes_)
+        self.labels = torch.as_tensor(list(labels), dtype=torch.int64)
+        self.color = color
+        self.size = (int(size[0]), int(size[1]))
+
+    @property
+    def image_shape(self) -> Tuple[int, int, int]:
+        return (1 if self.color == "L" else 3, *self.size)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def path(self, index: int) -> str:
+        """The file of item ``index``."""
+        return os.fsdecode(self.files[index])
+
+    def __getitem__(self, index: int) -> Tuple[Tensor, int]:
+        from PIL import Image  # lazy: pillow is an optional dependency
+
+        from contrastkit.data.files import _to_array  # the one owner of image conversion
+
+        path = self.path(index)
+        try:
+            with Image.open(path) as img:
+                img.load()
+                array = _to_array([img], self.color, self.size)[0]
+        except Exception as err:  # PIL raises many kinds (UnidentifiedImageError, OSError, SyntaxError, ...)
+            detail = str(err).strip().splitlines()[0] if str(err).strip() else "no detail"
+            raise UnreadableImageError(f"{path}: cannot read image ({type(err).__name__}: {detail})") from None
+        return torch.from_numpy(array), int(self.labels[index])
+
+
+class LabelledDataset(torch.utils.data.Dataset):
+    """A user's map-style data set of ``(image, label)`` items as a split: ``labels`` (int64,
+    from the data set's ``targets`` or ``labels`` attribute, else read once item by item) and
+    items ``(image, label)`` with ``image`` a ``(C, H, W)`` tensor (uint8, or float in
+    ``[0, 1]``; PIL images and numpy ``HWC`` arrays are converted)."""
+
+    def __init__(self, dataset: Any, what: str = "dataset") -> None:
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise TypeError(f"{what} must be a map-style torch.utils.data.Dataset (with __getitem__ and "
+                            f"__len__), got {type(dataset).__name__}")
+        if len(dataset) == 0:
+            raise ValueError(f"{what} is empty")
+        self.dataset = dataset
+        self.what = what
+        known = getattr(dataset, "targets", None)
+        if known is None:
+            known = getattr(dataset, "labels", None)
+        if known is None:
+            known = [dataset[i][1] for i in range(len(dataset))]
+        self.labels = torch.as_tensor(np.asarray(known), dtype=torch.int64).reshape(-1)
+        if self.labels.shape[0] != len(dataset) or int(self.labels.min()) < 0:
+            raise ValueError(f"{what}: needs one non-negative integer label per item")
+        self.image_shape = tuple(int(s) for s in self[0][0].shape)
+        if len(self.image_shape) != 3:
+            raise ValueError(f"{what}: item 0's image has shape {self.image_shape}; expected (C, H, W)")
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Tuple[Tensor, int]:
+        item = self.dataset[index]
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise ValueError(f"{self.what}: item {index} must be (image, label), got {type(item).__name__}")
+        return _as_image_tensor(item[0], f"{self.what} item {index}"), int(item[1])
+
+
+def _as_image_tensor(image: Any, what: str) -> Tensor:
+    if not isinstance(image, Tensor):
+        if hasattr(image, "mode") and hasattr(image, "size"):  # a PIL image
+            image = np.asarray(image.convert("RGB" if image.mode not in ("L", "1") else "L"))
+        array = np.asarray(image)
+        if array.ndim == 2:
+            array = array[:, :, None]
+        image = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+    if image.dim() != 3:
+        raise ValueError(f"{what}: the image must be (C, H, W), got shape {tuple(image.shape)}")
+    if image.dtype != torch.uint8:
+        if not image.is_floating_point():
+            raise ValueError(f"{what}: the image must be uint8 or float in [0, 1], got {image.dtype}")
+        if image.numel() and not (float(image.min()) >= 0.0 and float(image.max()) <= 1.0):
+            raise ValueError(f"{what}: float images must lie in [0, 1] (no NaN)")
+        image = image.float()
+    return image
+
+
+# -- data sets of streamed splits ------------------------------------------------------------
+
+class StreamingDataset:
+    """Train / val / test splits read item by item; the streamed twin of
+    :class:`~contrastkit.data.Dataset` (same ``name``, ``class_names``, ``num_classes``,
+    ``image_shape``, ``source``, ``splits()``, ``summary()``). Each split is a
+    map-style data set of ``(image, label)`` with a ``labels`` int64 tensor."""
+
+    has_realisations = False
+    streamed = True
+
+    def __init__(self, name: str, class_names: Sequence[str], train: Any, val: Any, test: Any, *,
+                 source: str = "imagefolder") -> None:
+        self.name = name
+        self.class_names = [str(c) for c in class_names]
+        self.train, self.val, self.test = train, val, test
+        self.source = source
+        shapes = {tuple(_split_shape(s)) for s in (train, val, test)}
+        if len(shapes) != 1:
+            raise ValueError(f"{name}: the splits' images differ in shape: {sorted(shapes)}")
+        self.image_shape: Tuple[int, int, int] = shapes.pop()  # type: ignore[assignment]
+        for split_name, split in self.splits():
+            if len(split) == 0:
+                raise ValueError(f"{name}: the {split_name} split is empty")
+            if int(split.labels.max()) >= self.num_classes:
+                raise ValueError(f"{name}: {split_name} labels must lie in [0, {self.num_classes})")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def splits(self) -> List[Tuple[str, Any]]:
+        return [("train", self.train), ("val", self.val), ("test", self.test)]
+
+    def summary(self) -> str:
+        c, h, w = self.image_shape
+        sizes = ", ".join(f"{name} {len(split)}" for name, split in self.splits())
+        return f"{self.name}: {c}x{h}x{w} images (streamed), {self.num_classes} classes; {sizes}"
+
+
+class _SubsetSplit(Subset):
+    """A ``Subset`` that keeps the split interface (``labels``, ``image_shape``)."""
+
+    def __init__(self, dataset: Any, indices: Sequence[int]) -> None:
+        super().__init__(dataset, [int(i) for i in indices])
+        self.labels = dataset.labels[torch.as_tensor(self.indices, dtype=torch.long)]
+        self.image_shape = dataset.image_shape
+
+
+def _split_shape(split: Any) -> Tuple[int, ...]:
+    return tuple(split.image_shape)
+
+
+def _carve(split: Any, fractions: Sequence[float], split_seed: int, source: str) -> List[_SubsetSplit]:
+    parts = stratified_split(split.labels.numpy(), list(fractions), split_seed)
+    if any(part.size == 0 for part in parts):
+        raise ValueError(f"{source}: {len(split)} images are too few for non-empty splits of fractions "
+                         f"{[round(f, 4) for f in fractions]}")
+    return [_SubsetSplit(split, part) for part in parts]
+
+
+def in_memory(split: Any) -> bool:
+    """Whether ``split`` holds its images as one tensor (a :class:`~contrastkit.data.Split`, or
+    a paired split), rather than reading them item by item."""
+    return isinstance(split, Split) or isinstance(getattr(split, "images", None), Tensor)
+
+
+def is_streaming(dataset: Any) -> bool:
+    """Whether ``dataset`` is read item by item (a :class:`StreamingDataset`)."""
+    return bool(getattr(dataset, "streamed", False))
+
+
+def stream_image_folder(root: Union[str, os.PathLike], *, size: Any = None, val_fraction: float = 0.1,
+                        test_fraction: float = 0.2, split_seed: int = 0,
+                        color: Optional[str] = None) -> StreamingDataset:
+    """The class-folder tree at ``root`` as a :class:`StreamingDataset`: only the file index
+    is read now, the images when they are asked for.
+
+    The layout and the splits are those of :func:`~contrastkit.data.load_dataset` for an image folder
+    (``root/<class>/*`` split three ways, or ``root/{train,val,test}/<class>/*`` with val carved
+    from train; stratified, ``split_seed``), so both give the same train/val/test membership.
+    ``color`` ``None`` and ``size`` ``None`` take the first image's (grayscale or RGB, its size);
+    the images are not all opened up front to find out.
+    """
+    from PIL import Image
+
+    from contrastkit.data.files import _GRAY_MODES, _resolve_size, scan_image_tree
+
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such folder")
+    if color is not None and color not in ("L", "RGB"):
+        raise ValueError(f"color must be None, 'L' or 'RGB', got {color!r}")
+    val_fraction = check_fraction(val_fraction, "val_fraction")
+    parts, names = scan_image_tree(root)
+    has_parts = "all" not in parts
+    first = next(iter(parts.values()))[0][0]
+    try:
+        with Image.open(first) as img:
+            first_mode, (first_w, first_h) = img.mode, img.size
+    except Exception as err:
+        raise UnreadableImageError(f"{first}: cannot read image ({type(err).__name__}: {err})") from None
+    color = color or ("L" if first_mode in _GRAY_MODES else "RGB")
+    target = _resolve_size(size) or (first_h, first_w)
+    splits = {part: ImageFolderDataset(files, labels, color=color, size=target)
+              for part, (files, labels) in parts.items()}
+    if has_parts:
+        if "val" in splits:
+            train, val = splits["train"], splits["val"]
+        else:
+            train, val = _carve(splits["train"], [1.0 - val_fraction, val_fraction], split_seed, str(root / "train"))
+        test = splits["test"]
+    else:
+        test_fraction = check_fraction(test_fraction, "test_fraction")
+        if val_fraction + test_fraction >= 1.0:
+            raise ValueError(f"val_fraction + test_fraction must be < 1, got {val_fraction + test_fraction}")
+        train, val, test = _carve(splits["all"], [1 - val_fraction - test_fraction, val_fraction, test_fraction],
+                                  split_seed, str(root))
+    return StreamingDataset(root.name or "images", names, train, val, test, source="imagefolder")
+
+
+def as_streaming(train: Any, val: Any = None, test: Any = None, *, class_names: Optional[Sequence[str]] = None,
+                 name: str = "dataset", val_fraction: float = 0.1, test_fraction: float = 0.2,
+                 split_seed: int = 0) -> StreamingDataset:
+    """A :class:`StreamingDataset` of a user's map-style data sets of ``(image, label)``.
+
+    Without ``val`` (and ``test``), they are carved out of ``train`` (stratified by label,
+    ``split_seed``). ``class_names`` default to ``"0"`` ... up to the largest label.
+    """
+    splits = {"train": LabelledDataset(train, "train")}
+    for what, given in (("val", val), ("test", test)):
+        if given is not None:
+            splits[what] = LabelledDataset(given, what)
+    val_fraction = check_fraction(val_fraction, "val_fraction")
+    if "test" not in splits:
+        test_fraction = check_fraction(test_fraction, "test_fraction")
+        rest = 1.0 - test_fraction
+        kept, splits["test"] = _carve(splits["train"], [rest, test_fraction], split_seed, "train")
+        splits["train"] = kept
+    if "val" not in splits:
+        splits["train"], splits["val"] = _carve(splits["train"], [1.0 - val_fraction, val_fraction], split_seed,
+                                                "train")
+    if class_names is None:
+        top = max(int(s.labels.max()) for s in splits.values())
+        class_names = [str(i) for i in range(top + 1)]
+    return StreamingDataset(name, class_names, splits["train"], splits["val"], splits["test"], source=name)
+
+
+# -- loading in batches ---------------------------------------------------------------------
+
+class EpochBatchSampler(Sampler):
+    """The batches of one epoch of training: ``steps`` batches of ``batch_size`` indices of a
+    split of ``n`` items, in the order of the epoch set by :meth:`set_epoch` (the last partial
+    batch dropped).
+
+    One process: ``torch.randperm(n)`` from a generator seeded with ``seed * 100_003 + epoch``.
+    Under torchrun (``world_size > 1``): ``DistributedSampler``'s share of rank ``rank``
+    (``shuffle=True, seed, drop_last=True``), in batches of ``batch_size`` (this rank's share
+    of the global batch). The sampler runs in the main process, so workers never see it.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, *, rank: int = 0, world_size: int = 1) -> None:
+        if n < 1 or batch_size < 1:
+            raise ValueError(f"n and batch_size must be >= 1, got {n}, {batch_size}")
+        self.n, self.batch_size, self.seed = int(n), int(batch_size), int(seed)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def order(self) -> Tensor:
+        """This process's indices of the epoch, in order."""
+        if self.world_size > 1:
+            from torch.utils.data import DistributedSampler
+
+            sampler = DistributedSampler(range(self.n), num_replicas=self.world_size, rank=self.rank,
+                                         shuffle=True, seed=self.seed, drop_last=True)
+            sampler.set_epoch(self.epoch)
+            return torch.tensor(list(sampler), dtype=torch.long)
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(self.n, generator=generator)
+
+    def __len__(self) -> int:
+        share = self.n // self.world_size if self.world_size > 1 else self.n
+        return share // self.batch_size
+
+    def __iter__(self) -> Iterator[List[int]]:
+        order = self.order()
+        for step in range(len(self)):
+            yield order[step * self.batch_size:(step + 1) * self.batch_size].tolist()
+
+
+class _Indices(torch.utils.data.Dataset):
+    """Item ``i`` is ``i``: the loader of an in-memory split yields index batches only."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class _WithIndex(torch.utils.data.Dataset):
+    """Item ``i`` of a streamed split is ``(image, i)`` (its label is in ``split.labels``); an
+    unreadable image is ``(zeros, -1 - i)``, for the main process to raise."""
+
+    def __init__(self, split: Any) -> None:
+        self.split = split
+        self.blank = torch.zeros(tuple(split.image_shape), dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> Tuple[Tensor, int]:
+        try:
+            return self.split[index][0], index
+        except UnreadableImageError:
+            return self.blank, -1 - index
+
+
+class _StreamLoader:
+    """Iterates a ``DataLoader`` of :class:`_WithIndex` items and raises, in this process, the
+    error of an item a worker could not read (by reading it again here)."""
+
+    def __init__(self, loader: DataLoader, split: Any) -> None:
+        self.loader, self.split = loader, split
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Tuple[Tensor, Tensor]]:
+        for images, indices in self.loader:
+            if bool((indices < 0).any()):
+                self.split[-1 - int(indices[indices < 0][0])]  # raises UnreadableImageError naming the file
+            yield images, indices
+
+
+def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sampler: Optional[Sampler] = None,
+                pin_memory: bool = False, seed: int = 0) -> Any:
+    """A ``DataLoader`` over ``split``.
+
+    An in-memory :class:`~contrastkit.data.Split` yields batches of indices ``(b,)`` int64 (the
+    images are indexed where they lie, on the training device); a streamed split yields
+    ``(images, indices)``, ``images`` ``(b, C, H, W)`` uint8 (or float) decoded in ``workers``
+    processes (persistent, so an epoch does not pay their start-up again). ``batch_sampler``
+    (e.g. :class:`EpochBatchSampler`) sets the batches; by default consecutive batches of
+    ``batch_size`` in order, the last one partial. The loader draws its base seed from its own
+    generator (``seed``), never from torch's global RNG, which the views use. An image that
+    cannot be read raises :class:`UnreadableImageError` naming it, in this process.
+    """
+    if in_memory(split):
+        dataset: torch.utils.data.Dataset = _Indices(len(split))
+        workers = 0  # nothing to decode
+    else:
+        dataset = _WithIndex(split)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+    options: Dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
+                                   generator=torch.Generator().manual_seed(seed))
+    if workers:
+        options.update(persistent_workers=True, prefetch_factor=2)
+    if batch_sampler is not None:
+        loader = DataLoader(dataset, batch_sampler=batch_sampler, **options)
+    else:
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=False, **options)
+    return loader if in_memory(split) else _StreamLoader(loader, split)
+
+
+def read_images(split: Any, indices: Tensor) -> Tensor:
+    """The images of ``indices`` of a split, stacked ``(b, C, H, W)``: read in this process
+    (for the few held-out batches an evaluation draws; training reads through the loader)."""
+    if in_memory(split):
+        return split.images[indices.to(split.images.device)]
+    return torch.stack([split[int(i)][0] for i in indices.tolist()])
+
+
+class StreamedViews:
+    """The batch maker of a run over streamed data: ``views(split, indices)`` as the in-memory
+    :class:`~contrastkit.data.ViewMaker` takes it, with the images of a training batch handed
+    over by the loop (:meth:`hold`) instead of read again; any other batch (a held-out one) is
+    read by :func:`read_images`. The views themselves are the wrapped view maker's
+    (``views_of``: batched kornia on the training device)."""
+
+    def __init__(self, views: Any) -> None:
+        self.views = views
+        self._held: Optional[Tuple[Dict[int, int], Tensor]] = None
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        return self.views.config
+
+    def hold(self, indices: Tensor, images: Tensor) -> None:
+        """The decoded ``images`` of the training batch ``indices`` (from the loader)."""
+        self._held = ({int(i): row for row, i in enumerate(indices.tolist())}, images)
+
+    def __call__(self, split: Any, indices: Tensor) -> Tuple[Tensor, Tensor]:
+        if in_memory(split):
+            return self.views(split, indices)
+        images = None
+        if self._held is not None:
+            rows, held = self._held
+            wanted = indices.tolist()
+            if all(i in rows for i in wanted):  # the batch or a part of it (micro-batches)
+                images = held[torch.tensor([rows[i] for i in wanted], dtype=torch.long, device=held.device)]
+        if images is None:
+            images = read_images(split, indices)
+        return self.views.views_of(images)
