@@ -19,7 +19,7 @@ _FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature",
            "eval_every", "knn_k", "knn_temperature", "out")
 # Config-file keys that are PretrainConfig field names rather than option names (OUT/config.yaml
 # holds the fields): every field of PretrainConfig is a key of `pretrain --config`.
-_CONFIG_ALIASES = {"data_options": "data_option", "loggers": "logger"}
+_CONFIG_ALIASES = {"data_options": "data_option", "loggers": "logger", "encoder_options": "encoder_option"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -451,7 +451,7 @@ class SiglipModel(convirt.ConvirtModel):
     ``weight`` (convirt's lambda) does not apply: the sigmoid loss is symmetric.
     """
 
-    def __init__(self, encoder: str, in_channels: int, tokenizer: Any, *,
+    def __init__(self, encoder: Union[str, nn.Module], in_channels: int, tokenizer: Any, *,
                  temperature: float = 1.0 / SIGLIP_SCALE, learnable_temperature: bool = True,
                  bias: float = SIGLIP_BIAS, projection_dim: int = convirt.DEFAULT_DIM,
                  text_encoder: str = "mean", text_width: int = 128, norm: Optional[str] = None) -> None:
@@ -477,10 +477,11 @@ class Siglip(Convirt):
     name = "siglip"
     cross_rank = True
 
-    def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None) -> nn.Module:
+    def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None, *,
+                    encoder: Optional[nn.Module] = None) -> nn.Module:
         if tokenizer is None:
             raise ValueError("siglip needs the run's text tokenizer to build its model")
-        return SiglipModel(config.encoder, in_channels, tokenizer, temperature=config.temperature,
+        return SiglipModel(config.encoder if encoder is None else encoder, in_channels, tokenizer, temperature=config.temperature,
                            learnable_temperature=config.learnable_temperature,
                            projection_dim=config.projection_dim, text_encoder=config.text_encoder,
                            norm=config.norm)

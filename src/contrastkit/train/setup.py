@@ -117,7 +117,10 @@ def build_model(config: PretrainConfig, image_shape: Union[int, Sequence[int]], 
         if encoder is not None:
             module, name = copy.deepcopy(encoder), f"{type(encoder).__module__}.{type(encoder).__qualname__}"
         else:
-            module, name = encoder_from_spec(config.encoder, shape[0], config.encoder_options), config.encoder
+            options = dict(config.encoder_options)
+            if config.norm is not None and ":" not in config.encoder:  # --norm of the built-in networks
+                options.setdefault("norm", config.norm)
+            module, name = encoder_from_spec(config.encoder, shape[0], options), config.encoder
         if not isinstance(image_shape, int) or getattr(module, "out_dim", None) is None:
             module = prepare_encoder(module, shape, name=repr(name))
         return get_method(config.method).build_model(config, shape[0], tokenizer, encoder=module)
