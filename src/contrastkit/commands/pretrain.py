@@ -11,7 +11,7 @@ from contrastkit.commands.common import parse_data_options, print_result_table
 from contrastkit.train.config import DEFAULT_TEMPERATURE, METHODS, OPTIMIZERS, PretrainConfig
 
 # Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
-_FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
+_FIELDS = ("data", "train_limit", "val_limit", "test_limit", "subset_seed", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
            "temperature_schedule",
            "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
            "queue_size", "projection_dim", "weight", "text_encoder", "seed", "device", "threads", "log_every",
@@ -32,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                      f"or a .csv of image,text rows (default {d.data})")
     add("--data-option", action="append", default=None, metavar="KEY=VALUE",
         help="loader option, repeatable, e.g. train_scenes=480 for glyphlab (VALUE parsed as JSON if it can be)")
+    add("--train-limit", type=int, default=None, metavar="N",
+        help="train on a class-stratified subset of N training images (default: all)")
+    add("--val-limit", type=int, default=None, metavar="N", help="a stratified subset of N val images (default: all)")
+    add("--test-limit", type=int, default=None, metavar="N", help="a stratified subset of N test images (default: all)")
+    add("--subset-seed", type=int, default=None, help="seed of the subsets, the same for every --seed (default 0)")
     add("--method", choices=METHODS, default=None, help=f"(default {d.method})")
     add("--encoder", choices=("small", "resnet18"), default=None, help=f"(default {d.encoder}; resnet18 wants a GPU)")
     add("--views", choices=("augment", "A", "B"), default=None,
@@ -66,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU threads (default 1: fastest on a CPU shared with other jobs; 0 = torch's default)")
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
     add("--eval-every", type=int, default=None,
-        help="epochs between val kNN checks logged to metrics.jsonl (default 0: never)")
+        help="epochs between val read-outs (kNN and linear probe, logged to metrics.jsonl); the "
+             "epoch with the best val probe is reported as summary.json's selected block (default 0: never)")
     add("--out", default=None, help=f"output folder (default {d.out})")
     add("--resume", action="store_true", help="continue the run in OUT from its last checkpoint (options not "
                                               "given are taken from OUT/config.json)")

@@ -88,6 +88,12 @@ class PretrainConfig:
 
     data: str = "glyphlab"
     data_options: Dict[str, Any] = field(default_factory=dict)
+    # Stratified, seeded subsets of the loaded splits (None: the whole split);
+    # contrastkit.data.stratified_subset with ``subset_seed``, the same for every training seed.
+    train_limit: Optional[int] = None
+    val_limit: Optional[int] = None
+    test_limit: Optional[int] = None
+    subset_seed: int = 0
     method: str = "simclr"
     encoder: str = "small"
     views: str = "augment"
@@ -139,6 +145,10 @@ class PretrainConfig:
             c.data = os.path.abspath(c.data)  # so `contrastkit probe` works from any folder
         if not isinstance(c.data_options, dict):
             raise TypeError(f"data_options must be a dict, got {type(c.data_options).__name__}")
+        for name in ("train_limit", "val_limit", "test_limit"):
+            if getattr(c, name) is not None:
+                _positive_int(getattr(c, name), name, 2 if name == "train_limit" else 1)
+        _positive_int(c.subset_seed, "subset_seed", 0)
         c.temperature = _positive_float(
             DEFAULT_TEMPERATURE[c.method] if c.temperature is None else c.temperature, "temperature")
         c._schedule = _resolve_schedule(c)

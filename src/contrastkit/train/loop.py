@@ -34,7 +34,8 @@ from .config import RESUME_MAY_CHANGE, PretrainConfig
 from .evaluate import evaluate_model, extract_features
 from .methods import EvalContext, Method, get_method
 from .parallel import LossForward, Parallel, setup
-from .setup import build_model, limit_threads, resolve_device
+from .selection import EpochSelection, val_probe_accuracy
+from .setup import build_model, limit_splits, limit_threads, load_data, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -231,6 +232,7 @@ class _Run:
     step: int = 0
     train_seconds: float = 0.0
     epoch_losses: List[float] = field(default_factory=list)
+    selection: EpochSelection = field(default_factory=EpochSelection)  # the val read-out picks the epoch
 
     @property
     def n_train(self) -> int:
@@ -253,8 +255,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         device = torch.device("cuda", torch.cuda.current_device())
     parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
-    if dataset is None:
-        dataset = method.load_data(config)
+    dataset = load_data(config) if dataset is None else limit_splits(dataset, config)
     n_train = int(dataset.train.images.shape[0])
     batch_size = min(config.batch_size, n_train)
     if batch_size < 2:
@@ -329,6 +330,7 @@ def _restore(run: _Run) -> None:
     run.epoch, run.step = int(state["epoch"]), int(state["step"])
     run.train_seconds = float(state.get("train_seconds", 0.0))
     run.epoch_losses = [float(v) for v in state.get("epoch_losses", [])]
+    run.selection.load_state_dict(state.get("selection"))
     if run.parallel.is_main:
         _truncate_metrics(run.folder.metrics, run.epoch, run.step)
 
@@ -436,9 +438,13 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
     record = {"kind": "epoch", "epoch": run.epoch, "step": run.step, "loss": epoch_loss,
               "tau": run.model.temperature.value, "lr": run.scheduler.get_last_lr()[0],
               "train_seconds": run.train_seconds}
-    if config.eval_every and run.epoch % config.eval_every == 0 and parallel.is_main:
+    evaluating = config.eval_every and (run.epoch % config.eval_every == 0 or run.epoch == config.epochs)
+    if evaluating and parallel.is_main:
         if run.dataset.num_classes:
             record["val_knn_accuracy"] = _val_knn(run.model, run.dataset, run.device, config)
+            score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed)
+            record["val_probe_accuracy"] = score
+            run.selection.observe(run.epoch, score, run.model)
         record.update(run.method.val_metrics(run.eval_context()))
     metrics.write(json.dumps(record) + "\n")
     metrics.flush()
@@ -449,7 +455,7 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
             "scheduler": run.scheduler.state_dict(),
             "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
             "epoch": run.epoch, "step": run.step, "train_seconds": run.train_seconds,
-            "epoch_losses": run.epoch_losses,
+            "epoch_losses": run.epoch_losses, "selection": run.selection.state_dict(),
         })
     parallel.barrier()  # the checkpoint is complete before any rank goes on
     return record
@@ -466,9 +472,10 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     numbers = evaluate_model(config, run.model, run.dataset, run.device, baseline_encoder=baseline,
                              raw_pixels=baselines)
     numbers.update(run.method.test_metrics(run.eval_context()))
+    selected = run.selection.report(run.epoch, numbers, lambda state: _evaluate_snapshot(run, state))
     eval_seconds = time.perf_counter() - eval_started
     return {
-        **numbers,
+        **numbers, **selected,
         "final_loss": run.epoch_losses[-1] if run.epoch_losses else None,
         "epochs": run.epoch, "steps": run.step, "method": config.method, "data": run.dataset.name,
         "encoder": config.encoder, "views": config.views, "final_temperature": run.model.temperature.value,
@@ -480,6 +487,17 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
                                 and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"])
         if baselines and "probe_accuracy" in numbers else None,
     }
+
+
+def _evaluate_snapshot(run: _Run, state: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+    """The held-out numbers (no baselines) of the model with the weights ``state``."""
+    model = build_model(run.config, run.dataset.image_shape[0], run.tokenizer)
+    model.load_state_dict(state)
+    model.to(run.device)
+    numbers = evaluate_model(run.config, model, run.dataset, run.device, raw_pixels=False)
+    context = EvalContext(model, run.dataset, run.batches, run.device, run.config, run.batch_size)
+    numbers.update(run.method.test_metrics(context))
+    return numbers
 
 
 def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> Optional[float]:
