@@ -234,7 +234,7 @@ def stratified_subset_indices(labels: Optional[Sequence[int]], n_total: int, n: 
     """Which ``n`` of ``n_total`` samples a stratified subset keeps (sorted indices).
 
     With ``labels`` (``n_total`` class ids) every class keeps its share of ``n`` (within one
-    sample), drawn by :func:`stratified_split` with ``seed``; without labels a uniform draw.
+    sample), drawn by ``stratified_split`` (this module) with ``seed``; without labels a uniform draw.
     ``n >= n_total`` keeps everything. The same ``(labels, n, seed)`` always keep the same
     samples, so a streamed data set can subset its file index with the labels alone.
     """

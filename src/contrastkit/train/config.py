@@ -116,7 +116,7 @@ class PretrainConfig:
     device: str = "auto"
     threads: int = 1                # CPU threads (0: torch's default); see setup.limit_threads
     log_every: int = 10             # steps between step records / progress updates
-    eval_every: int = 0             # epochs between val kNN checks (0: never)
+    eval_every: int = 0             # epochs between val read-outs that pick the reported epoch (0: never)
     knn_k: int = 20
     knn_temperature: float = 0.07
     out: str = os.path.join("runs", "pretrain")

@@ -7,7 +7,8 @@ the method's name.
 
 Outputs in ``config.out``: ``config.json`` (resolved configuration), ``metrics.jsonl`` (one
 JSON record per logged step and per epoch), ``checkpoints/last.pt`` (written atomically each
-epoch) and ``summary.json`` (final numbers).
+epoch) and ``summary.json`` (final numbers; with ``eval_every`` also those of the epoch the
+val probe selected, :mod:`contrastkit.train.selection`).
 """
 
 from __future__ import annotations
