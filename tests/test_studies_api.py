@@ -17,14 +17,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "contrastkit"
 
 
 def test_registry():
-    assert set(STUDIES) == {"sweep", "positive-pairs", "convirt-ablation"}
-    assert set(EXPERIMENTS) == {"positive-pairs", "convirt-ablation"}
+    assert set(STUDIES) == {"sweep", "positive-pairs", "convirt-ablation", "schedules"}
+    assert set(EXPERIMENTS) == {"positive-pairs", "convirt-ablation", "schedules"}
     assert SWEEP.outputs == (layout.RUNS, layout.SWEEP_TABLE, layout.SWEEP_SETTINGS, layout.VERDICTS) + layout.SWEEP_PLOTS
     assert POSITIVE_PAIRS.outputs[-1] == layout.POSITIVE_PAIRS_PLOT
     assert CONVIRT_ABLATION.default_out == os.path.join(layout.DEFAULT_ROOT, "experiment-convirt-ablation")
     with pytest.raises(ValueError, match="unknown experiment 'sweep'"):
         studies.run_experiment("sweep")
-    with pytest.raises(ValueError, match="known: convirt-ablation, positive-pairs, sweep"):
+    with pytest.raises(ValueError, match="known: convirt-ablation, positive-pairs, schedules, sweep"):
         studies.get_study("nope")
 
 

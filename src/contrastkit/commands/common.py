@@ -162,6 +162,14 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, epochs_default: Any,
     parser.add_argument("--batch-size", type=int, default=None, help=f"pairs per batch (default {batch_default})")
     parser.add_argument("--data-option", action="append", default=[], metavar="KEY=VALUE",
                         help="a data set option, e.g. train_scenes=240 or clutter=[2,5] (repeatable)")
+    parser.add_argument("--train-limit", type=int, default=None, metavar="N",
+                        help="each run trains on a class-stratified subset of N training images (default: all)")
+    parser.add_argument("--val-limit", type=int, default=None, metavar="N", help="stratified val subset (default: all)")
+    parser.add_argument("--test-limit", type=int, default=None, metavar="N",
+                        help="stratified test subset (default: all)")
+    parser.add_argument("--eval-every", type=int, default=None, metavar="E",
+                        help="read the val probe every E epochs (and at the last) and judge each run by the "
+                             "epoch it selects (default 0: the last epoch)")
     parser.add_argument("--device", default="auto", help="torch device (default: CUDA if available, else CPU)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads per run (default: as contrastkit pretrain; 0 = torch's default)")
@@ -177,7 +185,9 @@ def study_options(args: argparse.Namespace) -> Dict[str, Any]:
     """The settings of :func:`add_study_arguments` for :mod:`contrastkit.studies`
     (``None``: the study's default)."""
     return {"data_options": parse_data_options(args.data_option), "epochs": args.epochs,
-            "batch_size": args.batch_size, "device": args.device, "threads": args.threads}
+            "batch_size": args.batch_size, "device": args.device, "threads": args.threads,
+            "train_limit": args.train_limit, "val_limit": args.val_limit, "test_limit": args.test_limit,
+            "eval_every": args.eval_every}
 
 
 def print_study(result: Any) -> None:

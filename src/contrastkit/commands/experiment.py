@@ -2,7 +2,7 @@
 
 Parses the options and runs one of :data:`contrastkit.studies.EXPERIMENTS`
 (``positive-pairs``: the textbook, section 30.2, exercise F5; ``convirt-ablation``: the ConVIRT
-tutorial), then prints its table and verdicts.
+tutorial; ``schedules``: fixed vs cosine vs rising tau), then prints its table and verdicts.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _per_experiment(key: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from contrastkit.studies import CONVIRT_ABLATION, EXPERIMENTS
+    from contrastkit.studies import CONVIRT_ABLATION, EXPERIMENTS, SCHEDULES
 
     ablation = CONVIRT_ABLATION.defaults
     parser.description = "Run an experiment of the source texts end to end. " + " ".join(
@@ -29,7 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"runs per setting, seeds 0..N-1 (default: {_per_experiment('seeds')})")
     parser.add_argument("--out", default=None, help="output folder (default runs/experiment-NAME)")
     parser.add_argument("--temperature", type=float, default=None,
-                        help="positive-pairs: tau of the NT-Xent loss (default: contrastkit pretrain's simclr default)")
+                        help="positive-pairs: tau of the NT-Xent loss; schedules: the fixed tau (default: "
+                             "contrastkit pretrain's simclr default)")
+    parser.add_argument("--data", default=None, help="schedules: glyphlab, digits or a path (default glyphlab)")
+    parser.add_argument("--cosine", default=None, metavar="SCHEDULE",
+                        help=f"schedules: the cosine schedule (default {SCHEDULES.defaults['cosine']})")
+    parser.add_argument("--linear", default=None, metavar="SCHEDULE",
+                        help=f"schedules: the rising ramp (default {SCHEDULES.defaults['linear']})")
     add_study_arguments(parser, epochs_default=_per_experiment("epochs"), batch_default=_per_experiment("batch_size"))
     parser.add_argument("--weights", default=None,
                         help="convirt-ablation: lambdas, comma-separated (default "
@@ -48,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
                             seeds=args.seeds, temperature=args.temperature,
                             weights=parse_numbers(args.weights, "--weights"),
                             temperatures=parse_numbers(args.temperatures, "--temperatures"),
-                            text_encoder=args.text_encoder, **study_options(args))
+                            text_encoder=args.text_encoder, data=args.data, cosine=args.cosine,
+                            linear=args.linear, **study_options(args))
     print_study(result)
     return 0

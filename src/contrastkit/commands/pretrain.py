@@ -12,7 +12,7 @@ from contrastkit.train.config import DEFAULT_TEMPERATURE, ENCODER_NAMES, METHODS
 from contrastkit.train.loggers import LOGGER_NAMES
 
 # Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
-_FIELDS = ("data", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
+_FIELDS = ("data", "train_limit", "val_limit", "test_limit", "subset_seed", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
            "temperature_schedule",
            "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
            "queue_size", "projection_dim", "weight", "text_encoder", "micro_batch", "norm", "seed", "device", "threads", "workers", "log_every",
@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                      f"or a .csv of image,text rows (default {d.data})")
     add("--data-option", action="append", default=None, metavar="KEY=VALUE",
         help="loader option, repeatable, e.g. train_scenes=480 for glyphlab (VALUE parsed as JSON if it can be)")
+    add("--train-limit", type=int, default=None, metavar="N",
+        help="train on a class-stratified subset of N training images (default: all)")
+    add("--val-limit", type=int, default=None, metavar="N", help="a stratified subset of N val images (default: all)")
+    add("--test-limit", type=int, default=None, metavar="N", help="a stratified subset of N test images (default: all)")
+    add("--subset-seed", type=int, default=None, help="seed of the subsets, the same for every --seed (default 0)")
     add("--method", choices=METHODS, default=None, help=f"(default {d.method})")
     add("--encoder", default=None, metavar="NAME",
         help=f"a built-in ({', '.join(ENCODER_NAMES)}; resnet18/resnet50 want a GPU, vit is for 32x32 "
@@ -89,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "--data-option stream=true) is streamed, only its file index held in memory (default 0)")
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
     add("--eval-every", type=int, default=None,
-        help="epochs between val kNN checks logged to metrics.jsonl (default 0: never)")
+        help="epochs between val read-outs (kNN and linear probe, logged to metrics.jsonl); the "
+             "epoch with the best val probe is reported as summary.json's selected block (default 0: never)")
     add("--knn-k", type=int, default=None, help=f"neighbours of the kNN read-out (default {d.knn_k})")
     add("--knn-temperature", type=float, default=None,
         help=f"temperature of the weighted kNN read-out (default {d.knn_temperature})")

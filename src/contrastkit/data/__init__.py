@@ -23,15 +23,17 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, Union
 
-from contrastkit.data.base import Dataset, Split
+from contrastkit.data.base import Dataset, Split, stratified_subset, stratified_subset_indices
 from contrastkit.data.download import download_cifar10, download_mnist
 from contrastkit.data.streaming import (EpochBatchSampler, ImageFolderDataset, StreamingDataset,
-                                        UnreadableImageError, as_streaming, make_loader, stream_image_folder)
+                                        UnreadableImageError, as_streaming, make_loader, stream_image_folder,
+                                        subset_split)
 from contrastkit.data.views import MODES, ViewMaker, make_views
 
 __all__ = ["load_dataset", "make_views", "Dataset", "Split", "ViewMaker", "MODES", "BUILTIN",
            "download_mnist", "download_cifar10", "ImageFolderDataset", "StreamingDataset", "UnreadableImageError",
-           "EpochBatchSampler", "stream_image_folder", "as_streaming", "make_loader"]
+           "EpochBatchSampler", "stream_image_folder", "as_streaming", "make_loader", "subset_split",
+           "stratified_subset", "stratified_subset_indices"]
 
 #: Built-in data set names.
 BUILTIN = ("glyphlab", "digits")

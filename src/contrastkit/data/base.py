@@ -8,9 +8,10 @@ index and augment whole batches on the training device.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -227,3 +228,44 @@ def check_positive_int(value: object, name: str, minimum: int = 1) -> int:
 def subset(images: Tensor, labels: Tensor, index: np.ndarray) -> Split:
     idx = torch.from_numpy(np.asarray(index, dtype=np.int64))
     return Split(images=images[idx].contiguous(), labels=labels[idx].contiguous())
+
+
+def stratified_subset_indices(labels: Optional[Sequence[int]], n_total: int, n: int, seed: int) -> np.ndarray:
+    """Which ``n`` of ``n_total`` samples a stratified subset keeps (sorted indices).
+
+    With ``labels`` (``n_total`` class ids) every class keeps its share of ``n`` (within one
+    sample), drawn by ``stratified_split`` (this module) with ``seed``; without labels a uniform draw.
+    ``n >= n_total`` keeps everything. The same ``(labels, n, seed)`` always keep the same
+    samples, so a streamed data set can subset its file index with the labels alone.
+    """
+    n = check_positive_int(n, "n")
+    if n >= n_total:
+        return np.arange(n_total)
+    if labels is None:
+        return np.sort(np.random.default_rng(seed).permutation(n_total)[:n])
+    labels = np.asarray(labels)
+    if labels.shape != (n_total,):
+        raise ValueError(f"labels must have shape ({n_total},), got {labels.shape}")
+    # Part 1 of the split gets round(fraction * n_total) = n samples.
+    return stratified_split(labels, [1.0 - n / n_total, n / n_total], seed)[1]
+
+
+def stratified_subset(split: Any, n: int, seed: int) -> Any:
+    """The subset of ``n`` samples of ``split`` (a :class:`Split` or any split
+    dataclass whose per-sample fields are tensors or lists of length ``len(split)``, e.g.
+    a paired split), stratified by its ``labels`` (uniform when it has none), seeded and
+    deterministic (:func:`stratified_subset_indices`). ``n >= len(split)`` returns ``split``."""
+    total = len(split)
+    labels = getattr(split, "labels", None)
+    keep = stratified_subset_indices(None if labels is None else labels.cpu().numpy(), total, n, seed)
+    if keep.size == total:
+        return split
+    index = torch.from_numpy(keep)
+    changes = {}
+    for item in dataclasses.fields(split):
+        value = getattr(split, item.name)
+        if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == total:
+            changes[item.name] = value[index].contiguous()
+        elif isinstance(value, list) and len(value) == total:
+            changes[item.name] = [value[i] for i in keep.tolist()]
+    return dataclasses.replace(split, **changes)

@@ -33,7 +33,7 @@ from contrastkit.data.base import Split, check_fraction, stratified_split
 
 __all__ = ["ImageFolderDataset", "StreamingDataset", "LabelledDataset", "UnreadableImageError",
            "EpochBatchSampler", "stream_image_folder", "as_streaming", "make_loader", "read_images",
-           "is_streaming", "in_memory", "StreamedViews"]
+           "is_streaming", "in_memory", "StreamedViews", "subset_split"]
 
 
 class UnreadableImageError(ValueError):
@@ -203,6 +203,12 @@ class _SubsetSplit(Subset):
         super().__init__(dataset, [int(i) for i in indices])
         self.labels = dataset.labels[torch.as_tensor(self.indices, dtype=torch.long)]
         self.image_shape = dataset.image_shape
+
+
+def subset_split(split: Any, indices: Sequence[int]) -> Any:
+    """The samples ``indices`` of a streamed split, keeping the split interface (``labels``,
+    ``image_shape``); nothing is decoded."""
+    return _SubsetSplit(split, indices)
 
 
 def _split_shape(split: Any) -> Tuple[int, ...]:

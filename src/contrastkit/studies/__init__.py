@@ -23,6 +23,11 @@ The studies (:data:`STUDIES`; ``contrastkit experiment NAME`` offers :data:`EXPE
     The textbook, section 30.2, exercise F5: GlyphLab pair definitions A vs B vs random init.
 ``convirt-ablation`` (:mod:`.convirt_ablation`)
     The ConVIRT tutorial: direction weight lambda x temperature, judged by retrieval.
+``schedules`` (:mod:`.schedules`)
+    A fixed tau vs a cosine schedule (Kukleva et al., ICLR 2023) vs a rising tau (Wang & Liu).
+
+Every run's numbers are those of the epoch its val probe selected (``eval_every``; the
+textbook, section 30.2, exercise F5; :mod:`contrastkit.train.selection`).
 
 Each study is a :class:`Study` record (defaults, runs, rows, verdicts, table, plots); the
 folder names come from :mod:`contrastkit.layout`.
@@ -35,6 +40,7 @@ from typing import Any, Dict, Optional
 from .convirt_ablation import CONVIRT_ABLATION
 from .grid import RunSpec, prepare_out, run_grid
 from .positive_pairs import POSITIVE_PAIRS
+from .schedules import SCHEDULES
 from .stats import binomial_standard_error, mean_std, spearman, standard_error
 from .study import Study, StudyResult
 from .sweep import SWEEP
@@ -45,11 +51,11 @@ __all__ = [
     "Study", "StudyResult", "RunSpec", "run_grid", "prepare_out",
     "Verdict", "HOLDS", "FAILS", "UNDECIDED", "STATUSES", "format_verdicts", "gap_verdict",
     "mean_std", "standard_error", "binomial_standard_error", "spearman",
-    "SWEEP", "POSITIVE_PAIRS", "CONVIRT_ABLATION",
+    "SWEEP", "POSITIVE_PAIRS", "CONVIRT_ABLATION", "SCHEDULES",
 ]
 
 #: Every study by name.
-STUDIES: Dict[str, Study] = {study.name: study for study in (SWEEP, POSITIVE_PAIRS, CONVIRT_ABLATION)}
+STUDIES: Dict[str, Study] = {study.name: study for study in (SWEEP, POSITIVE_PAIRS, CONVIRT_ABLATION, SCHEDULES)}
 #: The studies ``contrastkit experiment NAME`` runs (the sweep has its own command).
 EXPERIMENTS: Dict[str, Study] = {name: study for name, study in STUDIES.items() if name != SWEEP.name}
 
@@ -81,7 +87,7 @@ def run_sweep(out: Optional[str] = None, *, resume: bool = False, force: bool = 
 
 def run_experiment(name: str, out: Optional[str] = None, *, resume: bool = False, force: bool = False,
                    progress: bool = True, **settings: Any) -> StudyResult:
-    """One of :data:`EXPERIMENTS` (``positive-pairs``, ``convirt-ablation``); default folder
+    """One of :data:`EXPERIMENTS` (``positive-pairs``, ``convirt-ablation``, ``schedules``); default folder
     ``runs/experiment-NAME``."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")

@@ -22,9 +22,9 @@ from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import plot_convirt_ablation
-from .rows import RETRIEVAL_K, cell_means, retrieval
+from .rows import RETRIEVAL_K, cell_means, retrieval, selected_numbers
 from .stats import binomial_standard_error, spearman
-from .study import Study, check_counts, check_numbers, run_config
+from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
 from .verdicts import FAILS, HOLDS, UNDECIDED, Verdict
 
 __all__ = ["CONVIRT_ABLATION", "DEFAULT_WEIGHTS", "DEFAULT_TEMPERATURES", "DEFAULT_DATA_OPTIONS", "ablation_rows",
@@ -38,7 +38,7 @@ DEFAULT_DATA_OPTIONS = {"train_scenes": 400, "val_scenes": 100, "test_scenes": 3
 # docs/convirt.md has the measured time on 2 CPU cores.
 DEFAULTS: Dict[str, Any] = {"data_options": {}, "seeds": 1, "weights": list(DEFAULT_WEIGHTS),
                             "temperatures": list(DEFAULT_TEMPERATURES), "epochs": 10, "batch_size": 64,
-                            "device": "auto", "threads": None, "text_encoder": "mean"}
+                            "device": "auto", "threads": None, "text_encoder": "mean", **RUN_DEFAULTS}
 _METRICS = ("i2t_recall@1", "i2t_recall@5", "i2t_recall@10", "t2i_recall@1", "t2i_recall@5", "t2i_recall@10")
 K = RETRIEVAL_K
 
@@ -69,9 +69,10 @@ def ablation_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
     """One row per run: lambda, tau, seed, retrieval recalls, chance, zero-shot, probe, loss."""
     rows = []
     for spec in specs:
-        s = spec.summary or {}
+        summary = spec.summary or {}
+        s = {**summary, **selected_numbers(summary)}  # the numbers of the epoch the val read-out selected
         row: Dict[str, Any] = {"lambda": spec.config["weight"], "tau": spec.config["temperature"],
-                               "seed": spec.config["seed"]}
+                               "seed": spec.config["seed"], "epoch": summary.get("selected_epoch", summary.get("epochs"))}
         for key in _METRICS:
             row[key] = s.get(f"retrieval_{key}")
         row[f"chance_recall@{K}"] = s.get(f"retrieval_chance_recall@{K}")

@@ -3,6 +3,7 @@
 * :func:`plot_sweep`: probe accuracy, uniformity and tolerance against tau, the
   uniformity-tolerance scatter and the positive-vs-nearest-negatives profile;
 * :func:`plot_positive_pairs`: probe accuracy of pairs A / B / random init / raw pixels;
+* :func:`plot_schedules`: probe accuracy of each temperature schedule;
 * :func:`plot_convirt_ablation`: Recall@5 heat maps over (lambda, tau) and retrieval vs lambda.
 """
 
@@ -16,7 +17,7 @@ from contrastkit import layout
 from .rows import PROFILE_LENGTH, RETRIEVAL_K, by_tau, cell_means, retrieval, values
 from .stats import mean_std
 
-__all__ = ["plot_sweep", "plot_positive_pairs", "plot_convirt_ablation", "POSITIVE_PAIRS_SETTINGS"]
+__all__ = ["plot_sweep", "plot_positive_pairs", "plot_schedules", "plot_convirt_ablation", "POSITIVE_PAIRS_SETTINGS"]
 
 #: The settings of the positive-pairs experiment, in display order.
 POSITIVE_PAIRS_SETTINGS = ("pairs A", "pairs B", "random init", "raw pixels")
@@ -147,26 +148,44 @@ def plot_sweep(rows: Sequence[dict], out: str) -> List[str]:
 
 # ------------------------------------------------------------------------------ positive pairs
 
-def plot_positive_pairs(rows: Sequence[dict], out: str) -> List[str]:
-    """Bar plot of the mean probe accuracy per setting (error bar: std; dots: seeds) in
-    ``out/positive_pairs.png``; its path in a list."""
+def _bars(rows: Sequence[dict], field: str, settings: Sequence[str], ylabel: str, title: str, path: str,
+          chance: float = 0.0) -> str:
+    """One bar per setting (the rows' ``field``): mean probe accuracy, error bar std, dots seeds."""
     plt = _pyplot()
-    settings = [s for s in POSITIVE_PAIRS_SETTINGS if values(rows, "probe_accuracy", setting=s)]
+    settings = [s for s in settings if values(rows, "probe_accuracy", **{field: s})]
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, setting in enumerate(settings):
-        accuracies = values(rows, "probe_accuracy", setting=setting)
+        accuracies = values(rows, "probe_accuracy", **{field: setting})
         mean, std = mean_std(accuracies)
         ax.bar(i, mean, yerr=std, capsize=5, color=f"C{i}", alpha=0.8)
         ax.scatter([i] * len(accuracies), accuracies, color="black", s=12, zorder=3)
         ax.text(i, mean + std + 0.01, f"{mean:.3f}", ha="center", fontsize=9)
     ax.set_xticks(range(len(settings)))
-    ax.set_xticklabels(settings)
-    ax.set_ylabel("linear-probe test accuracy (3 orientation classes)")
+    ax.set_xticklabels(settings, fontsize=8)
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1.08)
-    ax.axhline(1 / 3, color="grey", linestyle=":", label="chance (1/3)")
-    ax.set_title("GlyphLab (textbook F5): pairs A vs B, mean +/- std over seeds", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
-    return [_save(fig, os.path.join(out, layout.POSITIVE_PAIRS_PLOT))]
+    if chance:
+        ax.axhline(chance, color="grey", linestyle=":", label=f"chance ({chance:.3g})")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_positive_pairs(rows: Sequence[dict], out: str) -> List[str]:
+    """Bar plot of the mean probe accuracy per setting (error bar: std; dots: seeds) in
+    ``out/positive_pairs.png``; its path in a list."""
+    return [_bars(rows, "setting", POSITIVE_PAIRS_SETTINGS, "linear-probe test accuracy (3 orientation classes)",
+                  "GlyphLab (textbook F5): pairs A vs B, mean +/- std over seeds",
+                  os.path.join(out, layout.POSITIVE_PAIRS_PLOT), chance=1 / 3)]
+
+
+def plot_schedules(rows: Sequence[dict], out: str) -> List[str]:
+    """Bar plot of the mean probe accuracy (selected epoch) per temperature schedule in
+    ``out/schedules.png``; its path in a list."""
+    schedules = list(dict.fromkeys(str(row["schedule"]) for row in rows))
+    return [_bars(rows, "schedule", schedules, "linear-probe test accuracy (selected epoch)",
+                  "Temperature schedules, same budget: mean +/- std over seeds",
+                  os.path.join(out, layout.SCHEDULES_PLOT))]
 
 
 # ------------------------------------------------------------------------------ ConVIRT ablation

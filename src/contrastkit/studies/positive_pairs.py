@@ -19,9 +19,9 @@ from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import POSITIVE_PAIRS_SETTINGS, plot_positive_pairs
-from .rows import values
+from .rows import selected_columns, values
 from .stats import mean_std
-from .study import Study, check_counts, check_numbers, run_config
+from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
 from .verdicts import Verdict, gap_verdict
 
 __all__ = ["POSITIVE_PAIRS", "PAIRS", "positive_pairs_rows", "positive_pairs_verdicts", "positive_pairs_table"]
@@ -32,7 +32,7 @@ PAIRS = {"A": "A: two noise realisations", "B": "B: second view rotated 90 deg"}
 # 6 runs (2 pair definitions x 3 seeds) of 150 epochs x 3 steps at batch 40: about 1 minute
 # per run on 2 CPU cores (docs/temperature-study.md).
 DEFAULTS: Dict[str, Any] = {"data_options": {}, "seeds": 3, "temperature": None, "epochs": 150, "batch_size": 40,
-                            "device": "auto", "threads": None}
+                            "device": "auto", "threads": None, **RUN_DEFAULTS}
 
 
 def _check(settings: Dict[str, Any]) -> Dict[str, Any]:
@@ -63,8 +63,7 @@ def positive_pairs_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
     for spec in specs:
         s = spec.summary or {}
         seed = spec.config["seed"]
-        rows.append({"setting": f"pairs {spec.config['views']}", "seed": seed,
-                     "probe_accuracy": s.get("probe_accuracy"), "knn_accuracy": s.get("knn_accuracy"),
+        rows.append({"setting": f"pairs {spec.config['views']}", "seed": seed, **selected_columns(s),
                      "final_loss": s.get("final_loss"), "run": spec.name})
         if "random_init_probe_accuracy" in s:
             for prefix, setting in (("random_init_", "random init"), ("raw_pixel_", "raw pixels")):

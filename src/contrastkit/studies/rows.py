@@ -10,9 +10,12 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
+from contrastkit.train.selection import selected_numbers
+
 from .stats import finite
 
-__all__ = ["values", "by_tau", "cell_means", "retrieval", "RETRIEVAL_K", "PROFILE_LENGTH"]
+__all__ = ["values", "by_tau", "cell_means", "retrieval", "selected_columns", "selected_numbers", "RETRIEVAL_K",
+           "PROFILE_LENGTH"]
 
 #: How many nearest negatives a sweep row keeps (``z_top_negative_1..10``, the similarity profile).
 PROFILE_LENGTH = 10
@@ -20,6 +23,16 @@ PROFILE_LENGTH = 10
 RETRIEVAL_K = 5
 
 Row = Dict[str, Any]
+
+
+def selected_columns(summary: Dict[str, Any]) -> Row:
+    """A run's read-out columns: ``probe_accuracy`` and ``knn_accuracy`` of the epoch its val
+    probe selected (:func:`~contrastkit.train.selection.selected_numbers`), that ``epoch``, and
+    ``last_probe_accuracy`` of the last epoch."""
+    selected = selected_numbers(summary)
+    return {"probe_accuracy": selected.get("probe_accuracy"), "knn_accuracy": selected.get("knn_accuracy"),
+            "epoch": summary.get("selected_epoch", summary.get("epochs")),
+            "last_probe_accuracy": summary.get("probe_accuracy")}
 
 
 def values(rows: Sequence[Row], key: str, **match: Any) -> List[float]:

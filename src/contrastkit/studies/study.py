@@ -24,9 +24,15 @@ from contrastkit.losses import MIN_TEMPERATURE
 from .grid import RunSpec, check_specs, prepare_out, run_grid
 from .verdicts import Verdict
 
-__all__ = ["Study", "StudyResult", "option", "check_counts", "check_numbers", "run_config"]
+__all__ = ["Study", "StudyResult", "option", "check_counts", "check_numbers", "run_config", "RUN_DEFAULTS"]
 
 Row = Dict[str, Any]
+
+#: Run settings every study has, passed to each run when given (``None``: the trainer's default):
+#: the stratified subsets of the splits (``--train-limit`` ...) and ``--eval-every``, the epochs
+#: at which the val probe is read to pick the epoch whose numbers the verdicts use
+#: (:mod:`contrastkit.train.selection`; with 0 or ``None`` that is the last epoch).
+RUN_DEFAULTS: Dict[str, Any] = {"train_limit": None, "val_limit": None, "test_limit": None, "eval_every": None}
 
 
 def option(key: str) -> str:
@@ -35,8 +41,13 @@ def option(key: str) -> str:
 
 
 def check_counts(settings: Mapping[str, Any]) -> None:
-    """``seeds`` and ``epochs`` >= 1 and ``batch_size`` >= 2 (a batch needs a negative)."""
-    for key, low in (("seeds", 1), ("epochs", 1), ("batch_size", 2)):
+    """``seeds`` and ``epochs`` >= 1 and ``batch_size`` >= 2 (a batch needs a negative); the
+    :data:`RUN_DEFAULTS` a study has: ``None`` or ``train_limit`` >= 2, the other limits >= 1,
+    ``eval_every`` >= 0."""
+    optional = (("train_limit", 2), ("val_limit", 1), ("test_limit", 1), ("eval_every", 0))
+    for key, low in (("seeds", 1), ("epochs", 1), ("batch_size", 2)) + optional:
+        if key not in settings or (settings[key] is None and key in RUN_DEFAULTS):
+            continue
         value = settings[key]
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{option(key)} must be an integer, got {value!r}")
@@ -63,13 +74,15 @@ def check_numbers(values: Sequence[Any], key: str, low: float, high: float = mat
 
 def run_config(settings: Mapping[str, Any], **fields: Any) -> Dict[str, Any]:
     """A run's :class:`~contrastkit.train.PretrainConfig` fields: the settings every study shares
-    (data options, epochs, batch size, device, threads) plus ``fields``.
+    (data options, epochs, batch size, device, threads, the :data:`RUN_DEFAULTS`) plus ``fields``.
 
-    ``threads`` of ``None`` is left out, so that the trainer's own default applies.
+    ``threads`` and the :data:`RUN_DEFAULTS` of ``None`` are left out, so that the trainer's own
+    defaults apply.
     """
     config = {key: settings[key] for key in ("data_options", "epochs", "batch_size", "device")}
-    if settings.get("threads") is not None:
-        config["threads"] = settings["threads"]
+    for key in ("threads",) + tuple(RUN_DEFAULTS):
+        if settings.get(key) is not None:
+            config[key] = settings[key]
     config.update(fields)
     return config
 

@@ -21,9 +21,9 @@ from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import plot_sweep
-from .rows import PROFILE_LENGTH, by_tau, values
+from .rows import PROFILE_LENGTH, by_tau, selected_columns, selected_numbers, values
 from .stats import mean_std, spearman
-from .study import Study, check_counts, check_numbers, run_config
+from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
 from .verdicts import UNDECIDED, Verdict, correlation_status, gap_verdict, margin_status
 
 __all__ = ["SWEEP", "LOSSES", "DEFAULT_TEMPERATURES", "sweep_rows", "sweep_verdicts", "sweep_table"]
@@ -39,6 +39,7 @@ METRIC_KEYS = ("alignment", "uniformity", "tolerance", "positive_similarity", "p
 DEFAULTS: Dict[str, Any] = {
     "data": "glyphlab", "data_options": {}, "temperatures": list(DEFAULT_TEMPERATURES), "seeds": 3,
     "views": "augment", "epochs": 100, "batch_size": 40, "device": "auto", "threads": None, "no_variants": False,
+    **RUN_DEFAULTS,
 }
 
 
@@ -67,20 +68,21 @@ def _specs(settings: Dict[str, Any]) -> List[RunSpec]:
 
 def sweep_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
     """One flat row per finished run: settings, accuracies and the test-set metrics of
-    ``z`` and ``h`` (``z_top_negative_1..10`` is the similarity profile)."""
+    ``z`` and ``h`` (``z_top_negative_1..10`` is the similarity profile), all of the epoch the
+    val read-out selected (:func:`~contrastkit.studies.rows.selected_columns`)."""
     rows = []
     for spec in specs:
         s = spec.summary or {}
+        selected = selected_numbers(s)
         row: Dict[str, Any] = {
             "loss": spec.row, "method": spec.config["method"],
             "tau": spec.config.get("temperature", "") if spec.row != "simple" else "",
-            "seed": spec.config["seed"], "probe_accuracy": s.get("probe_accuracy"),
-            "knn_accuracy": s.get("knn_accuracy"), "final_loss": s.get("final_loss"),
+            "seed": spec.config["seed"], **selected_columns(s), "final_loss": s.get("final_loss"),
             "random_init_probe_accuracy": s.get("random_init_probe_accuracy", ""),
             "raw_pixel_probe_accuracy": s.get("raw_pixel_probe_accuracy", ""),
             "train_seconds": s.get("train_seconds"), "run": spec.name,
         }
-        geometry = s.get("representation", {})
+        geometry = selected.get("representation", {})
         for space in ("z", "h"):
             metrics = geometry.get(space, {})
             for key in METRIC_KEYS:

@@ -106,6 +106,12 @@ class PretrainConfig:
 
     data: str = "glyphlab"
     data_options: Dict[str, Any] = field(default_factory=dict)
+    # Stratified, seeded subsets of the loaded splits (None: the whole split);
+    # contrastkit.data.stratified_subset with ``subset_seed``, the same for every training seed.
+    train_limit: Optional[int] = None
+    val_limit: Optional[int] = None
+    test_limit: Optional[int] = None
+    subset_seed: int = 0
     method: str = "simclr"
     encoder: str = "small"          # a built-in name, "package.module:factory" or "object:..." (models.encoders)
     encoder_options: Dict[str, Any] = field(default_factory=dict)  # the factory's keyword arguments
@@ -134,7 +140,7 @@ class PretrainConfig:
     threads: int = 0                # CPU threads; 0: the cores this process may use (setup.resolve_threads)
     workers: int = 0                # DataLoader worker processes decoding streamed images (0: in this process)
     log_every: int = 10             # steps between step records / progress updates
-    eval_every: int = 0             # epochs between val kNN checks (0: never)
+    eval_every: int = 0             # epochs between val read-outs that pick the reported epoch (0: never)
     knn_k: int = 20
     knn_temperature: float = 0.07
     out: str = os.path.join("runs", "pretrain")
@@ -165,6 +171,10 @@ class PretrainConfig:
             c.data = os.path.abspath(c.data)  # so `contrastkit probe` works from any folder
         if not isinstance(c.data_options, dict):
             raise TypeError(f"data_options must be a dict, got {type(c.data_options).__name__}")
+        for name in ("train_limit", "val_limit", "test_limit"):
+            if getattr(c, name) is not None:
+                _positive_int(getattr(c, name), name, 2 if name == "train_limit" else 1)
+        _positive_int(c.subset_seed, "subset_seed", 0)
         c.temperature = _positive_float(
             DEFAULT_TEMPERATURE[c.method] if c.temperature is None else c.temperature, "temperature")
         if c.temperature_schedule is None:

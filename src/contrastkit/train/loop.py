@@ -8,7 +8,9 @@ the method's name.
 Outputs in ``config.out``: ``config.json`` (resolved configuration), ``config.yaml`` (the same
 options as a ``--config`` file), ``metrics.jsonl`` (one JSON record per logged step and per
 epoch; with ``loggers`` also ``metrics.csv`` / ``tensorboard/``, :mod:`.loggers`),
-``checkpoints/last.pt`` (written atomically each epoch) and ``summary.json`` (final numbers),
+``checkpoints/last.pt`` (written atomically each epoch) and ``summary.json`` (final numbers;
+with ``eval_every`` also those of the epoch the val probe selected,
+:mod:`contrastkit.train.selection`),
 each recorded in the folder's manifest (:mod:`contrastkit.manifest`) as it is written, so that
 ``--force`` deletes exactly these.
 """
@@ -44,7 +46,8 @@ from .evaluate import evaluate_model, extract_features, split_images
 from .loggers import Loggers, open_loggers
 from .methods import EvalContext, Method, get_method
 from .parallel import LossForward, Parallel, setup
-from .setup import as_run_data, build_model, limit_threads, resolve_device
+from .selection import EpochSelection, val_probe_accuracy
+from .setup import as_run_data, build_model, limit_splits, limit_threads, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -302,6 +305,7 @@ class _Run:
     train_seconds: float = 0.0
     epoch_losses: List[float] = field(default_factory=list)
     loggers: Loggers = field(default_factory=Loggers)  # --logger (rank 0); metrics.jsonl is separate
+    selection: EpochSelection = field(default_factory=EpochSelection)  # the val read-out picks the epoch
 
     @property
     def n_train(self) -> int:
@@ -325,7 +329,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         device = torch.device("cuda", torch.cuda.current_device())
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
-    dataset = method.load_data(config) if dataset is None else as_run_data(dataset)
+    dataset = limit_splits(method.load_data(config) if dataset is None else as_run_data(dataset), config)
     if config.paired and is_streaming(dataset):
         raise ValueError("convirt reads its image-text pairs in memory; a streamed data set is not supported")
     n_train = len(dataset.train)
@@ -423,6 +427,7 @@ def _restore(run: _Run) -> None:
     run.epoch, run.step = int(state["epoch"]), int(state["step"])
     run.train_seconds = float(state.get("train_seconds", 0.0))
     run.epoch_losses = [float(v) for v in state.get("epoch_losses", [])]
+    run.selection.load_state_dict(state.get("selection"))
     if run.parallel.is_main:
         _truncate_metrics(run.folder.metrics, run.epoch, run.step)
 
@@ -543,9 +548,13 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
     record = {"kind": "epoch", "epoch": run.epoch, "step": run.step, "loss": epoch_loss,
               "tau": run.model.temperature.value, "lr": run.scheduler.get_last_lr()[0],
               "train_seconds": run.train_seconds}
-    if config.eval_every and run.epoch % config.eval_every == 0 and parallel.is_main:
+    evaluating = config.eval_every and (run.epoch % config.eval_every == 0 or run.epoch == config.epochs)
+    if evaluating and parallel.is_main:
         if run.dataset.num_classes:
             record["val_knn_accuracy"] = _val_knn(run.model, run.dataset, run.device, config)
+            score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed)
+            record["val_probe_accuracy"] = score
+            run.selection.observe(run.epoch, score, run.model)
         record.update(run.method.val_metrics(run.eval_context()))
     metrics.write(json.dumps(record) + "\n")
     metrics.flush()
@@ -560,7 +569,7 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
             "scheduler": run.scheduler.state_dict(),
             "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
             "epoch": run.epoch, "step": run.step, "train_seconds": run.train_seconds,
-            "epoch_losses": run.epoch_losses,
+            "epoch_losses": run.epoch_losses, "selection": run.selection.state_dict(),
         })
         manifest.record(*marked)  # hashed once, here (a digest the writer returns could be passed)
     parallel.barrier()  # the checkpoint is complete before any rank goes on
@@ -578,9 +587,10 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     numbers = evaluate_model(config, run.model, run.dataset, run.device, baseline_encoder=baseline,
                              raw_pixels=baselines)
     numbers.update(run.method.test_metrics(run.eval_context()))
+    selected = run.selection.report(run.epoch, numbers, lambda state: _evaluate_snapshot(run, state))
     eval_seconds = time.perf_counter() - eval_started
     summary = {
-        **numbers,
+        **numbers, **selected,
         "final_loss": run.epoch_losses[-1] if run.epoch_losses else None,
         "epochs": run.epoch, "steps": run.step, "method": config.method, "data": run.dataset.name,
         "encoder": config.encoder, "views": config.views, "final_temperature": run.model.temperature.value,
@@ -594,6 +604,17 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     }
     run.loggers.summary(summary, step=run.step, epoch=run.epoch)
     return summary
+
+
+def _evaluate_snapshot(run: _Run, state: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+    """The held-out numbers (no baselines) of the model with the weights ``state``."""
+    model = build_model(run.config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder)
+    model.load_state_dict(state)
+    model.to(run.device)
+    numbers = evaluate_model(run.config, model, run.dataset, run.device, raw_pixels=False)
+    context = EvalContext(model, run.dataset, run.batches, run.device, run.config, run.batch_size)
+    numbers.update(run.method.test_metrics(context))
+    return numbers
 
 
 def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> Optional[float]:

@@ -13,7 +13,8 @@ from torch import nn
 from .config import PretrainConfig
 from .methods import get_method
 
-__all__ = ["resolve_device", "load_data", "as_run_data", "build_model", "limit_threads", "resolve_threads"]
+__all__ = ["resolve_device", "load_data", "as_run_data", "limit_splits", "build_model", "limit_threads",
+           "resolve_threads"]
 
 
 def resolve_threads(threads: int) -> int:
@@ -69,8 +70,36 @@ def resolve_device(name: str) -> torch.device:
 def load_data(config: PretrainConfig) -> Any:
     """The data set of ``config.data`` as ``config.method`` reads it (:meth:`Method.load_data`:
     ``contrastkit.data.load_dataset``, or ``contrastkit.data.paired.load_paired`` for the paired
-    method convirt)."""
-    return get_method(config.method).load_data(config)
+    method convirt), cut to the configured subsets (:func:`limit_splits`)."""
+    return limit_splits(get_method(config.method).load_data(config), config)
+
+
+def limit_splits(dataset: Any, config: PretrainConfig) -> Any:
+    """``dataset`` with each split cut to ``config.train_limit`` / ``val_limit`` /
+    ``test_limit`` samples (``None``: kept whole), each a class-stratified subset drawn with
+    ``config.subset_seed`` (:func:`contrastkit.data.stratified_subset`). The data set is
+    returned unchanged when no limit applies; otherwise a shallow copy with the cut splits."""
+    import copy
+
+    from contrastkit.data import stratified_subset, stratified_subset_indices, subset_split
+    from contrastkit.data.streaming import in_memory
+
+    limits = {"train": config.train_limit, "val": config.val_limit, "test": config.test_limit}
+    if all(limit is None or limit >= len(getattr(dataset, name)) for name, limit in limits.items()):
+        return dataset
+    limited = copy.copy(dataset)
+    for name, limit in limits.items():
+        if limit is None:
+            continue
+        split = getattr(dataset, name)
+        if in_memory(split):
+            cut = stratified_subset(split, limit, config.subset_seed)
+        else:  # a streamed split: the same images, chosen from its labels (its file index)
+            labels = getattr(split, "labels", None)
+            cut = subset_split(split, stratified_subset_indices(None if labels is None else labels.tolist(),
+                                                               len(split), limit, config.subset_seed))
+        setattr(limited, name, cut)
+    return limited
 
 
 def as_run_data(dataset: Any) -> Any:
