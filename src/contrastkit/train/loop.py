@@ -45,6 +45,7 @@ from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 from .evaluate import evaluate_model, extract_features, split_images
 from .loggers import Loggers, open_loggers
 from .methods import EvalContext, Method, get_method
+from .optimization import build_lr_scheduler, build_optimizer, warmup_cosine, warmup_steps
 from .parallel import LossForward, Parallel, setup
 from .selection import EpochSelection, val_probe_accuracy
 from .setup import as_run_data, build_model, limit_splits, limit_threads, resolve_device
@@ -52,19 +53,6 @@ from .setup import as_run_data, build_model, limit_splits, limit_threads, resolv
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
 OUTPUT_FILES = layout.RUN_OUTPUTS
-
-
-def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
-    """LR factor at step ``s``: linear warm-up ``(s + 1) / warmup_steps``, then cosine decay
-    from 1 to 0 over the remaining steps."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
 
 
 def _seed_everything(seed: int) -> None:
@@ -353,18 +341,18 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         model.distributed = True
         step_loss = torch.nn.parallel.DistributedDataParallel(step_loss)
         torch.manual_seed(config.seed + 1_000_003 * parallel.rank)  # different views on each rank
-    optimizer = _optimizer(model, config)
+    optimizer = build_optimizer(model, config)
     steps_per_epoch = n_train // batch_size  # the last partial batch is dropped (fixed batch size)
     rank_batch = batch_size // parallel.world_size
     if parallel.active:
         steps_per_epoch = (n_train // parallel.world_size) // rank_batch
     total_steps = steps_per_epoch * config.epochs
-    warmup_steps = int(round(config.warmup_fraction * total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
+    warmup = warmup_steps(config, total_steps)
+    scheduler = build_lr_scheduler(optimizer, config, total_steps)
 
     run = _Run(config, method, parallel, device, dataset, views, tokenizer, model, step_loss, optimizer,
                scheduler, schedule, layout.RunFolder(config.out), batch_size, rank_batch, steps_per_epoch,
-               total_steps, warmup_steps, started,
+               total_steps, warmup, started,
                encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
@@ -391,18 +379,6 @@ def _record_logger_files(folder: layout.RunFolder) -> None:
     for directory, _, files in os.walk(os.path.join(folder.root, layout.TENSORBOARD)):
         names += [os.path.relpath(os.path.join(directory, name), folder.root).replace(os.sep, "/") for name in files]
     Manifest(folder.root).record(*names)
-
-
-def _optimizer(model: torch.nn.Module, config: PretrainConfig) -> torch.optim.Optimizer:
-    """AdamW or SGD (Nesterov); no weight decay on biases, norms and tau."""
-    decay, no_decay = [], []
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            (no_decay if parameter.ndim <= 1 else decay).append(parameter)
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=config.lr)
-    return torch.optim.SGD(groups, lr=config.lr, momentum=0.9, nesterov=True)
 
 
 def _restore(run: _Run) -> None:

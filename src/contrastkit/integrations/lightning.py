@@ -1,0 +1,397 @@
+"""Contrastive pretraining as a Lightning module: :class:`ContrastiveModule` and :class:`ContrastiveDataModule`.
+
+:class:`ContrastiveModule` is a ``lightning.LightningModule`` made of the pieces ``contrastkit
+pretrain`` trains with, from the same :class:`~contrastkit.train.PretrainConfig`:
+
+* the model of :func:`contrastkit.train.setup.build_model`: the encoder (a built-in name, a
+  ``package.module:factory`` spec, or any ``nn.Module`` mapping ``(N, C, H, W)`` to
+  ``(N, D)``), the projection head on its feature size, and the temperature
+  (:class:`~contrastkit.losses.Temperature`);
+* the method's loss (:class:`~contrastkit.train.Method` of
+  :func:`~contrastkit.train.get_method`: ``simclr``, ``moco``, ``supcon``, ``dcl``,
+  ``simple``, ``hard_negative``), or any loss of :mod:`contrastkit.losses` on the two views'
+  embeddings (``loss=``);
+* the optimizer and learning-rate schedule (:func:`~contrastkit.train.build_optimizer`,
+  :func:`~contrastkit.train.build_lr_scheduler`: AdamW or SGD, linear warm-up then cosine,
+  stepped every optimizer step over the trainer's ``estimated_stepping_batches``);
+* the temperature schedule (``config.temperature_schedule``) before each step and
+  :meth:`Temperature.clamp_ <contrastkit.losses.Temperature.clamp_>` after each optimizer
+  step;
+* the views of :func:`contrastkit.data.make_views` (mode ``"augment"``, batched kornia on the
+  module's device) made from the images the data loader yields.
+
+Under a data-parallel strategy with more than one process (``strategy="ddp"``, its spawn and
+fork variants) the loss gets ``distributed=True``: every rank's anchors are contrasted with
+the negatives of all ranks through gradient-exact gathers, and with DDP's averaging of the
+gradients a step is exactly a step on the global batch (when no layer has batch statistics:
+``norm="group"``, or an encoder without BatchNorm).
+
+:class:`ContrastiveDataModule` gives the loaders over a contrastkit data set (or a map-style
+``torch.utils.data.Dataset`` of ``(image, label)``): batches of ``(images, labels)``, the
+configured batch size being the global batch.
+
+Lightning is an optional extra (``pip install 'contrastkit[lightning]'``); nothing else in
+contrastkit imports it.
+
+Example::
+
+    import lightning
+    from contrastkit.train import PretrainConfig
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+
+    config = PretrainConfig(data="digits", method="simclr", batch_size=128, norm="group")
+    data = ContrastiveDataModule.from_config(config)
+    module = ContrastiveModule(config, data)
+    lightning.Trainer(max_epochs=10, accelerator="cpu", devices=2, strategy="ddp").fit(module, data)
+    features = module.embed(images)            # h, (N, D)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+
+try:
+    import lightning
+except ImportError as err:  # the optional extra; re-raised with what to install
+    raise ImportError("contrastkit.integrations.lightning needs Lightning, which is not installed: "
+                      "pip install 'contrastkit[lightning]'") from err
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from contrastkit.train.config import PretrainConfig
+from contrastkit.train.methods import MoCo, TwoViewMethod, get_method
+from contrastkit.train.optimization import build_lr_scheduler, build_optimizer
+from contrastkit.train.setup import as_run_data, build_model, load_data
+
+__all__ = ["ContrastiveModule", "ContrastiveDataModule"]
+
+#: A loss on the two views' embeddings: ``loss(z_a, z_b, **keywords) -> Tensor``.
+LossFunction = Callable[..., Tensor]
+
+# Added to the seed each rank's view RNG starts from, so that ranks draw different views
+# (contrastkit pretrain offsets its ranks the same way).
+_RANK_SEED_STRIDE = 1_000_003
+
+
+def _data_set(data: Any) -> Any:
+    """The contrastkit data set of ``data`` (a :class:`ContrastiveDataModule` or a data set)."""
+    if isinstance(data, ContrastiveDataModule):
+        return data.dataset
+    if all(hasattr(data, name) for name in ("train", "val", "test", "image_shape")):
+        return data
+    raise TypeError(f"data must be a ContrastiveDataModule or a contrastkit data set, got {type(data).__name__} "
+                    "(a torch.utils.data.Dataset of (image, label): pass ContrastiveDataModule(dataset))")
+
+
+#: The keywords a ``loss=`` callable may get, those it takes (:func:`_loss_keywords`).
+_LOSS_KEYWORDS = frozenset({"temperature", "labels", "distributed", "distributed_mode"})
+
+
+def _loss_keywords(loss: Callable[..., Any]) -> frozenset:
+    """The keywords of :data:`_LOSS_KEYWORDS` that ``loss`` takes: those its signature (an
+    ``nn.Module``'s ``forward``) names; with ``**kwargs`` all of them, except that a module
+    passing its options through (contrastkit's loss modules) keeps its own temperature and
+    gets the distributed ones only."""
+    try:
+        parameters = list(inspect.signature(loss.forward if isinstance(loss, nn.Module) else loss).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): pass nothing extra
+        return frozenset()
+    names = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if any(p.kind == p.VAR_KEYWORD for p in parameters):
+        names |= {"distributed", "distributed_mode"} if isinstance(loss, nn.Module) else _LOSS_KEYWORDS
+    return frozenset(names & _LOSS_KEYWORDS)
+
+
+def _float_images(images: Tensor) -> Tensor:
+    """uint8 images (0..255) as float in ``[0, 1]``; float images as they are."""
+    return images.float().div_(255.0) if images.dtype == torch.uint8 else images
+
+
+class ContrastiveModule(lightning.LightningModule):
+    """Contrastive pretraining of ``config.method`` as a ``lightning.LightningModule``.
+
+    Args:
+        config: the run's :class:`~contrastkit.train.PretrainConfig` (or its dict, as the
+            checkpoint's hyper-parameters hold it). What applies here: ``method``,
+            ``encoder`` / ``encoder_options`` / ``norm``, ``projection_dim``, ``temperature``,
+            ``learnable_temperature``, ``temperature_schedule``, ``optimizer``, ``lr``,
+            ``weight_decay``, ``warmup_fraction``, ``momentum`` / ``queue_size`` (MoCo; the
+            queue is a multiple of ``batch_size``, the global batch), ``views`` (``"augment"``
+            only) / ``view_strength``, and ``seed`` (the initial weights). The trainer decides
+            the number of steps (``max_steps`` / ``max_epochs``), the device and the
+            processes; the data module the batches.
+        data: the :class:`ContrastiveDataModule` (or the contrastkit data set) the module
+            trains on: its image shape sizes the model, its kind sets the views' defaults.
+        encoder: a built-in name or ``"package.module:factory"`` spec replacing
+            ``config.encoder``, or any ``nn.Module`` mapping ``(N, C, H, W)`` to ``(N, D)`` or
+            ``(N, D, ...)`` (pooled). A module is copied
+            (:func:`contrastkit.train.setup.build_model`): the trained one is :attr:`encoder`.
+        loss: replaces the method's loss with ``loss(z_a, z_b, **keywords)`` on the two views'
+            projections ``(N, d)`` (row ``i`` of each from image ``i``), e.g.
+            :func:`contrastkit.losses.debiased_nt_xent` or
+            ``functools.partial(contrastkit.losses.hard_negative_nt_xent, top_k=8)``, or an
+            ``nn.Module`` loss such as ``contrastkit.losses.DCL(temperature=0.2)`` (its
+            parameters are trained too; it keeps its own temperature). Of the keywords
+            ``temperature`` (the model's :class:`~contrastkit.losses.Temperature`, which the
+            temperature schedule drives), ``labels`` (``(N,)``), ``distributed`` and
+            ``distributed_mode`` it gets those it takes; under a multi-process strategy it
+            must take ``distributed``. Not with ``moco``, whose loss reads its queue.
+
+    Batches are ``(images, labels)`` (or images alone), ``images`` ``(N, C, H, W)`` uint8
+    or float in ``[0, 1]``; each step makes two views of them, logs ``loss``, ``tau`` and
+    ``lr`` (``self.log``; ``val_loss`` in validation) and returns the mean loss.
+    """
+
+    def __init__(self, config: Union[PretrainConfig, Mapping[str, Any]], data: Any, *,
+                 encoder: Union[str, nn.Module, None] = None, loss: Optional[LossFunction] = None) -> None:
+        super().__init__()
+        if isinstance(config, Mapping):
+            config = PretrainConfig.from_dict(dict(config))
+        if not isinstance(config, PretrainConfig):
+            raise TypeError(f"config must be a PretrainConfig or its dict, got {type(config).__name__}")
+        if isinstance(encoder, str):
+            config = dataclasses.replace(config, encoder=encoder)
+        elif encoder is not None and not isinstance(encoder, nn.Module):
+            raise TypeError(f"encoder must be a built-in name, a 'package.module:factory' spec or a torch.nn.Module, "
+                            f"got {type(encoder).__name__}")
+        config = config.resolved()
+        method = get_method(config.method)
+        if not isinstance(method, TwoViewMethod):
+            raise ValueError(f"ContrastiveModule trains the two-view methods; method {config.method!r} trains on "
+                             "image-text pairs: use contrastkit pretrain")
+        if config.views != "augment":
+            raise ValueError(f"ContrastiveModule makes its views from the loader's images (views 'augment'); views "
+                             f"{config.views!r} needs GlyphLab's noise realisations: use contrastkit pretrain")
+        if config.micro_batch is not None:
+            raise ValueError("micro_batch (cached-gradient accumulation) is not available in ContrastiveModule; "
+                             "use contrastkit pretrain --micro-batch, or Lightning's accumulate_grad_batches")
+        if loss is not None:
+            if not callable(loss):
+                raise TypeError(f"loss must be callable as loss(z_a, z_b, **keywords), got {type(loss).__name__}")
+            if isinstance(method, MoCo):
+                raise ValueError("loss= replaces a two-view loss; moco's loss is the InfoNCE of its key queue")
+        dataset = _data_set(data)
+        config = config.with_queue(min(config.batch_size, len(dataset.train)), len(dataset.train))
+        if isinstance(encoder, nn.Module):
+            from contrastkit.models import describe_encoder
+
+            config.encoder = describe_encoder(encoder, dataset.image_shape[0])  # recorded, as pretrain does
+        self.config = config
+        self.method = method
+        self.dataset = dataset
+        self.model = build_model(config, dataset.image_shape, encoder=encoder if isinstance(encoder, nn.Module) else None)
+        self.loss_function = loss  # an nn.Module loss is registered as a submodule (trained, moved)
+        self._loss_keywords = _loss_keywords(loss) if loss is not None else frozenset()
+        self._views: Any = None
+        self._total_steps: Optional[int] = None
+        self.save_hyperparameters({"config": config.to_dict()})
+
+    # -- the pieces -----------------------------------------------------------------------
+    @property
+    def encoder(self) -> nn.Module:
+        """The encoder being trained (``h = encoder(images)``)."""
+        return self.model.encoder
+
+    @property
+    def temperature(self) -> float:
+        """The current ``tau``."""
+        return self.model.temperature.value
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the loss takes every rank's negatives (set when the trainer is set up)."""
+        return bool(self.model.distributed)
+
+    def embed(self, images: Tensor) -> Tensor:
+        """``h`` ``(N, D)`` of images ``(N, C, H, W)``, uint8 or float in ``[0, 1]`` (in the
+        module's current mode: ``eval()`` for features)."""
+        return self.model.embed(_float_images(images.to(self.device)))
+
+    def views(self, images: Tensor) -> Tuple[Tensor, Tensor]:
+        """Two views ``(N, C, H, W)`` float32 on the module's device of a batch of images
+        (:meth:`contrastkit.data.ViewMaker.views_of`)."""
+        if self._views is None or self._views.device != self.device:
+            from contrastkit.data import make_views
+
+            self._views = make_views(self.dataset, mode=self.config.views, device=self.device,
+                                     strength=self.config.view_strength)
+        return self._views.views_of(images)
+
+    def loss(self, images: Tensor, labels: Optional[Tensor] = None) -> Tensor:
+        """The mean loss of a batch of images: their two views, embedded, through the method's
+        loss (or ``loss=``); ``labels`` ``(N,)`` (supcon's positives)."""
+        batch = self.views(images)
+        if self.loss_function is None:
+            return self.method.loss(self.model, batch, labels)
+        z_a, z_b = self.method.embed(self.model, batch)
+        return self.loss_function(z_a, z_b, **self._keywords_for(labels))
+
+    def _keywords_for(self, labels: Optional[Tensor]) -> Dict[str, Any]:
+        offered: Dict[str, Any] = {"temperature": self.model.temperature, "labels": labels}
+        if self.model.distributed:  # this rank's anchors against every rank's candidates
+            offered.update(distributed=True, distributed_mode="local")
+        return {key: value for key, value in offered.items() if key in self._loss_keywords}
+
+    # -- Lightning hooks -------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """Under more than one process, the loss takes every rank's negatives."""
+        world_size = self.trainer.world_size
+        distributed = world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+        if distributed and self.loss_function is not None:
+            if "distributed" not in self._loss_keywords:
+                raise ValueError(f"loss {getattr(self.loss_function, '__name__', type(self.loss_function).__name__)} "
+                                 f"takes no distributed= argument: under {world_size} processes its negatives would be "
+                                 "this rank's only; pass a loss of contrastkit.losses that takes it")
+        self.model.distributed = distributed
+
+    def on_train_start(self) -> None:
+        # Each rank draws its own views (the ranks were seeded alike, e.g. by seed_everything).
+        if self.model.distributed:
+            torch.manual_seed(torch.initial_seed() + _RANK_SEED_STRIDE * self.global_rank)
+
+    def configure_optimizers(self) -> Dict[str, Any]:
+        """:func:`~contrastkit.train.build_optimizer` and the per-step
+        :func:`~contrastkit.train.build_lr_scheduler` over the trainer's optimizer steps."""
+        total = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total) or total < 1:
+            raise ValueError(f"the trainer runs {total} optimizer steps; give it max_steps or max_epochs so that the "
+                             "learning-rate and temperature schedules have an end")
+        self._total_steps = int(total)
+        optimizer = build_optimizer(self, self.config)
+        scheduler = build_lr_scheduler(optimizer, self.config, self._total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # A varying temperature schedule sets this step's tau (constant and learnable ones: no-op).
+        self.config.schedule.apply(self.model.temperature, self.global_step, self._total_steps or 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        images, labels = _unpack(batch)
+        loss = self.loss(images, labels)
+        rows = images.shape[0]
+        self.log("loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=rows)
+        self.log("tau", self.model.temperature().detach(), on_step=True, on_epoch=False, prog_bar=True,
+                 batch_size=rows)
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False,
+                 batch_size=rows)
+        return loss
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
+                       optimizer_closure: Optional[Callable[[], Any]] = None) -> None:
+        """The optimizer's step, then :meth:`Temperature.clamp_
+        <contrastkit.losses.Temperature.clamp_>` (CLIP: a learnable tau's parameter stays at
+        or below its cap)."""
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        self.model.temperature.clamp_()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Tensor:
+        images, labels = _unpack(batch)
+        loss = self.loss(images, labels)
+        self.log("val_loss", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True,
+                 batch_size=images.shape[0])
+        return loss
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """``h`` of the batch's images (``trainer.predict``)."""
+        return self.embed(_unpack(batch)[0])
+
+
+def _unpack(batch: Any) -> Tuple[Tensor, Optional[Tensor]]:
+    """``(images, labels)`` of a batch of ``(images, labels)`` or of images alone."""
+    if isinstance(batch, Tensor):
+        return batch, None
+    if isinstance(batch, (tuple, list)) and len(batch) >= 1 and isinstance(batch[0], Tensor):
+        labels = batch[1] if len(batch) > 1 and isinstance(batch[1], Tensor) else None
+        return batch[0], labels
+    raise TypeError(f"a batch must be images or (images, labels) tensors, got {type(batch).__name__}")
+
+
+class ContrastiveDataModule(lightning.LightningDataModule):
+    """Loaders of ``(images, labels)`` batches over the splits of a data set.
+
+    Args:
+        dataset: a contrastkit data set (:func:`contrastkit.data.load_dataset`, a streamed
+            image folder), a map-style ``torch.utils.data.Dataset`` of ``(image, label)`` or a
+            dict of them with the key ``train`` (and ``val``, ``test``): see
+            :func:`contrastkit.train.setup.as_run_data`.
+        batch_size: the global batch: each of the trainer's processes loads
+            ``batch_size / world_size`` images per step (it must divide); the last partial
+            batch is dropped, as in ``contrastkit pretrain``.
+        workers: ``DataLoader`` worker processes (persistent), decoding streamed images.
+        shuffle: shuffle the training split each epoch.
+        seed: the seed of the shuffle (with the epoch: ``DistributedSampler``'s order).
+
+    The val loader holds the val split (``val_loss``); :meth:`test_dataloader` and
+    :meth:`predict_dataloader` the test split, in order.
+    """
+
+    def __init__(self, dataset: Any, *, batch_size: int = 60, workers: int = 0, shuffle: bool = True,
+                 seed: int = 0) -> None:
+        super().__init__()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 2:
+            raise ValueError(f"batch_size must be an integer >= 2 (a contrastive batch needs negatives), got "
+                             f"{batch_size!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+        self.dataset = as_run_data(dataset)
+        if hasattr(self.dataset.train, "texts"):
+            raise ValueError("ContrastiveDataModule loads images with labels; image-text pairs train with "
+                             "contrastkit pretrain")
+        self.batch_size, self.workers, self.shuffle, self.seed = batch_size, workers, bool(shuffle), int(seed)
+
+    @classmethod
+    def from_config(cls, config: PretrainConfig, *, shuffle: bool = True) -> "ContrastiveDataModule":
+        """``config.data`` loaded as ``contrastkit pretrain`` loads it (its data options and
+        subsets, :func:`contrastkit.train.setup.load_data`), with ``config.batch_size``,
+        ``config.workers`` and ``config.seed``."""
+        config = config.resolved()
+        return cls(load_data(config), batch_size=config.batch_size, workers=config.workers, shuffle=shuffle,
+                   seed=config.seed)
+
+    def _rank_batch(self, split: Any, what: str) -> int:
+        """This process's batch: its share of the global batch, at most its share of ``split``."""
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if self.batch_size % world:
+            raise ValueError(f"the batch size {self.batch_size} must be a multiple of the number of processes ({world})")
+        batch = min(self.batch_size // world, len(split) // world)
+        if batch < 2:
+            raise ValueError(f"the {what} split of {len(split)} images gives each of {world} process(es) fewer than "
+                             "2 images: a contrastive batch needs negatives")
+        return batch
+
+    def _loader(self, split: Any, batch: int, *, sampler: Any = None, drop_last: bool = False) -> DataLoader:
+        from contrastkit.data.streaming import in_memory
+
+        items = TensorDataset(split.images, split.labels) if in_memory(split) else split
+        on_cuda = self.trainer is not None and getattr(self.trainer.strategy.root_device, "type", "cpu") == "cuda"
+        return DataLoader(items, batch_size=batch, sampler=sampler, drop_last=drop_last, num_workers=self.workers,
+                          persistent_workers=self.workers > 0, pin_memory=on_cuda and not in_memory(split))
+
+    def train_dataloader(self) -> DataLoader:
+        """This process's batches of the training split. The sampler is a
+        ``DistributedSampler`` over the trainer's processes (one of one in a single process;
+        Lightning sets its epoch), so that the global batches of an epoch -- this rank's rows
+        interleaved with the others' -- are the same for any number of processes."""
+        from torch.utils.data import DistributedSampler
+
+        split = self.dataset.train
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        sampler = DistributedSampler(range(len(split)), num_replicas=world, rank=rank, shuffle=self.shuffle,
+                                     seed=self.seed, drop_last=True)
+        return self._loader(split, self._rank_batch(split, "train"), sampler=sampler, drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        # Full batches only: a val batch is a contrastive batch too.
+        split = self.dataset.val
+        return self._loader(split, self._rank_batch(split, "val"), drop_last=True)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.dataset.test, min(self.batch_size, len(self.dataset.test)))
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()

@@ -1,0 +1,292 @@
+"""The Lightning integration (contrastkit.integrations.lightning): a real ``lightning.Trainer``
+on CPU, one process and ``ddp`` with two gloo processes, and the optional extra's boundary."""
+
+import functools
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from contrastkit import losses
+from contrastkit.losses import MIN_TEMPERATURE
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_LIGHTNING = importlib.util.find_spec("lightning") is not None
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:DeprecationWarning")  # inside Lightning 2.6
+needs_lightning = pytest.mark.skipif(not HAS_LIGHTNING,
+                                     reason="the lightning extra is not installed (pip install -e '.[lightning]')")
+
+
+def _python(code: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, *(["-c", code] if not code.endswith(".py") else [code]), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_the_core_package_never_imports_lightning():
+    result = _python(
+        "import sys\n"
+        "import contrastkit, contrastkit.train, contrastkit.losses, contrastkit.data, contrastkit.models\n"
+        "import contrastkit.integrations, contrastkit.cli, contrastkit.train.optimization\n"
+        "found = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning'))\n"
+        "print(found)\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_without_lightning_the_integration_says_what_to_install():
+    result = _python(
+        "import sys\n"
+        "sys.modules['lightning'] = None  # as if not installed\n"
+        "try:\n"
+        "    import contrastkit.integrations.lightning\n"
+        "except ImportError as err:\n"
+        "    print(err)\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ("contrastkit.integrations.lightning needs Lightning, which is not installed: "
+                                     "pip install 'contrastkit[lightning]'")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from contrastkit.data import load_dataset
+
+    return load_dataset("glyphlab", train_scenes=48, val_scenes=16, test_scenes=8)
+
+
+def _trainer(tmp_path, **options):
+    import lightning
+
+    defaults = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, default_root_dir=str(tmp_path))
+    return lightning.Trainer(**{**defaults, **options})
+
+
+class _Record:
+    """A callback keeping each step's loss, tau and tau's gradient."""
+
+    def __new__(cls):
+        import lightning
+
+        class Record(lightning.Callback):
+            def __init__(self):
+                self.losses, self.taus, self.grads = [], [], []
+
+            def on_train_batch_start(self, trainer, module, batch, batch_idx):
+                self.taus.append(module.temperature)
+
+            def on_before_optimizer_step(self, trainer, module, optimizer):
+                grad = module.model.temperature.log_scale.grad
+                self.grads.append(None if grad is None else float(grad))
+
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                self.losses.append(float(outputs["loss"]))
+
+        return Record()
+
+
+def _own_encoder():
+    """A user's module without batch statistics: (N, 1, 32, 32) -> (N, 16)."""
+    return nn.Sequential(nn.Conv2d(1, 16, 3, stride=2, padding=1), nn.GroupNorm(4, 16), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, stride=2, padding=1), nn.GroupNorm(4, 16), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+
+@needs_lightning
+def test_one_process_trainer_trains_a_users_encoder_and_logs(tiny, tmp_path):
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+    from contrastkit.train.optimization import warmup_cosine
+
+    config = PretrainConfig(method="simclr", batch_size=16, temperature=0.2, lr=3e-3, warmup_fraction=0.25, seed=1)
+    data = ContrastiveDataModule(tiny, batch_size=16)
+    own = _own_encoder()
+    own_weights = {key: value.clone() for key, value in own.state_dict().items()}
+    module = ContrastiveModule(config, data, encoder=own)
+    initial = {key: value.clone() for key, value in module.model.state_dict().items()}
+    record = _Record()
+    trainer = _trainer(tmp_path, max_steps=9, callbacks=[record])
+    torch.manual_seed(0)  # the views
+    trainer.fit(module, data)
+
+    assert trainer.global_step == 9
+    changed = [key for key, value in module.model.state_dict().items() if not torch.equal(value, initial[key])]
+    assert any(key.startswith("encoder.") for key in changed) and any(key.startswith("head.") for key in changed)
+    assert all(torch.equal(value, own_weights[key]) for key, value in own.state_dict().items())  # copied, as pretrain does
+    assert sum(record.losses[-3:]) < sum(record.losses[:3])
+    # self.log: loss, tau and the warm-up + cosine learning rate of the last step (index 8 of 9).
+    metrics = trainer.callback_metrics
+    assert {"loss", "tau", "lr", "val_loss"} <= set(metrics)
+    assert float(metrics["loss"]) == pytest.approx(sum(record.losses[-3:]) / 3, rel=1e-5)  # the last epoch's mean
+    assert float(metrics["lr"]) == pytest.approx(3e-3 * warmup_cosine(9, 2)(8), rel=1e-6)
+    assert float(metrics["tau"]) == pytest.approx(0.2) and record.taus == pytest.approx([0.2] * 9)
+    assert module.distributed is False
+
+    # The checkpoint rebuilds the module from its saved config (the user's encoder passed again).
+    path = tmp_path / "last.ckpt"
+    trainer.save_checkpoint(path)
+    again = ContrastiveModule.load_from_checkpoint(path, data=data, encoder=_own_encoder())
+    assert all(torch.equal(value, again.model.state_dict()[key]) for key, value in module.model.state_dict().items())
+    module.eval()
+    images = tiny.test.images[:5]
+    assert module.embed(images).shape == (5, 16)
+    assert torch.allclose(module.embed((images * 255).round().to(torch.uint8)), module.embed(images), atol=1e-2)
+
+
+@needs_lightning
+def test_a_learnable_tau_is_clamped_after_every_optimizer_step(tiny, tmp_path):
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+
+    # A learnable tau started at its floor; identical views (strength 0) leave the contrastive
+    # term almost flat, and the loss's 10 tau pushes log(1 / tau) past its cap at every step:
+    # only clamp_() after the step brings it back (the forward's clamp alone would not).
+    config = PretrainConfig(method="simclr", batch_size=16, view_strength=0.0, learnable_temperature=True,
+                            temperature=MIN_TEMPERATURE, lr=3e-3, seed=1)
+
+    def rewards_small_tau(z_a, z_b, *, temperature):
+        return losses.nt_xent_views(z_a, z_b, temperature=temperature) + 10 * temperature()
+
+    data = ContrastiveDataModule(tiny, batch_size=16)
+    module = ContrastiveModule(config, data, loss=rewards_small_tau)
+    record = _Record()
+    _trainer(tmp_path, max_steps=4, callbacks=[record], limit_val_batches=0).fit(module, data)
+    assert all(grad is not None and grad < -0.05 for grad in record.grads)
+    assert module.model.temperature.log_scale.item() <= math.log(1 / MIN_TEMPERATURE) + 1e-6
+    assert record.taus == pytest.approx([MIN_TEMPERATURE] * 4, abs=1e-6)
+
+
+@needs_lightning
+def test_a_scheduled_tau_is_set_before_every_step(tiny, tmp_path):
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+
+    config = PretrainConfig(method="dcl", batch_size=16, temperature_schedule="linear:0.5,0.1", seed=2)
+    data = ContrastiveDataModule.from_config(PretrainConfig(data="glyphlab", batch_size=16, train_limit=48))
+    module = ContrastiveModule(config, data)
+    record = _Record()
+    _trainer(tmp_path, max_steps=5, callbacks=[record], limit_val_batches=0).fit(module, data)
+    schedule = module.config.schedule
+    # on_train_batch_start of the callback runs before the module's: it sees the previous step's tau.
+    assert record.taus[1:] == pytest.approx([schedule.value(step, 5) for step in range(4)], rel=1e-6)
+    assert module.temperature == pytest.approx(schedule.value(4, 5), rel=1e-6)
+    assert record.grads == [None] * 5  # a scheduled tau is no parameter
+
+
+@needs_lightning
+def test_any_loss_plugs_in_with_the_keywords_it_takes(tiny):
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+
+    data = ContrastiveDataModule(tiny, batch_size=16)
+    config = PretrainConfig(method="simclr", batch_size=16, view_strength=0.0, temperature=0.3)
+    images, labels = tiny.train.images[:8], tiny.train.labels[:8]
+    seen = {}
+
+    def spy(z_a, z_b, *, temperature, labels=None):
+        seen.update(temperature=temperature, labels=labels)
+        return losses.nt_xent_views(z_a, z_b, temperature=temperature)
+
+    plain = ContrastiveModule(config, data)
+    module = ContrastiveModule(config, data, loss=spy)
+    assert torch.allclose(module.loss(images, labels), plain.loss(images, labels))  # same seed, same weights
+    assert seen["temperature"] is module.model.temperature and torch.equal(seen["labels"], labels)
+
+    hard = ContrastiveModule(config, data, loss=functools.partial(losses.hard_negative_nt_xent, top_k=3))
+    debiased = ContrastiveModule(config, data, loss=losses.debiased_nt_xent)
+    as_module = ContrastiveModule(config, data, loss=losses.DCL(temperature=losses.Temperature(0.5, learnable=True)))
+    values = [m.loss(images, labels).item() for m in (plain, hard, debiased, as_module)]
+    assert len(set(values)) == 4 and all(math.isfinite(v) for v in values)
+    assert any(p is as_module.loss_function.temperature.log_scale for p in as_module.parameters())
+    with pytest.raises(ValueError, match="moco"):
+        ContrastiveModule(PretrainConfig(method="moco", batch_size=16), data, loss=spy)
+
+
+@needs_lightning
+def test_bad_input_gets_one_clear_error(tiny):
+    from contrastkit.data import load_dataset
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+
+    data = ContrastiveDataModule(tiny, batch_size=16)
+    with pytest.raises(ValueError, match="image-text pairs"):
+        ContrastiveModule(PretrainConfig(method="convirt", data="glyphlab-text"), data)
+    with pytest.raises(ValueError, match="views 'A'"):
+        ContrastiveModule(PretrainConfig(views="A"), data)
+    with pytest.raises(ValueError, match="micro_batch"):
+        ContrastiveModule(PretrainConfig(batch_size=16, micro_batch=4), data)
+    with pytest.raises(TypeError, match="encoder must be"):
+        ContrastiveModule(PretrainConfig(), data, encoder=3)
+    with pytest.raises(TypeError, match="data must be"):
+        ContrastiveModule(PretrainConfig(), object())
+    with pytest.raises(ValueError, match="batch_size must be"):
+        ContrastiveDataModule(tiny, batch_size=1)
+    too_few = load_dataset("glyphlab", train_scenes=8, val_scenes=1, test_scenes=1)
+    with pytest.raises(ValueError, match="the val split of 1 images gives each of 1 process"):
+        ContrastiveDataModule(too_few, batch_size=4).val_dataloader()
+
+
+_DDP_SCRIPT = '''
+"""Train a ContrastiveModule a few steps on DEVICES CPU processes; rank 0 saves the model."""
+import sys
+
+import lightning
+import torch
+
+from contrastkit.data import load_dataset
+from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+from contrastkit.train import PretrainConfig
+
+devices, out = int(sys.argv[1]), sys.argv[2]
+torch.set_num_threads(1)
+dataset = load_dataset("glyphlab", train_scenes=48, val_scenes=16, test_scenes=8)
+# No batch statistics (GroupNorm, LayerNorm in the head) and identity views: the step is a
+# function of the global batch alone. SGD, since Adam's first steps divide a gradient by its
+# own size and so magnify the rounding of near-zero entries.
+config = PretrainConfig(method="simclr", batch_size=16, norm="group", view_strength=0.0, optimizer="sgd",
+                        learnable_temperature=True, temperature=0.2, lr=0.05, warmup_fraction=0.3, seed=3)
+data = ContrastiveDataModule(dataset, batch_size=16, seed=5)
+module = ContrastiveModule(config, data)
+trainer = lightning.Trainer(max_steps=3, accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, limit_val_batches=0, default_root_dir=out + ".lightning")
+trainer.fit(module, data)
+if trainer.global_rank == 0:
+    torch.save({"model": module.model.state_dict(), "distributed": module.distributed,
+                "world_size": trainer.world_size, "steps": trainer.global_step}, out)
+'''
+
+
+@needs_lightning
+def test_ddp_on_two_processes_equals_one_process_on_the_global_batch(tmp_path):
+    script = tmp_path / "ddp_run.py"
+    script.write_text(_DDP_SCRIPT, encoding="utf-8")
+    runs = {}
+    for devices in (1, 2):
+        out = tmp_path / f"devices{devices}.pt"
+        result = _python(str(script), str(devices), str(out), timeout=240)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[devices] = torch.load(out)
+    one, two = runs[1], runs[2]
+    assert (one["world_size"], one["distributed"], one["steps"]) == (1, False, 3)
+    assert (two["world_size"], two["distributed"], two["steps"]) == (2, True, 3)
+    for key, value in one["model"].items():
+        assert torch.allclose(two["model"][key], value, rtol=0, atol=1e-6), key
+    # The equality is not vacuous: three steps moved the weights and tau.
+    from contrastkit.data import load_dataset
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+
+    dataset = load_dataset("glyphlab", train_scenes=48, val_scenes=16, test_scenes=8)
+    initial = ContrastiveModule(PretrainConfig(method="simclr", batch_size=16, norm="group", temperature=0.2,
+                                               learnable_temperature=True, seed=3),
+                                ContrastiveDataModule(dataset, batch_size=16)).model.state_dict()
+    moved = max(float((one["model"][key] - value).abs().max()) for key, value in initial.items())
+    assert moved > 1e-3
+    assert float((one["model"]["temperature.log_scale"] - initial["temperature.log_scale"]).abs()) > 1e-4
