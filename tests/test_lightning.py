@@ -209,6 +209,30 @@ def test_any_loss_plugs_in_with_the_keywords_it_takes(tiny):
 
 
 @needs_lightning
+def test_under_several_processes_a_loss_that_cannot_gather_is_refused(tiny, tmp_path):
+    import types
+
+    import torch.distributed as dist
+
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+
+    data = ContrastiveDataModule(tiny, batch_size=16)
+    config = PretrainConfig(method="simclr", batch_size=16)
+    cannot, can = (ContrastiveModule(config, data, loss=loss) for loss in (losses.debiased_nt_xent, losses.dcl))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    try:
+        for module in (cannot, can):
+            module._trainer = types.SimpleNamespace(world_size=2)  # what setup() reads of a 2-process trainer
+        with pytest.raises(ValueError, match="loss debiased_nt_xent takes no distributed= argument"):
+            cannot.setup("fit")
+        can.setup("fit")
+        assert can.distributed and can._keywords_for(None)["distributed_mode"] == "local"
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_lightning
 def test_bad_input_gets_one_clear_error(tiny):
     from contrastkit.data import load_dataset
     from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule

@@ -3,7 +3,7 @@
 :class:`ContrastiveModule` is a ``lightning.LightningModule`` made of the pieces ``contrastkit
 pretrain`` trains with, from the same :class:`~contrastkit.train.PretrainConfig`:
 
-* the model of :func:`contrastkit.train.setup.build_model`: the encoder (a built-in name, a
+* the model of ``contrastkit.train.setup.build_model``: the encoder (a built-in name, a
   ``package.module:factory`` spec, or any ``nn.Module`` mapping ``(N, C, H, W)`` to
   ``(N, D)``), the projection head on its feature size, and the temperature
   (:class:`~contrastkit.losses.Temperature`);
@@ -130,7 +130,7 @@ class ContrastiveModule(lightning.LightningModule):
         encoder: a built-in name or ``"package.module:factory"`` spec replacing
             ``config.encoder``, or any ``nn.Module`` mapping ``(N, C, H, W)`` to ``(N, D)`` or
             ``(N, D, ...)`` (pooled). A module is copied
-            (:func:`contrastkit.train.setup.build_model`): the trained one is :attr:`encoder`.
+            (``contrastkit.train.setup.build_model``): the trained one is :attr:`encoder`.
         loss: replaces the method's loss with ``loss(z_a, z_b, **keywords)`` on the two views'
             projections ``(N, d)`` (row ``i`` of each from image ``i``), e.g.
             :func:`contrastkit.losses.debiased_nt_xent` or
@@ -318,7 +318,7 @@ class ContrastiveDataModule(lightning.LightningDataModule):
         dataset: a contrastkit data set (:func:`contrastkit.data.load_dataset`, a streamed
             image folder), a map-style ``torch.utils.data.Dataset`` of ``(image, label)`` or a
             dict of them with the key ``train`` (and ``val``, ``test``): see
-            :func:`contrastkit.train.setup.as_run_data`.
+            ``contrastkit.train.setup.as_run_data``.
         batch_size: the global batch: each of the trainer's processes loads
             ``batch_size / world_size`` images per step (it must divide); the last partial
             batch is dropped, as in ``contrastkit pretrain``.
@@ -347,7 +347,7 @@ class ContrastiveDataModule(lightning.LightningDataModule):
     @classmethod
     def from_config(cls, config: PretrainConfig, *, shuffle: bool = True) -> "ContrastiveDataModule":
         """``config.data`` loaded as ``contrastkit pretrain`` loads it (its data options and
-        subsets, :func:`contrastkit.train.setup.load_data`), with ``config.batch_size``,
+        subsets, ``contrastkit.train.setup.load_data``), with ``config.batch_size``,
         ``config.workers`` and ``config.seed``."""
         config = config.resolved()
         return cls(load_data(config), batch_size=config.batch_size, workers=config.workers, shuffle=shuffle,

@@ -52,6 +52,6 @@ def build_optimizer(model: nn.Module, config: PretrainConfig) -> torch.optim.Opt
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: PretrainConfig,
                        total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """The per-step schedule of a run of ``total_steps`` optimizer steps: linear warm-up over
-    :func:`warmup_steps`, then cosine decay to 0 (:func:`warmup_cosine`); step it after each
-    optimizer step."""
+    ``round(config.warmup_fraction * total_steps)`` steps, then cosine decay to 0
+    (:func:`warmup_cosine`); step it after each optimizer step."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps(config, total_steps)))
