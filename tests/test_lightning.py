@@ -18,7 +18,7 @@ from contrastkit.losses import MIN_TEMPERATURE
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_LIGHTNING = importlib.util.find_spec("lightning") is not None
-pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:DeprecationWarning")  # inside Lightning 2.6
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec")  # inside Lightning 2.6
 needs_lightning = pytest.mark.skipif(not HAS_LIGHTNING,
                                      reason="the lightning extra is not installed (pip install -e '.[lightning]')")
 
