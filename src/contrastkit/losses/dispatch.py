@@ -28,7 +28,11 @@ and is described by its anchors, candidates, positives and exclusions:
 * **dense** -- otherwise: the similarity matrix and :func:`contrastkit.losses.core.per_anchor_nll`.
 
 :class:`LossCall` validates the arguments every loss shares (reduction, temperature,
-``chunk_size``, ``distributed=``) around the loss's own checks.
+``chunk_size``, ``distributed=``) around the loss's own checks, and owns ``validate``: with
+``validate=False`` the checks that read tensor values (finite entries, zero-norm rows, index
+ranges: :func:`contrastkit.losses.validation.require`) are skipped for the whole call, for
+users who check their inputs upstream. With ``validate=True`` (the default) they run on the
+device without a host synchronisation on accelerators.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from .validation import (
     optional_int,
     prepare,
     resolve_temperature,
+    value_checks,
     warn_few_rows,
 )
 
@@ -62,23 +67,30 @@ class LossCall:
 
     After the checks: :attr:`tau` (float or 0-dim tensor), :attr:`chunk_size` (``None`` or a
     validated int), :attr:`reduction` and :attr:`shard` (the distributed batch; inactive
-    unless ``distributed=`` is given).
+    unless ``distributed=`` is given). :attr:`validate` says whether the value checks run
+    (:meth:`values`: around the checks and the computation, which prepares the inputs).
     """
 
     def __init__(self, *, temperature: TemperatureLike, reduction: str, chunk_size: Optional[int] = None,
-                 distributed: DistributedArg = False, distributed_mode: str = "global") -> None:
+                 distributed: DistributedArg = False, distributed_mode: str = "global",
+                 validate: bool = True) -> None:
         self.shard = Shard(distributed, distributed_mode)
         self.reduction = reduction
         self.chunk_size = chunk_size
+        self.validate = validate
         self.tau: Union[float, Tensor, None] = None
         self._temperature = temperature
+
+    def values(self):
+        """The value checks of this call on or off (``validate``), for a block of its work."""
+        return value_checks(self.validate)
 
     @contextmanager
     def checking(self) -> Iterator["LossCall"]:
         """Check ``reduction``, run the loss's own checks (the body), then the temperature and
         ``chunk_size``. When distributed, an error is raised on every rank at the row exchange
         instead of here (a rank that raised alone would leave the others waiting)."""
-        with self.shard.checking():
+        with self.values(), self.shard.checking():
             check_reduction(self.reduction)
             yield self
             self.tau = resolve_temperature(self._temperature)
@@ -392,10 +404,10 @@ def contrast(call: LossCall, spec: Contrast, *, normalize: bool) -> Tensor:
     chunk = tiled.use_tiled(anchors, candidates, call.chunk_size) if spec.tileable(shard) else None
     device = spec.anchors.device if isinstance(spec, CrossContrast) else spec.blocks[0].device
     if shard.local and chunk is not None:
-        with full_precision(device):
+        with full_precision(device), call.values():
             return spec.ring(call, chunk, normalize, total)
     gathered = spec.gather(shard)
-    with full_precision(device):
+    with full_precision(device), call.values():
         if chunk is not None:
             return spec.tiled(call, gathered, chunk, normalize, total)
         return spec.dense(call, gathered, normalize, total)
