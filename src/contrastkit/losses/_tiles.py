@@ -23,6 +23,8 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import validation
+
 # A tile shared between rows and columns uses one scalar shift c (the tile maximum). If every
 # row and column of the tile keeps sum exp(s - c) >= exp(-margin), no term that matters can
 # underflow and the per-row factor exp(c - lse) used in the backward stays below
@@ -69,7 +71,7 @@ def both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m: 
     accelerator it would stop the host once per tile, so there every tile takes the separate
     per-row and per-column shifts (one more exponential per element, no synchronisation).
     """
-    if tile.device.type != "cpu":
+    if not validation.reads_are_free(tile):
         merge_(row_m, row_s, *row_stats(tile, work))
         merge_(col_m, col_s, *col_stats(tile, work))
         return tile.new_zeros(()), False

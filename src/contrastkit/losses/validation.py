@@ -35,6 +35,7 @@ __all__ = [
     "TemperatureLike", "REDUCTIONS", "check_scalar", "check_embeddings", "check_same", "check_pair", "check_reduction",
     "resolve_temperature", "compute_dtype", "prepare", "check_index", "check_positive_map", "check_labels",
     "check_probability", "check_nonnegative", "optional_int", "warn_few_rows", "require", "value_checks",
+    "reads_are_free",
 ]
 
 #: The values of every loss's ``reduction`` argument.
@@ -56,6 +57,13 @@ def value_checks(enabled: bool) -> Iterator[None]:
         _CHECK_VALUES.reset(token)
 
 
+def reads_are_free(x: Tensor) -> bool:
+    """Whether reading ``x``'s value from Python costs nothing: a CPU tensor (no device to
+    wait for). The checks and kernels that read values on the CPU only (for detailed errors,
+    or to take a faster exact branch) ask this, so there is one place that decides."""
+    return x.device.type == "cpu"
+
+
 def require(condition: Tensor, message: str, detail: Optional[Callable[[], str]] = None) -> None:
     """Raise ``ValueError`` unless the boolean 0-dim tensor ``condition`` is true.
 
@@ -66,7 +74,7 @@ def require(condition: Tensor, message: str, detail: Optional[Callable[[], str]]
     """
     if not _CHECK_VALUES.get():
         return
-    if condition.device.type == "cpu":
+    if reads_are_free(condition):
         if not bool(condition):
             raise ValueError(detail() if detail is not None else message)
         return
