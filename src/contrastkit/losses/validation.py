@@ -171,15 +171,19 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def prepare(x: Tensor, normalize: bool, name: str) -> Tensor:
-    """Cast to the compute dtype and, if asked, L2-normalise the last dimension.
+def prepare(x: Tensor, normalize: bool, name: str, *, divisor: Union[float, Tensor, None] = None) -> Tensor:
+    """Cast to the compute dtype and, if asked, L2-normalise the last dimension; with
+    ``divisor`` (a float or a 0-dim tensor, e.g. a temperature) also divide by it, in the same
+    pass (one ``(N, d)`` result, not two: the tiled losses' memory is a few such buffers).
 
     Zero-norm rows raise instead of being silently mapped to zero (``F.normalize`` would
     clamp the norm and hide the problem).
     """
     x = x.to(compute_dtype(x.dtype))
+    if isinstance(divisor, Tensor):
+        divisor = divisor.to(x.dtype)
     if not normalize:
-        return x
+        return x if divisor is None else x / divisor
     norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
 
     def detail() -> str:
@@ -189,7 +193,7 @@ def prepare(x: Tensor, normalize: bool, name: str) -> Tensor:
                 "L2-normalised. Remove them or pass normalize=False")
 
     require((norms != 0).all(), f"{name} has zero-norm row(s); they cannot be L2-normalised", detail)
-    return x / norms
+    return x / (norms if divisor is None else norms * divisor)
 
 
 def check_index(index: object, name: str, *, length: int, upper: int, device: torch.device) -> Tensor:
