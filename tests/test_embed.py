@@ -50,6 +50,13 @@ def test_test_split_equals_the_probes_features(run_dir, tmp_path, capsys):
     assert [(r["split"], int(r["index"])) for r in rows] == [("test", i) for i in range(12)]
     marker = json.loads((tmp_path / "emb.npy.contrastkit.json").read_text())
     assert marker["written_by"] == "contrastkit embed" and sorted(marker["files"]) == ["emb.csv", "emb.npy", "emb_z.npy"]
+    # Every file is in the folder's manifest with its size and SHA-256 (what --force may replace).
+    from contrastkit.manifest import Manifest, file_sha256
+
+    listed = Manifest(tmp_path).files
+    for name in ("emb.csv", "emb.npy", "emb_z.npy", "emb.npy.contrastkit.json"):
+        assert listed[name] == {"size": (tmp_path / name).stat().st_size, "sha256": file_sha256(tmp_path / name)}
+    assert not any(name.endswith(".tmp") for name in listed)
 
 
 def test_npz_of_all_splits_and_of_other_data(run_dir, tmp_path):

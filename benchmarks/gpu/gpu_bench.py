@@ -174,19 +174,25 @@ def run_syncs(args: argparse.Namespace) -> List[Dict[str, Any]]:
     a = torch.randn(4096, 128, generator=g).to(device).requires_grad_()
     b = torch.randn(4096, 128, generator=g).to(device).requires_grad_()
     calls = {  # 512 pairs take the dense path, 4,096 with chunk_size the tiled one
-        "nt_xent_views dense": lambda: ck.nt_xent_views(a[:512], b[:512], temperature=0.1),
-        "nt_xent_views tiled": lambda: ck.nt_xent_views(a, b, temperature=0.1, chunk_size=1024),
-        "bidirectional_info_nce dense": lambda: ck.bidirectional_info_nce(a[:512], b[:512], temperature=0.1),
-        "bidirectional_info_nce tiled": lambda: ck.bidirectional_info_nce(a, b, temperature=0.1, chunk_size=1024),
-        "info_nce dense": lambda: ck.info_nce(a[:512], b[:512], temperature=0.1),
+        "nt_xent_views dense": lambda **k: ck.nt_xent_views(a[:512], b[:512], temperature=0.1, **k),
+        "nt_xent_views tiled": lambda **k: ck.nt_xent_views(a, b, temperature=0.1, chunk_size=1024, **k),
+        "bidirectional_info_nce dense": lambda **k: ck.bidirectional_info_nce(a[:512], b[:512], temperature=0.1, **k),
+        "bidirectional_info_nce tiled": lambda **k: ck.bidirectional_info_nce(a, b, temperature=0.1, chunk_size=1024,
+                                                                             **k),
+        "info_nce dense": lambda **k: ck.info_nce(a[:512], b[:512], temperature=0.1, **k),
+        "supcon tiled": lambda **k: ck.supcon(a, torch.arange(4096, device=device) % 10, temperature=0.1,
+                                              variant="in", chunk_size=1024, **k),
+        "sigmoid_loss tiled": lambda **k: ck.sigmoid_loss(a, b, chunk_size=1024, **k),
     }
     rows = []
     for name, call in calls.items():
-        call().backward()  # warm-up: lazy CUDA initialisation syncs once
-        forward = count_syncs(call, device)
-        both = count_syncs(lambda: call().backward(), device)
-        rows.append({"call": name, "forward_syncs": forward, "forward_backward_syncs": both})
-        print(json.dumps(rows[-1]), flush=True)
+        for validate in (True, False):  # the value checks run on the device either way (0 expected)
+            call(validate=validate).backward()  # warm-up: lazy CUDA initialisation syncs once
+            forward = count_syncs(lambda: call(validate=validate), device)
+            both = count_syncs(lambda: call(validate=validate).backward(), device)
+            rows.append({"call": name, "validate": validate, "forward_syncs": forward,
+                         "forward_backward_syncs": both})
+            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 

@@ -23,6 +23,8 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import validation
+
 # A tile shared between rows and columns uses one scalar shift c (the tile maximum). If every
 # row and column of the tile keeps sum exp(s - c) >= exp(-margin), no term that matters can
 # underflow and the per-row factor exp(c - lse) used in the backward stays below
@@ -64,8 +66,15 @@ def both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m: 
                 col_s: Tensor) -> Tuple[Tensor, bool]:
     """Merge a tile's statistics into its rows and columns; returns (shift, shared_shift_used).
 
-    With a shared scalar shift the tile is exponentiated once for both axes.
+    With a shared scalar shift the tile is exponentiated once for both axes. Whether that
+    shift is safe is a value of the tile: reading it is free on the CPU, but on an
+    accelerator it would stop the host once per tile, so there every tile takes the separate
+    per-row and per-column shifts (one more exponential per element, no synchronisation).
     """
+    if not validation.reads_are_free(tile):
+        merge_(row_m, row_s, *row_stats(tile, work))
+        merge_(col_m, col_s, *col_stats(tile, work))
+        return tile.new_zeros(()), False
     shift = tile.max()
     torch.sub(tile, shift, out=work).exp_()
     rows = work.sum(dim=1)
@@ -84,11 +93,12 @@ def mask_excluded_(tile: Tensor, exclude: Optional[Tensor], i0: int, i1: int, j0
     row, the candidate columns (of the whole candidate block) left out of its sum."""
     if exclude is None:
         return
-    columns = exclude[i0:i1]
-    inside = (columns >= j0) & (columns < j1)
-    if bool(inside.any()):
-        rows = torch.arange(i1 - i0, device=tile.device)[:, None].expand_as(columns)
-        tile[rows[inside], columns[inside] - j0] = float("-inf")
+    columns = exclude[i0:i1] - j0
+    inside = (columns >= 0) & (columns < j1 - j0)
+    # Without reading ``inside`` on the host: every listed entry takes min(entry, -inf) if it
+    # is in this tile, min(entry, +inf) = entry (at a clamped, harmless column) if not.
+    limits = torch.where(inside, float("-inf"), float("inf")).to(tile.dtype)
+    tile.scatter_reduce_(1, columns.clamp(0, j1 - j0 - 1), limits, reduce="amin")
 
 
 def mask_other_labels_(tile: Tensor, row_labels: Optional[Tensor], col_labels: Optional[Tensor]) -> None:

@@ -34,7 +34,9 @@ from .validation import (
     check_index,
     check_reduction,
     compute_dtype,
+    require,
     resolve_temperature,
+    value_checks,
 )
 
 
@@ -56,9 +58,10 @@ def reduce(losses: Tensor, reduction: str, valid: Optional[Tensor] = None) -> Te
         return losses
     if reduction == "sum":
         return losses.sum()
-    count = losses.shape[0] if valid is None else valid.sum()
-    if valid is not None and int(count) == 0:
-        raise ValueError("no anchor has a positive: the mean loss is undefined")
+    if valid is None:
+        return losses.sum() / losses.shape[0]
+    count = valid.sum()
+    require(count > 0, "no anchor has a positive: the mean loss is undefined")
     return losses.sum() / count
 
 
@@ -99,6 +102,7 @@ def contrastive_loss(
     denominator_mask: Optional[Tensor] = None,
     multi_positive: str = "out",
     reduction: str = "mean",
+    validate: bool = True,
 ) -> Tensor:
     """Temperature-scaled log-softmax loss on a similarity matrix — the core of the family.
 
@@ -114,33 +118,36 @@ def contrastive_loss(
         multi_positive: for a positive mask, ``"out"`` averages the log-probabilities of the
             positives (SupCon L_out), ``"in"`` takes the log of their mean probability (L_in).
         reduction: ``"mean"`` over anchors, ``"sum"``, or ``"none"`` for ``(N,)``.
+        validate: ``False`` skips the checks that read tensor values (finite entries, index
+            ranges, empty mask rows) for inputs checked upstream; the other checks stay.
 
     Example:
         >>> s = torch.tensor([[1.0, 0.5, 0.0]])
         >>> round(float(contrastive_loss(s, torch.tensor([0]), temperature=0.5)), 6)
         0.407606
     """
-    check_reduction(reduction)
-    if multi_positive not in ("out", "in"):
-        raise ValueError(f"multi_positive must be 'out' or 'in', got {multi_positive!r}")
-    check_embeddings(similarities, "similarities")
-    tau = resolve_temperature(temperature)
-    n, k = similarities.shape
-    if isinstance(positives, Tensor) and positives.dtype == torch.bool:
-        if positives.shape != (n, k):
-            raise ValueError(f"positives mask must have shape {(n, k)}, got {tuple(positives.shape)}")
-        positives = positives.to(similarities.device)
-    else:
-        positives = check_index(positives, "positives", length=n, upper=k, device=similarities.device)
-    if denominator_mask is not None:
-        if not isinstance(denominator_mask, Tensor) or denominator_mask.dtype != torch.bool:
-            raise TypeError("denominator_mask must be a boolean tensor")
-        if denominator_mask.shape != (n, k):
-            raise ValueError(f"denominator_mask must have shape {(n, k)}, got {tuple(denominator_mask.shape)}")
-        denominator_mask = denominator_mask.to(similarities.device)
-        if not bool(denominator_mask.any(dim=1).all()):
-            raise ValueError("denominator_mask has a row with no candidate: that anchor's loss is undefined")
-    with full_precision(similarities.device):
-        logits = similarities.to(compute_dtype(similarities.dtype)) / tau
-        losses, valid = per_anchor_nll(logits, positives, denominator_mask, multi_positive)
-        return reduce(losses, reduction, valid)
+    with value_checks(validate):
+        check_reduction(reduction)
+        if multi_positive not in ("out", "in"):
+            raise ValueError(f"multi_positive must be 'out' or 'in', got {multi_positive!r}")
+        check_embeddings(similarities, "similarities")
+        tau = resolve_temperature(temperature)
+        n, k = similarities.shape
+        if isinstance(positives, Tensor) and positives.dtype == torch.bool:
+            if positives.shape != (n, k):
+                raise ValueError(f"positives mask must have shape {(n, k)}, got {tuple(positives.shape)}")
+            positives = positives.to(similarities.device)
+        else:
+            positives = check_index(positives, "positives", length=n, upper=k, device=similarities.device)
+        if denominator_mask is not None:
+            if not isinstance(denominator_mask, Tensor) or denominator_mask.dtype != torch.bool:
+                raise TypeError("denominator_mask must be a boolean tensor")
+            if denominator_mask.shape != (n, k):
+                raise ValueError(f"denominator_mask must have shape {(n, k)}, got {tuple(denominator_mask.shape)}")
+            denominator_mask = denominator_mask.to(similarities.device)
+            require(denominator_mask.any(dim=1).all(),
+                    "denominator_mask has a row with no candidate: that anchor's loss is undefined")
+        with full_precision(similarities.device):
+            logits = similarities.to(compute_dtype(similarities.dtype)) / tau
+            losses, valid = per_anchor_nll(logits, positives, denominator_mask, multi_positive)
+            return reduce(losses, reduction, valid)

@@ -28,7 +28,11 @@ and is described by its anchors, candidates, positives and exclusions:
 * **dense** -- otherwise: the similarity matrix and :func:`contrastkit.losses.core.per_anchor_nll`.
 
 :class:`LossCall` validates the arguments every loss shares (reduction, temperature,
-``chunk_size``, ``distributed=``) around the loss's own checks.
+``chunk_size``, ``distributed=``) around the loss's own checks, and owns ``validate``: with
+``validate=False`` the checks that read tensor values (finite entries, zero-norm rows, index
+ranges: :func:`contrastkit.losses.validation.require`) are skipped for the whole call, for
+users who check their inputs upstream. With ``validate=True`` (the default) they run on the
+device without a host synchronisation on accelerators.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from .validation import (
     optional_int,
     prepare,
     resolve_temperature,
+    value_checks,
     warn_few_rows,
 )
 
@@ -62,23 +67,30 @@ class LossCall:
 
     After the checks: :attr:`tau` (float or 0-dim tensor), :attr:`chunk_size` (``None`` or a
     validated int), :attr:`reduction` and :attr:`shard` (the distributed batch; inactive
-    unless ``distributed=`` is given).
+    unless ``distributed=`` is given). :attr:`validate` says whether the value checks run
+    (:meth:`values`: around the checks and the computation, which prepares the inputs).
     """
 
     def __init__(self, *, temperature: TemperatureLike, reduction: str, chunk_size: Optional[int] = None,
-                 distributed: DistributedArg = False, distributed_mode: str = "global") -> None:
+                 distributed: DistributedArg = False, distributed_mode: str = "global",
+                 validate: bool = True) -> None:
         self.shard = Shard(distributed, distributed_mode)
         self.reduction = reduction
         self.chunk_size = chunk_size
+        self.validate = validate
         self.tau: Union[float, Tensor, None] = None
         self._temperature = temperature
+
+    def values(self):
+        """The value checks of this call on or off (``validate``), for a block of its work."""
+        return value_checks(self.validate)
 
     @contextmanager
     def checking(self) -> Iterator["LossCall"]:
         """Check ``reduction``, run the loss's own checks (the body), then the temperature and
         ``chunk_size``. When distributed, an error is raised on every rank at the row exchange
         instead of here (a rank that raised alone would leave the others waiting)."""
-        with self.shard.checking():
+        with self.values(), self.shard.checking():
             check_reduction(self.reduction)
             yield self
             self.tau = resolve_temperature(self._temperature)
@@ -98,6 +110,12 @@ def self_mask(rows: int, device: torch.device, anchor_rows: Optional[Tensor] = N
     mask = torch.ones(anchor_rows.shape[0], rows, dtype=torch.bool, device=device)
     mask[torch.arange(anchor_rows.shape[0], device=device), anchor_rows] = False
     return mask
+
+
+def _temperature_power(tau, power: float):
+    """``tau**power`` (a float, or a tensor that keeps a learnable temperature's gradient), for
+    :func:`~contrastkit.losses.validation.prepare` to divide by while it normalises."""
+    return tau.pow(power) if isinstance(tau, Tensor) else tau ** power
 
 
 def _divide_by_temperature(x: Tensor, tau, power: float) -> Tensor:
@@ -163,8 +181,9 @@ class SelfContrast:
             return self.positive_index
         return views_positive_index(batch, device)
 
-    def _prepared(self, blocks: Tuple[Tensor, ...], normalize: bool) -> Tensor:
-        flat = [prepare(b.reshape(-1, b.shape[-1]), normalize, name) for b, name in zip(blocks, self.names)]
+    def _prepared(self, blocks: Tuple[Tensor, ...], normalize: bool, divisor=None) -> Tensor:
+        flat = [prepare(b.reshape(-1, b.shape[-1]), normalize, name, divisor=divisor)
+                for b, name in zip(blocks, self.names)]
         return flat[0] if len(flat) == 1 else torch.cat(flat)
 
     def _exclusions(self, own: Tensor, positive: Tensor) -> Tensor:
@@ -175,7 +194,7 @@ class SelfContrast:
         # Every anchor's positives are found among the rows travelling round the ring: the
         # other view of its own row is one of this rank's rows, SupCon L_in's are its class.
         shard = call.shard
-        x = _divide_by_temperature(self._prepared(self.blocks, normalize), call.tau, 0.5)
+        x = self._prepared(self.blocks, normalize, _temperature_power(call.tau, 0.5))
         own = torch.arange(x.shape[0], device=x.device)
         blocks = len(self.blocks) * self._per_row
         if self.labels is not None:
@@ -190,7 +209,7 @@ class SelfContrast:
             return shard.reduce(losses, call.reduction, valid, anchors_total=_anchors_with_positive(everyone))
         positive = views_positive_index(self.blocks[0].shape[0], x.device)
         lse = _ring_lse(shard, x, x, chunk, blocks=blocks, exclude_own=self._exclusions(own, positive))
-        losses = lse - (x * x[positive]).sum(dim=1)
+        losses = lse - _positive_logits(x, positive, views=True)
         return shard.reduce(losses, call.reduction, anchors_total=self._rows(total))
 
     def gather(self, shard: Shard) -> Tuple[Tensor, ...]:
@@ -202,18 +221,17 @@ class SelfContrast:
 
     def tiled(self, call: LossCall, gathered, chunk: int, normalize: bool, total: int) -> Tensor:
         blocks, labels = gathered
-        x = self._prepared(blocks, normalize)
         if labels is not None:
             tiled_supcon = _tiled_supcon_out if self.multi_positive == "out" else _tiled_supcon_in
-            return tiled_supcon(x, labels, call.tau, chunk, call.reduction)
-        x = _divide_by_temperature(x, call.tau, 0.5)
+            return tiled_supcon(self._prepared(blocks, normalize), labels, call.tau, chunk, call.reduction)
+        x = self._prepared(blocks, normalize, _temperature_power(call.tau, 0.5))  # x / sqrt(tau), in one pass
         index = self._positive_index(total, x.device)
         if self.exclude_positive:
             own = torch.arange(x.shape[0], device=x.device)
             lse = tiled.masked_logsumexp(x, x, chunk, exclude=self._exclusions(own, index))
         else:
             lse = tiled.self_logsumexp(x, chunk)
-        return reduce(lse - (x * x[index]).sum(dim=1), call.reduction)
+        return reduce(lse - _positive_logits(x, index, views=self.positive_index is None), call.reduction)
 
     def dense(self, call: LossCall, gathered, normalize: bool, total: int) -> Tensor:
         blocks, labels = gathered
@@ -233,6 +251,18 @@ class SelfContrast:
         logits = (select(x, rows) @ x.T) / call.tau
         losses, valid = per_anchor_nll(logits, positives, mask, self.multi_positive)
         return shard.reduce(losses, call.reduction, valid, anchors_total=anchors_total)
+
+
+def _positive_logits(x: Tensor, index: Tensor, views: bool) -> Tensor:
+    """``x_i . x_{index[i]}`` per row. For two views (``index`` from
+    :func:`views_positive_index`: row ``i`` of the first half with row ``i`` of the second)
+    from the two halves, without the ``x[index]`` copy that autograd would keep (and scatter
+    back) for the backward pass: the same products, one ``(N, d)`` buffer less at the peak."""
+    half = x.shape[0] // 2
+    if views and x.shape[0] == 2 * half:
+        products = (x[:half] * x[half:]).sum(dim=1)
+        return torch.cat([products, products])
+    return (x * x[index]).sum(dim=1)
 
 
 def _positive_counts(labels: Tensor, everyone: Tensor) -> Tensor:
@@ -304,13 +334,15 @@ class CrossContrast:
     def tileable(self, shard: Shard) -> bool:
         return not self.paired_bank
 
-    def _prepared(self, anchors: Tensor, candidates: Tensor, normalize: bool) -> Tuple[Tensor, Tensor]:
-        return prepare(anchors, normalize, self.names[0]), prepare(candidates, normalize, self.names[1])
+    def _prepared(self, anchors: Tensor, candidates: Tensor, normalize: bool,
+                  divisor=None) -> Tuple[Tensor, Tensor]:
+        """Both sides prepared; the anchors divided by ``divisor`` too (the tiled kernels' tau)."""
+        return (prepare(anchors, normalize, self.names[0], divisor=divisor),
+                prepare(candidates, normalize, self.names[1]))
 
     def ring(self, call: LossCall, chunk: int, normalize: bool, total: int) -> Tensor:
         shard = call.shard
-        a, b = self._prepared(self.anchors, self.candidates, normalize)
-        a = _divide_by_temperature(a, call.tau, 1.0)
+        a, b = self._prepared(self.anchors, self.candidates, normalize, call.tau)
         diagonal = (a * b).sum(dim=1)
         if self.weight is None:
             losses = _ring_lse(shard, a, b, chunk) - diagonal
@@ -328,8 +360,7 @@ class CrossContrast:
         return shard.gather(self.anchors, self.candidates)
 
     def tiled(self, call: LossCall, gathered, chunk: int, normalize: bool, total: int) -> Tensor:
-        a, b = self._prepared(*gathered, normalize)
-        a = _divide_by_temperature(a, call.tau, 1.0)
+        a, b = self._prepared(*gathered, normalize, call.tau)
         diagonal = (a * b).sum(dim=1)
         weight = self.weight
         if weight is None and self.bank is not None:
@@ -392,10 +423,10 @@ def contrast(call: LossCall, spec: Contrast, *, normalize: bool) -> Tensor:
     chunk = tiled.use_tiled(anchors, candidates, call.chunk_size) if spec.tileable(shard) else None
     device = spec.anchors.device if isinstance(spec, CrossContrast) else spec.blocks[0].device
     if shard.local and chunk is not None:
-        with full_precision(device):
+        with full_precision(device), call.values():
             return spec.ring(call, chunk, normalize, total)
     gathered = spec.gather(shard)
-    with full_precision(device):
+    with full_precision(device), call.values():
         if chunk is not None:
             return spec.tiled(call, gathered, chunk, normalize, total)
         return spec.dense(call, gathered, normalize, total)

@@ -42,6 +42,7 @@ def similarity_loss(
     temperature: TemperatureLike,
     exclude_diagonal: bool,
     reduction: str = "mean",
+    validate: bool = True,
 ) -> Tensor:
     """InfoNCE on a precomputed similarity matrix, so printed matrices can be used as given.
 
@@ -53,6 +54,9 @@ def similarity_loss(
             candidate ``i`` is anchor ``i`` itself and is removed from the denominator.
             ``False`` for a cross-modal matrix whose diagonal holds the positives.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     The positive is always in the denominator.
 
@@ -63,7 +67,7 @@ def similarity_loss(
         ...                             exclude_diagonal=False)), 4)
         0.0964
     """
-    call = LossCall(temperature=temperature, reduction=reduction)
+    call = LossCall(temperature=temperature, reduction=reduction, validate=validate)
     with call.checking():
         check_embeddings(similarities, "similarities")
         n, k = similarities.shape
@@ -91,6 +95,7 @@ def info_nce(
     chunk_size: Optional[int] = None,
     distributed: DistributedArg = False,
     distributed_mode: str = "global",
+    validate: bool = True,
 ) -> Tensor:
     """Candidate-choice InfoNCE (the course page, P10): each query picks its positive among candidates.
 
@@ -113,6 +118,9 @@ def info_nce(
             :class:`contrastkit.distributed.KeyQueue`.
         distributed_mode: ``"global"`` (also gathers ``query``) or ``"local"`` (this rank's
             queries only).
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     The positive is in the denominator: ``loss_i = -log softmax(candidates_i / tau)[pos]``.
 
@@ -123,7 +131,7 @@ def info_nce(
         0.407606
     """
     call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
-                    distributed=distributed, distributed_mode=distributed_mode)
+                    distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(query, positive, ("query", "positive"))
         if negative_mode not in ("unpaired", "paired"):
@@ -151,6 +159,7 @@ def nt_xent(
     reduction: str = "mean",
     normalize: bool = True,
     chunk_size: Optional[int] = None,
+    validate: bool = True,
 ) -> Tensor:
     """Pairwise NT-Xent with any positive map (the textbook, section 30.2).
 
@@ -164,6 +173,9 @@ def nt_xent(
         normalize: L2-normalise rows first.
         chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
             memory-linear tiled computation.
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     Denominator: every row but the anchor itself (the positive is kept). With ``N < 4`` a
     warning is issued (no real negatives). SimCLR's 2N-view loss is the map ``p(i) = i +/- N``
@@ -177,7 +189,7 @@ def nt_xent(
         >>> nt_xent(z, torch.tensor([1, 0, 3, 2]), temperature=1.0, reduction="none")
         tensor([0.8189, 1.0960, 0.8189, 1.0960])
     """
-    call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size)
+    call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size, validate=validate)
     with call.checking():
         check_embeddings(z, "z")
         index = check_positive_map(positive_index, z.shape[0], z.device)
@@ -194,6 +206,7 @@ def nt_xent_views(
     chunk_size: Optional[int] = None,
     distributed: DistributedArg = False,
     distributed_mode: str = "global",
+    validate: bool = True,
 ) -> Tensor:
     """SimCLR's NT-Xent on two views: ``2N`` anchors, each with ``2N - 2`` negatives.
 
@@ -209,6 +222,9 @@ def nt_xent_views(
         distributed, distributed_mode: global negatives over ranks (module docstring); ``N``
             is then the global batch and ``"local"`` mode's ``"none"`` gives this rank's
             ``z_a`` anchors, then its ``z_b`` anchors.
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     Denominator: all ``2N - 1`` other rows (positive included, self excluded).
 
@@ -218,7 +234,7 @@ def nt_xent_views(
         True
     """
     call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
-                    distributed=distributed, distributed_mode=distributed_mode)
+                    distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(z_a, z_b)
     return contrast(call, SelfContrast((z_a, z_b), ("z_a", "z_b")), normalize=normalize)
@@ -235,6 +251,7 @@ def bidirectional_info_nce(
     chunk_size: Optional[int] = None,
     distributed: DistributedArg = False,
     distributed_mode: str = "global",
+    validate: bool = True,
 ) -> Tensor:
     """ConVIRT / CLIP loss: InfoNCE in both directions between paired modalities (the
     ConVIRT tutorial).
@@ -254,6 +271,9 @@ def bidirectional_info_nce(
             memory-linear tiled computation; both directions come from the same tiles.
         distributed, distributed_mode: global negatives over ranks (module docstring);
             ``"local"`` mode computes the rows and columns of this rank's pairs.
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     Denominator: all ``N`` candidates of the other modality, the positive included.
 
@@ -263,7 +283,7 @@ def bidirectional_info_nce(
         0.551445
     """
     call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
-                    distributed=distributed, distributed_mode=distributed_mode)
+                    distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(v, u, ("v", "u"))
         weight = check_probability(weight, "weight")

@@ -30,6 +30,7 @@ def supcon(
     chunk_size: Optional[int] = None,
     distributed: DistributedArg = False,
     distributed_mode: str = "global",
+    validate: bool = True,
 ) -> Tensor:
     """Supervised contrastive loss (Khosla et al. 2020), L_out or L_in.
 
@@ -54,6 +55,9 @@ def supcon(
             gathered batch in ``"global"`` mode. In ``"local"`` mode with tiles, ``"in"``
             runs the ring exchange (the labels travel with their rows); ``"out"`` has no ring
             form and raises ``ValueError`` if a ``chunk_size`` is given.
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     Denominator: every other row (positives included, self excluded).
 
@@ -63,7 +67,7 @@ def supcon(
         0.551445
     """
     call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
-                    distributed=distributed, distributed_mode=distributed_mode)
+                    distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         if variant not in ("out", "in"):
             raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")

@@ -11,13 +11,20 @@ is refused with the same words wherever it is given.
   :func:`check_nonnegative`, :func:`optional_int`, :func:`check_reduction`.
 * Preparation: :func:`compute_dtype`, :func:`prepare` (upcast, L2-normalise).
 * :func:`warn_few_rows`: the warning for a batch too small to have negatives.
+* :func:`require` and :func:`value_checks`: the checks that need the values of a tensor
+  (finite entries, zero-norm rows, index ranges). On the CPU they raise the detailed error at
+  once; on an accelerator they are queued on the device with ``torch._assert_async`` (the
+  kernel fails with the short message), so a loss call never waits for the device. Inside
+  ``value_checks(False)`` (a loss's ``validate=False``) they are skipped.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional, Tuple, Union
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -27,11 +34,51 @@ TemperatureLike = Union[float, int, Tensor, torch.nn.Module]
 __all__ = [
     "TemperatureLike", "REDUCTIONS", "check_scalar", "check_embeddings", "check_same", "check_pair", "check_reduction",
     "resolve_temperature", "compute_dtype", "prepare", "check_index", "check_positive_map", "check_labels",
-    "check_probability", "check_nonnegative", "optional_int", "warn_few_rows",
+    "check_probability", "check_nonnegative", "optional_int", "warn_few_rows", "require", "value_checks",
+    "reads_are_free",
 ]
 
 #: The values of every loss's ``reduction`` argument.
 REDUCTIONS = ("mean", "sum", "none")
+
+_CHECK_VALUES: ContextVar[bool] = ContextVar("contrastkit_check_values", default=True)
+
+
+@contextmanager
+def value_checks(enabled: bool) -> Iterator[None]:
+    """Turn the value checks (:func:`require`) on or off inside the block (they are on by
+    default); a loss's ``validate=False`` runs its call inside ``value_checks(False)``."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"validate must be True or False, got {type(enabled).__name__}")
+    token = _CHECK_VALUES.set(enabled)
+    try:
+        yield
+    finally:
+        _CHECK_VALUES.reset(token)
+
+
+def reads_are_free(x: Tensor) -> bool:
+    """Whether reading ``x``'s value from Python costs nothing: a CPU tensor (no device to
+    wait for). The checks and kernels that read values on the CPU only (for detailed errors,
+    or to take a faster exact branch) ask this, so there is one place that decides."""
+    return x.device.type == "cpu"
+
+
+def require(condition: Tensor, message: str, detail: Optional[Callable[[], str]] = None) -> None:
+    """Raise ``ValueError`` unless the boolean 0-dim tensor ``condition`` is true.
+
+    On the CPU the check is immediate and the error says ``detail()`` (which may read tensor
+    values) or ``message``. On any other device it is ``torch._assert_async(condition,
+    message)``: no host synchronisation, and a failure surfaces as a device-side assertion at
+    the next synchronising operation. Skipped inside ``value_checks(False)``.
+    """
+    if not _CHECK_VALUES.get():
+        return
+    if reads_are_free(condition):
+        if not bool(condition):
+            raise ValueError(detail() if detail is not None else message)
+        return
+    torch._assert_async(condition, message)
 
 
 def check_embeddings(x: object, name: str, *, ndim: int = 2, allow_empty: bool = False) -> Tensor:
@@ -46,9 +93,8 @@ def check_embeddings(x: object, name: str, *, ndim: int = 2, allow_empty: bool =
         raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): a loss needs at least one row")
     if x.shape[-1] == 0:
         raise ValueError(f"{name} has a zero-sized feature dimension (shape {tuple(x.shape)})")
-    if not bool(torch.isfinite(x).all()):
-        bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} contains {bad} NaN or infinite value(s)")
+    require(torch.isfinite(x).all(), f"{name} contains NaN or infinite value(s)",
+            lambda: f"{name} contains {int((~torch.isfinite(x)).sum())} NaN or infinite value(s)")
     return x
 
 
@@ -92,9 +138,14 @@ def check_scalar(value: object, name: str, *, positive: bool = False,
             raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
         if value.numel() != 1:
             raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
-        number = float(value.detach())
         value = value.reshape(())
-    elif isinstance(value, (int, float)):
+        # Checked where the value lives: on an accelerator, reading it would wait for it.
+        detached = value.detach()
+        ok = torch.isfinite(detached) & (detached > 0) if positive else torch.isfinite(detached)
+        wanted = f"{name} must be {'positive and ' if positive else ''}finite"
+        require(ok, wanted, lambda: f"{wanted}, got {float(detached)}")
+        return value
+    if isinstance(value, (int, float)):
         number = float(value)
         value = number
     else:
@@ -120,24 +171,29 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def prepare(x: Tensor, normalize: bool, name: str) -> Tensor:
-    """Cast to the compute dtype and, if asked, L2-normalise the last dimension.
+def prepare(x: Tensor, normalize: bool, name: str, *, divisor: Union[float, Tensor, None] = None) -> Tensor:
+    """Cast to the compute dtype and, if asked, L2-normalise the last dimension; with
+    ``divisor`` (a float or a 0-dim tensor, e.g. a temperature) also divide by it, in the same
+    pass (one ``(N, d)`` result, not two: the tiled losses' memory is a few such buffers).
 
     Zero-norm rows raise instead of being silently mapped to zero (``F.normalize`` would
     clamp the norm and hide the problem).
     """
     x = x.to(compute_dtype(x.dtype))
+    if isinstance(divisor, Tensor):
+        divisor = divisor.to(x.dtype)
     if not normalize:
-        return x
+        return x if divisor is None else x / divisor
     norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    zero = norms == 0
-    if bool(zero.any()):
+
+    def detail() -> str:
+        zero = norms == 0
         rows = torch.nonzero(zero.reshape(zero.shape[:-1]), as_tuple=False)[:5].tolist()
-        raise ValueError(
-            f"{name} has {int(zero.sum())} zero-norm row(s) (first at {rows}); they cannot be "
-            "L2-normalised. Remove them or pass normalize=False"
-        )
-    return x / norms
+        return (f"{name} has {int(zero.sum())} zero-norm row(s) (first at {rows}); they cannot be "
+                "L2-normalised. Remove them or pass normalize=False")
+
+    require((norms != 0).all(), f"{name} has zero-norm row(s); they cannot be L2-normalised", detail)
+    return x / (norms if divisor is None else norms * divisor)
 
 
 def check_index(index: object, name: str, *, length: int, upper: int, device: torch.device) -> Tensor:
@@ -152,9 +208,10 @@ def check_index(index: object, name: str, *, length: int, upper: int, device: to
     if index.dim() != 1 or index.shape[0] != length:
         raise ValueError(f"{name} must have shape ({length},), got {tuple(index.shape)}")
     index = index.to(device=device, dtype=torch.long)
-    if length and (int(index.min()) < 0 or int(index.max()) >= upper):
-        bad = index[(index < 0) | (index >= upper)][:5].tolist()
-        raise ValueError(f"{name} has values out of range [0, {upper}): {bad}")
+    if length:
+        outside = (index < 0) | (index >= upper)
+        require(~outside.any(), f"{name} has values out of range [0, {upper})",
+                lambda: f"{name} has values out of range [0, {upper}): {index[outside][:5].tolist()}")
     return index
 
 
@@ -162,16 +219,18 @@ def check_positive_map(positive_index: object, n: int, device: torch.device) -> 
     """Check a positive map of ``n`` rows: ``p(i) != i`` and ``p(p(i)) = i`` (the textbook,
     section 30.2); returns it as a long tensor on ``device``."""
     index = check_index(positive_index, "positive_index", length=n, upper=n, device=device)
+    if not _CHECK_VALUES.get():
+        return index
     rows = torch.arange(n, device=device)
-    if bool((index == rows).any()):
-        bad = rows[index == rows][:5].tolist()
-        raise ValueError(f"positive_index maps rows {bad} to themselves; p(i) != i is required")
-    if bool((index[index] != rows).any()):
-        bad = rows[index[index] != rows][:5].tolist()
-        raise ValueError(
-            f"positive_index is not symmetric: p(p(i)) != i for rows {bad}; "
-            "every row needs exactly one partner that points back"
-        )
+    itself = index == rows
+    require(~itself.any(), "positive_index maps a row to itself; p(i) != i is required",
+            lambda: f"positive_index maps rows {rows[itself][:5].tolist()} to themselves; p(i) != i is required")
+    # An index out of range has already failed above (on the CPU) or is clamped here so that
+    # the device-side check below cannot itself index out of bounds.
+    unpaired = index[index.clamp(0, max(n - 1, 0))] != rows
+    require(~unpaired.any(), "positive_index is not symmetric: p(p(i)) != i for some row",
+            lambda: (f"positive_index is not symmetric: p(p(i)) != i for rows {rows[unpaired][:5].tolist()}; "
+                     "every row needs exactly one partner that points back"))
     return index
 
 

@@ -34,6 +34,7 @@ from .validation import (
     check_reduction,
     optional_int,
     prepare,
+    value_checks,
 )
 
 __all__ = ["dcl", "simple_loss", "hard_negative_nt_xent", "debiased_nt_xent", "hcl"]
@@ -70,6 +71,7 @@ def dcl(
     chunk_size: Optional[int] = None,
     distributed: DistributedArg = False,
     distributed_mode: str = "global",
+    validate: bool = True,
 ) -> Tensor:
     """Decoupled contrastive loss (Yeh et al. 2022): NT-Xent with the positive removed from
     the denominator (the textbook, section 30.2, exercise F4).
@@ -90,6 +92,9 @@ def dcl(
         distributed, distributed_mode: global negatives over ranks (module docstring), as in
             :func:`nt_xent_views` (tiles in ``"local"`` mode: the ring exchange); ``N >= 2``
             then applies to the global batch.
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     Example:
         >>> z_a = torch.tensor([[1.0, 0.0], [0.0, 1.0]]); z_b = z_a.clone()
@@ -97,7 +102,7 @@ def dcl(
         -0.306853
     """
     call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
-                    distributed=distributed, distributed_mode=distributed_mode)
+                    distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(z_a, z_b)
     _at_least_two_pairs(call.shard.exchange(z_a, z_b), "dcl", "the denominator is empty")
@@ -113,6 +118,7 @@ def simple_loss(
     normalize: bool = True,
     distributed: DistributedArg = False,
     distributed_mode: str = "global",
+    validate: bool = True,
 ) -> Tensor:
     """Wang & Liu's "simple" loss, the ``tau -> infinity`` limit that weighs every negative
     the same: ``loss_i = -s_{i,p(i)} + negative_weight * mean_{j not in {i, p(i)}} s_ij``.
@@ -129,25 +135,29 @@ def simple_loss(
         distributed, distributed_mode: the negatives of every rank (module docstring): the
             mean is over the ``2N - 2`` negatives of the global batch of ``N`` pairs, and the
             reductions are those of :func:`nt_xent_views`.
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     Example:
         >>> z_a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
         >>> float(simple_loss(z_a, z_a.clone()))  # -1 + mean of one negative cosine 0
         -1.0
     """
-    shard = Shard(distributed, distributed_mode)
-    with shard.checking():
-        check_reduction(reduction)
-        check_pair(z_a, z_b)
-        negative_weight = check_nonnegative(negative_weight, "negative_weight")
-    n = shard.exchange(z_a, z_b)
-    _at_least_two_pairs(n, "simple_loss", "there are no negatives")
-    with full_precision(z_a.device):
-        similarities, index, _, own = _views(shard, z_a, z_b, 1.0, normalize)
-        positive = similarities.gather(1, index[:, None]).squeeze(1)
-        negative_sum = similarities.sum(dim=1) - similarities.gather(1, own[:, None]).squeeze(1) - positive
-        losses = -positive + negative_weight * negative_sum / (2 * n - 2)
-        return shard.reduce(losses, reduction, anchors_total=2 * n)
+    with value_checks(validate):
+        shard = Shard(distributed, distributed_mode)
+        with shard.checking():
+            check_reduction(reduction)
+            check_pair(z_a, z_b)
+            negative_weight = check_nonnegative(negative_weight, "negative_weight")
+        n = shard.exchange(z_a, z_b)
+        _at_least_two_pairs(n, "simple_loss", "there are no negatives")
+        with full_precision(z_a.device):
+            similarities, index, _, own = _views(shard, z_a, z_b, 1.0, normalize)
+            positive = similarities.gather(1, index[:, None]).squeeze(1)
+            negative_sum = similarities.sum(dim=1) - similarities.gather(1, own[:, None]).squeeze(1) - positive
+            losses = -positive + negative_weight * negative_sum / (2 * n - 2)
+            return shard.reduce(losses, reduction, anchors_total=2 * n)
 
 
 def hard_negative_nt_xent(
@@ -161,6 +171,7 @@ def hard_negative_nt_xent(
     normalize: bool = True,
     distributed: DistributedArg = False,
     distributed_mode: str = "global",
+    validate: bool = True,
 ) -> Tensor:
     """NT-Xent whose denominator keeps only each anchor's hardest negatives (Wang & Liu's
     explicit hard-negative sampling).
@@ -177,6 +188,9 @@ def hard_negative_nt_xent(
         distributed, distributed_mode: mine among the negatives of every rank (module
             docstring): ``N`` is then the global batch, so ``top_k`` and ``quantile`` count
             its ``2N - 2`` negatives; the reductions are those of :func:`nt_xent_views`.
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     Denominator: the positive plus the selected negatives. Selection is by similarity and
     carries no gradient; ties at the cut are broken arbitrarily.
@@ -187,7 +201,7 @@ def hard_negative_nt_xent(
         0.313262
     """
     call = LossCall(temperature=temperature, reduction=reduction,
-                    distributed=distributed, distributed_mode=distributed_mode)
+                    distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(z_a, z_b)
         if (top_k is None) == (quantile is None):
@@ -200,7 +214,7 @@ def hard_negative_nt_xent(
     _at_least_two_pairs(n, "hard_negative_nt_xent", "there are no negatives")
     num_negatives = 2 * n - 2
     k = min(top_k, num_negatives) if top_k is not None else max(1, math.ceil((1.0 - quantile) * num_negatives))
-    with full_precision(z_a.device):
+    with full_precision(z_a.device), call.values():
         logits, index, negatives, _ = _views(call.shard, z_a, z_b, call.tau, normalize)
         with torch.no_grad():
             hardest = logits.masked_fill(~negatives, float("-inf")).topk(k, dim=1).indices
@@ -246,6 +260,7 @@ def debiased_nt_xent(
     tau_plus: float = 0.1,
     reduction: str = "mean",
     normalize: bool = True,
+    validate: bool = True,
 ) -> Tensor:
     """Debiased contrastive loss (Chuang et al., NeurIPS 2020) on two views.
 
@@ -263,6 +278,9 @@ def debiased_nt_xent(
         tau_plus: class prior in ``[0, 1)``.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first (the floor assumes cosine similarities).
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     Example:
         >>> z = torch.eye(4)
@@ -270,7 +288,7 @@ def debiased_nt_xent(
         >>> bool(torch.isclose(a, nt_xent_views(z, z, temperature=0.5)))
         True
     """
-    return _debiased(z_a, z_b, temperature, tau_plus, 0.0, reduction, normalize, "debiased_nt_xent")
+    return _debiased(z_a, z_b, temperature, tau_plus, 0.0, reduction, normalize, "debiased_nt_xent", validate)
 
 
 def hcl(
@@ -282,6 +300,7 @@ def hcl(
     beta: float = 1.0,
     reduction: str = "mean",
     normalize: bool = True,
+    validate: bool = True,
 ) -> Tensor:
     """Hard-negative contrastive loss (Robinson et al., ICLR 2021) on two views.
 
@@ -298,6 +317,9 @@ def hcl(
         beta: concentration ``>= 0``.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first.
+        validate: ``False`` skips the checks that read tensor values (finite entries,
+            zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
+            without a host synchronisation on accelerators.
 
     Example:
         >>> z = torch.eye(4)
@@ -306,18 +328,18 @@ def hcl(
         True
     """
     beta = check_nonnegative(beta, "beta")
-    return _debiased(z_a, z_b, temperature, tau_plus, beta, reduction, normalize, "hcl")
+    return _debiased(z_a, z_b, temperature, tau_plus, beta, reduction, normalize, "hcl", validate)
 
 
-def _debiased(z_a, z_b, temperature, tau_plus, beta, reduction, normalize, name):
-    call = LossCall(temperature=temperature, reduction=reduction)
+def _debiased(z_a, z_b, temperature, tau_plus, beta, reduction, normalize, name, validate):
+    call = LossCall(temperature=temperature, reduction=reduction, validate=validate)
     with call.checking():
         check_pair(z_a, z_b)
         n = z_a.shape[0]
         _at_least_two_pairs(n, name, "there are no negatives")
         tau_plus = check_probability(tau_plus, "tau_plus", open_high=True)
     num_negatives = 2 * n - 2
-    with full_precision(z_a.device):
+    with full_precision(z_a.device), call.values():
         logits, index, negatives, _ = _views(Shard(False, "global"), z_a, z_b, call.tau, normalize)
         log_positive = logits.gather(1, index[:, None]).squeeze(1)
         neg_inf = float("-inf")

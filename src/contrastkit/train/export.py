@@ -8,16 +8,16 @@ probe's own feature extractor, so the numbers are the probe's) and streamed into
 no more than one batch of features is held in memory. Files (see
 :func:`contrastkit.layout.embedding_files`): ``OUT.npz`` with ``h``, ``z``, ``labels``,
 ``splits``, ``names``; or ``OUT.npy`` (``h``), ``OUT_z.npy`` (``z``) and ``OUT.csv`` (``split,
-index, label, name`` per row). A marker (``OUT.npz.contrastkit.json`` or
-``OUT.npy.contrastkit.json``) lists what was written: an
-existing file is replaced only with ``force`` and only if an earlier export's marker lists it
-with the size and SHA-256 it still has.
+index, label, name`` per row). A sidecar (``OUT.npz.contrastkit.json`` or
+``OUT.npy.contrastkit.json``) records what was written and from which run; every file is
+listed in the output folder's manifest (:mod:`contrastkit.manifest`): an existing file is
+replaced only with ``force`` and only if the manifest lists it with the size and SHA-256 it
+still has.
 """
 
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +33,7 @@ from torch import nn
 
 from contrastkit import __version__, layout
 from contrastkit._io import write_json
+from contrastkit.manifest import Manifest, file_sha256
 
 from .evaluate import extract_features, load_run
 from .setup import limit_threads, resolve_device
@@ -103,7 +104,7 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
 
 def _check_targets(files: Dict[str, str], force: bool) -> None:
     """Refuse before any work: a missing output folder, or an existing file that ``force`` may
-    not replace (one an earlier export's marker does not list)."""
+    not replace (one the folder's manifest does not list as it is now)."""
     folder = os.path.dirname(os.path.abspath(files["marker"]))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"output folder {folder} does not exist")
@@ -115,38 +116,28 @@ def _check_targets(files: Dict[str, str], force: bool) -> None:
     listed = _listed_files(files["marker"])
     for path in existing:
         if path != files["marker"] and os.path.basename(path) not in listed:
-            raise FileExistsError(f"{path} exists and was not written by contrastkit embed (its marker "
-                                  f"{files['marker']} does not list it as it is now); not replacing it")
+            raise FileExistsError(f"{path} exists and was not written by contrastkit (the folder's manifest "
+                                  f"{layout.MANIFEST} does not list it as it is now); not replacing it")
 
 
 def _listed_files(marker: str) -> List[str]:
-    """The files an earlier export's marker lists and that are still as it wrote them (same
-    size and SHA-256): a file a user put there since under the same name is not one of them."""
-    if not os.path.isfile(marker) or os.path.islink(marker):
-        return []
-    try:
-        with open(marker, encoding="utf-8") as handle:
-            stored = json.load(handle)
-        listed = stored["sha256"] if stored.get("written_by") == "contrastkit embed" else {}
-        items = list(listed.items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return []
+    """The export's files that the output folder's manifest (:mod:`contrastkit.manifest`) lists
+    and that are still as contrastkit wrote them (same size and SHA-256): a file a user put
+    there since under the same name is not one of them."""
     folder = os.path.dirname(os.path.abspath(marker))
+    try:
+        listed = Manifest(folder).files
+    except ValueError:  # an unreadable manifest vouches for nothing
+        return []
     unchanged = []
-    for name, digest in items:
-        path = os.path.join(folder, str(name))
-        if (isinstance(name, str) and os.path.basename(name) == name and os.path.isfile(path)
-                and not os.path.islink(path) and _sha256(path) == digest):
+    for name, entry in listed.items():
+        path = os.path.join(folder, name)
+        if ("/" in name or not isinstance(entry, dict) or "sha256" not in entry or not os.path.isfile(path)
+                or os.path.islink(path)):
+            continue
+        if os.path.getsize(path) == entry.get("size") and file_sha256(path) == entry["sha256"]:
             unchanged.append(name)
     return unchanged
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _projection_head(model: nn.Module) -> nn.Module:
@@ -229,6 +220,9 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
         if z is not None:
             z.close()
         _previous_outputs_removed(files)
+        # Marked before the files appear: a crash from here on leaves them contrastkit's.
+        marked = Manifest(os.path.dirname(os.path.abspath(files["marker"]))).mark_writing(
+            *(os.path.basename(path) for path in files.values()))
         if "archive" in files:
             _zip(files["archive"], {"h": h.path, **({"z": z.path} if z is not None else {})},
                  {"labels": np.concatenate(labels), "splits": np.array(row_splits), "names": np.array(row_names)})
@@ -240,13 +234,15 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
     finally:
         shutil.rmtree(work, ignore_errors=True)
     written = {role: path for role, path in files.items() if role != "marker"}
+    digests = {os.path.basename(path): file_sha256(path) for path in written.values()}
     write_json(files["marker"], {
         "written_by": "contrastkit embed", "version": __version__, **facts, "rows": total,
         "h_dim": h.width, "z_dim": z.width if z is not None else None,
         "files": sorted(os.path.basename(path) for path in written.values()),
         "sizes": {os.path.basename(path): os.path.getsize(path) for path in written.values()},
-        "sha256": {os.path.basename(path): _sha256(path) for path in written.values()},
+        "sha256": digests,
     })
+    Manifest(os.path.dirname(os.path.abspath(files["marker"]))).record(*marked, sha256=digests)
     return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names))
 
 
@@ -271,7 +267,7 @@ def _project(head: nn.Module, features: np.ndarray, device: torch.device) -> np.
 
 
 def _previous_outputs_removed(files: Dict[str, str]) -> None:
-    """With ``force``: an earlier export's files (only those its marker lists) go first."""
+    """With ``force``: an earlier export's files (only those the manifest lists unchanged) go first."""
     folder = os.path.dirname(os.path.abspath(files["marker"]))
     for name in _listed_files(files["marker"]):
         os.remove(os.path.join(folder, name))
