@@ -173,8 +173,12 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, epochs_default: Any,
     parser.add_argument("--device", default="auto", help="torch device (default: CUDA if available, else CPU)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads per run (default: as contrastkit pretrain; 0 = torch's default)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="runs trained at once, each in its own process with its share of the cores "
+                             "unless --threads is given (default 1: one run at a time on all cores)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue in an existing output folder: finished runs are skipped")
+                        help="continue in an existing output folder: finished runs are skipped (two "
+                             "processes resuming one folder share out its runs)")
     parser.add_argument("--force", action="store_true",
                         help="start over in an existing output folder (deletes what this command wrote there)")
     parser.add_argument("--no-progress", action="store_true", help="no live display, one line per run")

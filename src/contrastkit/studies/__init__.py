@@ -69,26 +69,26 @@ def get_study(name: str) -> Study:
 
 
 def run_study(name: str, out: Optional[str] = None, *, resume: bool = False, force: bool = False,
-              progress: bool = True, **settings: Any) -> StudyResult:
+              progress: bool = True, jobs: int = 1, **settings: Any) -> StudyResult:
     """Run the study ``name`` into ``out`` (default ``runs/<its folder>``); see :meth:`Study.run`.
 
     ``settings`` override the study's defaults (:attr:`Study.defaults`; ``None`` keeps one).
     """
-    return get_study(name).run(out, resume=resume, force=force, progress=progress, **settings)
+    return get_study(name).run(out, resume=resume, force=force, progress=progress, jobs=jobs, **settings)
 
 
 def run_sweep(out: Optional[str] = None, *, resume: bool = False, force: bool = False, progress: bool = True,
-              **settings: Any) -> StudyResult:
+              jobs: int = 1, **settings: Any) -> StudyResult:
     """The temperature sweep (:data:`SWEEP`): settings ``data``, ``data_options``,
     ``temperatures``, ``seeds``, ``views``, ``epochs``, ``batch_size``, ``device``, ``threads``
     (``None``: the trainer's default) and ``no_variants``; default folder ``runs/sweep``."""
-    return run_study(SWEEP.name, out, resume=resume, force=force, progress=progress, **settings)
+    return run_study(SWEEP.name, out, resume=resume, force=force, progress=progress, jobs=jobs, **settings)
 
 
 def run_experiment(name: str, out: Optional[str] = None, *, resume: bool = False, force: bool = False,
-                   progress: bool = True, **settings: Any) -> StudyResult:
+                   progress: bool = True, jobs: int = 1, **settings: Any) -> StudyResult:
     """One of :data:`EXPERIMENTS` (``positive-pairs``, ``convirt-ablation``, ``schedules``); default folder
     ``runs/experiment-NAME``."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
-    return run_study(name, out, resume=resume, force=force, progress=progress, **settings)
+    return run_study(name, out, resume=resume, force=force, progress=progress, jobs=jobs, **settings)

@@ -8,21 +8,28 @@ cut off at any point continues where it stopped.
 The study folder's manifest (:mod:`contrastkit.manifest`) lists the study's own files and each
 run folder as a nested manifest, so that ``--force`` removes the study's runs through their own
 manifests and leaves any other folder in ``OUT/runs/`` alone.
+
+Runs are independent, so a grid runs ``jobs`` of them at once, each in its own process. A run
+folder is locked (``flock`` on the folder itself, no lock file) while a process trains in it:
+two study processes started on the same folder with ``--resume`` share out its runs instead of
+training one twice, and each waits for the runs the other holds before it writes the table.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from contrastkit import layout
 from contrastkit._io import read_json as _read_json
 from contrastkit.manifest import Manifest, clear_folder
 
-__all__ = ["RunSpec", "prepare_out", "check_specs", "run_grid", "read_json"]
+__all__ = ["RunSpec", "RunBusy", "prepare_out", "check_specs", "check_jobs", "run_grid", "read_json"]
 
 
 @dataclass
@@ -94,18 +101,71 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
         PretrainConfig(**spec.config).resolved()
 
 
-def _execute(spec: RunSpec, run_dir: str, progress: bool) -> Dict[str, Any]:
-    """Run (or finish, or reuse) one pretraining run in ``run_dir``."""
+class RunBusy(Exception):
+    """Another process holds the run folder's lock (it is training that run now)."""
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: str, *, wait_for_it: bool) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the run folder (created if missing) for the block.
+
+    ``wait_for_it=False`` raises :class:`RunBusy` when another process holds it. Where
+    ``fcntl`` does not exist (Windows) the block runs unlocked: one study process per folder.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait_for_it else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise RunBusy(run_dir) from None
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _execute(spec: RunSpec, run_dir: str, progress: bool, wait_for_it: bool = False) -> Dict[str, Any]:
+    """Run (or finish, or reuse) one pretraining run in ``run_dir``, holding its lock
+    (:class:`RunBusy` if another process holds it and ``wait_for_it`` is false)."""
     from contrastkit.train import PretrainConfig, pretrain
 
     folder = layout.RunFolder(run_dir)
     if os.path.isfile(folder.summary):
         return read_json(folder.summary)
-    config = PretrainConfig(**{**spec.config, "out": run_dir})
-    has_checkpoint = os.path.isfile(folder.last_checkpoint)
-    # A folder without a checkpoint holds an attempt cut off in its first epoch: ours to redo.
-    return pretrain(config, resume=has_checkpoint, force=not has_checkpoint, progress=progress,
-                    baselines=spec.baselines)
+    with _run_lock(run_dir, wait_for_it=wait_for_it):
+        if os.path.isfile(folder.summary):  # finished by the process we waited for
+            return read_json(folder.summary)
+        config = PretrainConfig(**{**spec.config, "out": run_dir})
+        has_checkpoint = os.path.isfile(folder.last_checkpoint)
+        # A folder without a checkpoint holds an attempt cut off in its first epoch (or an empty
+        # folder the lock created): ours to redo.
+        return pretrain(config, resume=has_checkpoint, force=not has_checkpoint, progress=progress,
+                        baselines=spec.baselines)
+
+
+def check_jobs(jobs: Any) -> int:
+    """``jobs`` as an int >= 1, else a ``ValueError`` naming ``--jobs``."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs must be an integer >= 1, got {jobs!r}")
+    return jobs
+
+
+def _threads_per_job(specs: Sequence[RunSpec], jobs: int) -> List[RunSpec]:
+    """With ``jobs`` runs at once, a run whose threads are not set gets its share of the cores
+    this process may use (at least 1), so that the runs do not oversubscribe the CPU."""
+    if jobs <= 1:
+        return list(specs)
+    from contrastkit.train.setup import resolve_threads
+
+    share = max(1, resolve_threads(0) // jobs)
+    return [spec if spec.config.get("threads") else
+            RunSpec(spec.name, spec.row, spec.column, {**spec.config, "threads": share}, spec.baselines)
+            for spec in specs]
 
 
 class _Display:
@@ -176,27 +236,69 @@ def _register_runs(specs: Sequence[RunSpec], runs_dir: str, manifest: Manifest, 
 
 def run_grid(specs: List[RunSpec], runs_dir: str, *, title: str, progress: bool,
              cell: Callable[[Dict[str, Any]], str], manifest: Optional[Manifest] = None,
-             resume: bool = False) -> List[RunSpec]:
-    """Run every spec in order (``runs_dir/<name>``), filling ``spec.summary``.
+             resume: bool = False, jobs: int = 1) -> List[RunSpec]:
+    """Run every spec (``runs_dir/<name>``), filling ``spec.summary``.
 
     Runs whose ``summary.json`` exists are reused, interrupted ones resumed from their
-    checkpoint, so a grid interrupted at any point can be continued. ``progress`` shows a
-    live table on a terminal (``cell(summary)`` is a finished run's entry), else one line per
-    run on stderr. ``manifest`` (the study folder's, from :func:`prepare_out`) gets every run
-    folder as a nested manifest before the first run starts; ``resume`` says the study is
-    being continued (run folders it does not list yet are adopted rather than refused).
+    checkpoint, so a grid interrupted at any point can be continued. ``jobs`` runs train at
+    once, each in a process of its own (spawned); a run without ``threads`` then gets its share
+    of the cores. A run another process is training (its folder is locked) is left to it and
+    waited for at the end. ``progress`` shows a live table on a terminal (``cell(summary)`` is a
+    finished run's entry), else one line per run on stderr. ``manifest`` (the study folder's,
+    from :func:`prepare_out`) gets every run folder as a nested manifest before the first run
+    starts; ``resume`` says the study is being continued (run folders it does not list yet are
+    adopted rather than refused).
     """
+    check_jobs(jobs)
     if manifest is not None:
         _register_runs(specs, runs_dir, manifest, resume)
     os.makedirs(runs_dir, exist_ok=True)
+    runnable = _threads_per_job(specs, jobs)
     display = _Display(title, specs, progress, cell)
+    busy: List[int] = []
+
+    def finished(index: int, summary: Dict[str, Any], reused: bool) -> None:
+        specs[index].summary = summary
+        display.update(specs[index], "reused" if reused else "done", summary)
+
     try:
-        for spec in specs:
-            run_dir = os.path.join(runs_dir, spec.name)
-            reused = os.path.isfile(layout.RunFolder(run_dir).summary)
-            display.update(spec, "running")
-            spec.summary = _execute(spec, run_dir, progress=False)
-            display.update(spec, "reused" if reused else "done", spec.summary)
+        if jobs == 1:
+            for index, spec in enumerate(runnable):
+                run_dir = os.path.join(runs_dir, spec.name)
+                reused = os.path.isfile(layout.RunFolder(run_dir).summary)
+                display.update(specs[index], "running")
+                try:
+                    finished(index, _execute(spec, run_dir, False), reused)
+                except RunBusy:
+                    busy.append(index)
+        else:
+            import multiprocessing
+
+            # spawn: a fresh interpreter per worker (no forked torch thread pools or locks)
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                pending: Dict[Future, int] = {}
+                for index, spec in enumerate(runnable):
+                    run_dir = os.path.join(runs_dir, spec.name)
+                    if os.path.isfile(layout.RunFolder(run_dir).summary):
+                        finished(index, read_json(layout.RunFolder(run_dir).summary), True)
+                        continue
+                    pending[pool.submit(_execute, spec, run_dir, False)] = index
+                try:
+                    while pending:
+                        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            index = pending.pop(future)
+                            try:
+                                finished(index, future.result(), False)
+                            except RunBusy:
+                                busy.append(index)
+                except BaseException:
+                    for future in pending:
+                        future.cancel()
+                    raise
+        for index in busy:  # held by another process: wait for it, then read (or finish) the run
+            run_dir = os.path.join(runs_dir, runnable[index].name)
+            finished(index, _execute(runnable[index], run_dir, False, wait_for_it=True), True)
     finally:
         display.close()
     return specs

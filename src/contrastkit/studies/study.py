@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from contrastkit import layout
 from contrastkit.losses import MIN_TEMPERATURE
 
-from .grid import RunSpec, check_specs, prepare_out, run_grid
+from .grid import RunSpec, check_jobs, check_specs, prepare_out, run_grid
 from .verdicts import Verdict
 
 __all__ = ["Study", "StudyResult", "option", "check_counts", "check_numbers", "run_config", "RUN_DEFAULTS"]
@@ -162,13 +162,16 @@ class Study:
         return self.check(settings)
 
     def run(self, out: Optional[str] = None, *, resume: bool = False, force: bool = False, progress: bool = True,
-            **options: Any) -> StudyResult:
+            jobs: int = 1, **options: Any) -> StudyResult:
         """Run the study into ``out`` (default ``runs/<folder>``) and write its results.
 
         ``resume`` continues a folder with the same settings (finished runs are reused);
         ``force`` starts over (deletes :attr:`outputs`, nothing else); ``progress`` shows the
-        live grid on a terminal. ``options`` are settings (see :attr:`defaults`).
+        live grid on a terminal; ``jobs`` runs train at once (:func:`~contrastkit.studies.run_grid`:
+        how it runs does not change what it computes, so it is not a setting). ``options`` are
+        settings (see :attr:`defaults`).
         """
+        check_jobs(jobs)
         settings = self.settings(**options)
         out = self.default_out if out is None else os.fspath(out)
         specs = self.specs(settings)
@@ -176,7 +179,7 @@ class Study:
         manifest = prepare_out(out, resume=resume, force=force, owned=self.outputs, settings=settings,
                                settings_file=self.settings_file, command=self.label)
         run_grid(specs, os.path.join(out, layout.RUNS), title=self.title, progress=progress, cell=self.cell,
-                 manifest=manifest, resume=resume)
+                 manifest=manifest, resume=resume, jobs=jobs)
         rows = self.rows(specs)
         manifest.write_csv(self.table_file, rows)
         verdicts = self.verdicts(rows)

@@ -1,0 +1,84 @@
+"""Study grids run several runs at once (``--jobs``) and share a folder between processes:
+the same numbers as one run at a time, a locked run folder is left to its holder and waited for,
+a bad ``--jobs`` is refused before anything is written."""
+
+import csv
+import fcntl
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from contrastkit import layout
+from contrastkit.cli import main
+from contrastkit.studies import RunSpec, run_grid
+from contrastkit.studies.grid import RunBusy, _execute, _run_lock
+
+TINY = ["--epochs", "1", "--batch-size", "8", "--data-option", "train_scenes=16", "--data-option", "val_scenes=9",
+        "--data-option", "test_scenes=15", "--no-progress", "--threads", "1", "--no-variants"]
+TINY_CONFIG = {"data": "glyphlab", "data_options": {"train_scenes": 16, "val_scenes": 9, "test_scenes": 15},
+               "epochs": 1, "batch_size": 8, "threads": 1}
+
+
+def sweep_rows(out):
+    with open(os.path.join(out, "sweep.csv"), encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_two_jobs_give_the_numbers_of_one(tmp_path, capsys):
+    serial, parallel = str(tmp_path / "serial"), str(tmp_path / "parallel")
+    grid = ["--temperatures", "0.5,0.1", "--seeds", "2"]
+    assert main(["sweep", "--out", serial] + grid + TINY) == 0
+    assert main(["sweep", "--out", parallel, "--jobs", "2"] + grid + TINY) == 0
+    rows_1, rows_2 = sweep_rows(serial), sweep_rows(parallel)
+    assert len(rows_1) == 2
+    for a, b in zip(rows_1, rows_2):
+        for key in ("tau", "probe_accuracy", "knn_accuracy", "z_uniformity", "final_loss"):
+            if key in a:
+                assert a[key] == b[key], key
+    # every run folder of the parallel sweep is a complete run
+    for name in os.listdir(os.path.join(parallel, layout.RUNS)):
+        assert os.path.isfile(layout.RunFolder(os.path.join(parallel, layout.RUNS, name)).summary)
+
+
+def test_a_locked_run_is_refused_without_waiting(tmp_path):
+    run_dir = str(tmp_path / "runs" / "a")
+    spec = RunSpec("a", "r", "c", dict(TINY_CONFIG))
+    with _run_lock(run_dir, wait_for_it=False):
+        with pytest.raises(RunBusy):
+            _execute(spec, run_dir, False)
+    assert not os.path.exists(layout.RunFolder(run_dir).summary)  # nothing was trained
+
+
+def test_a_run_held_by_another_process_is_waited_for_and_not_trained_twice(tmp_path):
+    runs = str(tmp_path / "runs")
+    held = os.path.join(runs, "held")
+    os.makedirs(held)
+    fake = {"probe_accuracy": 0.123, "written_by": "the other process"}
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: conflicts with the grid's flock
+
+    def other_process_finishes():
+        time.sleep(1.0)
+        with open(layout.RunFolder(held).summary, "w", encoding="utf-8") as handle:
+            json.dump(fake, handle)
+        os.close(fd)
+
+    holder = threading.Thread(target=other_process_finishes)
+    holder.start()
+    specs = [RunSpec("held", "r", "c", dict(TINY_CONFIG)), RunSpec("free", "r", "c", dict(TINY_CONFIG))]
+    run_grid(specs, runs, title="t", progress=False, cell=lambda s: "x")
+    holder.join()
+    assert specs[0].summary == fake  # read from the holder's run, not retrained
+    assert "probe_accuracy" in specs[1].summary and specs[1].summary != fake
+    assert os.listdir(held) == [os.path.basename(layout.RunFolder(held).summary)]
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_bad_jobs_is_refused_before_anything_is_written(tmp_path, capsys, value):
+    out = tmp_path / "out"
+    assert main(["sweep", "--out", str(out), "--jobs", value] + TINY) == 2
+    assert "--jobs" in capsys.readouterr().err
+    assert not out.exists()
