@@ -104,6 +104,7 @@ def test_one_process_trainer_trains_a_users_encoder_and_logs(tiny, tmp_path):
     from contrastkit.train import PretrainConfig
     from contrastkit.train.optimization import warmup_cosine
 
+    torch.manual_seed(0)  # the user's encoder is initialised from the global RNG: independent of test order
     config = PretrainConfig(method="simclr", batch_size=16, temperature=0.2, lr=3e-3, warmup_fraction=0.25, seed=1)
     data = ContrastiveDataModule(tiny, batch_size=16)
     own = _own_encoder()
