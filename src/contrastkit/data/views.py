@@ -31,7 +31,7 @@ generator, so ``torch.manual_seed`` or a restored ``torch.get_rng_state()`` repr
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -92,6 +92,19 @@ def _build_augmentation(channels: int, height: int, width: int, strength: float,
     kernel = max(3, int(0.1 * min(height, width)) | 1)  # ~10% of the side, odd (SimCLR)
     steps.append(K.RandomGaussianBlur((kernel, kernel), (0.1, 2.0 if kernel > 3 else 1.0), p=0.5 * level))
     return torch.nn.Sequential(*steps)
+
+
+#: Pixel values (rows x C x H x W) one kornia augmentation call takes at most: 2,048 rows of
+#: 3 x 32 x 32 (1,024 CIFAR pairs), 41 rows of 3 x 224 x 224. Each call holds about ten float
+#: copies of its input, ~250 MiB at this size; a 16,384-pair CIFAR batch in one call held 3.9 GiB.
+AUGMENT_CALL_VALUES = 2048 * 3 * 32 * 32
+
+
+def augment_rows(image_shape: Sequence[int]) -> int:
+    """Rows of ``image_shape`` ``(C, H, W)`` a view maker augments in one kornia call
+    (:data:`AUGMENT_CALL_VALUES`; at least one)."""
+    c, h, w = (int(v) for v in image_shape)
+    return max(1, AUGMENT_CALL_VALUES // (c * h * w))
 
 
 class ViewMaker:
@@ -188,8 +201,18 @@ class ViewMaker:
         view_b = view_b.to(self.device, dtype=torch.float32, non_blocking=True)
         if self._augment is not None:
             # One kornia call on both views: parameters are drawn per row, so the two halves
-            # are independent augmentations, and the per-call overhead is paid once.
-            view_a, view_b = self._augment(torch.cat([view_a, view_b])).chunk(2)
+            # are independent augmentations, and the per-call overhead is paid once. A call
+            # holds several float copies of its input (crop, jitter, blur), so a large batch is
+            # augmented in place in calls of at most augment_rows(...) rows: its peak memory
+            # stays that of one call, and batches that fit in one call are unchanged.
+            both = torch.cat([view_a, view_b])
+            rows = augment_rows(self.image_shape)
+            if both.shape[0] <= rows:
+                both = self._augment(both)
+            else:
+                for start in range(0, both.shape[0], rows):
+                    both[start:start + rows] = self._augment(both[start:start + rows])
+            view_a, view_b = both.chunk(2)
         if self.mode == "B":
             view_b = torch.rot90(view_b, k=1, dims=(-2, -1))
         # kornia keeps values in range for these ops; clamp guards interpolation overshoot.
