@@ -3,13 +3,30 @@
 :func:`dcl` (the positive left out of the denominator), :func:`simple_loss` (no softmax),
 :func:`hard_negative_nt_xent` (only the hardest negatives), :func:`debiased_nt_xent` and
 :func:`hcl` (a corrected, reweighted negative mass). Conventions:
-:mod:`contrastkit.losses.functional`. Only :func:`dcl` has in-batch negatives in the plain
-log-sum-exp form, so only it goes through :func:`contrastkit.losses.dispatch.contrast` (dense,
-tiled, gathered or ring). :func:`simple_loss` and :func:`hard_negative_nt_xent` are computed
-densely here; they take ``distributed=`` too, through the same row exchange
-(:class:`contrastkit.losses._sharding.Shard`): in ``"local"`` mode a rank computes its own
-anchors' rows of the global similarity matrix, so the simple loss's mean is over the negatives
-of every rank and the hardest negatives are mined among all of them.
+:mod:`contrastkit.losses.functional`.
+
+Every one of them goes through :func:`contrastkit.losses.dispatch.contrast`, the one choice
+of backend (dense, tiled, gathered or ring; ``chunk_size=`` and ``distributed=`` as for
+:func:`nt_xent_views`). :func:`dcl` is a :class:`~contrastkit.losses.dispatch.SelfContrast`;
+the others describe their per-anchor losses to it here, once on the dense logits and once
+without the matrix:
+
+* the simple loss is linear in the similarities: the negatives' sum is ``z_i . sum_k z_k``
+  minus the anchor's own and its positive's terms, so its tiled path needs no tile at all
+  (and its ring form only the sum of every rank's rows);
+* the debiased and HCL denominators are log-sum-exps over the negatives (of ``l``, and for
+  HCL of ``(1 + beta) l`` and ``beta l``), taken in tiles
+  (:func:`contrastkit.losses.tiled.masked_logsumexp`) or round the ring, and the floor
+  ``M e^{-1/tau}`` then acts on each anchor's whole total, as on the dense path;
+* the hard-negative loss selects each anchor's ``k`` hardest negatives, which needs whole
+  rows: :func:`contrastkit.losses.tiled.topk_logsumexp` works in blocks of whole rows of
+  about ``chunk_size^2`` entries. Under ``distributed_mode="local"`` with tiles its ranks
+  gather the rows (``O(N d)`` per rank, exact gradients) instead of passing them round a
+  ring: a row's selection needs all of its candidates at once.
+
+In ``"local"`` mode a rank computes its own anchors against the candidates of every rank,
+so the simple loss's mean is over the negatives of every rank and the hardest negatives are
+mined among all of them (:class:`contrastkit.losses._sharding.Shard`).
 """
 
 from __future__ import annotations
@@ -296,9 +313,13 @@ def simple_loss(
         negative_weight: lambda >= 0 on the mean negative similarity.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or any tile size, forcing the
+            matrix-free computation: the loss is linear in the similarities, so it needs
+            ``O(N d)`` memory and no tiles at all (the value only selects the path).
         distributed, distributed_mode: the negatives of every rank (module docstring): the
             mean is over the ``2N - 2`` negatives of the global batch of ``N`` pairs, and the
-            reductions are those of :func:`nt_xent_views`.
+            reductions are those of :func:`nt_xent_views` (without a matrix in ``"local"``
+            mode: only the sum of each rank's rows is exchanged).
         validate: ``False`` skips the checks that read tensor values (finite entries,
             zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
             without a host synchronisation on accelerators.
@@ -343,15 +364,25 @@ def hard_negative_nt_xent(
             similarities, i.e. the top ``ceil((1 - quantile) * (2N - 2))`` (at least one).
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear computation in blocks of whole rows of about ``chunk_size^2``
+            entries (:func:`contrastkit.losses.tiled.topk_logsumexp`).
         distributed, distributed_mode: mine among the negatives of every rank (module
             docstring): ``N`` is then the global batch, so ``top_k`` and ``quantile`` count
             its ``2N - 2`` negatives; the reductions are those of :func:`nt_xent_views`.
+            With tiles in ``"local"`` mode the rows are gathered (``O(N d)`` per rank), not
+            passed round a ring.
         validate: ``False`` skips the checks that read tensor values (finite entries,
             zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
             without a host synchronisation on accelerators.
 
     Denominator: the positive plus the selected negatives. Selection is by similarity and
-    carries no gradient; ties at the cut are broken arbitrarily.
+    carries no gradient. Tie rule, the same on the dense and the tiled path: every negative
+    above the ``k``-th largest similarity is kept, and of those equal to it the ones with the
+    lowest column index (the stacked rows ``z_a`` then ``z_b``), so exactly ``k`` are kept.
+    Ties are decided on the computed similarities, so two paths whose rounding differs can
+    select differently only between negatives equal to rounding (same value, different
+    gradient).
 
     Example:
         >>> z = torch.eye(4)
@@ -431,6 +462,12 @@ def debiased_nt_xent(
         tau_plus: class prior in ``[0, 1)``.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first (the floor assumes cosine similarities).
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation of the negative sum; the floor acts on each
+            anchor's whole sum, as on the dense path.
+        distributed, distributed_mode: the negatives of every rank, as in
+            :func:`nt_xent_views` (tiles in ``"local"`` mode: the ring exchange); ``N`` and
+            ``M = 2N - 2`` are then those of the global batch.
         validate: ``False`` skips the checks that read tensor values (finite entries,
             zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
             without a host synchronisation on accelerators.
@@ -475,6 +512,11 @@ def hcl(
         beta: concentration ``>= 0``.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first.
+        chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
+            memory-linear tiled computation: the reweighted mass is two log-sum-exps over the
+            negatives (of ``(1 + beta) l`` and ``beta l``), each taken in tiles.
+        distributed, distributed_mode: as in :func:`debiased_nt_xent` (ring exchange with
+            tiles in ``"local"`` mode).
         validate: ``False`` skips the checks that read tensor values (finite entries,
             zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
             without a host synchronisation on accelerators.
