@@ -343,7 +343,7 @@ def topk_logsumexp(a: Tensor, c: Tensor, chunk_size: int, k: int, *, exclude: Op
     where ``T(i)`` holds the ``k`` largest ``a_i . c_j`` among the columns not in ``exclude[i]``
     (``(N, m)`` long column indices, as in :func:`masked_logsumexp`).
 
-    Ties at the cut go to the lowest column indices (:func:`._tiles.top_k_mask`); the
+    Ties at the cut go to the lowest column indices (``_tiles.top_k_mask``); the
     selection carries no gradient. Each row needs at least ``k`` columns left after the
     exclusions. The rows are computed in blocks of whole rows, about ``chunk_size^2`` entries
     each (at least one row): memory ``O((N + K) d + max(chunk_size^2, K))``, never ``N x K``.

@@ -366,7 +366,7 @@ def hard_negative_nt_xent(
         normalize: L2-normalise rows first.
         chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
             memory-linear computation in blocks of whole rows of about ``chunk_size^2``
-            entries (:func:`contrastkit.losses.tiled.topk_logsumexp`).
+            entries (``contrastkit.losses.tiled.topk_logsumexp``).
         distributed, distributed_mode: mine among the negatives of every rank (module
             docstring): ``N`` is then the global batch, so ``top_k`` and ``quantile`` count
             its ``2N - 2`` negatives; the reductions are those of :func:`nt_xent_views`.
