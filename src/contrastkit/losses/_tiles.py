@@ -8,7 +8,8 @@ its positive, or every column of another class) are set to ``-inf`` in the tile
 row-only passes over such tiles are :func:`merge_masked_rows_` and
 :func:`add_masked_row_grads_`). :func:`both_stats` reduces a tile for its rows and its
 columns with one shared shift when that is safe; :func:`pair_weights` and :func:`shifted_tile`
-rebuild ``exp(S - lse)`` in the backward pass. The buffers are flat and
+rebuild ``exp(S - lse)`` in the backward pass; :func:`top_k_mask` selects each row's hardest
+candidates (one tie rule for the dense and the tiled hard-negative loss). The buffers are flat and
 reused for every tile (:func:`tile_buffers`, :func:`tile_view`), so a kernel never holds more
 than two ``chunk x chunk`` tiles.
 
@@ -105,6 +106,22 @@ def mask_other_labels_(tile: Tensor, row_labels: Optional[Tensor], col_labels: O
     """Keep only the entries whose row and column share a label (SupCon's positives)."""
     if row_labels is not None:
         tile.masked_fill_(row_labels[:, None] != col_labels[None, :], float("-inf"))
+
+
+def top_k_mask(scores: Tensor, k: int) -> Tensor:
+    """The ``k`` largest entries of each row of ``scores`` (``(r, K)``, left-out entries
+    ``-inf``, at least ``k`` finite per row), as a boolean mask.
+
+    Tie rule: every entry above the row's ``k``-th largest value is kept, and of the entries
+    equal to it the ones with the lowest column indices, so that exactly ``k`` are kept. The
+    rule reads values only, so a kernel that recomputes the same scores (the backward pass of
+    a tiled loss) selects the same entries, and the dense path, given the same scores, too.
+    """
+    kth = scores.topk(k, dim=1).values[:, -1:]
+    above = scores > kth
+    tied = scores == kth
+    room = k - above.sum(dim=1, keepdim=True)
+    return above.logical_or_(tied.logical_and_(tied.cumsum(dim=1) <= room))
 
 
 def backward_lse(lse: Tensor) -> Tensor:

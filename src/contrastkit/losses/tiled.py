@@ -15,6 +15,9 @@ tile by tile and never hold more than two ``chunk x chunk`` tiles:
   candidates of each row: some columns excluded per row (the decoupled loss leaves out the
   anchor and its positive) and/or only the columns of the row's class (SupCon L_in's
   positives). Every tile is computed for its rows only.
+* :func:`topk_logsumexp` — the row-wise log-sum-exp of ``A C^T`` over only the ``k`` largest
+  entries of each row (hard-negative mining). Selecting them needs whole rows, so it works
+  in blocks of whole rows holding about ``chunk_size^2`` entries.
 
 The temperature is folded into the inputs by the callers (``x = z / sqrt(tau)``, or
 ``a = v / tau``), so its gradient, learnable or not, flows through ordinary autograd.
@@ -41,6 +44,7 @@ from torch import Tensor
 from ._tiles import (
     add_masked_row_grads_,
     backward_lse,
+    mask_excluded_,
     both_stats,
     merge_masked_rows_,
     merge_,
@@ -52,10 +56,11 @@ from ._tiles import (
     tile_buffers,
     tile_ranges,
     tile_view,
+    top_k_mask,
 )
 
-__all__ = ["self_logsumexp", "cross_logsumexp", "masked_logsumexp", "DEFAULT_CHUNK_SIZE", "DENSE_MAX_ENTRIES",
-           "use_tiled"]
+__all__ = ["self_logsumexp", "cross_logsumexp", "masked_logsumexp", "topk_logsumexp", "DEFAULT_CHUNK_SIZE",
+           "DENSE_MAX_ENTRIES", "use_tiled"]
 
 #: Tile edge used when tiling is chosen automatically (fastest on a 2-core CPU, fp32, d=128;
 #: see benchmarks/RESULTS.md). Two float32 tiles of this size take 8 MiB.
@@ -276,3 +281,72 @@ def masked_logsumexp(
     """
     a_labels, c_labels = (None, None) if labels is None else labels
     return _MaskedLogSumExp.apply(a, c, int(chunk_size), exclude, a_labels, c_labels)
+
+
+# --------------------------------------------------------------------------- top-k rows
+
+
+def _slab_rows(chunk: int, columns: int) -> int:
+    """Rows per block of whole rows: about ``chunk^2`` entries, between 1 and ``chunk`` rows."""
+    return max(1, min(chunk, (chunk * chunk) // max(columns, 1)))
+
+
+def _selected_slab(a: Tensor, c: Tensor, k: int, exclude: Optional[Tensor], i0: int, i1: int,
+                   buffer: Tensor) -> Tensor:
+    """Rows ``i0:i1`` of ``A C^T`` with everything but each row's ``k`` largest non-excluded
+    entries set to ``-inf``. The forward and the backward pass call this with the same
+    arguments, so the product, and with it the selection, is the same in both."""
+    slab = torch.mm(a[i0:i1], c.T, out=tile_view(buffer, i1 - i0, c.shape[0]))
+    mask_excluded_(slab, exclude, i0, i1, 0, c.shape[0])
+    return slab.masked_fill_(~top_k_mask(slab, k), float("-inf"))
+
+
+class _TopKLogSumExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, c: Tensor, chunk: int, k: int,  # type: ignore[override]
+                exclude: Optional[Tensor]) -> Tensor:
+        n, m = a.shape[0], c.shape[0]
+        rows = _slab_rows(chunk, m)
+        lse = a.new_empty(n)
+        buffer = a.new_empty(min(rows, n) * m)
+        with torch.no_grad(), no_autocast(a):
+            for i0, i1 in tile_ranges(n, rows):
+                lse[i0:i1] = torch.logsumexp(_selected_slab(a, c, k, exclude, i0, i1, buffer), dim=1)
+        ctx.chunk, ctx.k = chunk, k
+        ctx.save_for_backward(a, c, lse, exclude)
+        return lse
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        refuse_double_backward()
+        a, c, lse, exclude = ctx.saved_tensors
+        n, m = a.shape[0], c.shape[0]
+        need_a, need_c = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        da = torch.zeros_like(a) if need_a else None
+        dc = torch.zeros_like(c) if need_c else None
+        rows = _slab_rows(ctx.chunk, m)
+        buffer = a.new_empty(min(rows, n) * m)
+        grad, lse = grad.to(a.dtype), backward_lse(lse)
+        with torch.no_grad(), no_autocast(a):
+            for i0, i1 in tile_ranges(n, rows):
+                slab = _selected_slab(a, c, ctx.k, exclude, i0, i1, buffer)
+                weights = slab.sub_(lse[i0:i1, None]).exp_().mul_(grad[i0:i1, None])
+                if need_a:
+                    da[i0:i1].addmm_(weights, c)
+                if need_c:
+                    dc.addmm_(weights.T, a[i0:i1])
+        return da, dc, None, None, None
+
+
+def topk_logsumexp(a: Tensor, c: Tensor, chunk_size: int, k: int, *, exclude: Optional[Tensor] = None) -> Tensor:
+    """``lse_i = log sum_{j in T(i)} exp(a_i . c_j)`` for ``a`` ``(N, d)``, ``c`` ``(K, d)``,
+    where ``T(i)`` holds the ``k`` largest ``a_i . c_j`` among the columns not in ``exclude[i]``
+    (``(N, m)`` long column indices, as in :func:`masked_logsumexp`).
+
+    Ties at the cut go to the lowest column indices (``_tiles.top_k_mask``); the
+    selection carries no gradient. Each row needs at least ``k`` columns left after the
+    exclusions. The rows are computed in blocks of whole rows, about ``chunk_size^2`` entries
+    each (at least one row): memory ``O((N + K) d + max(chunk_size^2, K))``, never ``N x K``.
+    Exact and differentiable in ``a`` and ``c`` (``c`` may be ``a`` itself).
+    """
+    return _TopKLogSumExp.apply(a, c, int(chunk_size), int(k), exclude)
