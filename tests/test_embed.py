@@ -109,6 +109,7 @@ def test_bad_input_is_one_line_exit_2(run_dir, tmp_path, capsys):
         (["embed", str(run_dir), "--out", str(tmp_path / "x.npz"), "--data-option", "size=28"], "--data-option"),
         (["embed", str(run_dir), "--out", str(tmp_path / "x.npz"), "--data", str(tmp_path / "missing.npz")],
          "missing.npz"),
+        (["embed", str(run_dir), "--out", str(tmp_path / "x.npz"), "--workers", "-1"], "workers must be"),
     ]
     for argv, message in cases:
         assert main(argv + ["--quiet"]) == 2, argv
