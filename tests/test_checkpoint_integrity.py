@@ -152,6 +152,19 @@ def test_bytes_flipped_inside_a_tensor_are_refused_by_probe(run, capsys):
     assert _snapshot(run) == before  # no probe.json
 
 
+def test_bytes_flipped_inside_a_tensor_are_refused_by_embed(run, tmp_path, capsys):
+    last = run / "checkpoints" / "last.pt"
+    _flip_tensor_byte(last)
+    out = tmp_path / "embeddings"
+    out.mkdir()
+    before = _snapshot(run)
+    for target in ("emb.npz", "emb.npy"):
+        assert main(["embed", str(run), "--out", str(out / target), "--quiet"]) == 2
+        line = _one_error_line(capsys, "embed")
+        assert str(last) in line and "SHA-256" in line
+    assert _snapshot(run) == before and os.listdir(out) == []  # no embeddings, marker, manifest or work folder
+
+
 def test_damaged_last_checkpoint_resume_is_refused_or_falls_back(run, capsys):
     last = run / "checkpoints" / "last.pt"
     _flip_tensor_byte(last)

@@ -109,9 +109,96 @@ def test_bad_input_is_one_line_exit_2(run_dir, tmp_path, capsys):
         (["embed", str(run_dir), "--out", str(tmp_path / "x.npz"), "--data-option", "size=28"], "--data-option"),
         (["embed", str(run_dir), "--out", str(tmp_path / "x.npz"), "--data", str(tmp_path / "missing.npz")],
          "missing.npz"),
+        (["embed", str(run_dir), "--out", str(tmp_path / "x.npz"), "--workers", "-1"], "workers must be"),
     ]
     for argv, message in cases:
         assert main(argv + ["--quiet"]) == 2, argv
         error = capsys.readouterr().err.strip()
         assert error.count("\n") == 0 and message in error, error
     assert not (tmp_path / "x.npz").exists() and not (tmp_path / "no").exists()
+
+
+# -- a streamed data set and a user's own encoder -----------------------------------------
+
+@pytest.fixture(scope="module")
+def streamed_run(tmp_path_factory, one_torch_thread):
+    """A run trained on a class-folder tree of PNG and JPEG files, streamed (``stream=true``)."""
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for name in ("cat", "dog", "eel"):
+        (folder / name).mkdir()
+        for i in range(14):
+            pixels = rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
+            Image.fromarray(pixels, mode="RGB").save(folder / name / f"img_{i:03d}.{'jpg' if i % 3 == 0 else 'png'}")
+    out = tmp_path_factory.mktemp("streamed") / "run"
+    pretrain(tiny_config(out, data=str(folder), data_options={"stream": True}), progress=False, baselines=False)
+    return out, folder
+
+
+def _streamed_probe_features(run_dir, split):
+    """h as the read-out computes it for a streamed split (batches through its loader)."""
+    from contrastkit.train.evaluate import split_images
+
+    saved = load_run(str(run_dir))
+    dataset = saved.load_data()
+    model = saved.build_model(dataset.image_shape, torch.device("cpu"))
+    part = getattr(dataset, split)
+    return extract_features(model.encoder, split_images(part), torch.device("cpu")), part
+
+
+def _image_paths(part):
+    """The file of each item of a streamed split (a subset of an image folder's index)."""
+    return [part.dataset.path(i) for i in part.indices]
+
+
+def test_a_streamed_runs_test_split_equals_the_probes_features(streamed_run, tmp_path, capsys):
+    run_dir, folder = streamed_run
+    out = tmp_path / "emb.npy"
+    assert main(["embed", str(run_dir), "--split", "test", "--out", str(out), "--quiet", "--batch-size", "4"]) == 0
+    capsys.readouterr()
+    expected, part = _streamed_probe_features(run_dir, "test")
+    h = np.load(out)
+    assert h.shape == expected.shape and np.array_equal(h, expected)
+    with open(tmp_path / "emb.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["label"]) for r in rows] == part.labels.tolist()
+    assert [r["name"] for r in rows] == _image_paths(part)
+    assert {r["name"].rsplit(".", 1)[1] for r in rows} == {"png", "jpg"}
+    names = load_run(str(run_dir)).load_data().class_names
+    assert all(r["name"].startswith(str(folder / names[int(r["label"])])) for r in rows)
+
+
+def test_a_streamed_run_exports_every_split_from_python_with_workers(streamed_run, tmp_path):
+    run_dir, folder = streamed_run
+    result = export_embeddings(str(run_dir), str(tmp_path / "all.npz"), progress=False, batch_size=5, workers=2)
+    with np.load(tmp_path / "all.npz", allow_pickle=False) as archive:
+        h, names, splits = archive["h"], archive["names"].tolist(), archive["splits"].tolist()
+    start = 0
+    for split in ("train", "val", "test"):
+        expected, part = _streamed_probe_features(run_dir, split)
+        assert np.array_equal(h[start:start + len(part)], expected), split
+        assert names[start:start + len(part)] == _image_paths(part) and splits.count(split) == len(part)
+        start += len(part)
+    assert result.rows == h.shape[0] == start == 42
+    assert sorted(names) == sorted(str(path) for path in folder.glob("*/*"))
+
+
+def test_a_runs_factory_encoder_is_rebuilt_without_its_options(tmp_path, capsys, one_torch_thread):
+    from _tiny_run import TINY_ARGS
+
+    run_dir = tmp_path / "run"
+    assert main(["pretrain", *TINY_ARGS, "--encoder", "custom_encoders:tiny_conv", "--encoder-option", "width=6",
+                 "--epochs", "1", "--out", str(run_dir)]) == 0
+    out = tmp_path / "emb.npz"
+    assert main(["embed", str(run_dir), "--split", "test", "--projection", "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    expected, model, _ = _probe_features(run_dir, "test")
+    assert load_run(str(run_dir)).state["model"]["encoder.module.net.0.weight"].shape[0] == 6  # width=6 recorded
+    with np.load(out) as archive:
+        assert archive["h"].shape == (12, 6) and np.array_equal(archive["h"], expected)
+        with torch.no_grad():
+            model.eval()
+            z = model.head(torch.from_numpy(expected)).numpy()
+        np.testing.assert_allclose(archive["z"], z, rtol=1e-5, atol=1e-7)

@@ -427,3 +427,31 @@ def test_a_study_refuses_a_folder_of_someone_else_where_its_run_goes(study):
         POSITIVE_PAIRS.run(str(study), force=True, progress=False, seeds=1, epochs=1, batch_size=8,
                            data_options=dict(TINY_GLYPHLAB))
     assert tree(foreign) == before
+
+
+def test_sweep_force_keeps_a_users_folder_in_runs_and_recreates_its_own_runs(tmp_path, run_template, capsys):
+    """Reported: ``sweep --force`` deleted all of ``OUT/runs/``, the default ``runs/pretrain``
+    included; now it removes its own runs (through their manifests) and trains them again."""
+    out = tmp_path / "sweep"
+    sweep = ["sweep", "--temperatures", "0.5,0.1", "--no-variants", "--out", str(out)] + TINY_STUDY
+    assert main(sweep) == 0
+    own = sorted(Manifest(out).nested)
+    assert own == ["runs/nt_xent-tau0.1-seed0", "runs/nt_xent-tau0.5-seed0"]
+    shutil.copytree(run_template, out / "runs" / "pretrain", symlinks=True)  # a run of the user's
+    (out / "runs" / "pretrain" / "notes.txt").write_text("my notes\n")  # and a file contrastkit never wrote
+    (out / "runs" / "mine.txt").write_text("mine\n")
+    users = tree(out / "runs" / "pretrain")
+    # Hard links keep the old files alive: a recreated file is a new inode, not the old one kept.
+    old = {}
+    for name in own:
+        old[name] = tmp_path / f"{name.replace('/', '_')}.summary.json"
+        os.link(out / name / "summary.json", old[name])
+    assert main(sweep) == 2  # the folder holds a sweep: --force (or --resume) is needed
+    assert main(sweep + ["--force"]) == 0
+    capsys.readouterr()
+    assert tree(out / "runs" / "pretrain") == users and (out / "runs" / "mine.txt").read_text() == "mine\n"
+    assert sorted(Manifest(out).nested) == own and Manifest(out).check() == []
+    for name in own:
+        summary = out / name / "summary.json"
+        assert summary.is_file() and not os.path.samefile(summary, old[name]), name  # removed and written again
+        assert json.loads(summary.read_text())["epochs"] == 1

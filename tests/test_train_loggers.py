@@ -61,13 +61,19 @@ def test_csv_holds_every_step_epoch_val_and_summary_number(logged_run):
     assert all(int(r["step"]) == summary["steps"] for r in rows if r["group"] == "summary")
 
 
-def test_tensorboard_event_file_reads_back_with_tensorboards_reader(logged_run):
+def _events(folder):
+    """The event files under ``folder`` read by tensorboard's own reader (skips without it)."""
     pytest.importorskip("tensorboard", reason="tensorboard is not installed (the [tensorboard] extra)")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    out, summary = logged_run
-    events = EventAccumulator(str(out / "tensorboard"))
+    events = EventAccumulator(str(folder))
     events.Reload()
+    return events
+
+
+def test_tensorboard_event_file_reads_back_with_tensorboards_reader(logged_run):
+    out, summary = logged_run
+    events = _events(out / "tensorboard")
     tags = set(events.Tags()["scalars"])
     for tag in ("train/loss", "train/tau", "train/lr", "train/images_per_second", "epoch/loss",
                 "val/knn_accuracy", "val/geometry/h/tolerance", "summary/probe_accuracy",
@@ -81,6 +87,25 @@ def test_tensorboard_event_file_reads_back_with_tensorboards_reader(logged_run):
     (probe,) = events.Scalars("summary/probe_accuracy")
     assert probe.step == summary["steps"] and probe.value == pytest.approx(summary["probe_accuracy"], rel=1e-6)
     assert "summary/probe_table/text_summary" in events.Tags()["tensors"]
+
+
+def test_cli_logger_csv_and_tensorboard_end_to_end(tmp_path, capsys, one_torch_thread):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (the [tensorboard] extra)")
+    from _tiny_run import TINY_ARGS
+
+    out = tmp_path / "run"
+    assert main(["pretrain", *TINY_ARGS, "--epochs", "1", "--out", str(out), "--logger", "csv,tensorboard",
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    steps = [r for r in _records(out) if r["kind"] == "step"]
+    rows = _csv_rows(out)
+    assert [float(r["value"]) for r in rows if r["group"] == "train" and r["name"] == "loss"] == [r["loss"] for r in steps]
+    assert {r["name"]: float(r["value"]) for r in rows if r["group"] == "summary"}["probe_accuracy"] == summary["probe_accuracy"]
+    events = _events(out / "tensorboard")
+    assert [e.step for e in events.Scalars("train/loss")] == [r["step"] for r in steps]
+    (probe,) = events.Scalars("summary/probe_accuracy")
+    assert probe.step == summary["steps"] and probe.value == pytest.approx(summary["probe_accuracy"], rel=1e-6)
+    assert json.loads((out / "config.json").read_text())["config"]["loggers"] == ["csv", "tensorboard"]
 
 
 class _Interrupt(Exception):

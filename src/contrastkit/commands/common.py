@@ -235,5 +235,5 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
     details = [f"{key} {_fmt(summary[key])}" for key in ("final_loss", "final_temperature", "epochs", "steps",
                                                           "images_per_second", "seconds") if key in summary]
     console.print("  ".join(details))
-    if "beats_baselines" in summary and not summary["beats_baselines"]:
+    if summary.get("beats_baselines") is False:  # None: a run without baselines (--no-baselines)
         console.print("[yellow]the pretrained encoder does not beat both baselines on the linear probe[/yellow]")

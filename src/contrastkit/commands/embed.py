@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default 256)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ... (default auto)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the run's setting)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes decoding a streamed data set's images, a batch at a time (default: the run's setting)")
     parser.add_argument("--force", action="store_true",
                         help="replace the files of an earlier contrastkit embed output (never other files)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     result = export_embeddings(args.run_dir, args.out, data=args.data, data_options=parse_data_options(args.data_option),
                                split=args.split, projection=args.projection, checkpoint=args.checkpoint,
                                force=args.force, device=args.device, batch_size=args.batch_size,
-                               threads=args.threads, progress=False if args.quiet else None)
+                               threads=args.threads, workers=args.workers, progress=False if args.quiet else None)
     if args.json:
         print(json.dumps(asdict(result), indent=2, sort_keys=True))
         return 0

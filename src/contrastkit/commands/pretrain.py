@@ -109,6 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--quiet", action="store_true", help="no progress bar")
     add("--json", action="store_true", help="print summary.json instead of the table")
     add("--no-report", action="store_true", help="do not write OUT/report.html (see: contrastkit report --help)")
+    add("--no-baselines", action="store_true",
+        help="skip the random-init and raw-pixel read-outs (summary.json then has only the trained encoder's); "
+             "the raw-pixel baseline holds N x C*H*W float32 features per split, which is what makes the "
+             "read-out's memory grow with a large streamed data set")
     add_config_argument(parser, aliases=_CONFIG_ALIASES)
 
 
@@ -141,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     from contrastkit.train import pretrain
 
     config = config_from_args(args)
-    summary = pretrain(config, resume=args.resume, force=args.force, progress=False if args.quiet else None)
+    summary = pretrain(config, resume=args.resume, force=args.force, progress=False if args.quiet else None,
+                       baselines=not args.no_baselines)
     if summary is None:  # a rank > 0 under torchrun: rank 0 reports
         return 0
     if args.json:

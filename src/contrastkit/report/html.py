@@ -487,7 +487,7 @@ def _run_page(folder: Path) -> Page:
             cards.append(("training time (s)", summary["train_seconds"],
                           f"{speed:.0f} images/s" if speed is not None else ""))
         parts = [page.cards(cards)]
-        if "beats_baselines" in summary:
+        if summary.get("beats_baselines") is not None:  # None: a run without baselines
             parts.append("<p>" + (page.badge("beats both baselines", "good") if summary["beats_baselines"]
                                   else page.badge("does not beat both baselines", "bad"))
                          + " <span class=\"note\">on the linear probe (test split), same probe for all three.</span></p>")

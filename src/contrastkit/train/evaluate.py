@@ -28,7 +28,7 @@ from .methods import get_method
 from .setup import as_run_data, build_model, limit_threads, load_data, resolve_device
 
 __all__ = ["extract_features", "evaluate_features", "evaluate_encoders", "evaluate_model", "evaluate_run",
-           "split_images", "SavedRun", "load_run"]
+           "split_images", "image_batches", "SavedRun", "load_run"]
 
 
 def split_images(split: Any) -> Any:
@@ -37,7 +37,11 @@ def split_images(split: Any) -> Any:
     return split.images if in_memory(split) else split
 
 
-def _image_batches(images: Any, batch_size: int, workers: int) -> Iterator[torch.Tensor]:
+def image_batches(images: Any, batch_size: int = 256, workers: int = 0) -> Iterator[torch.Tensor]:
+    """Consecutive batches of ``images`` (what :func:`split_images` returns), in order, the
+    last one partial: ``(b, C, H, W)`` float in ``[0, 1]``, slices of an in-memory tensor or a
+    streamed split's items decoded ``batch_size`` at a time in ``workers`` processes (never the
+    whole split at once). The one way the read-out and ``contrastkit embed`` read a split."""
     if isinstance(images, torch.Tensor):
         for i in range(0, images.shape[0], batch_size):
             yield images[i:i + batch_size]
@@ -59,7 +63,7 @@ def extract_features(encoder: nn.Module, images: Any, device: torch.device, batc
     was_training = encoder.training
     encoder.eval()
     try:
-        chunks = [encoder(batch.to(device)).float().cpu() for batch in _image_batches(images, batch_size, workers)]
+        chunks = [encoder(batch.to(device)).float().cpu() for batch in image_batches(images, batch_size, workers)]
     finally:
         encoder.train(was_training)
     return torch.cat(chunks).numpy()

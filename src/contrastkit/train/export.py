@@ -3,9 +3,12 @@ linear probe reads) and optionally ``z`` (the projection head's output, not norm
 every image of a data set, with its split, label and name.
 
 The encoder is rebuilt from the run folder (:func:`~contrastkit.train.evaluate.load_run`),
-``h`` is computed batch by batch by :func:`~contrastkit.train.evaluate.extract_features` (the
-probe's own feature extractor, so the numbers are the probe's) and streamed into the output:
-no more than one batch of features is held in memory. Files (see
+Each split is read as the read-out reads it (:func:`~contrastkit.train.evaluate.image_batches`:
+slices of an in-memory split, or a streamed split decoded one batch at a time in ``workers``
+processes, never whole) and ``h`` computed by :func:`~contrastkit.train.evaluate.extract_features`
+(the probe's own feature extractor, so the numbers are the probe's), then streamed into the
+output: no more than one batch of images and features is held in memory. A row's ``name`` is
+its image file where the split knows it (an image folder, streamed), else its index. Files (see
 :func:`contrastkit.layout.embedding_files`): ``OUT.npz`` with ``h``, ``z``, ``labels``,
 ``splits``, ``names``; or ``OUT.npy`` (``h``), ``OUT_z.npy`` (``z``) and ``OUT.csv`` (``split,
 index, label, name`` per row). A sidecar (``OUT.npz.contrastkit.json`` or
@@ -30,12 +33,13 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import Subset
 
 from contrastkit import __version__, layout
 from contrastkit._io import write_json
 from contrastkit.manifest import Manifest, file_sha256
 
-from .evaluate import extract_features, load_run
+from .evaluate import extract_features, image_batches, load_run, split_images
 from .setup import limit_threads, resolve_device
 
 __all__ = ["SPLITS", "EmbeddingExport", "export_embeddings"]
@@ -61,7 +65,7 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
                       data_options: Optional[Dict[str, Any]] = None, split: str = "all",
                       projection: bool = False, checkpoint: Optional[str] = None, force: bool = False,
                       device: str = "auto", batch_size: int = 256, threads: Optional[int] = None,
-                      progress: Optional[bool] = None) -> EmbeddingExport:
+                      workers: Optional[int] = None, progress: Optional[bool] = None) -> EmbeddingExport:
     """Write the embeddings of ``data`` (default: the run's own data set and options) under
     the encoder of the run in ``run_dir``.
 
@@ -74,6 +78,8 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
         projection: also write ``z``, the projection head's output.
         checkpoint: another checkpoint of the run (default ``checkpoints/last.pt``).
         force: replace the files of an earlier export (only files its marker lists).
+        threads, workers: CPU threads, and processes decoding a streamed split's images
+            (default: the run's settings).
         progress: show a progress bar; ``None``: when stderr is a terminal.
 
     Raises:
@@ -85,6 +91,8 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
     files = layout.embedding_files(out, projection)
     _check_targets(files, force)
     saved = load_run(run_dir, checkpoint=checkpoint)
@@ -97,7 +105,8 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
                              f"in {run_dir} was trained on {saved.image_shape[0]} channels")
         names = ("train", "val", "test") if split == "all" else (split,)
         head = _projection_head(model) if projection else None
-        return _write(files, dataset, names, model.encoder, head, torch_device, batch_size, progress,
+        read = _Reading(batch_size, saved.config.workers if workers is None else workers)
+        return _write(files, dataset, names, model.encoder, head, torch_device, read, progress,
                       {"run": os.path.abspath(run_dir), "checkpoint": os.path.abspath(saved.checkpoint),
                        "data": data or saved.config.data, "split": split})
 
@@ -147,19 +156,34 @@ def _projection_head(model: nn.Module) -> nn.Module:
     return head
 
 
-def _chunks(split: Any, batch_size: int) -> Iterator[Tuple[torch.Tensor, np.ndarray, List[str]]]:
-    """``(images, labels, names)`` of consecutive batches of ``split`` (labels -1 where the
-    data have none; names: the split's ``files`` where it keeps them, else ``split/index``)."""
-    images = split.images
+@dataclass(frozen=True)
+class _Reading:
+    """How the splits are read: images per forward pass, and decoding processes."""
+
+    batch_size: int
+    workers: int
+
+
+def _chunks(split: Any, read: _Reading) -> Iterator[Tuple[torch.Tensor, np.ndarray, List[str]]]:
+    """``(images, labels, names)`` of consecutive batches of ``split``, read as the read-out
+    reads it (labels -1 where the data have none; names: see :func:`_item_name`)."""
     labels = getattr(split, "labels", None)
-    files = getattr(split, "files", None)
-    for start in range(0, int(images.shape[0]), batch_size):
-        batch = images[start:start + batch_size]
+    start = 0
+    for batch in image_batches(split_images(split), read.batch_size, read.workers):
         n = int(batch.shape[0])
         batch_labels = (np.full(n, -1, dtype=np.int64) if labels is None
                         else np.asarray(labels[start:start + n].cpu().numpy(), dtype=np.int64))
-        yield batch, batch_labels, [str(files[start + i]) if files is not None else str(start + i)
-                                    for i in range(n)]
+        yield batch, batch_labels, [_item_name(split, start + i) for i in range(n)]
+        start += n
+
+
+def _item_name(split: Any, index: int) -> str:
+    """Item ``index``'s image file where the split knows it (an image folder read lazily, or a
+    ``Subset`` of one: :class:`~contrastkit.data.ImageFolderDataset` ``.path``), else the index."""
+    while isinstance(split, Subset):
+        split, index = split.dataset, int(split.indices[index])
+    path = getattr(split, "path", None)
+    return str(path(index)) if callable(path) else str(index)
 
 
 class _Columns:
@@ -185,10 +209,10 @@ class _Columns:
 
 
 def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: nn.Module,
-           head: Optional[nn.Module], device: torch.device, batch_size: int, progress: Optional[bool],
+           head: Optional[nn.Module], device: torch.device, read: _Reading, progress: Optional[bool],
            facts: Dict[str, Any]) -> EmbeddingExport:
     splits = [(name, getattr(dataset, name)) for name in names]
-    total = sum(int(split.images.shape[0]) for _, split in splits)
+    total = sum(len(split) for _, split in splits)
     if total == 0:
         raise ValueError(f"{facts['data']} has no images in the {facts['split']} split")
     work = tempfile.mkdtemp(prefix=".embed-", dir=os.path.dirname(os.path.abspath(files["marker"])))
@@ -204,8 +228,8 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
             writer.writerow(("split", "index", "label", "name"))
             for name, split in splits:
                 index = 0
-                for images, batch_labels, batch_names in _chunks(split, batch_size):
-                    features = _features(encoder, images, device, batch_size, facts)
+                for images, batch_labels, batch_names in _chunks(split, read):
+                    features = _features(encoder, images, device, facts)
                     h.add(features.astype(np.float32))
                     if z is not None:
                         z.add(_project(head, features, device))
@@ -246,10 +270,10 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
     return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names))
 
 
-def _features(encoder: nn.Module, images: torch.Tensor, device: torch.device, batch_size: int,
-              facts: Dict[str, Any]) -> np.ndarray:
+def _features(encoder: nn.Module, images: torch.Tensor, device: torch.device, facts: Dict[str, Any]) -> np.ndarray:
+    """``h`` of one batch (already read: one forward pass)."""
     try:
-        return extract_features(encoder, images, device, batch_size)
+        return extract_features(encoder, images, device, int(images.shape[0]))
     except RuntimeError as err:  # e.g. images of a size the encoder was not built for
         raise ValueError(f"the encoder of {facts['run']} cannot read the images of {facts['data']} "
                          f"({tuple(images.shape[1:])}): {str(err).splitlines()[0]}") from None
