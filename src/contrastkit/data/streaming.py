@@ -7,7 +7,7 @@ puts three such splits (or any map-style ``torch.utils.data.Dataset`` returning
 ``(image, label)``) together with the names the training loop reads (``image_shape``,
 ``class_names``, ``num_classes``), like the in-memory :class:`~contrastkit.data.Dataset`.
 :func:`as_streaming_pairs` does the same for data sets of ``(image, text)`` pairs
-(:class:`CaptionedDataset` splits, a :class:`~contrastkit.data.paired.StreamingPairedDataset`):
+(:class:`CaptionedDataset` splits, a ``contrastkit.data.paired.StreamingPairedDataset``):
 the texts are read once up front (the tokenizer is built from them), the images never.
 
 The order of the images is not the loader's: :class:`EpochBatchSampler` yields, for each
@@ -401,7 +401,7 @@ def as_streaming_pairs(train: Any, val: Any = None, test: Any = None, *,
                        class_names: Optional[Sequence[str]] = None,
                        class_prompts: Optional[Dict[str, List[str]]] = None, name: str = "pairs",
                        val_fraction: float = 0.1, test_fraction: float = 0.2, split_seed: int = 0) -> Any:
-    """A :class:`~contrastkit.data.paired.StreamingPairedDataset` of a user's map-style data
+    """A ``contrastkit.data.paired.StreamingPairedDataset`` of a user's map-style data
     sets of ``(image, text)`` pairs (each a :class:`CaptionedDataset` split), for ``convirt``
     and ``siglip``.
 
