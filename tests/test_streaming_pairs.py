@@ -246,3 +246,14 @@ def test_paired_data_and_labelled_data_are_not_confused(tmp_path, glyphs):
         bad = Pairs(glyphs.train)
         bad.texts[1] = ""
         as_streaming_pairs(bad)
+
+
+def test_split_limits_cut_the_streamed_pairs_as_the_held_ones(tmp_path, glyphs):
+    limits = dict(train_limit=32, val_limit=8, test_limit=12)
+    memory = pretrain(config(tmp_path / "memory", epochs=1, **limits), dataset=held(glyphs), progress=False,
+                      baselines=False)
+    stream = pretrain(config(tmp_path / "stream", epochs=1, **limits), dataset=streamed(glyphs)[0], progress=False,
+                      baselines=False)
+    assert_same_weights(weights(tmp_path / "memory"), weights(tmp_path / "stream"))
+    assert stream["retrieval_pairs"] == memory["retrieval_pairs"] == 12
+    assert stream["retrieval_i2t_recall@1"] == memory["retrieval_i2t_recall@1"]

@@ -119,16 +119,10 @@ class LabelledDataset(torch.utils.data.Dataset):
     ``[0, 1]``; PIL images and numpy ``HWC`` arrays are converted)."""
 
     def __init__(self, dataset: Any, what: str = "dataset") -> None:
-        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-            raise TypeError(f"{what} must be a map-style torch.utils.data.Dataset (with __getitem__ and "
-                            f"__len__), got {type(dataset).__name__}")
-        if len(dataset) == 0:
-            raise ValueError(f"{what} is empty")
+        _check_map_style(dataset, what)
         self.dataset = dataset
         self.what = what
-        known = getattr(dataset, "targets", None)
-        if known is None:
-            known = getattr(dataset, "labels", None)
+        known = _labels_attribute(dataset)
         if known is None:
             known = [dataset[i][1] for i in range(len(dataset))]
         self.labels = torch.as_tensor(np.asarray(known), dtype=torch.int64).reshape(-1)
@@ -142,10 +136,8 @@ class LabelledDataset(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Tuple[Tensor, int]:
-        item = self.dataset[index]
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise BadItemError(f"{self.what}: item {index} must be (image, label), got {_describe(item)}")
-        return _as_image_tensor(item[0], f"{self.what} item {index}", getattr(self, "image_shape", None)), int(item[1])
+        image, label = _two_fields(self.dataset[index], self.what, index, "label")
+        return _as_image_tensor(image, f"{self.what} item {index}", getattr(self, "image_shape", None)), int(label)
 
 
 class CaptionedDataset(torch.utils.data.Dataset):
@@ -162,12 +154,7 @@ class CaptionedDataset(torch.utils.data.Dataset):
     def __init__(self, dataset: Any, what: str = "dataset") -> None:
         from contrastkit.data.paired import check_texts
 
-        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-            raise TypeError(f"{what} must be a map-style torch.utils.data.Dataset (with __getitem__ and "
-                            f"__len__), got {type(dataset).__name__}")
-        n = len(dataset)
-        if n == 0:
-            raise ValueError(f"{what} is empty")
+        n = _check_map_style(dataset, what)
         self.dataset, self.what = dataset, what
         self.image_shape: Optional[Tuple[int, ...]] = None
         self.image_shape = tuple(int(s) for s in self._item(0)[0].shape)
@@ -178,9 +165,7 @@ class CaptionedDataset(torch.utils.data.Dataset):
             self.texts = check_texts(known, f"{what}.texts")
             if len(self.texts) != n:
                 raise ValueError(f"{what}: {len(self.texts)} texts for {n} items")
-        labels = getattr(dataset, "targets", None)
-        if labels is None:
-            labels = getattr(dataset, "labels", None)
+        labels = _labels_attribute(dataset)
         self.labels: Optional[Tensor] = None
         if labels is not None:
             self.labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64).reshape(-1)
@@ -191,10 +176,7 @@ class CaptionedDataset(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def _item(self, index: int) -> Tuple[Tensor, str]:
-        item = self.dataset[index]
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise BadItemError(f"{self.what}: item {index} must be (image, text), got {_describe(item)}")
-        image, text = item
+        image, text = _two_fields(self.dataset[index], self.what, index, "text")
         if not isinstance(text, str) or not text.strip():
             shown = repr(text) if isinstance(text, str) else type(text).__name__
             raise BadItemError(f"{self.what}: item {index}'s text must be a non-empty str, got {shown}")
@@ -204,11 +186,30 @@ class CaptionedDataset(torch.utils.data.Dataset):
         return self._item(index)
 
 
-def _describe(item: Any) -> str:
-    """What an item is, for an error message: its type, and a tuple's length."""
-    if isinstance(item, (tuple, list)):
-        return f"a {type(item).__name__} of {len(item)}"
-    return type(item).__name__
+def _check_map_style(dataset: Any, what: str) -> int:
+    """The length of a user's map-style data set; ``TypeError`` / ``ValueError`` naming ``what``
+    when it is not one, or is empty."""
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise TypeError(f"{what} must be a map-style torch.utils.data.Dataset (with __getitem__ and "
+                        f"__len__), got {type(dataset).__name__}")
+    n = len(dataset)
+    if n == 0:
+        raise ValueError(f"{what} is empty")
+    return n
+
+
+def _labels_attribute(dataset: Any) -> Any:
+    """A data set's ``targets`` attribute, else its ``labels`` one, else ``None``."""
+    known = getattr(dataset, "targets", None)
+    return getattr(dataset, "labels", None) if known is None else known
+
+
+def _two_fields(item: Any, what: str, index: int, second: str) -> Tuple[Any, Any]:
+    """``(image, second)`` of item ``index``; :class:`BadItemError` when it is not a pair."""
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        shown = f"a {type(item).__name__} of {len(item)}" if isinstance(item, (tuple, list)) else type(item).__name__
+        raise BadItemError(f"{what}: item {index} must be (image, {second}), got {shown}")
+    return item[0], item[1]
 
 
 def _as_image_tensor(image: Any, what: str, shape: Optional[Tuple[int, ...]] = None) -> Tensor:
