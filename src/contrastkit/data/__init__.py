@@ -13,7 +13,8 @@ folder to load.
 
 Data too large to hold are streamed (:mod:`contrastkit.data.streaming`): :func:`stream_image_folder`
 keeps only the file index of a class-folder tree and decodes images in ``DataLoader`` workers;
-:func:`as_streaming` wraps any map-style ``torch.utils.data.Dataset`` of ``(image, label)``.
+:func:`as_streaming` wraps any map-style ``torch.utils.data.Dataset`` of ``(image, label)``,
+:func:`as_streaming_pairs` one of ``(image, text)`` pairs (for ``convirt`` and ``siglip``).
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from typing import Any, Callable, Dict, Union
 
 from contrastkit.data.base import Dataset, Split, stratified_subset, stratified_subset_indices
 from contrastkit.data.download import download_cifar10, download_mnist
-from contrastkit.data.streaming import (EpochBatchSampler, ImageFolderDataset, StreamingDataset,
-                                        UnreadableImageError, as_streaming, make_loader, stream_image_folder,
-                                        subset_split)
+from contrastkit.data.streaming import (BadItemError, CaptionedDataset, EpochBatchSampler, ImageFolderDataset,
+                                        StreamingDataset, UnreadableImageError, as_streaming, as_streaming_pairs,
+                                        make_loader, stream_image_folder, subset_split)
 from contrastkit.data.views import MODES, ViewMaker, make_views
 
 __all__ = ["load_dataset", "make_views", "Dataset", "Split", "ViewMaker", "MODES", "BUILTIN",
            "download_mnist", "download_cifar10", "ImageFolderDataset", "StreamingDataset", "UnreadableImageError",
-           "EpochBatchSampler", "stream_image_folder", "as_streaming", "make_loader", "subset_split",
+           "BadItemError", "CaptionedDataset", "EpochBatchSampler", "stream_image_folder", "as_streaming",
+           "as_streaming_pairs", "make_loader", "subset_split",
            "stratified_subset", "stratified_subset_indices"]
 
 #: Built-in data set names.

@@ -29,6 +29,10 @@ a ``.csv`` path
 
 Splits are by scene (GlyphLab), by the loader's stratified split (digits), or by image path
 (CSV: all rows of one image land in the same split), so no image appears in two splits.
+
+A user's own map-style ``torch.utils.data.Dataset`` of ``(image, text)`` items is read item by
+item instead (:func:`contrastkit.data.as_streaming_pairs`): a :class:`StreamingPairedDataset`,
+whose splits hold the texts (read once) but never the images.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -48,12 +52,24 @@ from contrastkit._io import check_input_size, memory_guard, one_line, read_input
 from contrastkit.data.base import Dataset, Split, check_fraction, check_positive_int
 
 __all__ = [
-    "PairedSplit", "PairedDataset", "load_paired", "load_glyphlab_text", "load_digits_text",
-    "load_pair_csv", "glyphlab_facts", "glyphlab_report", "PAIRED_BUILTIN",
+    "PairedSplit", "PairedDataset", "StreamingPairedDataset", "check_texts", "load_paired", "load_glyphlab_text",
+    "load_digits_text", "load_pair_csv", "glyphlab_facts", "glyphlab_report", "PAIRED_BUILTIN",
 ]
 
 #: Built-in paired data set names.
 PAIRED_BUILTIN = ("glyphlab-text", "digits-text")
+
+
+def check_texts(texts: Any, what: str) -> List[str]:
+    """``texts`` as a list of non-empty strings; ``ValueError`` naming ``what[i]`` otherwise
+    (``TypeError`` when ``texts`` is not a sequence of them)."""
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise TypeError(f"{what} must be a list of strings, got {type(texts).__name__}")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{what}[{i}] is empty or not a string: {text!r}")
+    return texts
 
 
 @dataclass
@@ -81,15 +97,10 @@ class PairedSplit:
             raise ValueError(f"PairedSplit.images must be a float32 (n, C, H, W) tensor, got "
                              f"{getattr(self.images, 'dtype', type(self.images).__name__)} "
                              f"{tuple(getattr(self.images, 'shape', ()))}")
-        if isinstance(self.texts, str) or not isinstance(self.texts, Sequence):
-            raise TypeError(f"PairedSplit.texts must be a list of strings, got {type(self.texts).__name__}")
-        self.texts = list(self.texts)
+        self.texts = check_texts(self.texts, "PairedSplit.texts")
         n = int(self.images.shape[0])
         if len(self.texts) != n:
             raise ValueError(f"PairedSplit has {n} images but {len(self.texts)} texts; they must pair one to one")
-        for i, text in enumerate(self.texts):
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"PairedSplit.texts[{i}] is empty or not a string: {text!r}")
         for name in ("labels", "groups"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, Tensor) or value.dtype != torch.int64
@@ -127,12 +138,12 @@ class PairedDataset:
 
     def __post_init__(self) -> None:
         self.source = self.source or self.name
-        shape = tuple(self.train.images.shape[1:])
+        shape = _images_shape(self.train)
         for split_name, split in self.splits():
             if len(split) == 0:
                 raise ValueError(f"{self.name}: the {split_name} split is empty")
-            if tuple(split.images.shape[1:]) != shape:
-                raise ValueError(f"{self.name}: {split_name} images have shape {tuple(split.images.shape[1:])}, "
+            if _images_shape(split) != shape:
+                raise ValueError(f"{self.name}: {split_name} images have shape {_images_shape(split)}, "
                                  f"expected {shape}")
             if self.class_names and split.labels is None:
                 raise ValueError(f"{self.name}: {split_name} has no labels but class_names are given")
@@ -145,7 +156,7 @@ class PairedDataset:
 
     @property
     def image_shape(self) -> Tuple[int, int, int]:
-        return tuple(int(s) for s in self.train.images.shape[1:])  # type: ignore[return-value]
+        return _images_shape(self.train)  # type: ignore[return-value]
 
     @property
     def channels(self) -> int:
@@ -185,7 +196,35 @@ class PairedDataset:
         c, h, w = self.image_shape
         sizes = ", ".join(f"{name} {len(split)}" for name, split in self.splits())
         classes = f", {len(self.class_names)} classes" if self.class_names else ", no labels"
-        return f"{self.name}: {c}x{h}x{w} images paired with texts; {sizes} pairs{classes}"
+        streamed = " (streamed)" if getattr(self, "streamed", False) else ""
+        return f"{self.name}: {c}x{h}x{w} images{streamed} paired with texts; {sizes} pairs{classes}"
+
+
+def _images_shape(split: Any) -> Tuple[int, ...]:
+    """``(C, H, W)`` of a paired split's images: held (``images``) or streamed (``image_shape``)."""
+    images = getattr(split, "images", None)
+    return tuple(int(s) for s in (images.shape[1:] if isinstance(images, Tensor) else split.image_shape))
+
+
+@dataclass
+class StreamingPairedDataset(PairedDataset):
+    """Paired image-text data read item by item: the streamed twin of :class:`PairedDataset`
+    (same fields and checks), built by :func:`contrastkit.data.as_streaming_pairs`.
+
+    Each split is a map-style data set whose item ``i`` is ``(image (C, H, W), text)``, with
+    ``texts`` (all of them, read once), ``labels`` (int64 ``(n,)`` or ``None``) and
+    ``image_shape``; the images are decoded when asked for (in ``DataLoader`` workers), never
+    held together. No noise realisations, no facts.
+    """
+
+    streamed: ClassVar[bool] = True
+    has_realisations: ClassVar[bool] = False
+
+    def to_dataset(self) -> Dataset:
+        """Not available: a streamed data set is never held as one tensor (its splits already
+        carry their ``labels`` for the probe)."""
+        raise ValueError(f"{self.name}: streamed pairs have no in-memory image classification data set; "
+                         "the run's probe reads the streamed splits and their labels")
 
 
 def load_paired(name_or_path: Union[str, os.PathLike], seed: int = 0, **options: Any) -> PairedDataset:

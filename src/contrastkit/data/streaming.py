@@ -6,6 +6,9 @@ decoded by Pillow when it is asked for, in the ``DataLoader``'s workers. :class:
 puts three such splits (or any map-style ``torch.utils.data.Dataset`` returning
 ``(image, label)``) together with the names the training loop reads (``image_shape``,
 ``class_names``, ``num_classes``), like the in-memory :class:`~contrastkit.data.Dataset`.
+:func:`as_streaming_pairs` does the same for data sets of ``(image, text)`` pairs
+(:class:`CaptionedDataset` splits, a ``contrastkit.data.paired.StreamingPairedDataset``):
+the texts are read once up front (the tokenizer is built from them), the images never.
 
 The order of the images is not the loader's: :class:`EpochBatchSampler` yields, for each
 epoch, the same batches of indices the in-memory path draws (a permutation seeded by
@@ -31,18 +34,26 @@ from torch.utils.data import DataLoader, Sampler, Subset
 
 from contrastkit.data.base import Split, check_fraction, stratified_split
 
-__all__ = ["ImageFolderDataset", "StreamingDataset", "LabelledDataset", "UnreadableImageError",
-           "EpochBatchSampler", "stream_image_folder", "as_streaming", "make_loader", "read_images",
-           "is_streaming", "in_memory", "StreamedViews", "subset_split"]
+__all__ = ["ImageFolderDataset", "StreamingDataset", "LabelledDataset", "CaptionedDataset", "BadItemError",
+           "UnreadableImageError", "EpochBatchSampler", "stream_image_folder", "as_streaming", "as_streaming_pairs",
+           "make_loader", "read_images", "is_streaming", "in_memory", "StreamedViews", "HeldImages",
+           "subset_split"]
 
 
-class UnreadableImageError(ValueError):
-    """An image of a streamed folder cannot be read; the message names the file.
+class BadItemError(ValueError):
+    """An item of a streamed split cannot be used (an unreadable image, an item that is not
+    ``(image, label)`` / ``(image, text)``, an image of another shape); the message names the
+    item (or its file) and what was wrong.
 
     A worker does not raise it (torch would re-raise it wrapped in the worker's traceback, and
     the other workers would be torn down mid-write): it marks the item, and the loader raises
-    it in the main process (:func:`make_loader`), one line naming the file.
+    it in the main process (:func:`make_loader`), one line.
     """
+
+
+class UnreadableImageError(BadItemError):
+    """An image of a streamed folder cannot be read; the message names the file (a
+    :class:`BadItemError`, raised in the main process)."""
 
 
 # -- the file index ------------------------------------------------------------------------
@@ -108,16 +119,10 @@ class LabelledDataset(torch.utils.data.Dataset):
     ``[0, 1]``; PIL images and numpy ``HWC`` arrays are converted)."""
 
     def __init__(self, dataset: Any, what: str = "dataset") -> None:
-        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-            raise TypeError(f"{what} must be a map-style torch.utils.data.Dataset (with __getitem__ and "
-                            f"__len__), got {type(dataset).__name__}")
-        if len(dataset) == 0:
-            raise ValueError(f"{what} is empty")
+        _check_map_style(dataset, what)
         self.dataset = dataset
         self.what = what
-        known = getattr(dataset, "targets", None)
-        if known is None:
-            known = getattr(dataset, "labels", None)
+        known = _labels_attribute(dataset)
         if known is None:
             known = [dataset[i][1] for i in range(len(dataset))]
         self.labels = torch.as_tensor(np.asarray(known), dtype=torch.int64).reshape(-1)
@@ -131,27 +136,109 @@ class LabelledDataset(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Tuple[Tensor, int]:
-        item = self.dataset[index]
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise ValueError(f"{self.what}: item {index} must be (image, label), got {type(item).__name__}")
-        return _as_image_tensor(item[0], f"{self.what} item {index}"), int(item[1])
+        image, label = _two_fields(self.dataset[index], self.what, index, "label")
+        return _as_image_tensor(image, f"{self.what} item {index}", getattr(self, "image_shape", None)), int(label)
 
 
-def _as_image_tensor(image: Any, what: str) -> Tensor:
+class CaptionedDataset(torch.utils.data.Dataset):
+    """A user's map-style data set of ``(image, text)`` items as a streamed paired split.
+
+    Item ``i`` is ``(image, text)``: ``image`` a ``(C, H, W)`` tensor (uint8, or float in
+    ``[0, 1]``; PIL images and numpy ``HWC`` arrays are converted), every one of item 0's
+    shape; ``text`` a non-empty ``str``. Held: ``texts`` (the data set's ``texts`` attribute,
+    else read once item by item, each image decoded and dropped), ``labels`` (int64, from a
+    ``targets`` or ``labels`` attribute, else ``None``: the pairs alone) and ``image_shape``
+    (item 0's); never the images. A bad item raises :class:`BadItemError` naming its index.
+    """
+
+    def __init__(self, dataset: Any, what: str = "dataset") -> None:
+        from contrastkit.data.paired import check_texts
+
+        n = _check_map_style(dataset, what)
+        self.dataset, self.what = dataset, what
+        self.image_shape: Optional[Tuple[int, ...]] = None
+        self.image_shape = tuple(int(s) for s in self._item(0)[0].shape)
+        known = getattr(dataset, "texts", None)
+        if known is None:  # one pass over the items: the texts are kept, each image dropped
+            self.texts = [self._item(i)[1] for i in range(n)]
+        else:
+            self.texts = check_texts(known, f"{what}.texts")
+            if len(self.texts) != n:
+                raise ValueError(f"{what}: {len(self.texts)} texts for {n} items")
+        labels = _labels_attribute(dataset)
+        self.labels: Optional[Tensor] = None
+        if labels is not None:
+            self.labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64).reshape(-1)
+            if self.labels.shape[0] != n or int(self.labels.min()) < 0:
+                raise ValueError(f"{what}: its labels (targets) must be one non-negative integer per item")
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _item(self, index: int) -> Tuple[Tensor, str]:
+        image, text = _two_fields(self.dataset[index], self.what, index, "text")
+        if not isinstance(text, str) or not text.strip():
+            shown = repr(text) if isinstance(text, str) else type(text).__name__
+            raise BadItemError(f"{self.what}: item {index}'s text must be a non-empty str, got {shown}")
+        return _as_image_tensor(image, f"{self.what} item {index}", self.image_shape), text
+
+    def __getitem__(self, index: int) -> Tuple[Tensor, str]:
+        return self._item(index)
+
+
+def _check_map_style(dataset: Any, what: str) -> int:
+    """The length of a user's map-style data set; ``TypeError`` / ``ValueError`` naming ``what``
+    when it is not one, or is empty."""
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise TypeError(f"{what} must be a map-style torch.utils.data.Dataset (with __getitem__ and "
+                        f"__len__), got {type(dataset).__name__}")
+    n = len(dataset)
+    if n == 0:
+        raise ValueError(f"{what} is empty")
+    return n
+
+
+def _labels_attribute(dataset: Any) -> Any:
+    """A data set's ``targets`` attribute, else its ``labels`` one, else ``None``."""
+    known = getattr(dataset, "targets", None)
+    return getattr(dataset, "labels", None) if known is None else known
+
+
+def _two_fields(item: Any, what: str, index: int, second: str) -> Tuple[Any, Any]:
+    """``(image, second)`` of item ``index``; :class:`BadItemError` when it is not a pair."""
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        shown = f"a {type(item).__name__} of {len(item)}" if isinstance(item, (tuple, list)) else type(item).__name__
+        raise BadItemError(f"{what}: item {index} must be (image, {second}), got {shown}")
+    return item[0], item[1]
+
+
+def _as_image_tensor(image: Any, what: str, shape: Optional[Tuple[int, ...]] = None) -> Tensor:
+    """An item's image as a ``(C, H, W)`` tensor (uint8, or float32 in ``[0, 1]``), of ``shape``
+    when given; :class:`BadItemError` naming ``what`` otherwise."""
     if not isinstance(image, Tensor):
+        kind = type(image).__name__
         if hasattr(image, "mode") and hasattr(image, "size"):  # a PIL image
             image = np.asarray(image.convert("RGB" if image.mode not in ("L", "1") else "L"))
-        array = np.asarray(image)
+        try:
+            array = np.asarray(image)
+        except (TypeError, ValueError):  # e.g. a ragged list
+            array = np.asarray(None)
         if array.ndim == 2:
             array = array[:, :, None]
+        if array.ndim != 3 or array.dtype.kind not in "uif":
+            raise BadItemError(f"{what}: the image must be a (C, H, W) tensor, a PIL image or an HWC array, "
+                               f"got {kind}")
         image = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
     if image.dim() != 3:
-        raise ValueError(f"{what}: the image must be (C, H, W), got shape {tuple(image.shape)}")
+        raise BadItemError(f"{what}: the image must be (C, H, W), got shape {tuple(image.shape)}")
+    if shape is not None and tuple(image.shape) != tuple(shape):
+        raise BadItemError(f"{what}: the image has shape {tuple(image.shape)}, item 0's {tuple(shape)}; "
+                           "every image must have the same")
     if image.dtype != torch.uint8:
         if not image.is_floating_point():
-            raise ValueError(f"{what}: the image must be uint8 or float in [0, 1], got {image.dtype}")
+            raise BadItemError(f"{what}: the image must be uint8 or float in [0, 1], got {image.dtype}")
         if image.numel() and not (float(image.min()) >= 0.0 and float(image.max()) <= 1.0):
-            raise ValueError(f"{what}: float images must lie in [0, 1] (no NaN)")
+            raise BadItemError(f"{what}: float images must lie in [0, 1] (no NaN)")
         image = image.float()
     return image
 
@@ -197,17 +284,22 @@ class StreamingDataset:
 
 
 class _SubsetSplit(Subset):
-    """A ``Subset`` that keeps the split interface (``labels``, ``image_shape``)."""
+    """A ``Subset`` that keeps the split interface (``labels``, ``image_shape``; ``texts`` of
+    a paired split)."""
 
     def __init__(self, dataset: Any, indices: Sequence[int]) -> None:
         super().__init__(dataset, [int(i) for i in indices])
-        self.labels = dataset.labels[torch.as_tensor(self.indices, dtype=torch.long)]
+        labels = getattr(dataset, "labels", None)
+        self.labels = None if labels is None else labels[torch.as_tensor(self.indices, dtype=torch.long)]
         self.image_shape = dataset.image_shape
+        texts = getattr(dataset, "texts", None)
+        if texts is not None:
+            self.texts = [texts[i] for i in self.indices]
 
 
 def subset_split(split: Any, indices: Sequence[int]) -> Any:
     """The samples ``indices`` of a streamed split, keeping the split interface (``labels``,
-    ``image_shape``); nothing is decoded."""
+    ``image_shape``, and ``texts`` for pairs); nothing is decoded."""
     return _SubsetSplit(split, indices)
 
 
@@ -216,7 +308,9 @@ def _split_shape(split: Any) -> Tuple[int, ...]:
 
 
 def _carve(split: Any, fractions: Sequence[float], split_seed: int, source: str) -> List[_SubsetSplit]:
-    parts = stratified_split(split.labels.numpy(), list(fractions), split_seed)
+    """Parts of ``split`` of ``fractions``, stratified by label (uniformly at random without labels)."""
+    labels = split.labels.numpy() if split.labels is not None else np.zeros(len(split), dtype=np.int64)
+    parts = stratified_split(labels, list(fractions), split_seed)
     if any(part.size == 0 for part in parts):
         raise ValueError(f"{source}: {len(split)} images are too few for non-empty splits of fractions "
                          f"{[round(f, 4) for f in fractions]}")
@@ -285,16 +379,86 @@ def stream_image_folder(root: Union[str, os.PathLike], *, size: Any = None, val_
 
 def as_streaming(train: Any, val: Any = None, test: Any = None, *, class_names: Optional[Sequence[str]] = None,
                  name: str = "dataset", val_fraction: float = 0.1, test_fraction: float = 0.2,
-                 split_seed: int = 0) -> StreamingDataset:
+                 split_seed: int = 0) -> Any:
     """A :class:`StreamingDataset` of a user's map-style data sets of ``(image, label)``.
 
     Without ``val`` (and ``test``), they are carved out of ``train`` (stratified by label,
     ``split_seed``). ``class_names`` default to ``"0"`` ... up to the largest label.
+    Data sets of ``(image, text)`` pairs (a ``texts`` attribute, or item 0's second element a
+    ``str``) go to :func:`as_streaming_pairs`, with the same options.
     """
-    splits = {"train": LabelledDataset(train, "train")}
+    if _has_texts(train):
+        return as_streaming_pairs(train, val, test, class_names=class_names, name=name,
+                                  val_fraction=val_fraction, test_fraction=test_fraction, split_seed=split_seed)
+    splits = _three_splits({"train": LabelledDataset(train, "train")}, val, test, LabelledDataset,
+                           val_fraction, test_fraction, split_seed)
+    if class_names is None:
+        top = max(int(s.labels.max()) for s in splits.values())
+        class_names = [str(i) for i in range(top + 1)]
+    return StreamingDataset(name, class_names, splits["train"], splits["val"], splits["test"], source=name)
+
+
+def as_streaming_pairs(train: Any, val: Any = None, test: Any = None, *,
+                       class_names: Optional[Sequence[str]] = None,
+                       class_prompts: Optional[Dict[str, List[str]]] = None, name: str = "pairs",
+                       val_fraction: float = 0.1, test_fraction: float = 0.2, split_seed: int = 0) -> Any:
+    """A ``contrastkit.data.paired.StreamingPairedDataset`` of a user's map-style data
+    sets of ``(image, text)`` pairs (each a :class:`CaptionedDataset` split), for ``convirt``
+    and ``siglip``.
+
+    The texts are read once now (the run's tokenizer is built from the training texts): from a
+    ``texts`` attribute, else from one pass over the items; the images are decoded when a
+    batch asks for them (in ``DataLoader`` workers). Labels, optional, come from a ``targets``
+    or ``labels`` attribute (all splits or none); with them the run also reads out the image
+    probe and zero-shot accuracy. Without ``val`` (and ``test``), they are carved out of
+    ``train`` (stratified by label, else uniformly; ``split_seed``): pass them when several
+    items share an image, so that it stays in one split. ``class_names`` default to ``"0"``
+    ... up to the largest label, ``class_prompts`` (zero-shot texts per class name) to each
+    class name itself (as the CSV loader does).
+
+    >>> pairs = as_streaming_pairs(my_train, test=my_test)    # doctest: +SKIP
+    >>> pretrain(PretrainConfig(method="convirt", data="glyphlab-text"), dataset=pairs)   # doctest: +SKIP
+    """
+    from contrastkit.data.paired import StreamingPairedDataset
+
+    splits = _three_splits({"train": CaptionedDataset(train, "train")}, val, test, CaptionedDataset,
+                           val_fraction, test_fraction, split_seed)
+    labelled = [key for key, split in splits.items() if split.labels is not None]
+    if labelled and len(labelled) != len(splits):
+        raise ValueError(f"labels (a targets or labels attribute) must be given for all splits or none; "
+                         f"{', '.join(labelled)} have them, {', '.join(k for k in splits if k not in labelled)} not")
+    if not labelled and class_names:
+        raise ValueError("class_names were given but the pairs carry no labels (a targets or labels attribute)")
+    if labelled and class_names is None:
+        top = max(int(s.labels.max()) for s in splits.values())
+        class_names = [str(i) for i in range(top + 1)]
+    names = [str(c) for c in (class_names or [])]
+    prompts = {c: [c] for c in names} if class_prompts is None else {str(k): list(v) for k, v in class_prompts.items()}
+    return StreamingPairedDataset(name=name, train=splits["train"], val=splits["val"], test=splits["test"],
+                                  class_names=names, class_prompts=prompts, source=name)
+
+
+def _has_texts(dataset: Any) -> bool:
+    """Whether a user's data set holds ``(image, text)`` pairs: a ``texts`` attribute, or item
+    0's second element a ``str`` (anything else is left to the (image, label) path's checks)."""
+    if getattr(dataset, "texts", None) is not None:
+        return True
+    try:
+        if not len(dataset):
+            return False
+        item = dataset[0]
+    except Exception:  # not a map-style data set: LabelledDataset says so
+        return False
+    return isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[1], str)
+
+
+def _three_splits(splits: Dict[str, Any], val: Any, test: Any, wrap: Any, val_fraction: float,
+                  test_fraction: float, split_seed: int) -> Dict[str, Any]:
+    """``splits`` (with ``train``) completed with ``val`` and ``test``: the given ones wrapped
+    by ``wrap``, the missing ones carved out of ``train``."""
     for what, given in (("val", val), ("test", test)):
         if given is not None:
-            splits[what] = LabelledDataset(given, what)
+            splits[what] = wrap(given, what)
     val_fraction = check_fraction(val_fraction, "val_fraction")
     if "test" not in splits:
         test_fraction = check_fraction(test_fraction, "test_fraction")
@@ -304,10 +468,7 @@ def as_streaming(train: Any, val: Any = None, test: Any = None, *, class_names: 
     if "val" not in splits:
         splits["train"], splits["val"] = _carve(splits["train"], [1.0 - val_fraction, val_fraction], split_seed,
                                                 "train")
-    if class_names is None:
-        top = max(int(s.labels.max()) for s in splits.values())
-        class_names = [str(i) for i in range(top + 1)]
-    return StreamingDataset(name, class_names, splits["train"], splits["val"], splits["test"], source=name)
+    return splits
 
 
 # -- loading in batches ---------------------------------------------------------------------
@@ -369,8 +530,9 @@ class _Indices(torch.utils.data.Dataset):
 
 
 class _WithIndex(torch.utils.data.Dataset):
-    """Item ``i`` of a streamed split is ``(image, i)`` (its label is in ``split.labels``); an
-    unreadable image is ``(zeros, -1 - i)``, for the main process to raise."""
+    """Item ``i`` of a streamed split is ``(image, i)`` (its label is in ``split.labels``, its
+    text in ``split.texts``); a bad item (:class:`BadItemError`) is ``(zeros, -1 - i)``, for
+    the main process to raise."""
 
     def __init__(self, split: Any) -> None:
         self.split = split
@@ -382,13 +544,13 @@ class _WithIndex(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Tuple[Tensor, int]:
         try:
             return self.split[index][0], index
-        except UnreadableImageError:
+        except BadItemError:
             return self.blank, -1 - index
 
 
 class _StreamLoader:
     """Iterates a ``DataLoader`` of :class:`_WithIndex` items and raises, in this process, the
-    error of an item a worker could not read (by reading it again here)."""
+    error of an item a worker could not use (by reading it again here)."""
 
     def __init__(self, loader: DataLoader, split: Any) -> None:
         self.loader, self.split = loader, split
@@ -399,7 +561,7 @@ class _StreamLoader:
     def __iter__(self) -> Iterator[Tuple[Tensor, Tensor]]:
         for images, indices in self.loader:
             if bool((indices < 0).any()):
-                self.split[-1 - int(indices[indices < 0][0])]  # raises UnreadableImageError naming the file
+                self.split[-1 - int(indices[indices < 0][0])]  # raises the BadItemError naming it
             yield images, indices
 
 
@@ -414,7 +576,8 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
     (e.g. :class:`EpochBatchSampler`) sets the batches; by default consecutive batches of
     ``batch_size`` in order, the last one partial. The loader draws its base seed from its own
     generator (``seed``), never from torch's global RNG, which the views use. An image that
-    cannot be read raises :class:`UnreadableImageError` naming it, in this process.
+    cannot be read raises :class:`UnreadableImageError` naming it, a bad item of a user's data
+    set :class:`BadItemError` naming its index, in this process.
     """
     if in_memory(split):
         dataset: torch.utils.data.Dataset = _Indices(len(split))
@@ -442,16 +605,38 @@ def read_images(split: Any, indices: Tensor) -> Tensor:
     return torch.stack([split[int(i)][0] for i in indices.tolist()])
 
 
+class HeldImages:
+    """The images of a streamed batch for a batch maker: those of the training batch handed
+    over by the loop (:meth:`hold`), instead of read again; any other batch (a held-out one)
+    read by :func:`read_images`. ``images(split, indices)`` -> ``(b, C, H, W)`` as decoded
+    (uint8 or float)."""
+
+    def __init__(self) -> None:
+        self._held: Optional[Tuple[Dict[int, int], Tensor]] = None
+
+    def hold(self, indices: Tensor, images: Tensor) -> None:
+        """The decoded ``images`` of the training batch ``indices`` (from the loader)."""
+        self._held = ({int(i): row for row, i in enumerate(indices.tolist())}, images)
+
+    def __call__(self, split: Any, indices: Tensor) -> Tensor:
+        if self._held is not None:
+            rows, held = self._held
+            wanted = indices.tolist()
+            if all(i in rows for i in wanted):  # the batch or a part of it (micro-batches)
+                return held[torch.tensor([rows[i] for i in wanted], dtype=torch.long, device=held.device)]
+        return read_images(split, indices)
+
+
 class StreamedViews:
     """The batch maker of a run over streamed data: ``views(split, indices)`` as the in-memory
-    :class:`~contrastkit.data.ViewMaker` takes it, with the images of a training batch handed
-    over by the loop (:meth:`hold`) instead of read again; any other batch (a held-out one) is
-    read by :func:`read_images`. The views themselves are the wrapped view maker's
-    (``views_of``: batched kornia on the training device)."""
+    :class:`~contrastkit.data.ViewMaker` takes it, the images of a streamed batch from
+    :class:`HeldImages` (the loop hands the training batch over with :meth:`hold`). The views
+    themselves are the wrapped view maker's (``views_of``: batched kornia on the training
+    device)."""
 
     def __init__(self, views: Any) -> None:
         self.views = views
-        self._held: Optional[Tuple[Dict[int, int], Tensor]] = None
+        self.images = HeldImages()
 
     @property
     def config(self) -> Dict[str, Any]:
@@ -459,17 +644,9 @@ class StreamedViews:
 
     def hold(self, indices: Tensor, images: Tensor) -> None:
         """The decoded ``images`` of the training batch ``indices`` (from the loader)."""
-        self._held = ({int(i): row for row, i in enumerate(indices.tolist())}, images)
+        self.images.hold(indices, images)
 
     def __call__(self, split: Any, indices: Tensor) -> Tuple[Tensor, Tensor]:
         if in_memory(split):
             return self.views(split, indices)
-        images = None
-        if self._held is not None:
-            rows, held = self._held
-            wanted = indices.tolist()
-            if all(i in rows for i in wanted):  # the batch or a part of it (micro-batches)
-                images = held[torch.tensor([rows[i] for i in wanted], dtype=torch.long, device=held.device)]
-        if images is None:
-            images = read_images(split, indices)
-        return self.views.views_of(images)
+        return self.views.views_of(self.images(split, indices))

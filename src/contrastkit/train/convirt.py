@@ -10,6 +10,9 @@ loss and evaluation hooks) puts together:
 * :class:`PairedBatches` -- the batch maker of paired data: for a batch of pair indices, the
   images (a random noise realisation when the data have them; no crops or flips, which would
   make position and orientation statements in the texts false) and the token ids of the texts.
+  Paired data held in memory and streamed pairs
+  (:func:`~contrastkit.data.as_streaming_pairs`: the images decoded in ``DataLoader`` workers,
+  the texts held) give the same batches.
 * :func:`evaluate_convirt` -- held-out retrieval (image->text, text->image Recall@1/5/10 with
   chance level) and zero-shot classification from class prompts.
 """
@@ -25,6 +28,7 @@ from torch import Tensor, nn
 
 from contrastkit import layout
 from contrastkit import losses
+from contrastkit.data.streaming import HeldImages, in_memory
 from contrastkit.losses.validation import check_probability
 from contrastkit.models import ProjectionHead, build_encoder
 from contrastkit.models.text import TextEncoder, WordTokenizer
@@ -100,7 +104,8 @@ class ConvirtModel(nn.Module):
                                          out_dim=projection_dim, norm=norm)
         self.text_head = ProjectionHead(text_width, hidden_dim=text_width, out_dim=projection_dim, norm=norm)
         self.temperature = losses.Temperature(temperature, learnable=learnable_temperature)
-        # Set by the training loop under torchrun (the method has no cross-rank form yet).
+        # Set by the training loop under torchrun: the loss then takes every rank's pairs as
+        # negatives (bidirectional_info_nce / sigmoid_loss with distributed=True).
         self.distributed = False
 
     def embed(self, images: Tensor) -> Tensor:
@@ -130,13 +135,20 @@ class PairedBatches:
 
     Images: when the split has noise realisations, each pair draws one at random (torch's
     global generator, so a checkpointed RNG state reproduces it); otherwise the canonical
-    image. Texts are tokenised once per split and cached.
+    image. A streamed split's images (uint8 scaled to ``[0, 1]``, or float) are those of the
+    training batch the loop hands over (:meth:`hold`), else read for the batch. Texts are
+    tokenised once per split and cached.
     """
 
     def __init__(self, tokenizer: WordTokenizer, device: torch.device) -> None:
         self.tokenizer = tokenizer
         self.device = device
         self._cache: Dict[int, Tuple[Any, Tensor, Tensor]] = {}
+        self._streamed = HeldImages()
+
+    def hold(self, indices: Tensor, images: Tensor) -> None:
+        """The decoded ``images`` of the streamed training batch ``indices`` (from the loader)."""
+        self._streamed.hold(indices, images)
 
     def _tokens(self, split: Any) -> Tuple[Tensor, Tensor]:
         key = id(split)
@@ -147,7 +159,10 @@ class PairedBatches:
 
     def __call__(self, split: Any, indices: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
         ids, mask = self._tokens(split)
-        if getattr(split, "realisations", None) is not None:
+        if not in_memory(split):
+            images = self._streamed(split, indices).to(self.device, non_blocking=True)
+            images = images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
+        elif getattr(split, "realisations", None) is not None:
             which = torch.randint(0, split.realisations.shape[1], (indices.shape[0],))
             images = split.realisations[indices, which]
         else:
@@ -173,22 +188,35 @@ def encode_texts(model: ConvirtModel, texts: List[str], device: torch.device, ba
     return torch.cat(chunks).numpy()
 
 
-@torch.no_grad()
-def encode_images(model: ConvirtModel, images: Tensor, device: torch.device, batch_size: int = 256) -> np.ndarray:
-    """``v`` of ``images`` ``(n, C, H, W)`` in eval mode: ``(n, d)`` float64."""
-    was_training = model.training
-    model.eval()
-    try:
-        chunks = [model.image_embeddings(images[i:i + batch_size].to(device)).double().cpu()
-                  for i in range(0, images.shape[0], batch_size)]
-    finally:
-        model.train(was_training)
-    return torch.cat(chunks).numpy()
+class _ImageSide(nn.Module):
+    """``v`` of a model's images as a module (what :func:`~contrastkit.train.extract_features`
+    reads), in the model's train/eval mode."""
+
+    def __init__(self, model: ConvirtModel) -> None:
+        super().__init__()
+        self.model = model
+        self.training = model.training  # not .train(): the model's own modes stay as they are
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model.image_embeddings(images)
+
+
+def encode_images(model: ConvirtModel, images: Any, device: torch.device, batch_size: int = 256, *,
+                  workers: int = 0) -> np.ndarray:
+    """``v`` of ``images`` in eval mode: ``(n, d)`` float64. ``images`` is an ``(n, C, H, W)``
+    float tensor in ``[0, 1]`` or a streamed split (read in batches of ``batch_size``, decoded
+    in ``workers`` processes)."""
+    from .evaluate import extract_features  # evaluate builds on the methods, which build on this module
+
+    return extract_features(_ImageSide(model), images, device, batch_size, workers=workers).astype(np.float64)
 
 
 def encode_pairs(model: ConvirtModel, split: Any, device: torch.device) -> Tuple[np.ndarray, np.ndarray]:
-    """``(v, u)``: joint-space embeddings ``(n, d)`` of a split's canonical images and texts."""
-    return encode_images(model, split.images, device), encode_texts(model, split.texts, device)
+    """``(v, u)``: joint-space embeddings ``(n, d)`` of a split's canonical images (held, or
+    streamed in batches) and texts."""
+    from .evaluate import split_images
+
+    return encode_images(model, split_images(split), device), encode_texts(model, split.texts, device)
 
 
 def fact_ceiling(facts: List[Dict[str, Any]], ks: Tuple[int, ...] = (1, 5, 10)) -> Dict[str, float]:

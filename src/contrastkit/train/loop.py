@@ -187,7 +187,9 @@ def pretrain(
             ``torch.utils.data.Dataset`` of ``(image, label)`` (val and test are carved out of
             it) or a dict of them with keys ``train`` (and ``val``, ``test``): it is then
             streamed (:func:`contrastkit.data.as_streaming`), as an image folder is with
-            ``config.workers > 0``.
+            ``config.workers > 0``. For ``convirt`` and ``siglip`` the same with items
+            ``(image, text)`` (:func:`contrastkit.data.as_streaming_pairs`: the texts read once,
+            the images decoded in the workers).
         on_epoch_end: called as ``on_epoch_end(epoch, record)`` after each epoch's checkpoint
             (on every rank under torchrun).
         baselines: also evaluate the random-init and raw-pixel baselines (a sweep of many
@@ -318,8 +320,9 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
     dataset = limit_splits(method.load_data(config) if dataset is None else as_run_data(dataset), config)
-    if config.paired and is_streaming(dataset):
-        raise ValueError("convirt reads its image-text pairs in memory; a streamed data set is not supported")
+    if config.paired and getattr(dataset.train, "texts", None) is None:
+        raise ValueError(f"{config.method} trains on (image, text) pairs; the data set's items are (image, label) "
+                         "(pass paired data: contrastkit.data.as_streaming_pairs, or items (image, str))")
     n_train = len(dataset.train)
     if encoder is not None:  # record how to rebuild it: its class path, or that it was an object
         config.encoder, config.encoder_options = describe_encoder(encoder, dataset.image_shape[0]), {}

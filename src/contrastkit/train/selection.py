@@ -50,15 +50,15 @@ def val_probe_accuracy(encoder: nn.Module, dataset: Any, device: torch.device, *
     from contrastkit.data.base import stratified_split
     from contrastkit.metrics import linear_probe
 
-    from .evaluate import extract_features
+    from .evaluate import extract_features, split_images
 
     train_y = dataset.train.labels.cpu().numpy()
     fit, held_out = stratified_split(train_y, [1.0 - HELD_OUT_FRACTION, HELD_OUT_FRACTION], seed)
     if held_out.size == 0 or np.unique(train_y[fit]).size < 2:
         raise ValueError(f"the training split ({train_y.size} images) is too small to score epochs by a val probe "
                          "(it needs two classes in 80% of it and at least one image in the rest)")
-    train_x = extract_features(encoder, dataset.train.images, device)
-    val_x = extract_features(encoder, dataset.val.images, device)
+    train_x = extract_features(encoder, split_images(dataset.train), device)  # held, or streamed in batches
+    val_x = extract_features(encoder, split_images(dataset.val), device)
     probe = linear_probe(train_x[fit], train_y[fit], train_x[held_out], train_y[held_out],
                          val_x, dataset.val.labels.cpu().numpy())
     return probe.test_accuracy
