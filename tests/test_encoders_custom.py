@@ -8,21 +8,14 @@ import torch
 from torch import nn
 
 import custom_encoders
+from _tiny_run import TINY_GLYPHLAB, tiny_config
 from contrastkit.cli import main
 from contrastkit.models import (PooledEncoder, ResNet50, SmallViT, describe_encoder, encoder_from_spec,
                                 load_factory, prepare_encoder)
 from contrastkit.train import PretrainConfig, evaluate_run, pretrain
 from contrastkit.train.setup import build_model
 
-TINY_GLYPHLAB = {"train_scenes": 16, "val_scenes": 9, "test_scenes": 12, "size": 28}
 NUMBERS = ("probe_accuracy", "knn_accuracy", "random_init_probe_accuracy")
-
-
-def tiny_config(out, **overrides):
-    options = dict(data="glyphlab", data_options=dict(TINY_GLYPHLAB), epochs=1, batch_size=8, out=str(out),
-                   device="cpu", log_every=1)
-    options.update(overrides)
-    return PretrainConfig(**options)
 
 
 def _config_json(out):

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from contrastkit.studies import run_experiment
 
     result = run_experiment(args.name, args.out, resume=args.resume, force=args.force, progress=not args.no_progress,
-                       jobs=1 if args.jobs is None else args.jobs,
+                       jobs=args.jobs,
                             seeds=args.seeds, temperature=args.temperature,
                             weights=parse_numbers(args.weights, "--weights"),
                             temperatures=parse_numbers(args.temperatures, "--temperatures"),

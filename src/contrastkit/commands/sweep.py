@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from contrastkit.studies import run_sweep
 
     result = run_sweep(args.out, resume=args.resume, force=args.force, progress=not args.no_progress,
-                       jobs=1 if args.jobs is None else args.jobs,
+                       jobs=args.jobs,
                        data=args.data, temperatures=parse_numbers(args.temperatures, "--temperatures"),
                        seeds=args.seeds, views=args.views, no_variants=args.no_variants, **study_options(args))
     print_study(result)
