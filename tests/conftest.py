@@ -1,10 +1,23 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 # Keep the suite predictable on small CI machines.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# The read-out's baseline cache never goes to the user's ~/.cache: one folder per test process
+# (what module-scoped fixtures use), and a fresh one per test (the autouse fixture below).
+_SESSION_CACHE = tempfile.mkdtemp(prefix="contrastkit-test-cache-")
+atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
+os.environ["CONTRASTKIT_CACHE"] = _SESSION_CACHE
+
+
+@pytest.fixture(autouse=True)
+def _fresh_baseline_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CONTRASTKIT_CACHE", str(tmp_path_factory.mktemp("baseline-cache")))
 
 
 def pytest_addoption(parser):

@@ -32,7 +32,13 @@ A *study* folder (``contrastkit sweep`` / ``contrastkit experiment``)::
     OUT/runs/<run>/                        one run folder per run
     OUT/contrastkit-manifest.json          the files above, the runs as nested manifests
 
-Every folder contrastkit writes holds a manifest (:data:`MANIFEST`, see
+The *baseline cache* (``pretrain --baseline-cache``, by default :func:`default_cache_root`)::
+
+    CACHE/baselines/<sha256>.json   one read-out baseline's numbers (the raw pixels of a data set,
+                                    or an untrained encoder on it), named by the SHA-256 of what
+                                    decides them (``contrastkit.train.baselines``)
+
+Every run folder and study folder holds a manifest (:data:`MANIFEST`, see
 :mod:`contrastkit.manifest`): ``--force`` deletes the files it lists, and only those.
 
 Standard library only, so that every layer may import it.
@@ -50,7 +56,7 @@ __all__ = [
     "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EMBEDDINGS_MARKER", "embedding_files",
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT",
-    "ACCURACY_PLOT", "UNIFORMITY_PLOT", "TOLERANCE_PLOT", "UNIFORMITY_TOLERANCE_PLOT", "SIMILARITY_PROFILE_PLOT",
+    "ACCURACY_PLOT", "CACHE_ENV", "BASELINES", "default_cache_root", "baseline_file", "UNIFORMITY_PLOT", "TOLERANCE_PLOT", "UNIFORMITY_TOLERANCE_PLOT", "SIMILARITY_PROFILE_PLOT",
 ]
 
 #: Where the commands put their output folders by default (``runs/pretrain``, ``runs/sweep``...).
@@ -192,3 +198,22 @@ SWEEP_PLOTS: Tuple[str, ...] = (ACCURACY_PLOT, UNIFORMITY_PLOT, TOLERANCE_PLOT, 
 POSITIVE_PAIRS_PLOT = "positive_pairs.png"
 CONVIRT_ABLATION_PLOT = "convirt_ablation.png"
 SCHEDULES_PLOT = "schedules.png"
+
+
+# ------------------------------------------------------------------------------ the baseline cache
+#: Environment variable naming the cache root (it wins over ``XDG_CACHE_HOME``).
+CACHE_ENV = "CONTRASTKIT_CACHE"
+BASELINES = "baselines"
+
+
+def default_cache_root() -> str:
+    """``$CONTRASTKIT_CACHE``, else ``$XDG_CACHE_HOME/contrastkit``, else ``~/.cache/contrastkit``."""
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "contrastkit")
+
+
+def baseline_file(root: "str | os.PathLike[str]", key: str) -> str:
+    """The file of the baseline named ``key`` (a hex SHA-256) in the cache ``root``."""
+    return os.path.join(os.fspath(root), BASELINES, f"{key}.json")

@@ -15,7 +15,7 @@ from contrastkit.train.loggers import LOGGER_NAMES
 _FIELDS = ("data", "train_limit", "val_limit", "test_limit", "subset_seed", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
            "temperature_schedule",
            "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
-           "queue_size", "projection_dim", "weight", "text_encoder", "micro_batch", "norm", "seed", "device", "threads", "workers", "log_every",
+           "queue_size", "projection_dim", "weight", "text_encoder", "micro_batch", "norm", "seed", "device", "threads", "workers", "baseline_cache", "log_every",
            "eval_every", "knn_k", "knn_temperature", "out")
 # Config-file keys that are PretrainConfig field names rather than option names (OUT/config.yaml
 # holds the fields): every field of PretrainConfig is a key of `pretrain --config`.
@@ -92,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--workers", type=int, default=None,
         help="DataLoader worker processes decoding images; an image folder with --workers > 0 (or "
              "--data-option stream=true) is streamed, only its file index held in memory (default 0)")
+    add("--baseline-cache", default=None, metavar="DIR",
+        help="where the baselines' read-out numbers are kept, so a data set's raw-pixel baseline (and a seed's "
+             "random-init one) is computed once, not in every run: auto ($CONTRASTKIT_CACHE, else "
+             "$XDG_CACHE_HOME/contrastkit or ~/.cache/contrastkit), off, or a folder (default auto)")
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
     add("--eval-every", type=int, default=None,
         help="epochs between val read-outs (kNN and linear probe, logged to metrics.jsonl); the "

@@ -19,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ... (default auto)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the run's setting)")
     parser.add_argument("--no-baselines", action="store_true", help="skip the random-init and raw-pixel baselines")
+    parser.add_argument("--baseline-cache", default=None, metavar="DIR",
+                        help="where the baselines' numbers are kept: auto, off or a folder (default: the run's setting)")
     parser.add_argument("--save", action="store_true", help="also write RUN_DIR/probe.json (replacing an earlier one)")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of the table")
 
@@ -27,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from contrastkit.train import evaluate_run
 
     result = evaluate_run(args.run_dir, checkpoint=args.checkpoint, device=args.device,
-                          baselines=not args.no_baselines, threads=args.threads)
+                          baselines=not args.no_baselines, threads=args.threads, baseline_cache=args.baseline_cache)
     if args.save:
         Manifest(args.run_dir).write_json(layout.PROBE, result)  # recorded in the run's manifest
     if args.json:

@@ -6,7 +6,7 @@
   pure torch, chunked so large evaluation sets fit in memory).
 """
 
-from .probe import DEFAULT_C_GRID, ProbeResult, knn_accuracy, knn_predict, linear_probe
+from .probe import DEFAULT_C_GRID, PROBE_MAX_ITER, PROBE_TOLERANCE, ProbeResult, knn_accuracy, knn_predict, linear_probe
 from .representation import (
     SimilarityProfile,
     alignment,
@@ -19,7 +19,7 @@ from .representation import (
 )
 
 __all__ = [
-    "DEFAULT_C_GRID", "ProbeResult", "knn_accuracy", "knn_predict", "linear_probe",
+    "DEFAULT_C_GRID", "PROBE_TOLERANCE", "PROBE_MAX_ITER", "ProbeResult", "knn_accuracy", "knn_predict", "linear_probe",
     "alignment", "uniformity", "tolerance", "similarity_profile", "SimilarityProfile",
     "penalty_entropy", "effective_rank", "representation_metrics",
 ]

@@ -39,8 +39,9 @@ DEFAULT_WEIGHT_DECAY = {"adamw": 1e-4, "sgd": 5e-4}
 # stretches the cosine schedule from the resumed step on.
 # ``threads`` and ``device`` may change too, at the price of bit-exactness (reduction order).
 # ``workers`` only decode images (no randomness), so any number resumes exactly.
+# ``baseline_cache`` only says where baselines are kept (their numbers are the same).
 RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers",
-                               "workers"})
+                               "workers", "baseline_cache"})
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -139,6 +140,7 @@ class PretrainConfig:
     device: str = "auto"
     threads: int = 0                # CPU threads; 0: the cores this process may use (setup.resolve_threads)
     workers: int = 0                # DataLoader worker processes decoding streamed images (0: in this process)
+    baseline_cache: str = "auto"    # where the read-out's baselines are kept: "auto" (train.baselines), "off", a folder
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val read-outs that pick the reported epoch (0: never)
     knn_k: int = 20
@@ -199,6 +201,8 @@ class PretrainConfig:
             raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
         _positive_int(c.threads, "threads", 0)
         _positive_int(c.workers, "workers", 0)
+        if not isinstance(c.baseline_cache, str) or not c.baseline_cache:
+            raise ValueError(f"baseline_cache must be 'auto', 'off' or a folder, got {c.baseline_cache!r}")
         _positive_int(c.log_every, "log_every")
         _positive_int(c.eval_every, "eval_every", 0)
         _positive_int(c.knn_k, "knn_k")

@@ -2,7 +2,9 @@
 train / val / test images -> linear probe and weighted kNN (:mod:`contrastkit.metrics`).
 
 Baselines evaluated the same way: the same architecture at its random initialisation (same
-seed) and the raw pixels.
+seed) and the raw pixels. They do not depend on the training run, so each is computed once per
+data set and protocol and read back from the baseline cache afterwards
+(:mod:`contrastkit.train.baselines`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from contrastkit._io import read_json
 from contrastkit.data.streaming import in_memory, make_loader
 from contrastkit.metrics import knn_accuracy, linear_probe
 
+from .baselines import BaselineCache, data_digest, encoder_digest, readout_protocol
 from .checkpoint import load_checkpoint
 from .config import PretrainConfig
 from .methods import get_method
@@ -89,22 +92,34 @@ def evaluate_features(train_x: np.ndarray, val_x: np.ndarray, test_x: np.ndarray
 
 def evaluate_encoders(dataset: Any, encoder: nn.Module, device: torch.device, *,
                       baseline_encoder: Optional[nn.Module] = None, raw_pixels: bool = True,
-                      knn_k: int = 20, knn_temperature: float = 0.07, workers: int = 0) -> Dict[str, Any]:
+                      knn_k: int = 20, knn_temperature: float = 0.07, workers: int = 0,
+                      cache: Optional[BaselineCache] = None) -> Dict[str, Any]:
     """Numbers for ``summary.json``: the trained encoder's, and with ``random_init_`` /
-    ``raw_pixel_`` prefixes the baselines' (when asked for). Streamed splits are read in
-    batches (``workers`` decoding processes)."""
+    ``raw_pixel_`` prefixes the baselines' (when asked for), read from ``cache`` when it holds
+    them and stored there when it does not (``None``: always computed). Streamed splits are
+    read in batches (``workers`` decoding processes)."""
     splits = (dataset.train, dataset.val, dataset.test)
     options = {"knn_k": knn_k, "knn_temperature": knn_temperature}
+    cache = BaselineCache(None) if cache is None else cache
 
     def features(model: nn.Module) -> Iterator[np.ndarray]:
         return (extract_features(model, split_images(s), device, workers=workers) for s in splits)
 
     result = evaluate_features(*features(encoder), dataset, **options)
+    data = protocol = None
+    if cache.enabled and (baseline_encoder is not None or raw_pixels):
+        data = data_digest((image_batches(split_images(s), workers=workers), s.labels) for s in splits)
+        protocol = readout_protocol(knn_k, knn_temperature, dataset.num_classes)
     if baseline_encoder is not None:
-        baseline = evaluate_features(*features(baseline_encoder), dataset, **options)
+        cache_key = None if data is None else cache.key("random_init", data, protocol,
+                                                         encoder_digest(baseline_encoder, device))
+        baseline = cache.get_or_compute(cache_key, "random_init", lambda: evaluate_features(
+            *features(baseline_encoder), dataset, **options))
         result.update({f"random_init_{key}": value for key, value in baseline.items()})
     if raw_pixels:
-        pixels = evaluate_features(*(_pixels(s, workers) for s in splits), dataset, **options)
+        cache_key = None if data is None else cache.key("raw_pixel", data, protocol)
+        pixels = cache.get_or_compute(cache_key, "raw_pixel", lambda: evaluate_features(
+            *(_pixels(s, workers) for s in splits), dataset, **options))
         result.update({f"raw_pixel_{key}": value for key, value in pixels.items()})
     return result
 
@@ -118,7 +133,7 @@ def evaluate_model(config: PretrainConfig, model: nn.Module, dataset: Any, devic
     if dataset.num_classes:
         result = evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline_encoder,
                                    raw_pixels=raw_pixels, knn_k=config.knn_k, knn_temperature=config.knn_temperature,
-                                   workers=config.workers)
+                                   workers=config.workers, cache=BaselineCache.from_setting(config.baseline_cache))
     result.update(get_method(config.method).readout(model, dataset, device))
     return result
 
@@ -191,9 +206,10 @@ def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
 
 def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str = "auto",
                  baselines: bool = True, threads: Optional[int] = None, encoder: Optional[nn.Module] = None,
-                 dataset: Any = None) -> Dict[str, Any]:
+                 dataset: Any = None, baseline_cache: Optional[str] = None) -> Dict[str, Any]:
     """Re-evaluate the checkpoint of a finished or interrupted run (``contrastkit probe``);
-    ``threads`` defaults to the run's setting.
+    ``threads`` and ``baseline_cache`` (``"auto"``, ``"off"`` or a folder) default to the run's
+    settings.
 
     The encoder is rebuilt from the run's ``encoder`` and ``encoder_options``
     (``contrastkit.train.setup.build_model``); a run given its encoder as a Python object
@@ -201,6 +217,8 @@ def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str 
     architecture; the weights come from the checkpoint). A run given its data set as an
     object needs it again as ``dataset``."""
     saved = load_run(run_dir, checkpoint=checkpoint)
+    if baseline_cache is not None:
+        saved = replace(saved, config=replace(saved.config, baseline_cache=baseline_cache).resolved())
     with limit_threads(saved.config.threads if threads is None else threads):
         return _evaluate_state(saved, device, baselines, encoder, dataset)
 
