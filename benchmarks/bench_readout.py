@@ -7,7 +7,13 @@ of the test split. One training epoch is timed as full steps (views -> encoder -
 backward -> AdamW step) and extrapolated to ``len(train) // batch_size`` steps.
 
     PYTHONPATH=src python benchmarks/bench_readout.py DATA [--batch-size 256] [--steps 20]
-        [--threads 1] [--json FILE]
+        [--threads N] [--cache cold-warm|off] [--json FILE]
+
+The baselines do not depend on the run and are kept in a baseline cache
+(``contrastkit.train.baselines``): ``--cache cold-warm`` (the default) times the read-out of a
+first run on the data (an empty cache: everything computed, the baselines stored) and of the next
+run (the baselines read back), and checks that both give the same numbers; ``--cache off`` times
+one read-out that computes everything without a cache.
 
 ``DATA`` is anything ``contrastkit.data.load_dataset`` reads (e.g. a class-folder tree of the
 60,000 CIFAR-10 images, or a ``.npz`` of them converted to 28x28 grayscale). Both encoders are
@@ -24,6 +30,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from typing import Any, Callable, Dict, Iterator
@@ -36,6 +43,7 @@ from contrastkit.data import load_dataset, make_views  # noqa: E402
 from contrastkit.train import PretrainConfig  # noqa: E402
 from contrastkit.train import evaluate as evaluate_module  # noqa: E402
 from contrastkit.train.geometry import geometry  # noqa: E402
+from contrastkit.train.baselines import BaselineCache  # noqa: E402
 from contrastkit.train.setup import build_model  # noqa: E402
 
 
@@ -79,7 +87,7 @@ def timed_parts(times: Dict[str, float]) -> Iterator[None]:
                 times[f"{name}_cpu"] += time.process_time() - cpu_started
         return timed
 
-    for name in ("extract_features", "linear_probe", "knn_accuracy"):
+    for name in ("extract_features", "linear_probe", "knn_accuracy", "data_digest", "encoder_digest"):
         originals[name] = getattr(evaluate_module, name)
         setattr(evaluate_module, name, wrap(name, originals[name]))
     try:
@@ -89,9 +97,9 @@ def timed_parts(times: Dict[str, float]) -> Iterator[None]:
             setattr(evaluate_module, name, function)
 
 
-def readout_seconds(config: PretrainConfig, dataset: Any) -> Dict[str, Any]:
-    """Time the read-out exactly as the training loop runs it; returns the stage times and
-    the numbers it produced."""
+def readout_seconds(config: PretrainConfig, dataset: Any, cache: BaselineCache) -> Dict[str, Any]:
+    """Time the read-out exactly as the training loop runs it, with the baseline ``cache``;
+    returns the stage times and the numbers it produced."""
     model = build_model(config, dataset.image_shape[0])
     baseline = build_model(config, dataset.image_shape[0]).encoder
     views = make_views(dataset, mode="augment", device="cpu")
@@ -101,7 +109,7 @@ def readout_seconds(config: PretrainConfig, dataset: Any) -> Dict[str, Any]:
     with timed_parts(times):
         numbers = evaluate_module.evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline,
                                                     raw_pixels=True, knn_k=config.knn_k,
-                                                    knn_temperature=config.knn_temperature)
+                                                    knn_temperature=config.knn_temperature, cache=cache)
     geometry_started, geometry_cpu = time.perf_counter(), time.process_time()
     numbers["representation"] = geometry(model, dataset.test, views, device, batch_size=config.batch_size,
                                          temperature=config.temperature, seed=config.seed)
@@ -117,39 +125,62 @@ def main() -> None:
     parser.add_argument("data", help="a data set path or name for contrastkit.data.load_dataset")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--steps", type=int, default=20, help="training steps timed for the epoch estimate")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads for both measurements")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for both measurements (default: torch's, the cores it may use)")
+    parser.add_argument("--cache", choices=("cold-warm", "off"), default="cold-warm",
+                        help="time a first and a next run with the baseline cache, or one run without it")
     parser.add_argument("--label", default="", help="a name for this measurement in the table")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     dataset = load_dataset(args.data)
     config = PretrainConfig(data=args.data, batch_size=args.batch_size).resolved()
     sizes = {name: int(getattr(dataset, name).images.shape[0]) for name in ("train", "val", "test")}
-    readout = readout_seconds(config, dataset)
+    if sizes["train"] < args.batch_size:
+        parser.error(f"--batch-size {args.batch_size} is larger than the train split ({sizes['train']} images)")
+    label = args.label or "read-out"
+    with tempfile.TemporaryDirectory(prefix="bench-readout-cache-") as folder:
+        if args.cache == "off":
+            readouts = {label: readout_seconds(config, dataset, BaselineCache(None))}
+        else:
+            cache = BaselineCache(folder)
+            readouts = {f"{label}, first run (cache empty)": readout_seconds(config, dataset, cache)}
+            readouts[f"{label}, next run (baselines cached)"] = readout_seconds(config, dataset, cache)
+            assert cache.hits == ["random_init", "raw_pixel"], cache.hits
     epoch = epoch_seconds(config, dataset, args.steps)
-    seconds = readout["seconds"]
     print(f"python {platform.python_version()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{os.cpu_count()} CPUs; data {dataset.name} {tuple(dataset.image_shape)} "
           f"train/val/test {sizes['train']}/{sizes['val']}/{sizes['test']}, batch {args.batch_size}")
     print()
-    print("| measurement | clock | features s | probe s | kNN s | geometry s | read-out s | epoch s | read-out / epoch |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for clock, suffix in (("wall", ""), ("CPU", "_cpu")):
-        parts = " | ".join(f"{seconds.get(part + suffix, 0):.1f}"
-                           for part in ("extract_features", "linear_probe", "knn_accuracy", "geometry", "total"))
-        one_epoch = epoch["wall" if clock == "wall" else "cpu"]
-        print(f"| {args.label or 'read-out'} | {clock} | {parts} | {one_epoch:.1f} | "
-              f"{seconds['total' + suffix] / one_epoch:.2f} |")
-    accuracies = {key: value for key, value in readout["numbers"].items()
-                  if key.endswith("accuracy") or key.endswith("probe_c")}
+    print("| measurement | clock | features s | probe s | kNN s | cache keys s | geometry s | read-out s | epoch s "
+          "| read-out / epoch |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, readout in readouts.items():
+        seconds = readout["seconds"]
+        for clock, suffix in (("wall", ""), ("CPU", "_cpu")):
+            keys = seconds.get("data_digest" + suffix, 0) + seconds.get("encoder_digest" + suffix, 0)
+            parts = " | ".join(f"{value:.1f}" for value in (
+                *(seconds.get(part + suffix, 0) for part in ("extract_features", "linear_probe", "knn_accuracy")),
+                keys, seconds.get("geometry" + suffix, 0), seconds["total" + suffix]))
+            one_epoch = epoch["wall" if clock == "wall" else "cpu"]
+            print(f"| {name} | {clock} | {parts} | {one_epoch:.1f} | {seconds['total' + suffix] / one_epoch:.2f} |")
+    numbers = [readout["numbers"] for readout in readouts.values()]
+    accuracies = {key: value for key, value in numbers[0].items() if key.endswith("accuracy") or key.endswith("probe_c")}
     print()
     print("numbers:", json.dumps(accuracies))
+    if len(numbers) == 2:
+        same = all(numbers[1][key] == value for key, value in accuracies.items())
+        print("the next run's numbers are the first run's:", "identical" if same else "DIFFERENT")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"label": args.label, "sizes": sizes, "batch_size": args.batch_size,
-                       "threads": torch.get_num_threads(), "readout_seconds": seconds, "epoch_seconds": epoch,
-                       "ratio_wall": seconds["total"] / epoch["wall"],
-                       "ratio_cpu": seconds["total_cpu"] / epoch["cpu"], "numbers": readout["numbers"]}, handle, indent=1)
+            json.dump({"label": label, "sizes": sizes, "batch_size": args.batch_size, "threads": torch.get_num_threads(),
+                       "epoch_seconds": epoch, "readouts": {
+                           name: {"readout_seconds": readout["seconds"],
+                                  "ratio_wall": readout["seconds"]["total"] / epoch["wall"],
+                                  "ratio_cpu": readout["seconds"]["total_cpu"] / epoch["cpu"],
+                                  "numbers": readout["numbers"]} for name, readout in readouts.items()}},
+                      handle, indent=1)
 
 
 if __name__ == "__main__":
