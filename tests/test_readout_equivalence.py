@@ -93,3 +93,20 @@ def test_knn_matches_the_float64_reference(monkeypatch, block):
         got = knn_predict(memory_x, memory_y, query_x, k=k, temperature=temperature, num_classes=5)
         # float32 similarities may reorder two neighbours whose cosines agree to ~1e-7.
         assert (got == expected).mean() >= 0.99, (k, temperature)
+
+
+def test_probe_is_converged_where_there_are_fewer_images_than_features(monkeypatch):
+    """GlyphLab's raw pixels: 120 training images of 1,024 pixels, separable, so the weakly
+    regularised fits have far optima; a fit stopped early (as at tolerance 1e-4 or 1e-5) scored
+    C = 100 higher on val than its optimum does, and val picked it."""
+    from contrastkit.data import load_dataset
+
+    data = load_dataset("glyphlab")
+    splits = [(s.images.reshape(len(s), -1).numpy(), s.labels.numpy()) for s in (data.train, data.val, data.test)]
+    grid = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
+    result = linear_probe(*splits[0], *splits[1], *splits[2], c_grid=grid)
+    by_c, test_by_c = _sklearn_probe(*splits, grid)
+    for c in grid:
+        assert abs(result.val_accuracy_by_c[c] - by_c[c]) <= 0.01, (c, result.val_accuracy_by_c, by_c)
+    best = min(c for c in grid if by_c[c] == max(by_c.values()))
+    assert abs(result.test_accuracy - test_by_c[best]) <= 0.01, (result, test_by_c, best)
