@@ -10,7 +10,7 @@ import torch
 from contrastkit import layout
 from contrastkit.cli import main
 from contrastkit.train import evaluate as evaluate_module
-from contrastkit.train import evaluate_run, pretrain
+from contrastkit.train import PretrainConfig, evaluate_run, pretrain
 from contrastkit.train.baselines import BaselineCache, data_digest, encoder_digest
 from contrastkit.train.setup import load_data
 
@@ -178,3 +178,32 @@ def test_the_command_line_option_and_probe(tmp_path, read_outs, monkeypatch, cap
     assert len(read_outs) == 7
     recomputed = json.loads(capsys.readouterr().out)
     assert {k: recomputed[k] for k in BASELINE_KEYS} == {k: numbers[k] for k in BASELINE_KEYS}
+
+
+def test_a_change_of_the_probe_s_stopping_rule_recomputes(tmp_path, read_outs, monkeypatch):
+    from contrastkit.metrics import probe
+
+    cache = str(tmp_path / "cache")
+    pretrain(tiny_config(tmp_path / "a", baseline_cache=cache), progress=False)
+    monkeypatch.setattr(probe, "PROBE_TOLERANCE", probe.PROBE_TOLERANCE * 10)
+    pretrain(tiny_config(tmp_path / "b", baseline_cache=cache), progress=False)
+    assert len(read_outs) == 6
+    assert len(_files(cache)) == 4
+
+
+def test_a_streamed_folder_s_baselines_are_cached_like_the_same_images_in_memory(tmp_path, read_outs):
+    from _data_fixtures import write_image_folder
+
+    folder = tmp_path / "images"
+    write_image_folder(folder, classes=("cat", "dog", "eel"), per_class=14, mode="RGB", sizes=((16, 16),))
+    cache = str(tmp_path / "cache")
+    options = dict(data=str(folder), epochs=1, batch_size=8, device="cpu", log_every=1, baseline_cache=cache)
+    streamed = pretrain(PretrainConfig(out=str(tmp_path / "a"), data_options={"stream": True}, workers=1, **options),
+                        progress=False)
+    assert len(read_outs) == 3 and len(_files(cache)) == 2
+    again = pretrain(PretrainConfig(out=str(tmp_path / "b"), data_options={"stream": True}, **options), progress=False)
+    assert len(read_outs) == 4  # the same files, now without workers: the same data
+    assert {k: again[k] for k in BASELINE_KEYS} == {k: streamed[k] for k in BASELINE_KEYS}
+    in_memory = pretrain(PretrainConfig(out=str(tmp_path / "c"), **options), progress=False)
+    assert len(read_outs) == 5 and len(_files(cache)) == 2  # the same images held in memory
+    assert {k: in_memory[k] for k in BASELINE_KEYS} == {k: streamed[k] for k in BASELINE_KEYS}

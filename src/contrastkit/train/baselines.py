@@ -38,7 +38,6 @@ import torch
 from torch import nn
 
 from contrastkit import layout
-from contrastkit.metrics import DEFAULT_C_GRID, PROBE_MAX_ITER, PROBE_TOLERANCE
 from contrastkit.metrics import probe as probe_module
 
 __all__ = ["CACHE_AUTO", "CACHE_OFF", "BaselineCache", "data_digest", "encoder_digest", "readout_protocol"]
@@ -67,8 +66,9 @@ def readout_protocol(knn_k: int, knn_temperature: float, num_classes: int) -> Di
     from contrastkit import __version__
     from contrastkit.train import evaluate as evaluate_module
 
-    return {"c_grid": [float(c) for c in DEFAULT_C_GRID], "probe_tolerance": PROBE_TOLERANCE,
-            "probe_max_iter": PROBE_MAX_ITER, "knn_k": int(knn_k), "knn_temperature": float(knn_temperature),
+    # Read from the module at call time: what the probe will use now.
+    return {"c_grid": [float(c) for c in probe_module.DEFAULT_C_GRID], "probe_tolerance": probe_module.PROBE_TOLERANCE,
+            "probe_max_iter": probe_module.PROBE_MAX_ITER, "knn_k": int(knn_k), "knn_temperature": float(knn_temperature),
             "num_classes": int(num_classes), "code": _source_digest(probe_module, evaluate_module),
             "contrastkit": __version__, "torch": torch.__version__}
 
