@@ -110,3 +110,46 @@ def test_probe_is_converged_where_there_are_fewer_images_than_features(monkeypat
         assert abs(result.val_accuracy_by_c[c] - by_c[c]) <= 0.01, (c, result.val_accuracy_by_c, by_c)
     best = min(c for c in grid if by_c[c] == max(by_c.values()))
     assert abs(result.test_accuracy - test_by_c[best]) <= 0.01, (result, test_by_c, best)
+
+
+def test_probe_objective_and_gradients_match_a_float64_autograd_reference():
+    """The written-out cross-entropy and gradients (log1p / expm1 form) against autograd of the
+    textbook form in float64, with confidently right, confidently wrong and uncertain samples."""
+    import torch
+
+    from contrastkit.metrics.probe import _MultinomialProbe
+
+    torch.manual_seed(0)
+    n, d, k = 64, 12, 4
+    x = torch.randn(n, d)
+    y = torch.randint(0, k, (n,))
+    probe = _MultinomialProbe(x, y, k, max_iter=1)
+    for scale in (0.1, 3.0, 30.0):  # logits of size ~0.3, ~10 and ~100
+        weight = (torch.randn(d, k, dtype=torch.float64) * scale).requires_grad_()
+        bias = torch.randn(k, dtype=torch.float64).requires_grad_()
+        penalty = 0.01
+        logits = x.double() @ weight + bias
+        reference = torch.nn.functional.cross_entropy(logits, y) + 0.5 * penalty * weight.pow(2).sum()
+        reference.backward()
+        loss, grad_weight, grad_bias = probe._loss_and_gradients(weight.detach(), bias.detach(), penalty)
+        # float32 logits: relative agreement to ~1e-5 of the largest term.
+        assert abs(loss.item() - reference.item()) <= 1e-5 * max(1.0, reference.item()), scale
+        assert torch.allclose(grad_weight, weight.grad, rtol=1e-4, atol=1e-5 * scale), scale
+        assert torch.allclose(grad_bias, bias.grad, rtol=1e-4, atol=1e-6), scale
+
+
+def test_probe_cross_entropy_keeps_the_digits_of_confident_samples():
+    """A sample right by a margin of 20 has CE ~ 2e-9 and p_y - 1 ~ -2e-9; float32's textbook
+    form returns 0 for both, the written-out form the float64 value."""
+    import torch
+
+    from contrastkit.metrics.probe import _MultinomialProbe
+
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    y = torch.tensor([0, 1])
+    probe = _MultinomialProbe(x, y, 2, max_iter=1)
+    weight = torch.tensor([[20.0, 0.0], [0.0, 20.0]], dtype=torch.float64)
+    loss, grad_weight, _ = probe._loss_and_gradients(weight, torch.zeros(2, dtype=torch.float64), 0.0)
+    expected = torch.nn.functional.softplus(torch.tensor(-20.0, dtype=torch.float64)).item()  # log(1 + e^-20)
+    assert abs(loss.item() - expected) <= 1e-6 * expected
+    assert grad_weight[0, 0].item() < 0 and abs(grad_weight[0, 0].item() + expected / 2) <= 1e-6 * expected

@@ -12,8 +12,9 @@
 Both run in torch on float32 features (statistics and the L-BFGS state in float64), on as
 many threads as torch is given. The probe minimises the same objective as scikit-learn, in
 the preconditioned coordinates ``W = Q diag((e / k + 1 / (C n))^(-1/2)) V`` (``Q, e`` the
-eigenvectors and eigenvalues of the train features' covariance, ``k`` classes): the same optimum, reached in tens of L-BFGS iterations where raw correlated
-pixels took thousands (stopping rule: ``PROBE_TOLERANCE``).
+eigenvectors and eigenvalues of the train features' covariance, ``k`` classes): the same
+optimum, reached in tens of L-BFGS iterations where raw correlated pixels took thousands
+(stopping rule: ``PROBE_TOLERANCE``).
 The kNN similarities are computed a block of queries at a time, so memory stays
 ``O(block * n)``.
 """
