@@ -134,6 +134,9 @@ def test_bad_settings_name_the_option(tmp_path):
         tiny_config(tmp_path / "a", baseline_cache="").resolved()
     with pytest.raises(ValueError, match="baseline_cache"):
         BaselineCache.from_setting(3)
+    # A relative folder is kept absolute, so `contrastkit probe` finds it from anywhere.
+    assert tiny_config(tmp_path / "a", baseline_cache="cache").resolved().baseline_cache == os.path.abspath("cache")
+    assert tiny_config(tmp_path / "a", baseline_cache="off").resolved().baseline_cache == "off"
 
 
 def test_the_data_digest_sees_every_pixel_and_label_but_not_the_batching():

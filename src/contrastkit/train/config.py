@@ -203,6 +203,8 @@ class PretrainConfig:
         _positive_int(c.workers, "workers", 0)
         if not isinstance(c.baseline_cache, str) or not c.baseline_cache:
             raise ValueError(f"baseline_cache must be 'auto', 'off' or a folder, got {c.baseline_cache!r}")
+        if c.baseline_cache not in ("auto", "off"):
+            c.baseline_cache = os.path.abspath(c.baseline_cache)  # the same folder from `probe` anywhere
         _positive_int(c.log_every, "log_every")
         _positive_int(c.eval_every, "eval_every", 0)
         _positive_int(c.knn_k, "knn_k")
