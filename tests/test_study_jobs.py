@@ -1,6 +1,7 @@
 """Study grids run several runs at once (``--jobs``) and share a folder between processes:
 the same numbers as one run at a time, a locked run folder is left to its holder and waited for,
-a bad ``--jobs`` is refused before anything is written."""
+a bad ``--jobs`` is refused before anything is written, and ``--jobs 0`` (the default) chooses
+from the runs left, the cores and the memory."""
 
 import csv
 import fcntl
@@ -76,9 +77,49 @@ def test_a_run_held_by_another_process_is_waited_for_and_not_trained_twice(tmp_p
     assert os.listdir(held) == [os.path.basename(layout.RunFolder(held).summary)]
 
 
-@pytest.mark.parametrize("value", ["0", "-1"])
+@pytest.mark.parametrize("value", ["-1", "-4"])
 def test_bad_jobs_is_refused_before_anything_is_written(tmp_path, capsys, value):
     out = tmp_path / "out"
     assert main(["sweep", "--out", str(out), "--jobs", value] + TINY) == 2
     assert "--jobs" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _specs(count, **config):
+    return [RunSpec(f"r{i}", "row", f"c{i}", {**TINY_CONFIG, "device": "cpu", **config}) for i in range(count)]
+
+
+@pytest.mark.parametrize("cores, memory_gib, runs, threads, expected", [
+    (8, 64, 5, None, 5),    # runs left
+    (8, 64, 20, None, 8),   # cores, one thread per run
+    (8, 64, 20, 4, 2),      # cores, the threads a run asks for
+    (8, 5, 20, None, 2),    # memory: 2 GiB per run
+    (8, 1, 20, None, 1),    # never below one
+])
+def test_the_default_jobs_fit_the_runs_the_cores_and_the_memory(monkeypatch, tmp_path, cores, memory_gib, runs,
+                                                                threads, expected):
+    from contrastkit.studies import grid
+    from contrastkit.train import setup
+
+    monkeypatch.setattr(setup, "resolve_threads", lambda threads: cores)
+    monkeypatch.setattr(grid, "_available_memory", lambda: memory_gib * 2**30)
+    specs = _specs(runs, threads=threads)
+    assert grid.resolve_jobs(0, specs, str(tmp_path)) == expected
+    assert grid.resolve_jobs(3, specs, str(tmp_path)) == 3  # asked for: as asked
+    with pytest.raises(ValueError, match="--jobs"):
+        grid.resolve_jobs(2.5, specs, str(tmp_path))
+
+
+def test_the_default_jobs_count_only_runs_left_and_keep_a_gpu_to_one(monkeypatch, tmp_path):
+    from contrastkit.studies import grid
+    from contrastkit.train import setup
+
+    monkeypatch.setattr(setup, "resolve_threads", lambda threads: 8)
+    monkeypatch.setattr(grid, "_available_memory", lambda: None)  # unknown: no memory cap
+    specs = _specs(6)
+    for spec in specs[:4]:  # finished runs need no process
+        folder = layout.RunFolder(tmp_path / spec.name)
+        os.makedirs(folder.root)
+        open(folder.summary, "w").close()
+    assert grid.resolve_jobs(0, specs, str(tmp_path)) == 2
+    assert grid.resolve_jobs(0, _specs(6, device="cuda"), str(tmp_path)) == 1

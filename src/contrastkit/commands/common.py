@@ -173,10 +173,11 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, epochs_default: Any,
     parser.add_argument("--device", default="auto", help="torch device (default: CUDA if available, else CPU)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads per run (default: as contrastkit pretrain; 0 = torch's default)")
-    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+    parser.add_argument("--jobs", type=int, default=0, metavar="N",
                         help="runs trained at once, each in its own process with its share of the cores "
-                             "unless --threads is given (default 1: one run at a time, using every core; "
-                             "N runs each hold their own copy of the data in memory)")
+                             "unless --threads is given; each holds its own copy of the data in memory "
+                             "(default 0: as many as there are cores and 2 GiB of free memory per run, "
+                             "one at a time on a GPU; 1: one run at a time, using every core)")
     parser.add_argument("--resume", action="store_true",
                         help="continue in an existing output folder: finished runs are skipped (two "
                              "processes resuming one folder share out its runs)")

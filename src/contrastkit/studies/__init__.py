@@ -69,7 +69,7 @@ def get_study(name: str) -> Study:
 
 
 def run_study(name: str, out: Optional[str] = None, *, resume: bool = False, force: bool = False,
-              progress: bool = True, jobs: int = 1, **settings: Any) -> StudyResult:
+              progress: bool = True, jobs: int = 0, **settings: Any) -> StudyResult:
     """Run the study ``name`` into ``out`` (default ``runs/<its folder>``); see :meth:`Study.run`.
 
     ``settings`` override the study's defaults (:attr:`Study.defaults`; ``None`` keeps one).
@@ -78,7 +78,7 @@ def run_study(name: str, out: Optional[str] = None, *, resume: bool = False, for
 
 
 def run_sweep(out: Optional[str] = None, *, resume: bool = False, force: bool = False, progress: bool = True,
-              jobs: int = 1, **settings: Any) -> StudyResult:
+              jobs: int = 0, **settings: Any) -> StudyResult:
     """The temperature sweep (:data:`SWEEP`): settings ``data``, ``data_options``,
     ``temperatures``, ``seeds``, ``views``, ``epochs``, ``batch_size``, ``device``, ``threads``
     (``None``: the trainer's default) and ``no_variants``; default folder ``runs/sweep``."""
@@ -86,7 +86,7 @@ def run_sweep(out: Optional[str] = None, *, resume: bool = False, force: bool = 
 
 
 def run_experiment(name: str, out: Optional[str] = None, *, resume: bool = False, force: bool = False,
-                   progress: bool = True, jobs: int = 1, **settings: Any) -> StudyResult:
+                   progress: bool = True, jobs: int = 0, **settings: Any) -> StudyResult:
     """One of :data:`EXPERIMENTS` (``positive-pairs``, ``convirt-ablation``, ``schedules``); default folder
     ``runs/experiment-NAME``."""
     if name not in EXPERIMENTS:

@@ -9,7 +9,8 @@ The study folder's manifest (:mod:`contrastkit.manifest`) lists the study's own 
 run folder as a nested manifest, so that ``--force`` removes the study's runs through their own
 manifests and leaves any other folder in ``OUT/runs/`` alone.
 
-Runs are independent, so a grid runs ``jobs`` of them at once, each in its own process. A run
+Runs are independent, so a grid runs ``jobs`` of them at once, each in its own process (by
+default as many as the cores and the memory allow: :func:`resolve_jobs`). A run
 folder is locked (``flock`` on the folder itself, no lock file) while a process trains in it:
 two study processes started on the same folder with ``--resume`` share out its runs instead of
 training one twice, and each waits for the runs the other holds before it writes the table.
@@ -29,7 +30,8 @@ from contrastkit import layout
 from contrastkit._io import read_json as _read_json
 from contrastkit.manifest import Manifest, clear_folder
 
-__all__ = ["RunSpec", "RunBusy", "prepare_out", "check_specs", "check_jobs", "run_grid", "read_json"]
+__all__ = ["RunSpec", "RunBusy", "prepare_out", "check_specs", "check_jobs", "resolve_jobs", "RUN_MEMORY_BYTES",
+           "run_grid", "read_json"]
 
 
 @dataclass
@@ -148,11 +150,54 @@ def _execute(spec: RunSpec, run_dir: str, progress: bool, wait_for_it: bool = Fa
                         baselines=spec.baselines)
 
 
+#: The memory one study run may need, for ``jobs=0``: the peak of a run of the committed CIFAR-10
+#: study (all 60,000 images held in memory, 1.8 GiB), rounded up.
+RUN_MEMORY_BYTES = 2 * 2**30
+
+
 def check_jobs(jobs: Any) -> int:
-    """``jobs`` as an int >= 1, else a ``ValueError`` naming ``--jobs``."""
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"--jobs must be an integer >= 1, got {jobs!r}")
+    """``jobs`` as an int >= 0 (0: :func:`resolve_jobs` chooses), else a ``ValueError`` naming ``--jobs``."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
+        raise ValueError(f"--jobs must be an integer >= 0 (0: as many as the machine allows), got {jobs!r}")
     return jobs
+
+
+def _available_memory() -> Optional[int]:
+    """Bytes of memory available to new processes (Linux ``MemAvailable``), or ``None``."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def resolve_jobs(jobs: int, specs: Sequence[RunSpec], runs_dir: str) -> int:
+    """How many runs of ``specs`` train at once: ``jobs`` itself, or for ``0`` as many as
+    there are runs left to train, cores for them (one each, or the ``threads`` a run asks
+    for) and memory for them (:data:`RUN_MEMORY_BYTES` each) -- at least 1; a grid on a GPU
+    runs one at a time (its runs share one device).
+
+    Why runs before threads: a small network's step does not scale across cores (2 threads
+    trained the small CNN 1.5x faster than 1 on CIFAR-10, benchmarks/results/plain_loop.md),
+    while independent runs scale with the cores they get."""
+    check_jobs(jobs)
+    if jobs:
+        return jobs
+    import torch
+
+    from contrastkit.train.setup import resolve_threads
+
+    if any(str(spec.config.get("device", "auto")).startswith("cuda")
+           or (spec.config.get("device", "auto") == "auto" and torch.cuda.is_available()) for spec in specs):
+        return 1
+    left = sum(1 for spec in specs if not os.path.isfile(layout.RunFolder(os.path.join(runs_dir, spec.name)).summary))
+    per_run = max([int(spec.config.get("threads") or 1) for spec in specs] or [1])
+    memory = _available_memory()
+    by_memory = len(specs) if memory is None else memory // RUN_MEMORY_BYTES
+    return max(1, min(left, resolve_threads(0) // per_run, by_memory))
 
 
 def _threads_per_job(specs: Sequence[RunSpec], jobs: int) -> List[RunSpec]:
@@ -236,23 +281,23 @@ def _register_runs(specs: Sequence[RunSpec], runs_dir: str, manifest: Manifest, 
 
 def run_grid(specs: List[RunSpec], runs_dir: str, *, title: str, progress: bool,
              cell: Callable[[Dict[str, Any]], str], manifest: Optional[Manifest] = None,
-             resume: bool = False, jobs: int = 1) -> List[RunSpec]:
+             resume: bool = False, jobs: int = 0) -> List[RunSpec]:
     """Run every spec (``runs_dir/<name>``), filling ``spec.summary``.
 
     Runs whose ``summary.json`` exists are reused, interrupted ones resumed from their
     checkpoint, so a grid interrupted at any point can be continued. ``jobs`` runs train at
-    once, each in a process of its own (spawned); a run without ``threads`` then gets its share
-    of the cores. A run another process is training (its folder is locked) is left to it and
+    once (0: :func:`resolve_jobs` chooses), each in a process of its own (spawned) when more than
+    one; a run without ``threads`` then gets its share of the cores. A run another process is training (its folder is locked) is left to it and
     waited for at the end. ``progress`` shows a live table on a terminal (``cell(summary)`` is a
     finished run's entry), else one line per run on stderr. ``manifest`` (the study folder's,
     from :func:`prepare_out`) gets every run folder as a nested manifest before the first run
     starts; ``resume`` says the study is being continued (run folders it does not list yet are
     adopted rather than refused).
     """
-    check_jobs(jobs)
     if manifest is not None:
         _register_runs(specs, runs_dir, manifest, resume)
     os.makedirs(runs_dir, exist_ok=True)
+    jobs = resolve_jobs(jobs, specs, runs_dir)
     runnable = _threads_per_job(specs, jobs)
     display = _Display(title, specs, progress, cell)
     busy: List[int] = []

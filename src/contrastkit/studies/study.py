@@ -162,7 +162,7 @@ class Study:
         return self.check(settings)
 
     def run(self, out: Optional[str] = None, *, resume: bool = False, force: bool = False, progress: bool = True,
-            jobs: int = 1, **options: Any) -> StudyResult:
+            jobs: int = 0, **options: Any) -> StudyResult:
         """Run the study into ``out`` (default ``runs/<folder>``) and write its results.
 
         ``resume`` continues a folder with the same settings (finished runs are reused);
