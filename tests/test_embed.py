@@ -202,3 +202,20 @@ def test_a_runs_factory_encoder_is_rebuilt_without_its_options(tmp_path, capsys,
             model.eval()
             z = model.head(torch.from_numpy(expected)).numpy()
         np.testing.assert_allclose(archive["z"], z, rtol=1e-5, atol=1e-7)
+
+
+def test_force_in_a_run_folder_replaces_only_the_export(tmp_path):
+    """An export inside the run folder shares the run's manifest: --force replaces the export's
+    files and leaves every run file (also listed there, unchanged) alone."""
+    run = tmp_path / "run"
+    pretrain(tiny_config(run), progress=False, baselines=False)
+    before = {p.name for p in run.iterdir()}
+    out = run / "h.npz"
+    assert main(["embed", str(run), "--out", str(out), "--quiet"]) == 0
+    other = run / "other.npy"
+    assert main(["embed", str(run), "--out", str(other), "--quiet"]) == 0
+    assert main(["embed", str(run), "--out", str(out), "--quiet", "--force", "--split", "val"]) == 0
+    left = {p.name for p in run.iterdir()}
+    assert before <= left, before - left  # config.json, summary.json, metrics.jsonl, ... all still there
+    assert {"h.npz", "other.npy", "other.csv"} <= left
+    assert np.load(out)["h"].shape[0] == TINY_GLYPHLAB["val_scenes"]

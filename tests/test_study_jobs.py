@@ -122,4 +122,7 @@ def test_the_default_jobs_count_only_runs_left_and_keep_a_gpu_to_one(monkeypatch
         os.makedirs(folder.root)
         open(folder.summary, "w").close()
     assert grid.resolve_jobs(0, specs, str(tmp_path)) == 2
+    import torch
+
+    monkeypatch.setattr(setup, "resolve_device", lambda name: torch.device("cuda" if name == "cuda" else "cpu"))
     assert grid.resolve_jobs(0, _specs(6, device="cuda"), str(tmp_path)) == 1

@@ -112,7 +112,7 @@ def _peaking_val_probe(monkeypatch, scores):
     """Patch the loop's val score: ``scores[k]`` at the (k+1)-th evaluation; keep each encoder seen."""
     seen = []
 
-    def fake(encoder, dataset, device, *, seed=0):
+    def fake(encoder, dataset, device, *, seed=0, **options):
         seen.append(copy.deepcopy(encoder.state_dict()))
         return scores[len(seen) - 1]
 

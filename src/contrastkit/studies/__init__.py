@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from .convirt_ablation import CONVIRT_ABLATION
-from .grid import RunSpec, prepare_out, run_grid
+from .grid import RunSpec, prepare_out, resolve_jobs, run_grid
 from .positive_pairs import POSITIVE_PAIRS
 from .schedules import SCHEDULES
 from .stats import binomial_standard_error, mean_std, spearman, standard_error
@@ -48,7 +48,7 @@ from .verdicts import FAILS, HOLDS, STATUSES, UNDECIDED, Verdict, format_verdict
 
 __all__ = [
     "STUDIES", "EXPERIMENTS", "get_study", "run_study", "run_sweep", "run_experiment",
-    "Study", "StudyResult", "RunSpec", "run_grid", "prepare_out",
+    "Study", "StudyResult", "RunSpec", "run_grid", "resolve_jobs", "prepare_out",
     "Verdict", "HOLDS", "FAILS", "UNDECIDED", "STATUSES", "format_verdicts", "gap_verdict",
     "mean_std", "standard_error", "binomial_standard_error", "spearman",
     "SWEEP", "POSITIVE_PAIRS", "CONVIRT_ABLATION", "SCHEDULES",

@@ -10,7 +10,7 @@ run folder as a nested manifest, so that ``--force`` removes the study's runs th
 manifests and leaves any other folder in ``OUT/runs/`` alone.
 
 Runs are independent, so a grid runs ``jobs`` of them at once, each in its own process (by
-default as many as the cores and the memory allow: :func:`resolve_jobs`). A run
+default as many as the cores and the memory allow: :func:`~contrastkit.studies.resolve_jobs`). A run
 folder is locked (``flock`` on the folder itself, no lock file) while a process trains in it:
 two study processes started on the same folder with ``--resume`` share out its runs instead of
 training one twice, and each waits for the runs the other holds before it writes the table.
@@ -156,10 +156,11 @@ RUN_MEMORY_BYTES = 2 * 2**30
 
 
 def check_jobs(jobs: Any) -> int:
-    """``jobs`` as an int >= 0 (0: :func:`resolve_jobs` chooses), else a ``ValueError`` naming ``--jobs``."""
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
-        raise ValueError(f"--jobs must be an integer >= 0 (0: as many as the machine allows), got {jobs!r}")
-    return jobs
+    """``jobs`` as an int >= 0 (0: :func:`~contrastkit.studies.resolve_jobs` chooses), else a
+    ``ValueError`` naming ``--jobs``."""
+    from contrastkit.data.base import check_positive_int
+
+    return check_positive_int(jobs, "--jobs", minimum=0)
 
 
 def _available_memory() -> Optional[int]:
@@ -177,7 +178,7 @@ def _available_memory() -> Optional[int]:
 def resolve_jobs(jobs: int, specs: Sequence[RunSpec], runs_dir: str) -> int:
     """How many runs of ``specs`` train at once: ``jobs`` itself, or for ``0`` as many as
     there are runs left to train, cores for them (one each, or the ``threads`` a run asks
-    for) and memory for them (:data:`RUN_MEMORY_BYTES` each) -- at least 1; a grid on a GPU
+    for) and memory for them (``RUN_MEMORY_BYTES`` each, 2 GiB) -- at least 1; a grid on a GPU
     runs one at a time (its runs share one device).
 
     Why runs before threads: a small network's step does not scale across cores (2 threads
@@ -186,12 +187,9 @@ def resolve_jobs(jobs: int, specs: Sequence[RunSpec], runs_dir: str) -> int:
     check_jobs(jobs)
     if jobs:
         return jobs
-    import torch
+    from contrastkit.train.setup import resolve_device, resolve_threads
 
-    from contrastkit.train.setup import resolve_threads
-
-    if any(str(spec.config.get("device", "auto")).startswith("cuda")
-           or (spec.config.get("device", "auto") == "auto" and torch.cuda.is_available()) for spec in specs):
+    if any(resolve_device(spec.config.get("device", "auto")).type != "cpu" for spec in specs):
         return 1
     left = sum(1 for spec in specs if not os.path.isfile(layout.RunFolder(os.path.join(runs_dir, spec.name)).summary))
     per_run = max([int(spec.config.get("threads") or 1) for spec in specs] or [1])
@@ -286,7 +284,7 @@ def run_grid(specs: List[RunSpec], runs_dir: str, *, title: str, progress: bool,
 
     Runs whose ``summary.json`` exists are reused, interrupted ones resumed from their
     checkpoint, so a grid interrupted at any point can be continued. ``jobs`` runs train at
-    once (0: :func:`resolve_jobs` chooses), each in a process of its own (spawned) when more than
+    once (0: :func:`~contrastkit.studies.resolve_jobs` chooses), each in a process of its own (spawned) when more than
     one; a run without ``threads`` then gets its share of the cores. A run another process is training (its folder is locked) is left to it and
     waited for at the end. ``progress`` shows a live table on a terminal (``cell(summary)`` is a
     finished run's entry), else one line per run on stderr. ``manifest`` (the study folder's,

@@ -33,20 +33,28 @@ import tempfile
 import warnings
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
-import numpy as np
 import torch
 from torch import nn
 
 from contrastkit import layout
 from contrastkit.metrics import probe as probe_module
 
-__all__ = ["CACHE_AUTO", "CACHE_OFF", "BaselineCache", "data_digest", "encoder_digest", "readout_protocol"]
+__all__ = ["CACHE_AUTO", "CACHE_OFF", "BaselineCache", "check_setting", "data_digest", "encoder_digest",
+           "readout_protocol"]
 
 #: ``baseline_cache`` settings: the default root (:func:`contrastkit.layout.default_cache_root`), or none.
 CACHE_AUTO = "auto"
 CACHE_OFF = "off"
 #: What a cache file holds (checked on reading).
 _FORMAT = "contrastkit-baseline/1"
+
+
+def check_setting(setting: Any) -> str:
+    """A ``baseline_cache`` setting as stored: ``"auto"``, ``"off"``, or a folder made absolute
+    (the same folder from any working directory); anything else is a ``ValueError``."""
+    if not isinstance(setting, str) or not setting:
+        raise ValueError(f"baseline_cache must be '{CACHE_AUTO}', '{CACHE_OFF}' or a folder, got {setting!r}")
+    return setting if setting in (CACHE_AUTO, CACHE_OFF) else os.path.abspath(setting)
 
 
 def _source_digest(*modules: Any) -> str:
@@ -114,12 +122,11 @@ class BaselineCache:
         self.hits = []  # what came from the cache in this object's life, in order
 
     @classmethod
-    def from_setting(cls, setting: Optional[str]) -> "BaselineCache":
-        """``"auto"`` (the default root), ``"off"`` (none) or a folder."""
-        if setting is None or setting == CACHE_OFF:
+    def from_setting(cls, setting: str) -> "BaselineCache":
+        """``"auto"`` (the default root), ``"off"`` (none) or a folder (:func:`check_setting`)."""
+        setting = check_setting(setting)
+        if setting == CACHE_OFF:
             return cls(None)
-        if not isinstance(setting, str) or not setting:
-            raise ValueError(f"baseline_cache must be '{CACHE_AUTO}', '{CACHE_OFF}' or a folder, got {setting!r}")
         return cls(layout.default_cache_root() if setting == CACHE_AUTO else setting)
 
     @property
@@ -186,12 +193,5 @@ class BaselineCache:
                 return numbers
         numbers = compute()
         if key is not None:
-            self.store(key, kind, {name: _plain(value) for name, value in numbers.items()})
+            self.store(key, kind, numbers)  # Python floats: JSON round-trips them exactly
         return numbers
-
-
-def _plain(value: Any) -> Any:
-    """JSON's types (numpy scalars to Python numbers; floats round-trip exactly)."""
-    if isinstance(value, np.generic):
-        return value.item()
-    return value

@@ -8,6 +8,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from .baselines import check_setting as check_baseline_cache
+
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
@@ -201,10 +203,7 @@ class PretrainConfig:
             raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
         _positive_int(c.threads, "threads", 0)
         _positive_int(c.workers, "workers", 0)
-        if not isinstance(c.baseline_cache, str) or not c.baseline_cache:
-            raise ValueError(f"baseline_cache must be 'auto', 'off' or a folder, got {c.baseline_cache!r}")
-        if c.baseline_cache not in ("auto", "off"):
-            c.baseline_cache = os.path.abspath(c.baseline_cache)  # the same folder from `probe` anywhere
+        c.baseline_cache = check_baseline_cache(c.baseline_cache)
         _positive_int(c.log_every, "log_every")
         _positive_int(c.eval_every, "eval_every", 0)
         _positive_int(c.knn_k, "knn_k")

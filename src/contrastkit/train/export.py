@@ -122,24 +122,35 @@ def _check_targets(files: Dict[str, str], force: bool) -> None:
         return
     if not force:
         raise FileExistsError(f"{existing[0]} exists; pass --force to replace an earlier contrastkit embed output")
-    listed = _listed_files(files["marker"])
+    listed = _listed_files(files)
     for path in existing:
         if path != files["marker"] and os.path.basename(path) not in listed:
             raise FileExistsError(f"{path} exists and was not written by contrastkit (the folder's manifest "
                                   f"{layout.MANIFEST} does not list it as it is now); not replacing it")
 
 
-def _listed_files(marker: str) -> List[str]:
-    """The export's files that the output folder's manifest (:mod:`contrastkit.manifest`) lists
-    and that are still as contrastkit wrote them (same size and SHA-256): a file a user put
-    there since under the same name is not one of them."""
-    folder = os.path.dirname(os.path.abspath(marker))
+def _listed_files(files: Dict[str, str]) -> List[str]:
+    """This export's files -- ``files``, and those its earlier marker names (an earlier export
+    to the same name with ``--projection`` also wrote ``z``) -- that the folder's manifest
+    (:mod:`contrastkit.manifest`) lists and that are still as contrastkit wrote them (same size
+    and SHA-256): a file a user put there since under the same name is not one of them, and
+    nothing else the manifest lists (a run's files, another export's) is."""
+    folder = os.path.dirname(os.path.abspath(files["marker"]))
+    mine = {os.path.basename(path) for path in files.values()}
+    try:
+        with open(files["marker"], encoding="utf-8") as handle:
+            earlier = json.load(handle).get("files", [])
+        mine.update(name for name in earlier if isinstance(name, str))
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass  # no earlier marker, or not one of ours: only ``files`` are candidates
     try:
         listed = Manifest(folder).files
     except ValueError:  # an unreadable manifest vouches for nothing
         return []
     unchanged = []
     for name, entry in listed.items():
+        if name not in mine:
+            continue
         path = os.path.join(folder, name)
         if ("/" in name or not isinstance(entry, dict) or "sha256" not in entry or not os.path.isfile(path)
                 or os.path.islink(path)):
@@ -293,7 +304,7 @@ def _project(head: nn.Module, features: np.ndarray, device: torch.device) -> np.
 def _previous_outputs_removed(files: Dict[str, str]) -> None:
     """With ``force``: an earlier export's files (only those the manifest lists unchanged) go first."""
     folder = os.path.dirname(os.path.abspath(files["marker"]))
-    for name in _listed_files(files["marker"]):
+    for name in _listed_files(files):
         os.remove(os.path.join(folder, name))
 
 

@@ -26,7 +26,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, List, Optional
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -530,8 +530,12 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
     evaluating = config.eval_every and (run.epoch % config.eval_every == 0 or run.epoch == config.epochs)
     if evaluating and parallel.is_main:
         if run.dataset.num_classes:
-            record["val_knn_accuracy"] = _val_knn(run.model, run.dataset, run.device, config)
-            score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed)
+            # One extraction of the train and val features serves the kNN and the probe.
+            features = tuple(extract_features(run.model.encoder, split_images(split), run.device,
+                                              workers=config.workers) for split in (run.dataset.train, run.dataset.val))
+            record["val_knn_accuracy"] = _val_knn(features, run.dataset, config)
+            score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed,
+                                       features=features)
             record["val_probe_accuracy"] = score
             run.selection.observe(run.epoch, score, run.model)
         record.update(run.method.val_metrics(run.eval_context()))
@@ -602,10 +606,9 @@ def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> 
     return schedule.apply(model.temperature, step, total_steps)
 
 
-def _val_knn(model: Any, dataset: Any, device: torch.device, config: PretrainConfig) -> float:
+def _val_knn(features: Tuple[np.ndarray, np.ndarray], dataset: Any, config: PretrainConfig) -> float:
     from contrastkit.metrics import knn_accuracy
 
-    train_x = extract_features(model.encoder, split_images(dataset.train), device, workers=config.workers)
-    val_x = extract_features(model.encoder, split_images(dataset.val), device, workers=config.workers)
+    train_x, val_x = features
     return knn_accuracy(train_x, dataset.train.labels.numpy(), val_x, dataset.val.labels.numpy(),
                         k=config.knn_k, temperature=config.knn_temperature, num_classes=dataset.num_classes)

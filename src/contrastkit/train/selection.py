@@ -26,7 +26,7 @@ Studies judge their claims by the ``selected`` numbers (:func:`selected_numbers`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -43,10 +43,13 @@ SELECTION_RULE = ("the evaluation epoch (every eval_every epochs and the last) w
                   "accuracy (probe fitted on 80% of train, C chosen on the other 20%); the earliest on ties")
 
 
-def val_probe_accuracy(encoder: nn.Module, dataset: Any, device: torch.device, *, seed: int = 0) -> float:
+def val_probe_accuracy(encoder: nn.Module, dataset: Any, device: torch.device, *, seed: int = 0,
+                       workers: int = 0, features: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> float:
     """The val score of ``encoder``: linear probe fitted on a class-stratified 80 % of the
     training split, ``C`` chosen on the other 20 % (:data:`HELD_OUT_FRACTION`), accuracy on the
-    val split (a fraction in ``[0, 1]``)."""
+    val split (a fraction in ``[0, 1]``). ``features``: the encoder's ``(train, val)`` features
+    when the caller already has them (else extracted here, streamed splits decoded in
+    ``workers`` processes)."""
     from contrastkit.data.base import stratified_split
     from contrastkit.metrics import linear_probe
 
@@ -57,8 +60,10 @@ def val_probe_accuracy(encoder: nn.Module, dataset: Any, device: torch.device, *
     if held_out.size == 0 or np.unique(train_y[fit]).size < 2:
         raise ValueError(f"the training split ({train_y.size} images) is too small to score epochs by a val probe "
                          "(it needs two classes in 80% of it and at least one image in the rest)")
-    train_x = extract_features(encoder, split_images(dataset.train), device)  # held, or streamed in batches
-    val_x = extract_features(encoder, split_images(dataset.val), device)
+    if features is None:
+        features = tuple(extract_features(encoder, split_images(split), device, workers=workers)
+                         for split in (dataset.train, dataset.val))
+    train_x, val_x = features
     probe = linear_probe(train_x[fit], train_y[fit], train_x[held_out], train_y[held_out],
                          val_x, dataset.val.labels.cpu().numpy())
     return probe.test_accuracy
