@@ -37,7 +37,13 @@ from contrastkit.data.base import Split, check_fraction, stratified_split
 __all__ = ["ImageFolderDataset", "StreamingDataset", "LabelledDataset", "CaptionedDataset", "BadItemError",
            "UnreadableImageError", "EpochBatchSampler", "stream_image_folder", "as_streaming", "as_streaming_pairs",
            "make_loader", "read_images", "is_streaming", "in_memory", "StreamedViews", "HeldImages",
-           "subset_split"]
+           "subset_split", "unit_float"]
+
+
+def unit_float(images: "torch.Tensor") -> "torch.Tensor":
+    """A batch as the models read it: uint8 images (0..255, what streamed loaders deliver) as
+    float32 in ``[0, 1]``; float images as float32, values unchanged."""
+    return images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
 
 
 class BadItemError(ValueError):

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from contrastkit.data.base import Dataset, Split
+from contrastkit.data.streaming import unit_float
 
 MODES = ("augment", "A", "B")
 
@@ -193,7 +194,7 @@ class ViewMaker:
             raise ValueError(f"images must have shape (b, {', '.join(map(str, self.image_shape))}), "
                              f"got {tuple(images.shape)}")
         images = images.to(self.device, non_blocking=True)
-        images = images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
+        images = unit_float(images)
         return self._finish(images, images)
 
     def _finish(self, view_a: Tensor, view_b: Tensor) -> Tuple[Tensor, Tensor]:

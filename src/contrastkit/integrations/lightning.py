@@ -63,6 +63,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from contrastkit.data.streaming import unit_float
 from contrastkit.train.config import PretrainConfig
 from contrastkit.train.methods import MoCo, TwoViewMethod, get_method
 from contrastkit.train.optimization import build_lr_scheduler, build_optimizer
@@ -105,11 +106,6 @@ def _loss_keywords(loss: Callable[..., Any]) -> frozenset:
     if any(p.kind == p.VAR_KEYWORD for p in parameters):
         names |= {"distributed", "distributed_mode"} if isinstance(loss, nn.Module) else _LOSS_KEYWORDS
     return frozenset(names & _LOSS_KEYWORDS)
-
-
-def _float_images(images: Tensor) -> Tensor:
-    """uint8 images (0..255) as float in ``[0, 1]``; float images as they are."""
-    return images.float().div_(255.0) if images.dtype == torch.uint8 else images
 
 
 class ContrastiveModule(lightning.LightningModule):
@@ -210,7 +206,7 @@ class ContrastiveModule(lightning.LightningModule):
     def embed(self, images: Tensor) -> Tensor:
         """``h`` ``(N, D)`` of images ``(N, C, H, W)``, uint8 or float in ``[0, 1]`` (in the
         module's current mode: ``eval()`` for features)."""
-        return self.model.embed(_float_images(images.to(self.device)))
+        return self.model.embed(unit_float(images.to(self.device)))
 
     def views(self, images: Tensor) -> Tuple[Tensor, Tensor]:
         """Two views ``(N, C, H, W)`` float32 on the module's device of a batch of images

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from contrastkit import layout
 from contrastkit import losses
-from contrastkit.data.streaming import HeldImages, in_memory
+from contrastkit.data.streaming import HeldImages, in_memory, unit_float
 from contrastkit.losses.validation import check_probability
 from contrastkit.models import ProjectionHead, build_encoder
 from contrastkit.models.text import TextEncoder, WordTokenizer
@@ -161,7 +161,7 @@ class PairedBatches:
         ids, mask = self._tokens(split)
         if not in_memory(split):
             images = self._streamed(split, indices).to(self.device, non_blocking=True)
-            images = images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
+            images = unit_float(images)
         elif getattr(split, "realisations", None) is not None:
             which = torch.randint(0, split.realisations.shape[1], (indices.shape[0],))
             images = split.realisations[indices, which]

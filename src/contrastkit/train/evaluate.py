@@ -21,7 +21,7 @@ from torch import nn
 
 from contrastkit import layout
 from contrastkit._io import read_json
-from contrastkit.data.streaming import in_memory, make_loader
+from contrastkit.data.streaming import in_memory, make_loader, unit_float
 from contrastkit.metrics import knn_accuracy, linear_probe
 
 from .baselines import BaselineCache, data_digest, encoder_digest, readout_protocol
@@ -50,7 +50,7 @@ def image_batches(images: Any, batch_size: int = 256, workers: int = 0) -> Itera
             yield images[i:i + batch_size]
         return
     for batch, _ in make_loader(images, batch_size=batch_size, workers=workers):
-        yield batch.float().div_(255.0) if batch.dtype == torch.uint8 else batch
+        yield unit_float(batch)
 
 
 @torch.no_grad()
