@@ -618,15 +618,17 @@ class HeldImages:
     (uint8 or float)."""
 
     def __init__(self) -> None:
-        self._held: Optional[Tuple[Dict[int, int], Tensor]] = None
+        self._held: Optional[Tuple[Tensor, Dict[int, int], Tensor]] = None
 
     def hold(self, indices: Tensor, images: Tensor) -> None:
         """The decoded ``images`` of the training batch ``indices`` (from the loader)."""
-        self._held = ({int(i): row for row, i in enumerate(indices.tolist())}, images)
+        self._held = (indices, {int(i): row for row, i in enumerate(indices.tolist())}, images)
 
     def __call__(self, split: Any, indices: Tensor) -> Tensor:
         if self._held is not None:
-            rows, held = self._held
+            held_indices, rows, held = self._held
+            if indices is held_indices or torch.equal(indices.cpu(), held_indices.cpu()):
+                return held  # the whole training batch, as every step without micro-batches asks
             wanted = indices.tolist()
             if all(i in rows for i in wanted):  # the batch or a part of it (micro-batches)
                 return held[torch.tensor([rows[i] for i in wanted], dtype=torch.long, device=held.device)]
