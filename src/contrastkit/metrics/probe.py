@@ -26,7 +26,6 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 __all__ = ["DEFAULT_C_GRID", "PROBE_TOLERANCE", "PROBE_MAX_ITER", "ProbeResult", "linear_probe", "knn_predict", "knn_accuracy"]
 
