@@ -42,8 +42,8 @@ def _one(encoder: str, pairs: int, micro_batch: int, cap_gib: float) -> dict:
     import torch
 
     from contrastkit.train import get_method
-    from contrastkit.train.accumulation import cached_gradient_loss
-    from contrastkit.train.methods import ContrastiveModel
+    from contrastkit.methods.accumulation import cached_gradient_loss
+    from contrastkit.methods import ContrastiveModel
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -4,7 +4,7 @@
     PYTHONPATH=src python benchmarks/bench_plain_loop.py --data digits --data-option size=28 ...
     PYTHONPATH=src python benchmarks/bench_plain_loop.py --data /path/to/cifar10-tree --train-limit 1000 ...
 
-Both sides train the same model (``contrastkit.train.setup.build_model`` of the same config,
+Both sides train the same model (``contrastkit.methods.build_model`` of the same config,
 seed and all), on the same kornia views (the method's batch maker), with the same loss
 (``model.loss``: ``nt_xent_views``), the same AdamW parameter groups and the same warm-up
 cosine schedule. The plain loop is what a user writes by hand::
@@ -40,8 +40,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from contrastkit.train import PretrainConfig, pretrain  # noqa: E402
 from contrastkit.train.loop import warmup_cosine  # noqa: E402
-from contrastkit.train.methods import get_method  # noqa: E402
-from contrastkit.train.setup import build_model, limit_splits  # noqa: E402
+from contrastkit.methods import get_method  # noqa: E402
+from contrastkit.methods import build_model, limit_data  # noqa: E402
 
 
 def _config(args, out: str) -> PretrainConfig:

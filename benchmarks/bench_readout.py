@@ -41,10 +41,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from contrastkit.data import load_dataset, make_views  # noqa: E402
 from contrastkit.train import PretrainConfig  # noqa: E402
-from contrastkit.train import evaluate as evaluate_module  # noqa: E402
-from contrastkit.train.geometry import geometry  # noqa: E402
+from contrastkit.metrics import readout as evaluate_module  # noqa: E402
+from contrastkit.methods.geometry import geometry  # noqa: E402
 from contrastkit.train.baselines import BaselineCache  # noqa: E402
-from contrastkit.train.setup import build_model  # noqa: E402
+from contrastkit.methods import build_model  # noqa: E402
 
 
 def epoch_seconds(config: PretrainConfig, dataset: Any, steps: int, warmup: int = 2) -> Dict[str, float]:

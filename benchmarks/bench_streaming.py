@@ -82,7 +82,7 @@ def one(root: str, workers: int, steps: int, batch_size: int, warmup: int) -> Di
     from contrastkit import losses
     from contrastkit.data import EpochBatchSampler, make_loader, make_views, stream_image_folder
     from contrastkit.train import PretrainConfig
-    from contrastkit.train.setup import build_model
+    from contrastkit.methods import build_model
 
     torch.set_num_threads(1)
     sampler_thread = _PeakTreePss()

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from contrastkit.data import load_dataset, make_views  # noqa: E402
 from contrastkit.train import PretrainConfig  # noqa: E402
-from contrastkit.train.setup import build_model  # noqa: E402
+from contrastkit.methods import build_model  # noqa: E402
 
 
 def time_steps(config: PretrainConfig, dataset, views_mode: str, steps: int, warmup: int, threads: int):

@@ -21,7 +21,7 @@ def main() -> None:
     from contrastkit.data import load_dataset
     from contrastkit.metrics import knn_accuracy, linear_probe
     from contrastkit.models import SmallCNN
-    from contrastkit.train.evaluate import extract_features
+    from contrastkit.metrics.readout import extract_features
 
     torch.set_num_threads(args.threads)
     ds = load_dataset(args.data)

@@ -53,7 +53,7 @@ _CHILD = textwrap.dedent('''
         return [len(ds.train), len(ds.val), len(ds.test), list(ds.image_shape)]
 
     def load_pair_csv(path, options):
-        from contrastkit.data.paired import load_pair_csv
+        from contrastkit.data.paired_csv import load_pair_csv
         ds = load_pair_csv(path, **options)
         return [len(ds.train), len(ds.val), len(ds.test)]
 

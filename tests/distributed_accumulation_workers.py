@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from contrastkit.train import PretrainConfig, average_gradients, get_method, pretrain
-from contrastkit.train.methods import ContrastiveModel
+from contrastkit.methods import ContrastiveModel
 
 ROWS = 8          # the global batch
 MICRO = 2         # rows per micro-batch on each rank

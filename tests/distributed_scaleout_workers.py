@@ -92,7 +92,7 @@ def train_method(method: str, seed: int, sizes: Sequence[int], steps: int, lr: f
     (``rank`` given), else on the concatenated batches in one process."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from contrastkit.train.methods import get_method
+    from contrastkit.methods import get_method
     from contrastkit.train.parallel import LossForward
 
     model = PairModel(method)
@@ -139,9 +139,9 @@ def moco_views(rank: int, sizes: Sequence[int], step: int):
 
 def shuffle_worker(rank: int, world: int):
     """MoCo's keys with and without shuffle-BN, and the permutations drawn."""
-    import contrastkit.train.methods as methods_module
+    import contrastkit.methods.moco as methods_module
     from contrastkit.distributed import shuffle_across_ranks
-    from contrastkit.train.methods import get_method
+    from contrastkit.methods import get_method
 
     moco = get_method("moco")
     results: Dict[str, object] = {}

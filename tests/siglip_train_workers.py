@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from contrastkit.data.paired import load_paired
-from contrastkit.train.convirt import PairedBatches, build_tokenizer
-from contrastkit.train.methods import SiglipModel, get_method
+from contrastkit.data import load_paired
+from contrastkit.methods.convirt import PairedBatches, build_tokenizer
+from contrastkit.methods import SiglipModel, get_method
 from contrastkit.train.parallel import LossForward
 
 PAIRS = 12

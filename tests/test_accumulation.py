@@ -1,4 +1,4 @@
-"""Cached-gradient accumulation (``contrastkit.train.accumulation``, ``pretrain --micro-batch``):
+"""Cached-gradient accumulation (``contrastkit.methods.accumulation``, ``pretrain --micro-batch``):
 the gradients equal the single big batch where no layer has batch statistics (float64, every
 method), the replay of random layers, BatchNorm's difference, and the bad inputs."""
 
@@ -16,14 +16,14 @@ from contrastkit.cli import main
 from contrastkit.models import ProjectionHead, SmallCNN, build_encoder
 from contrastkit.models.text import WordTokenizer
 from contrastkit.train import METHOD_REGISTRY, PretrainConfig, cached_gradient_loss, get_method, pretrain
-from contrastkit.train.config import PAIRED_METHODS
-from contrastkit.train.convirt import ConvirtModel
-from contrastkit.train.methods import SiglipModel
-from contrastkit.train.methods import ContrastiveModel
+from contrastkit.methods.convirt import ConvirtModel
+from contrastkit.methods import SiglipModel
+from contrastkit.methods import ContrastiveModel
 
 TOL = dict(rtol=1e-9, atol=1e-9)  # float64; the issue asks for 1e-6
 B, M = 8, 2
-TWO_VIEW = [name for name in METHOD_REGISTRY if name not in PAIRED_METHODS]
+TWO_VIEW = [name for name, method in METHOD_REGISTRY.items() if not method.paired]
+PAIRED_METHODS = [name for name, method in METHOD_REGISTRY.items() if method.paired]
 
 
 def _views(seed: int = 0, n: int = B, size: int = 12):

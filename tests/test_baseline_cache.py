@@ -9,10 +9,10 @@ import torch
 
 from contrastkit import layout
 from contrastkit.cli import main
-from contrastkit.train import evaluate as evaluate_module
+from contrastkit.metrics import readout as evaluate_module
 from contrastkit.train import PretrainConfig, evaluate_run, pretrain
 from contrastkit.train.baselines import BaselineCache, data_digest, encoder_digest
-from contrastkit.train.setup import load_data
+from contrastkit.methods import load_data
 
 from _tiny_run import TINY_ARGS, tiny_config
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from contrastkit.data.glyphlab import clean_scenes, load_glyphlab
-from contrastkit.data.paired import PairedSplit, load_paired
+from contrastkit.data import load_paired
+from contrastkit.data.paired import PairedSplit
 
 SMALL = dict(train_scenes=60, val_scenes=30, test_scenes=90)
 

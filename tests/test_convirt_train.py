@@ -10,10 +10,10 @@ import torch
 
 import reference
 from contrastkit.cli import main
-from contrastkit.data.paired import load_paired
+from contrastkit.data import load_paired
 from contrastkit.models.text import WordTokenizer
-from contrastkit.train.config import PretrainConfig
-from contrastkit.train.convirt import ConvirtModel, PairedBatches, build_tokenizer
+from contrastkit.methods import PretrainConfig
+from contrastkit.methods.convirt import ConvirtModel, PairedBatches, build_tokenizer
 
 TINY = ["--data-option", "train_scenes=48", "--data-option", "val_scenes=24", "--data-option", "test_scenes=24"]
 
@@ -51,7 +51,7 @@ def test_config_rejects_what_convirt_cannot_use():
         PretrainConfig(method="convirt", data="glyphlab-text", weight=1.5).resolved()
     with pytest.raises(ValueError, match="views 'B' does not apply"):
         PretrainConfig(method="convirt", data="glyphlab-text", views="B").resolved()
-    with pytest.raises(ValueError, match="convirt only"):
+    with pytest.raises(ValueError, match="image-text methods only"):
         PretrainConfig(method="simclr", weight=0.5).resolved()
     c = PretrainConfig(method="convirt", data="glyphlab-text").resolved()
     assert (c.weight, c.temperature, c.projection_dim, c.text_encoder) == (0.75, 0.1, 512, "mean")

@@ -11,7 +11,7 @@ from _tiny_run import TINY_GLYPHLAB, tiny_config
 from contrastkit.cli import main
 from contrastkit.data import load_dataset
 from contrastkit.train import extract_features, pretrain
-from contrastkit.train.evaluate import load_run
+from contrastkit.train.runs import load_run
 from contrastkit.train.export import export_embeddings
 
 
@@ -139,13 +139,12 @@ def streamed_run(tmp_path_factory, one_torch_thread):
 
 def _streamed_probe_features(run_dir, split):
     """h as the read-out computes it for a streamed split (batches through its loader)."""
-    from contrastkit.train.evaluate import split_images
-
+    
     saved = load_run(str(run_dir))
     dataset = saved.load_data()
     model = saved.build_model(dataset.image_shape, torch.device("cpu"))
     part = getattr(dataset, split)
-    return extract_features(model.encoder, split_images(part), torch.device("cpu")), part
+    return extract_features(model.encoder, part, torch.device("cpu")), part
 
 
 def _image_paths(part):

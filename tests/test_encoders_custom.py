@@ -13,7 +13,7 @@ from contrastkit.cli import main
 from contrastkit.models import (PooledEncoder, ResNet50, SmallViT, describe_encoder, encoder_from_spec,
                                 load_factory, prepare_encoder)
 from contrastkit.train import PretrainConfig, evaluate_run, pretrain
-from contrastkit.train.setup import build_model
+from contrastkit.methods import build_model
 
 NUMBERS = ("probe_accuracy", "knn_accuracy", "random_init_probe_accuracy")
 

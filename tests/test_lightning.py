@@ -33,7 +33,7 @@ def test_the_core_package_never_imports_lightning():
     result = _python(
         "import sys\n"
         "import contrastkit, contrastkit.train, contrastkit.losses, contrastkit.data, contrastkit.models\n"
-        "import contrastkit.integrations, contrastkit.cli, contrastkit.train.optimization\n"
+        "import contrastkit.integrations, contrastkit.cli, contrastkit.methods.optimization\n"
         "found = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning'))\n"
         "print(found)\n")
     assert result.returncode == 0, result.stderr
@@ -102,7 +102,7 @@ def _own_encoder():
 def test_one_process_trainer_trains_a_users_encoder_and_logs(tiny, tmp_path):
     from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
     from contrastkit.train import PretrainConfig
-    from contrastkit.train.optimization import warmup_cosine
+    from contrastkit.methods.optimization import warmup_cosine
 
     torch.manual_seed(0)  # the user's encoder is initialised from the global RNG: independent of test order
     config = PretrainConfig(method="simclr", batch_size=16, temperature=0.2, lr=3e-3, warmup_fraction=0.25, seed=1)

@@ -119,10 +119,10 @@ def test_supcon_needs_labels_and_moco_needs_queue():
 
 
 def test_every_configurable_method_has_one_registered_method_object():
-    from contrastkit.train.config import METHODS
-    from contrastkit.train.methods import METHOD_REGISTRY, Method, get_method
+    from contrastkit.methods import METHOD_REGISTRY, Method, get_method, method_names
 
-    assert tuple(METHOD_REGISTRY) == METHODS
+    assert method_names() == ("simclr", "moco", "supcon", "dcl", "simple", "hard_negative", "convirt", "siglip")
+    assert tuple(METHOD_REGISTRY) == method_names()
     for name, method in METHOD_REGISTRY.items():
         assert isinstance(method, Method) and method.name == name and get_method(name) is method
     with pytest.raises(ValueError, match="method must be one of"):
@@ -160,14 +160,14 @@ def test_moco_checkpoint_with_the_former_queue_buffers_still_loads():
 
 
 def test_every_method_has_a_cross_rank_form():
-    from contrastkit.train.methods import get_method
+    from contrastkit.methods import get_method
 
     for name in ("simclr", "moco", "supcon", "dcl", "simple", "hard_negative", "convirt"):
         assert get_method(name).cross_rank, name
 
 
 def test_a_method_without_a_cross_rank_form_refuses_to_run_distributed():
-    from contrastkit.train.methods import Simple
+    from contrastkit.methods import Simple
 
     class SingleProcessOnly(Simple):
         cross_rank = False

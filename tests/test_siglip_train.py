@@ -11,7 +11,7 @@ import torch
 
 from contrastkit.cli import main
 from contrastkit.train import PretrainConfig, pretrain
-from contrastkit.train.methods import METHOD_REGISTRY, Siglip, SiglipModel
+from contrastkit.methods import METHOD_REGISTRY, Siglip, SiglipModel
 
 import siglip_train_workers as SW
 

@@ -17,7 +17,6 @@ from contrastkit.data import (EpochBatchSampler, ImageFolderDataset, UnreadableI
                               make_loader, stream_image_folder)
 from contrastkit.data.files import load_image_folder
 from contrastkit.train import PretrainConfig, evaluate_run, extract_features, pretrain
-from contrastkit.train.evaluate import split_images
 
 # The real-data folder lives next to the project (``../shared/data`` from its root, or higher up
 # for a checkout in a subfolder); the test skips when it is absent.
@@ -58,7 +57,7 @@ def test_streamed_splits_and_pixels_equal_the_in_memory_load(folder):
         assert torch.equal(pixels, h.images), name
         # the read-out's features of a streamed split are those of the same images held whole
         encoder = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten())
-        assert np.allclose(extract_features(encoder, split_images(s), torch.device("cpu"), batch_size=5, workers=2),
+        assert np.allclose(extract_features(encoder, s, torch.device("cpu"), batch_size=5, workers=2),
                            extract_features(encoder, h.images, torch.device("cpu")), atol=1e-6)
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from contrastkit.data import BadItemError, as_streaming, as_streaming_pairs, make_loader
-from contrastkit.data.paired import PairedDataset, PairedSplit, StreamingPairedDataset, load_paired
-from contrastkit.data.streaming import in_memory
+from contrastkit.data import load_paired
+from contrastkit.data.paired import PairedDataset, PairedSplit, StreamingPairedDataset
+from contrastkit.data.streaming import in_memory  # the storage of the splits under test
 from contrastkit.train import PretrainConfig, pretrain
 
 SCENES = dict(train_scenes=40, val_scenes=12, test_scenes=16, size=28)

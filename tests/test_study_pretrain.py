@@ -10,7 +10,7 @@ import torch
 from contrastkit.data import load_dataset, make_views
 from contrastkit.temperature import CosineSchedule
 from contrastkit.train import PretrainConfig, pretrain
-from contrastkit.train.geometry import geometry
+from contrastkit.methods.geometry import geometry
 
 
 def tiny(train_scenes=32, test_scenes=15):
@@ -68,7 +68,7 @@ def test_representation_metrics_in_summary_and_at_each_evaluation(cosine_run):
 
 
 def test_geometry_leaves_training_rng_alone_and_repeats():
-    from contrastkit.train.setup import build_model
+    from contrastkit.methods import build_model
 
     ds = load_dataset("glyphlab", **tiny(16, 12)["data_options"])
     model = build_model(PretrainConfig(epochs=1, batch_size=4).resolved(), 1)

@@ -19,7 +19,7 @@ from contrastkit.data.paired import PairedSplit
 from contrastkit.models import build_encoder
 from contrastkit.train import PretrainConfig, pretrain
 from contrastkit.train import loop as loop_module
-from contrastkit.train.evaluate import evaluate_encoders
+from contrastkit.metrics.readout import evaluate_encoders
 from contrastkit.train.selection import EpochSelection, selected_numbers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,7 +129,7 @@ def test_a_run_whose_val_peaks_early_reports_that_epoch(tmp_path, monkeypatch):
     assert summary["selection"]["scores"] == [0.6, 0.9, 0.5, 0.4]
     # The selected numbers are the test read-out of the epoch-2 encoder, not of the last one.
     dataset = load_dataset("glyphlab", seed=0)
-    from contrastkit.train.setup import limit_splits
+    from contrastkit.methods import limit_data as limit_splits
 
     dataset = limit_splits(dataset, config.resolved())
     encoder = build_encoder("small", 1)

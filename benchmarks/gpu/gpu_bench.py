@@ -200,7 +200,7 @@ def run_train(args: argparse.Namespace) -> List[Dict[str, Any]]:
     device = require_cuda()
     from contrastkit.data import load_dataset, make_views
     from contrastkit.train import PretrainConfig
-    from contrastkit.train.setup import build_model
+    from contrastkit.methods import build_model
 
     dataset = load_dataset("glyphlab")
     rows = []

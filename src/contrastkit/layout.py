@@ -57,7 +57,7 @@ __all__ = [
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT",
     "ACCURACY_PLOT", "UNIFORMITY_PLOT", "TOLERANCE_PLOT", "UNIFORMITY_TOLERANCE_PLOT", "SIMILARITY_PROFILE_PLOT",
-    "CACHE_ENV", "BASELINES", "default_cache_root", "baseline_file",
+    "CACHE_ENV", "BASELINES", "default_cache_root", "baseline_file", "CACHE_AUTO", "CACHE_OFF", "check_cache_setting",
 ]
 
 #: Where the commands put their output folders by default (``runs/pretrain``, ``runs/sweep``...).
@@ -218,3 +218,16 @@ def default_cache_root() -> str:
 def baseline_file(root: "str | os.PathLike[str]", key: str) -> str:
     """The file of the baseline named ``key`` (a hex SHA-256) in the cache ``root``."""
     return os.path.join(os.fspath(root), BASELINES, f"{key}.json")
+
+
+#: ``baseline_cache`` settings: the default root (:func:`default_cache_root`), or none.
+CACHE_AUTO = "auto"
+CACHE_OFF = "off"
+
+
+def check_cache_setting(setting: object) -> str:
+    """A ``baseline_cache`` setting as stored: ``"auto"``, ``"off"``, or a folder made absolute
+    (the same folder from any working directory); anything else is a ``ValueError``."""
+    if not isinstance(setting, str) or not setting:
+        raise ValueError(f"baseline_cache must be '{CACHE_AUTO}', '{CACHE_OFF}' or a folder, got {setting!r}")
+    return setting if setting in (CACHE_AUTO, CACHE_OFF) else os.path.abspath(setting)

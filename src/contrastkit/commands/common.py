@@ -231,7 +231,7 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
     console = Console()
     console.print(table)
     if "retrieval_i2t_recall@1" in summary:  # convirt
-        from contrastkit.train.convirt import retrieval_table
+        from contrastkit.methods.convirt import retrieval_table
 
         console.print(retrieval_table(summary))
     details = [f"{key} {_fmt(summary[key])}" for key in ("final_loss", "final_temperature", "epochs", "steps",

@@ -5,21 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import fields
 
 from contrastkit import layout
 from contrastkit.commands.common import add_config_argument, parse_data_options, parse_names, print_result_table
-from contrastkit.train.config import DEFAULT_TEMPERATURE, ENCODER_NAMES, METHODS, OPTIMIZERS, PretrainConfig
-from contrastkit.train.loggers import LOGGER_NAMES
+from contrastkit.methods import METHOD_REGISTRY, OPTIMIZERS, PretrainConfig, method_names
+from contrastkit.methods.config import LOGGER_NAMES
+from contrastkit.models import ENCODERS
+from contrastkit.models.text import TEXT_ENCODERS
 
-# Options that map one-to-one onto PretrainConfig fields (argparse dest -> field).
-_FIELDS = ("data", "train_limit", "val_limit", "test_limit", "subset_seed", "method", "encoder", "views", "view_strength", "temperature", "learnable_temperature",
-           "temperature_schedule",
-           "epochs", "batch_size", "optimizer", "lr", "weight_decay", "warmup_fraction", "momentum",
-           "queue_size", "projection_dim", "weight", "text_encoder", "micro_batch", "norm", "seed", "device", "threads", "workers", "baseline_cache", "log_every",
-           "eval_every", "knn_k", "knn_temperature", "out")
 # Config-file keys that are PretrainConfig field names rather than option names (OUT/config.yaml
 # holds the fields): every field of PretrainConfig is a key of `pretrain --config`.
 _CONFIG_ALIASES = {"data_options": "data_option", "loggers": "logger", "encoder_options": "encoder_option"}
+# The options that map one-to-one onto PretrainConfig fields (argparse dest = field name).
+_FIELDS = tuple(f.name for f in fields(PretrainConfig) if f.name not in _CONFIG_ALIASES)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,9 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--val-limit", type=int, default=None, metavar="N", help="a stratified subset of N val images (default: all)")
     add("--test-limit", type=int, default=None, metavar="N", help="a stratified subset of N test images (default: all)")
     add("--subset-seed", type=int, default=None, help="seed of the subsets, the same for every --seed (default 0)")
-    add("--method", choices=METHODS, default=None, help=f"(default {d.method})")
+    add("--method", choices=method_names(), default=None, help=f"(default {d.method})")
     add("--encoder", default=None, metavar="NAME",
-        help=f"a built-in ({', '.join(ENCODER_NAMES)}; resnet18/resnet50 want a GPU, vit is for 32x32 "
+        help=f"a built-in ({', '.join(ENCODERS)}; resnet18/resnet50 want a GPU, vit is for 32x32 "
              f"images) or package.module:factory, a callable returning any nn.Module from images "
              f"(N, C, H, W) to (N, D) or (N, D, ...) (default {d.encoder})")
     add("--encoder-option", action="append", default=None, metavar="KEY=VALUE",
@@ -56,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--view-strength", type=float, default=None, help="augmentation strength in [0, 2] (default 1 for "
                                                           "augment, 0 for A/B)")
     add("--temperature", type=float, default=None,
-        help="initial tau (default per method: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_TEMPERATURE.items()) + ")")
+        help="initial tau (default per method: " + ", ".join(f"{name} {method.default_temperature}"
+                                                              for name, method in METHOD_REGISTRY.items()) + ")")
     add("--learnable-temperature", action="store_true", default=None, help="train tau (CLIP parameterisation)")
     add("--temperature-schedule", default=None, metavar="SCHEDULE",
         help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], linear:START,END, "
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--projection-dim", type=int, default=None, help="size of z (default 64; convirt 512)")
     add("--weight", type=float, default=None,
         help="convirt: lambda on the image->text InfoNCE, 1 - lambda on text->image (default 0.75)")
-    add("--text-encoder", choices=("transformer", "mean"), default=None,
+    add("--text-encoder", choices=TEXT_ENCODERS, default=None,
         help="convirt: text encoder, mean-pooled word embeddings or a 2-layer transformer (default mean)")
     add("--micro-batch", type=int, default=None, metavar="M",
         help="cached-gradient accumulation: embed the batch in micro-batches of M source images (M divides "
@@ -134,13 +134,10 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
     base = PretrainConfig().to_dict()
     if args.resume:
         out = given.get("out", base["out"])
-        path = layout.RunFolder(out).config
-        if os.path.isfile(path):
-            try:
-                with open(path, encoding="utf-8") as handle:
-                    base.update(json.load(handle)["config"])
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{path} is not a valid run configuration: {err}") from None
+        if os.path.isfile(layout.RunFolder(out).config):
+            from contrastkit.train.runs import read_run_record
+
+            base.update(read_run_record(out)["config"])
     base.update(given)
     return PretrainConfig.from_dict(base)
 

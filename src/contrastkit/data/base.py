@@ -8,10 +8,12 @@ index and augment whole batches on the training device.
 
 from __future__ import annotations
 
+import inspect
+
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -269,3 +271,15 @@ def stratified_subset(split: Any, n: int, seed: int) -> Any:
         elif isinstance(value, list) and len(value) == total:
             changes[item.name] = [value[i] for i in keep.tolist()]
     return dataclasses.replace(split, **changes)
+
+
+def call_with_options(loader: Callable[..., Any], what: str, options: Dict[str, Any], **fixed: Any) -> Any:
+    """Call ``loader`` with ``options``, rejecting unknown option names with a clear message (``what``
+    names the data set)."""
+    accepted = [name for name, p in inspect.signature(loader).parameters.items()
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and name not in fixed]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(map(repr, unknown))} for {what}; "
+                        f"accepted: {', '.join(accepted)}")
+    return loader(**fixed, **options)

@@ -71,7 +71,7 @@ SizeLike = Union[None, int, Tuple[int, int]]
 # ----------------------------------------------------------------------------------------
 # options
 
-def _resolve_size(size: SizeLike) -> Optional[Tuple[int, int]]:
+def resolve_size(size: SizeLike) -> Optional[Tuple[int, int]]:
     if size is None:
         return None
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
@@ -199,7 +199,7 @@ def _npz_arrays(path: Path) -> Dict[str, np.ndarray]:
 
 
 def load_npz(path: Path, *, size: SizeLike = None, val_fraction: float = 0.1, split_seed: int = 0) -> Dataset:
-    path, size = Path(path), _resolve_size(size)
+    path, size = Path(path), resolve_size(size)
     arrays = _npz_arrays(path)
     parts = ["train", "test"] + (["val"] if "x_val" in arrays else [])
     loaded: Dict[str, Split] = {}
@@ -287,7 +287,7 @@ def _is_mnist(folder: Path) -> bool:
 
 
 def load_mnist(folder: Path, *, size: SizeLike = None, val_fraction: float = 0.1, split_seed: int = 0) -> Dataset:
-    folder, size = Path(folder), _resolve_size(size)
+    folder, size = Path(folder), resolve_size(size)
     files = {key: _find_mnist_file(folder, base) for key, base in MNIST_FILES.items()}
     splits = {}
     for part in ("train", "test"):
@@ -362,7 +362,7 @@ def _is_cifar(folder: Path) -> bool:
 
 
 def load_cifar10(folder: Path, *, size: SizeLike = None, val_fraction: float = 0.1, split_seed: int = 0) -> Dataset:
-    folder, size = Path(folder), _resolve_size(size)
+    folder, size = Path(folder), resolve_size(size)
     if (folder / "cifar-10-batches-py").is_dir():
         folder = folder / "cifar-10-batches-py"
     for name in CIFAR_TRAIN_FILES + (CIFAR_TEST_FILE,):
@@ -390,7 +390,7 @@ def load_cifar10(folder: Path, *, size: SizeLike = None, val_fraction: float = 0
 # ----------------------------------------------------------------------------------------
 # folders of class subfolders
 
-_GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
+GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 
 
 def _list_class_folders(root: Path) -> List[Path]:
@@ -459,7 +459,7 @@ def _open_images(files: Sequence[Path]):
     return images
 
 
-def _to_array(images, color: str, size: Tuple[int, int]) -> np.ndarray:
+def to_array(images, color: str, size: Tuple[int, int]) -> np.ndarray:
     from PIL import Image
 
     h, w = size
@@ -530,19 +530,19 @@ def load_image_folder(root: Path, *, size: SizeLike = None, val_fraction: float 
     root = Path(root)
     if color is not None and color not in ("L", "RGB"):
         raise ValueError(f"color must be None, 'L' or 'RGB', got {color!r}")
-    target = _resolve_size(size)
+    target = resolve_size(size)
     parts, names = scan_image_tree(root)
     has_parts = "all" not in parts
     opened = {part: _open_images(files) for part, (files, _) in parts.items()}
     every = [img for imgs in opened.values() for img in imgs]
     if color is None:
-        color = "L" if all(img.mode in _GRAY_MODES for img in every) else "RGB"
+        color = "L" if all(img.mode in GRAY_MODES for img in every) else "RGB"
     if target is None:
         sizes = Counter((img.size[1], img.size[0]) for img in every)
         target = next(iter(sizes)) if len(sizes) == 1 else (32, 32)
     tensors = {}
     for part, imgs in opened.items():
-        images = to_float_images(_to_array(imgs, color, target), str(root))
+        images = to_float_images(to_array(imgs, color, target), str(root))
         tensors[part] = (images, torch.tensor(parts[part][1], dtype=torch.int64))
     if has_parts:
         if "val" in tensors:
@@ -604,7 +604,7 @@ def load_path(path: Union[str, os.PathLike], *, size: SizeLike = None, val_fract
     """
     path = Path(path)
     val_fraction = check_fraction(val_fraction, "val_fraction")
-    size_hw = _resolve_size(size)
+    size_hw = resolve_size(size)
     if isinstance(split_seed, bool) or not isinstance(split_seed, (int, np.integer)) or split_seed < 0:
         raise ValueError(f"split_seed must be a non-negative integer, got {split_seed!r}")
     kind = detect_format(path)

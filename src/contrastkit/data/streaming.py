@@ -10,15 +10,9 @@ puts three such splits (or any map-style ``torch.utils.data.Dataset`` returning
 (:class:`CaptionedDataset` splits, a ``contrastkit.data.paired.StreamingPairedDataset``):
 the texts are read once up front (the tokenizer is built from them), the images never.
 
-The order of the images is not the loader's: :class:`EpochBatchSampler` yields, for each
-epoch, the same batches of indices the in-memory path draws (a permutation seeded by
-``(seed, epoch)``; under torchrun ``DistributedSampler``'s share of it). Workers only decode,
-so a run's randomness (the views, drawn on the training device) does not depend on how many
-there are, and a resumed run needs no worker state.
-
->>> data = stream_image_folder("cifar10-jpeg")                        # doctest: +SKIP
->>> loader = make_loader(data.train, batch_size=256, workers=4)       # doctest: +SKIP
->>> images, indices = next(iter(loader))    # (256, 3, 32, 32) uint8, (256,) int64  # doctest: +SKIP
+They are read in batches by :mod:`contrastkit.data.loader` (decoded in ``DataLoader``
+workers), and a run's batch makers take a streamed batch's images from
+:mod:`contrastkit.data.batches`.
 """
 
 from __future__ import annotations
@@ -30,14 +24,13 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Sampler, Subset
+from torch.utils.data import Subset
 
 from contrastkit.data.base import Split, check_fraction, stratified_split
 
 __all__ = ["ImageFolderDataset", "StreamingDataset", "LabelledDataset", "CaptionedDataset", "BadItemError",
-           "UnreadableImageError", "EpochBatchSampler", "stream_image_folder", "as_streaming", "as_streaming_pairs",
-           "make_loader", "read_images", "is_streaming", "in_memory", "StreamedViews", "HeldImages",
-           "subset_split", "unit_float"]
+           "UnreadableImageError", "stream_image_folder", "as_streaming", "as_streaming_pairs", "is_streaming",
+           "in_memory", "subset_split", "unit_float"]
 
 
 def unit_float(images: "torch.Tensor") -> "torch.Tensor":
@@ -53,7 +46,7 @@ class BadItemError(ValueError):
 
     A worker does not raise it (torch would re-raise it wrapped in the worker's traceback, and
     the other workers would be torn down mid-write): it marks the item, and the loader raises
-    it in the main process (:func:`make_loader`), one line.
+    it in the main process (:func:`~contrastkit.data.loader.make_loader`), one line.
     """
 
 
@@ -105,13 +98,13 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Tuple[Tensor, int]:
         from PIL import Image  # lazy: pillow is an optional dependency
 
-        from contrastkit.data.files import _to_array  # the one owner of image conversion
+        from contrastkit.data.files import to_array  # the one owner of image conversion
 
         path = self.path(index)
         try:
             with Image.open(path) as img:
                 img.load()
-                array = _to_array([img], self.color, self.size)[0]
+                array = to_array([img], self.color, self.size)[0]
         except Exception as err:  # PIL raises many kinds (UnidentifiedImageError, OSError, SyntaxError, ...)
             detail = str(err).strip().splitlines()[0] if str(err).strip() else "no detail"
             raise UnreadableImageError(f"{path}: cannot read image ({type(err).__name__}: {detail})") from None
@@ -348,7 +341,7 @@ def stream_image_folder(root: Union[str, os.PathLike], *, size: Any = None, val_
     """
     from PIL import Image
 
-    from contrastkit.data.files import _GRAY_MODES, _resolve_size, scan_image_tree
+    from contrastkit.data.files import GRAY_MODES, resolve_size, scan_image_tree
 
     root = Path(root)
     if not root.is_dir():
@@ -364,8 +357,8 @@ def stream_image_folder(root: Union[str, os.PathLike], *, size: Any = None, val_
             first_mode, (first_w, first_h) = img.mode, img.size
     except Exception as err:
         raise UnreadableImageError(f"{first}: cannot read image ({type(err).__name__}: {err})") from None
-    color = color or ("L" if first_mode in _GRAY_MODES else "RGB")
-    target = _resolve_size(size) or (first_h, first_w)
+    color = color or ("L" if first_mode in GRAY_MODES else "RGB")
+    target = resolve_size(size) or (first_h, first_w)
     splits = {part: ImageFolderDataset(files, labels, color=color, size=target)
               for part, (files, labels) in parts.items()}
     if has_parts:
@@ -475,186 +468,3 @@ def _three_splits(splits: Dict[str, Any], val: Any, test: Any, wrap: Any, val_fr
         splits["train"], splits["val"] = _carve(splits["train"], [1.0 - val_fraction, val_fraction], split_seed,
                                                 "train")
     return splits
-
-
-# -- loading in batches ---------------------------------------------------------------------
-
-class EpochBatchSampler(Sampler):
-    """The batches of one epoch of training: ``steps`` batches of ``batch_size`` indices of a
-    split of ``n`` items, in the order of the epoch set by :meth:`set_epoch` (the last partial
-    batch dropped).
-
-    One process: ``torch.randperm(n)`` from a generator seeded with ``seed * 100_003 + epoch``.
-    Under torchrun (``world_size > 1``): ``DistributedSampler``'s share of rank ``rank``
-    (``shuffle=True, seed, drop_last=True``), in batches of ``batch_size`` (this rank's share
-    of the global batch). The sampler runs in the main process, so workers never see it.
-    """
-
-    def __init__(self, n: int, batch_size: int, seed: int, *, rank: int = 0, world_size: int = 1) -> None:
-        if n < 1 or batch_size < 1:
-            raise ValueError(f"n and batch_size must be >= 1, got {n}, {batch_size}")
-        self.n, self.batch_size, self.seed = int(n), int(batch_size), int(seed)
-        self.rank, self.world_size = int(rank), int(world_size)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def order(self) -> Tensor:
-        """This process's indices of the epoch, in order."""
-        if self.world_size > 1:
-            from torch.utils.data import DistributedSampler
-
-            sampler = DistributedSampler(range(self.n), num_replicas=self.world_size, rank=self.rank,
-                                         shuffle=True, seed=self.seed, drop_last=True)
-            sampler.set_epoch(self.epoch)
-            return torch.tensor(list(sampler), dtype=torch.long)
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return torch.randperm(self.n, generator=generator)
-
-    def __len__(self) -> int:
-        share = self.n // self.world_size if self.world_size > 1 else self.n
-        return share // self.batch_size
-
-    def __iter__(self) -> Iterator[List[int]]:
-        order = self.order()
-        for step in range(len(self)):
-            yield order[step * self.batch_size:(step + 1) * self.batch_size].tolist()
-
-
-class _Indices(torch.utils.data.Dataset):
-    """Item ``i`` is ``i``: the loader of an in-memory split yields index batches only."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        return index
-
-
-class _WithIndex(torch.utils.data.Dataset):
-    """Item ``i`` of a streamed split is ``(image, i)`` (its label is in ``split.labels``, its
-    text in ``split.texts``); a bad item (:class:`BadItemError`) is ``(zeros, -1 - i)``, for
-    the main process to raise."""
-
-    def __init__(self, split: Any) -> None:
-        self.split = split
-        self.blank = torch.zeros(tuple(split.image_shape), dtype=torch.uint8)
-
-    def __len__(self) -> int:
-        return len(self.split)
-
-    def __getitem__(self, index: int) -> Tuple[Tensor, int]:
-        try:
-            return self.split[index][0], index
-        except BadItemError:
-            return self.blank, -1 - index
-
-
-class _StreamLoader:
-    """Iterates a ``DataLoader`` of :class:`_WithIndex` items and raises, in this process, the
-    error of an item a worker could not use (by reading it again here)."""
-
-    def __init__(self, loader: DataLoader, split: Any) -> None:
-        self.loader, self.split = loader, split
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[Tuple[Tensor, Tensor]]:
-        for images, indices in self.loader:
-            if bool((indices < 0).any()):
-                self.split[-1 - int(indices[indices < 0][0])]  # raises the BadItemError naming it
-            yield images, indices
-
-
-def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sampler: Optional[Sampler] = None,
-                pin_memory: bool = False, seed: int = 0) -> Any:
-    """A ``DataLoader`` over ``split``.
-
-    An in-memory :class:`~contrastkit.data.Split` yields batches of indices ``(b,)`` int64 (the
-    images are indexed where they lie, on the training device); a streamed split yields
-    ``(images, indices)``, ``images`` ``(b, C, H, W)`` uint8 (or float) decoded in ``workers``
-    processes (persistent, so an epoch does not pay their start-up again). ``batch_sampler``
-    (e.g. :class:`EpochBatchSampler`) sets the batches; by default consecutive batches of
-    ``batch_size`` in order, the last one partial. The loader draws its base seed from its own
-    generator (``seed``), never from torch's global RNG, which the views use. An image that
-    cannot be read raises :class:`UnreadableImageError` naming it, a bad item of a user's data
-    set :class:`BadItemError` naming its index, in this process.
-    """
-    if in_memory(split):
-        dataset: torch.utils.data.Dataset = _Indices(len(split))
-        workers = 0  # nothing to decode
-    else:
-        dataset = _WithIndex(split)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
-    options: Dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
-                                   generator=torch.Generator().manual_seed(seed))
-    if workers:
-        options.update(persistent_workers=True, prefetch_factor=2)
-    if batch_sampler is not None:
-        loader = DataLoader(dataset, batch_sampler=batch_sampler, **options)
-    else:
-        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=False, **options)
-    return loader if in_memory(split) else _StreamLoader(loader, split)
-
-
-def read_images(split: Any, indices: Tensor) -> Tensor:
-    """The images of ``indices`` of a split, stacked ``(b, C, H, W)``: read in this process
-    (for the few held-out batches an evaluation draws; training reads through the loader)."""
-    if in_memory(split):
-        return split.images[indices.to(split.images.device)]
-    return torch.stack([split[int(i)][0] for i in indices.tolist()])
-
-
-class HeldImages:
-    """The images of a streamed batch for a batch maker: those of the training batch handed
-    over by the loop (:meth:`hold`), instead of read again; any other batch (a held-out one)
-    read by :func:`read_images`. ``images(split, indices)`` -> ``(b, C, H, W)`` as decoded
-    (uint8 or float)."""
-
-    def __init__(self) -> None:
-        self._held: Optional[Tuple[Tensor, Dict[int, int], Tensor]] = None
-
-    def hold(self, indices: Tensor, images: Tensor) -> None:
-        """The decoded ``images`` of the training batch ``indices`` (from the loader)."""
-        self._held = (indices, {int(i): row for row, i in enumerate(indices.tolist())}, images)
-
-    def __call__(self, split: Any, indices: Tensor) -> Tensor:
-        if self._held is not None:
-            held_indices, rows, held = self._held
-            if indices is held_indices or torch.equal(indices.cpu(), held_indices.cpu()):
-                return held  # the whole training batch, as every step without micro-batches asks
-            wanted = indices.tolist()
-            if all(i in rows for i in wanted):  # the batch or a part of it (micro-batches)
-                return held[torch.tensor([rows[i] for i in wanted], dtype=torch.long, device=held.device)]
-        return read_images(split, indices)
-
-
-class StreamedViews:
-    """The batch maker of a run over streamed data: ``views(split, indices)`` as the in-memory
-    :class:`~contrastkit.data.ViewMaker` takes it, the images of a streamed batch from
-    :class:`HeldImages` (the loop hands the training batch over with :meth:`hold`). The views
-    themselves are the wrapped view maker's (``views_of``: batched kornia on the training
-    device)."""
-
-    def __init__(self, views: Any) -> None:
-        self.views = views
-        self.images = HeldImages()
-
-    @property
-    def config(self) -> Dict[str, Any]:
-        return self.views.config
-
-    def hold(self, indices: Tensor, images: Tensor) -> None:
-        """The decoded ``images`` of the training batch ``indices`` (from the loader)."""
-        self.images.hold(indices, images)
-
-    def __call__(self, split: Any, indices: Tensor) -> Tuple[Tensor, Tensor]:
-        if in_memory(split):
-            return self.views(split, indices)
-        return self.views.views_of(self.images(split, indices))

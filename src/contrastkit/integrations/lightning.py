@@ -1,18 +1,18 @@
 """Contrastive pretraining as a Lightning module: :class:`ContrastiveModule` and :class:`ContrastiveDataModule`.
 
 :class:`ContrastiveModule` is a ``lightning.LightningModule`` made of the pieces ``contrastkit
-pretrain`` trains with, from the same :class:`~contrastkit.train.PretrainConfig`:
+pretrain`` trains with, from the same :class:`~contrastkit.methods.PretrainConfig`:
 
-* the model of ``contrastkit.train.setup.build_model``: the encoder (a built-in name, a
+* the model of :func:`contrastkit.methods.build_model`: the encoder (a built-in name, a
   ``package.module:factory`` spec, or any ``nn.Module`` mapping ``(N, C, H, W)`` to
   ``(N, D)``), the projection head on its feature size, and the temperature
   (:class:`~contrastkit.losses.Temperature`);
-* the method's loss (:class:`~contrastkit.train.Method` of
-  :func:`~contrastkit.train.get_method`: ``simclr``, ``moco``, ``supcon``, ``dcl``,
+* the method's loss (:class:`~contrastkit.methods.Method` of
+  :func:`~contrastkit.methods.get_method`: ``simclr``, ``moco``, ``supcon``, ``dcl``,
   ``simple``, ``hard_negative``), or any loss of :mod:`contrastkit.losses` on the two views'
   embeddings (``loss=``);
-* the optimizer and learning-rate schedule (:func:`~contrastkit.train.build_optimizer`,
-  :func:`~contrastkit.train.build_lr_scheduler`: AdamW or SGD, linear warm-up then cosine,
+* the optimizer and learning-rate schedule (:func:`~contrastkit.methods.build_optimizer`,
+  :func:`~contrastkit.methods.build_lr_scheduler`: AdamW or SGD, linear warm-up then cosine,
   stepped every optimizer step over the trainer's ``estimated_stepping_batches``);
 * the temperature schedule (``config.temperature_schedule``) before each step and
   :meth:`Temperature.clamp_ <contrastkit.losses.Temperature.clamp_>` after each optimizer
@@ -36,7 +36,7 @@ contrastkit imports it.
 Example::
 
     import lightning
-    from contrastkit.train import PretrainConfig
+    from contrastkit.methods import PretrainConfig
     from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
 
     config = PretrainConfig(data="digits", method="simclr", batch_size=128, norm="group")
@@ -61,13 +61,12 @@ except ImportError as err:  # the optional extra; re-raised with what to install
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
-from contrastkit.data.streaming import unit_float
-from contrastkit.train.config import PretrainConfig
-from contrastkit.train.methods import MoCo, TwoViewMethod, get_method
-from contrastkit.train.optimization import build_lr_scheduler, build_optimizer
-from contrastkit.train.setup import as_run_data, build_model, load_data
+from contrastkit.data import unit_float
+from contrastkit.data import as_data, item_dataset, reads_files
+from contrastkit.methods import (MoCo, PretrainConfig, TwoViewMethod, build_lr_scheduler, build_model, build_optimizer,
+                                 get_method, load_data)
 
 __all__ = ["ContrastiveModule", "ContrastiveDataModule"]
 
@@ -112,7 +111,7 @@ class ContrastiveModule(lightning.LightningModule):
     """Contrastive pretraining of ``config.method`` as a ``lightning.LightningModule``.
 
     Args:
-        config: the run's :class:`~contrastkit.train.PretrainConfig` (or its dict, as the
+        config: the run's :class:`~contrastkit.methods.PretrainConfig` (or its dict, as the
             checkpoint's hyper-parameters hold it). What applies here: ``method``,
             ``encoder`` / ``encoder_options`` / ``norm``, ``projection_dim``, ``temperature``,
             ``learnable_temperature``, ``temperature_schedule``, ``optimizer``, ``lr``,
@@ -126,7 +125,7 @@ class ContrastiveModule(lightning.LightningModule):
         encoder: a built-in name or ``"package.module:factory"`` spec replacing
             ``config.encoder``, or any ``nn.Module`` mapping ``(N, C, H, W)`` to ``(N, D)`` or
             ``(N, D, ...)`` (pooled). A module is copied
-            (``contrastkit.train.setup.build_model``): the trained one is :attr:`encoder`.
+            (:func:`contrastkit.methods.build_model`): the trained one is :attr:`encoder`.
         loss: replaces the method's loss with ``loss(z_a, z_b, **keywords)`` on the two views'
             projections ``(N, d)`` (row ``i`` of each from image ``i``), e.g.
             :func:`contrastkit.losses.debiased_nt_xent` or
@@ -251,8 +250,8 @@ class ContrastiveModule(lightning.LightningModule):
             torch.manual_seed(torch.initial_seed() + _RANK_SEED_STRIDE * self.global_rank)
 
     def configure_optimizers(self) -> Dict[str, Any]:
-        """:func:`~contrastkit.train.build_optimizer` and the per-step
-        :func:`~contrastkit.train.build_lr_scheduler` over the trainer's optimizer steps."""
+        """:func:`~contrastkit.methods.build_optimizer` and the per-step
+        :func:`~contrastkit.methods.build_lr_scheduler` over the trainer's optimizer steps."""
         total = self.trainer.estimated_stepping_batches
         if not math.isfinite(total) or total < 1:
             raise ValueError(f"the trainer runs {total} optimizer steps; give it max_steps or max_epochs so that the "
@@ -314,7 +313,7 @@ class ContrastiveDataModule(lightning.LightningDataModule):
         dataset: a contrastkit data set (:func:`contrastkit.data.load_dataset`, a streamed
             image folder), a map-style ``torch.utils.data.Dataset`` of ``(image, label)`` or a
             dict of them with the key ``train`` (and ``val``, ``test``): see
-            ``contrastkit.train.setup.as_run_data``.
+            :func:`contrastkit.data.as_data`.
         batch_size: the global batch: each of the trainer's processes loads
             ``batch_size / world_size`` images per step (it must divide); the last partial
             batch is dropped, as in ``contrastkit pretrain``.
@@ -334,7 +333,7 @@ class ContrastiveDataModule(lightning.LightningDataModule):
                              f"{batch_size!r}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
-        self.dataset = as_run_data(dataset)
+        self.dataset = as_data(dataset)
         if hasattr(self.dataset.train, "texts"):
             raise ValueError("ContrastiveDataModule loads images with labels; image-text pairs train with "
                              "contrastkit pretrain")
@@ -343,7 +342,7 @@ class ContrastiveDataModule(lightning.LightningDataModule):
     @classmethod
     def from_config(cls, config: PretrainConfig, *, shuffle: bool = True) -> "ContrastiveDataModule":
         """``config.data`` loaded as ``contrastkit pretrain`` loads it (its data options and
-        subsets, ``contrastkit.train.setup.load_data``), with ``config.batch_size``,
+        subsets, :func:`contrastkit.methods.load_data`), with ``config.batch_size``,
         ``config.workers`` and ``config.seed``."""
         config = config.resolved()
         return cls(load_data(config), batch_size=config.batch_size, workers=config.workers, shuffle=shuffle,
@@ -361,12 +360,10 @@ class ContrastiveDataModule(lightning.LightningDataModule):
         return batch
 
     def _loader(self, split: Any, batch: int, *, sampler: Any = None, drop_last: bool = False) -> DataLoader:
-        from contrastkit.data.streaming import in_memory
-
-        items = TensorDataset(split.images, split.labels) if in_memory(split) else split
         on_cuda = self.trainer is not None and getattr(self.trainer.strategy.root_device, "type", "cpu") == "cuda"
-        return DataLoader(items, batch_size=batch, sampler=sampler, drop_last=drop_last, num_workers=self.workers,
-                          persistent_workers=self.workers > 0, pin_memory=on_cuda and not in_memory(split))
+        return DataLoader(item_dataset(split), batch_size=batch, sampler=sampler, drop_last=drop_last,
+                          num_workers=self.workers, persistent_workers=self.workers > 0,
+                          pin_memory=on_cuda and reads_files(split))
 
     def train_dataloader(self) -> DataLoader:
         """This process's batches of the training split. The sampler is a

@@ -38,7 +38,7 @@ __all__ = ["RunSpec", "RunBusy", "prepare_out", "check_specs", "check_jobs", "re
 class RunSpec:
     """One pretraining run of a grid.
 
-    ``config`` holds :class:`contrastkit.train.PretrainConfig` fields (``out`` is set by the
+    ``config`` holds :class:`contrastkit.methods.PretrainConfig` fields (``out`` is set by the
     grid); ``row`` and ``column`` place the run in the live display; ``baselines`` asks for the
     random-init and raw-pixel probes; ``summary`` is filled by :func:`run_grid`.
     """
@@ -97,7 +97,7 @@ def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], se
 def check_specs(specs: Sequence[RunSpec]) -> None:
     """Validate every run's configuration before anything is written or trained, so that a bad
     setting fails at once with the trainer's message rather than in the middle of the grid."""
-    from contrastkit.train import PretrainConfig
+    from contrastkit.methods import PretrainConfig
 
     for spec in specs:
         PretrainConfig(**spec.config).resolved()
@@ -134,7 +134,8 @@ def _run_lock(run_dir: str, *, wait_for_it: bool) -> Iterator[None]:
 def _execute(spec: RunSpec, run_dir: str, progress: bool, wait_for_it: bool = False) -> Dict[str, Any]:
     """Run (or finish, or reuse) one pretraining run in ``run_dir``, holding its lock
     (:class:`RunBusy` if another process holds it and ``wait_for_it`` is false)."""
-    from contrastkit.train import PretrainConfig, pretrain
+    from contrastkit.methods import PretrainConfig
+    from contrastkit.train import pretrain
 
     folder = layout.RunFolder(run_dir)
     if os.path.isfile(folder.summary):

@@ -38,9 +38,9 @@ DEFAULTS: Dict[str, Any] = {"data_options": {}, "seeds": 3, "temperature": None,
 def _check(settings: Dict[str, Any]) -> Dict[str, Any]:
     check_counts(settings)
     if settings["temperature"] is None:  # contrastkit pretrain's NT-Xent default, stored as a number
-        from contrastkit.train import DEFAULT_TEMPERATURE
+        from contrastkit.methods import get_method
 
-        settings["temperature"] = DEFAULT_TEMPERATURE["simclr"]
+        settings["temperature"] = get_method("simclr").default_temperature
     settings["temperature"] = check_numbers([settings["temperature"]], "temperature", MIN_TEMPERATURE)[0]
     return settings
 

@@ -73,7 +73,7 @@ def check_numbers(values: Sequence[Any], key: str, low: float, high: float = mat
 
 
 def run_config(settings: Mapping[str, Any], **fields: Any) -> Dict[str, Any]:
-    """A run's :class:`~contrastkit.train.PretrainConfig` fields: the settings every study shares
+    """A run's :class:`~contrastkit.methods.PretrainConfig` fields: the settings every study shares
     (data options, epochs, batch size, device, threads, the :data:`RUN_DEFAULTS`) plus ``fields``.
 
     ``threads`` and the :data:`RUN_DEFAULTS` of ``None`` are left out, so that the trainer's own

@@ -31,30 +31,21 @@ import json
 import os
 import tempfile
 import warnings
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from contrastkit import layout
+from contrastkit.data import image_batches
+from contrastkit.layout import CACHE_AUTO, CACHE_OFF, check_cache_setting as check_setting
 from contrastkit.metrics import probe as probe_module
 
-__all__ = ["CACHE_AUTO", "CACHE_OFF", "BaselineCache", "check_setting", "data_digest", "encoder_digest",
+__all__ = ["CACHE_AUTO", "CACHE_OFF", "BaselineCache", "DataBaselines", "check_setting", "data_digest", "encoder_digest",
            "readout_protocol"]
 
-#: ``baseline_cache`` settings: the default root (:func:`contrastkit.layout.default_cache_root`), or none.
-CACHE_AUTO = "auto"
-CACHE_OFF = "off"
 #: What a cache file holds (checked on reading).
 _FORMAT = "contrastkit-baseline/1"
-
-
-def check_setting(setting: Any) -> str:
-    """A ``baseline_cache`` setting as stored: ``"auto"``, ``"off"``, or a folder made absolute
-    (the same folder from any working directory); anything else is a ``ValueError``."""
-    if not isinstance(setting, str) or not setting:
-        raise ValueError(f"baseline_cache must be '{CACHE_AUTO}', '{CACHE_OFF}' or a folder, got {setting!r}")
-    return setting if setting in (CACHE_AUTO, CACHE_OFF) else os.path.abspath(setting)
 
 
 def _source_digest(*modules: Any) -> str:
@@ -72,12 +63,12 @@ def _source_digest(*modules: Any) -> str:
 def readout_protocol(knn_k: int, knn_temperature: float, num_classes: int) -> Dict[str, Any]:
     """What decides a baseline's numbers besides its features (part of every cache name)."""
     from contrastkit import __version__
-    from contrastkit.train import evaluate as evaluate_module
+    from contrastkit.metrics import readout as readout_module
 
     # Read from the module at call time: what the probe will use now.
     return {"c_grid": [float(c) for c in probe_module.DEFAULT_C_GRID], "probe_tolerance": probe_module.PROBE_TOLERANCE,
             "probe_max_iter": probe_module.PROBE_MAX_ITER, "knn_k": int(knn_k), "knn_temperature": float(knn_temperature),
-            "num_classes": int(num_classes), "code": _source_digest(probe_module, evaluate_module),
+            "num_classes": int(num_classes), "code": _source_digest(probe_module, readout_module),
             "contrastkit": __version__, "torch": torch.__version__}
 
 
@@ -195,3 +186,35 @@ class BaselineCache:
         if key is not None:
             self.store(key, kind, numbers)  # Python floats: JSON round-trips them exactly
         return numbers
+
+    def for_data(self, dataset: Any, *, knn_k: int, knn_temperature: float, device: torch.device,
+                 workers: int = 0) -> "DataBaselines":
+        """The baselines of ``dataset`` under this read-out protocol, as
+        :func:`~contrastkit.metrics.readout.evaluate_encoders` asks for them."""
+        return DataBaselines(self, dataset, readout_protocol(knn_k, knn_temperature, dataset.num_classes),
+                             device, workers)
+
+
+class DataBaselines:
+    """A :class:`BaselineCache` bound to one data set and protocol (a
+    :class:`~contrastkit.metrics.readout.BaselineStore`): the data digest is computed once, on
+    the first baseline asked for, and only when the cache is enabled."""
+
+    def __init__(self, cache: BaselineCache, dataset: Any, protocol: Dict[str, Any], device: torch.device,
+                 workers: int) -> None:
+        self.cache, self.dataset, self.protocol, self.device, self.workers = cache, dataset, protocol, device, workers
+        self._data: Optional[str] = None
+
+    def _data_digest(self) -> str:
+        if self._data is None:
+            splits = (self.dataset.train, self.dataset.val, self.dataset.test)
+            self._data = data_digest((image_batches(split, workers=self.workers), split.labels) for split in splits)
+        return self._data
+
+    def numbers(self, kind: str, compute: Callable[[], Dict[str, Any]],
+                encoder: Optional[nn.Module] = None) -> Dict[str, Any]:
+        key = None
+        if self.cache.enabled:
+            key = self.cache.key(kind, self._data_digest(), self.protocol,
+                                 None if encoder is None else encoder_digest(encoder, self.device))
+        return self.cache.get_or_compute(key, kind, compute)

@@ -2,10 +2,10 @@
 linear probe reads) and optionally ``z`` (the projection head's output, not normalised) of
 every image of a data set, with its split, label and name.
 
-The encoder is rebuilt from the run folder (:func:`~contrastkit.train.evaluate.load_run`),
-Each split is read as the read-out reads it (:func:`~contrastkit.train.evaluate.image_batches`:
+The encoder is rebuilt from the run folder (:func:`~contrastkit.train.runs.load_run`),
+Each split is read as the read-out reads it (:func:`~contrastkit.data.image_batches`:
 slices of an in-memory split, or a streamed split decoded one batch at a time in ``workers``
-processes, never whole) and ``h`` computed by :func:`~contrastkit.train.evaluate.extract_features`
+processes, never whole) and ``h`` computed by :func:`~contrastkit.metrics.readout.extract_features`
 (the probe's own feature extractor, so the numbers are the probe's), then streamed into the
 output: no more than one batch of images and features is held in memory. A row's ``name`` is
 its image file where the split knows it (an image folder, streamed), else its index. Files (see
@@ -39,7 +39,10 @@ from contrastkit import __version__, layout
 from contrastkit._io import write_json
 from contrastkit.manifest import Manifest, file_sha256
 
-from .evaluate import extract_features, image_batches, load_run, split_images
+from contrastkit.data import image_batches
+from contrastkit.metrics.readout import extract_features
+
+from .runs import load_run
 from .setup import limit_threads, resolve_device
 
 __all__ = ["SPLITS", "EmbeddingExport", "export_embeddings"]
@@ -180,7 +183,7 @@ def _chunks(split: Any, read: _Reading) -> Iterator[Tuple[torch.Tensor, np.ndarr
     reads it (labels -1 where the data have none; names: see :func:`_item_name`)."""
     labels = getattr(split, "labels", None)
     start = 0
-    for batch in image_batches(split_images(split), read.batch_size, read.workers):
+    for batch in image_batches(split, read.batch_size, read.workers):
         n = int(batch.shape[0])
         batch_labels = (np.full(n, -1, dtype=np.int64) if labels is None
                         else np.asarray(labels[start:start + n].cpu().numpy(), dtype=np.int64))

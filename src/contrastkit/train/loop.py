@@ -2,7 +2,7 @@
 folder, the checkpointed state on resume), the training step (:func:`_train_step`), the end of
 an epoch (:func:`_end_epoch`: its record, the val numbers, the checkpoint) and the evaluation
 (:func:`_summarise`). What depends on the method (its data, batches, model, loss and its own
-numbers) is asked of its :class:`~contrastkit.train.methods.Method`; the loop never looks at
+numbers) is asked of its :class:`~contrastkit.methods.Method`; the loop never looks at
 the method's name.
 
 Outputs in ``config.out``: ``config.json`` (resolved configuration), ``config.yaml`` (the same
@@ -36,19 +36,20 @@ from contrastkit import __version__
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
-from .accumulation import average_gradients
-from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .config import RESUME_MAY_CHANGE, PretrainConfig
-from contrastkit.data.streaming import EpochBatchSampler, is_streaming, make_loader
+from contrastkit.data import DataSplits, EpochBatchSampler, as_data, data_record, make_loader
+from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
+                                 build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
+                                 warmup_cosine)
+from contrastkit.methods.optimization import warmup_steps
+from contrastkit.metrics.readout import extract_features
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
-from .evaluate import evaluate_model, extract_features, split_images
+from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .evaluate import evaluate_model
 from .loggers import Loggers, open_loggers
-from .methods import EvalContext, Method, get_method
-from .optimization import build_lr_scheduler, build_optimizer, warmup_cosine, warmup_steps
 from .parallel import LossForward, Parallel, setup
 from .selection import EpochSelection, val_probe_accuracy
-from .setup import as_run_data, build_model, limit_splits, limit_threads, resolve_device
+from .setup import limit_threads, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -270,7 +271,7 @@ class _Run:
     method: Method
     parallel: Parallel
     device: torch.device
-    dataset: Any
+    dataset: DataSplits
     batches: Any            # the method's batch maker: batches(split, indices) -> batch
     tokenizer: Any          # the run's text tokenizer (paired methods), else None
     model: torch.nn.Module
@@ -319,7 +320,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         device = torch.device("cuda", torch.cuda.current_device())
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
-    dataset = limit_splits(method.load_data(config) if dataset is None else as_run_data(dataset), config)
+    dataset = limit_data(method.load_data(config) if dataset is None else as_data(dataset), config)
     if config.paired and getattr(dataset.train, "texts", None) is None:
         raise ValueError(f"{config.method} trains on (image, text) pairs; the data set's items are (image, label) "
                          "(pass paired data: contrastkit.data.as_streaming_pairs, or items (image, str))")
@@ -360,7 +361,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
     run.loader = make_loader(dataset.train, batch_sampler=run.sampler, workers=config.workers,
-                             pin_memory=device.type == "cuda" and is_streaming(dataset), seed=config.seed)
+                             pin_memory=device.type == "cuda", seed=config.seed)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
     parallel.run_on_main(lambda: _save_run_files(run))
     if resume:
@@ -416,10 +417,7 @@ def _derived(run: _Run) -> Dict[str, Any]:
     dataset = run.dataset
     return {"batch_size": run.batch_size, "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
             "warmup_steps": run.warmup_steps, "device": str(run.device),
-            "dataset": {"name": dataset.name, "num_classes": int(dataset.num_classes),
-                        "image_shape": list(dataset.image_shape),
-                        "sizes": {s: len(getattr(dataset, s)) for s in ("train", "val", "test")},
-                        "streamed": is_streaming(dataset)},
+            "dataset": data_record(dataset),
             "views": getattr(run.batches, "config", None),
             "parameters": sum(p.numel() for p in run.model.encoder.parameters()),
             "world_size": run.parallel.world_size,
@@ -531,7 +529,7 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
     if evaluating and parallel.is_main:
         if run.dataset.num_classes:
             # One extraction of the train and val features serves the kNN and the probe.
-            features = tuple(extract_features(run.model.encoder, split_images(split), run.device,
+            features = tuple(extract_features(run.model.encoder, split, run.device,
                                               workers=config.workers) for split in (run.dataset.train, run.dataset.val))
             record["val_knn_accuracy"] = _val_knn(features, run.dataset, config)
             score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed,
@@ -606,7 +604,7 @@ def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> 
     return schedule.apply(model.temperature, step, total_steps)
 
 
-def _val_knn(features: Tuple[np.ndarray, np.ndarray], dataset: Any, config: PretrainConfig) -> float:
+def _val_knn(features: Tuple[np.ndarray, np.ndarray], dataset: DataSplits, config: PretrainConfig) -> float:
     from contrastkit.metrics import knn_accuracy
 
     train_x, val_x = features

@@ -53,7 +53,7 @@ def val_probe_accuracy(encoder: nn.Module, dataset: Any, device: torch.device, *
     from contrastkit.data.base import stratified_split
     from contrastkit.metrics import linear_probe
 
-    from .evaluate import extract_features, split_images
+    from contrastkit.metrics.readout import extract_features
 
     train_y = dataset.train.labels.cpu().numpy()
     fit, held_out = stratified_split(train_y, [1.0 - HELD_OUT_FRACTION, HELD_OUT_FRACTION], seed)
@@ -61,7 +61,7 @@ def val_probe_accuracy(encoder: nn.Module, dataset: Any, device: torch.device, *
         raise ValueError(f"the training split ({train_y.size} images) is too small to score epochs by a val probe "
                          "(it needs two classes in 80% of it and at least one image in the rest)")
     if features is None:
-        features = tuple(extract_features(encoder, split_images(split), device, workers=workers)
+        features = tuple(extract_features(encoder, split, device, workers=workers)
                          for split in (dataset.train, dataset.val))
     train_x, val_x = features
     probe = linear_probe(train_x[fit], train_y[fit], train_x[held_out], train_y[held_out],

@@ -1,4 +1,8 @@
-"""The resolved configuration of a pretraining run (what ``OUT/config.json`` holds)."""
+"""The resolved configuration of a pretraining run (what ``OUT/config.json`` holds).
+
+A record with field checks: it knows no method by name. What depends on the method (its default
+temperature and schedule, whether it reads image-text pairs, its own options) is asked of the
+method registered under ``method`` (:meth:`~contrastkit.methods.base.Method.complete`)."""
 
 from __future__ import annotations
 
@@ -8,34 +12,24 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from .baselines import check_setting as check_baseline_cache
+from contrastkit.data.base import check_positive_int
+from contrastkit.layout import check_cache_setting
+
+from .registry import get_method, method_names
 
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
-__all__ = ["PretrainConfig", "METHODS", "PAIRED_METHODS", "OPTIMIZERS", "DEFAULT_TEMPERATURE", "RESUME_MAY_CHANGE"]
+__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "check_positive_int",
+           "check_positive_float"]
 
-METHODS = ("simclr", "moco", "supcon", "dcl", "simple", "hard_negative", "convirt", "siglip")
-#: The methods on image-text pairs (their data, tokenizer and evaluation are convirt's).
-PAIRED_METHODS = ("convirt", "siglip")
 OPTIMIZERS = ("adamw", "sgd")
-VIEW_MODES = ("augment", "A", "B")
-ENCODER_NAMES = ("small", "resnet18", "resnet50", "vit")  # the built-ins of contrastkit.models.ENCODERS
-
-# Per-method temperature defaults: MoCo v2's 0.2, SupCon's 0.1 (Khosla et al.); SimCLR and DCL
-# use 0.2 too (SimCLR's CIFAR-10 runs used 0.5; on glyphlab 0.2 and 0.5 read out the same,
-# docs/pretrain.md).
-DEFAULT_TEMPERATURE = {"simclr": 0.2, "moco": 0.2, "supcon": 0.1, "dcl": 0.2, "hard_negative": 0.2,
-                       "simple": 1.0,  # the simple loss has no temperature (reported only)
-                       "convirt": 0.1,  # ConVIRT's tau (the ConVIRT tutorial)
-                       "siglip": 0.1}   # SigLIP's t = 1 / tau = 10 (Zhai et al. 2023), learnable by default
 DEFAULT_LR = {"adamw": 2e-3, "sgd": 0.1}
-# convirt (image-text pairs, the ConVIRT tutorial): ConVIRT's lambda and joint-space size d.
-# Text encoder "mean" (pooled word embeddings): on glyphlab-text it retrieved as well as the
-# 2-layer transformer after the same number of steps, at about a quarter of the CPU time per step.
-CONVIRT_DEFAULTS = {"weight": 0.75, "projection_dim": 512, "text_encoder": "mean"}
-TEXT_ENCODER_NAMES = ("transformer", "mean")
 DEFAULT_WEIGHT_DECAY = {"adamw": 1e-4, "sgd": 5e-4}
+#: The loggers a run may write beyond metrics.jsonl (``contrastkit.train.loggers`` writes them).
+LOGGER_NAMES = ("csv", "tensorboard")
+TENSORBOARD_MISSING = ("--logger tensorboard needs the tensorboard package: pip install 'contrastkit[tensorboard]' "
+                       "(or pip install tensorboard)")
 
 # Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
 # stretches the cosine schedule from the resumed step on.
@@ -46,13 +40,9 @@ RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every"
                                "workers", "baseline_cache"})
 
 
-def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
+def check_positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
+    """``value`` as a finite float ``> 0`` (``>= 0`` with ``allow_zero``); a ``TypeError`` /
+    ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     value = float(value)
@@ -62,14 +52,19 @@ def _positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float
 
 
 def _resolve_loggers(loggers: Any) -> List[str]:
-    """``loggers`` as a list of known names (a comma-separated string is split)."""
-    from .loggers import check_loggers
+    """``loggers`` as a list of known names (a comma-separated string is split); ``tensorboard``
+    needs its package (refused before a run does any work)."""
+    import importlib.util
 
     if isinstance(loggers, str):
         loggers = [part.strip() for part in loggers.split(",") if part.strip()]
     if not isinstance(loggers, (list, tuple)) or not all(isinstance(name, str) for name in loggers):
         raise TypeError(f"loggers must be a list of logger names, got {loggers!r}")
-    check_loggers(loggers)
+    for name in loggers:
+        if name not in LOGGER_NAMES:
+            raise ValueError(f"unknown logger {name!r}; choose from {', '.join(LOGGER_NAMES)}")
+    if "tensorboard" in loggers and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError(TENSORBOARD_MISSING)
     return list(dict.fromkeys(loggers))
 
 
@@ -154,21 +149,13 @@ class PretrainConfig:
         """A validated copy with every default filled in (queue size needs the data: see
         :meth:`with_queue`)."""
         c = PretrainConfig(**asdict(self))
-        if c.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {c.method!r}")
+        method = get_method(c.method)
         if c.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {c.optimizer!r}")
         _check_encoder_spec(c)
-        if c.method == "siglip":
-            _resolve_siglip(c)
-        elif c.method == "convirt":
-            _resolve_convirt(c)
-        elif c.weight is not None or c.text_encoder is not None:
-            raise ValueError(f"weight and text_encoder apply to method convirt only, not {c.method!r}")
-        elif c.views not in VIEW_MODES:
-            raise ValueError(f"views must be one of {VIEW_MODES}, got {c.views!r}")
+        method.complete(c)
         if c.view_strength is not None:
-            c.view_strength = _positive_float(c.view_strength, "view_strength", allow_zero=True)
+            c.view_strength = check_positive_float(c.view_strength, "view_strength", allow_zero=True)
         if not isinstance(c.data, str) or not c.data:
             raise ValueError(f"data must be 'glyphlab', 'digits' or a path, got {c.data!r}")
         if c.data not in ("glyphlab", "digits") and os.path.exists(c.data):
@@ -177,37 +164,38 @@ class PretrainConfig:
             raise TypeError(f"data_options must be a dict, got {type(c.data_options).__name__}")
         for name in ("train_limit", "val_limit", "test_limit"):
             if getattr(c, name) is not None:
-                _positive_int(getattr(c, name), name, 2 if name == "train_limit" else 1)
-        _positive_int(c.subset_seed, "subset_seed", 0)
-        c.temperature = _positive_float(
-            DEFAULT_TEMPERATURE[c.method] if c.temperature is None else c.temperature, "temperature")
+                check_positive_int(getattr(c, name), name, 2 if name == "train_limit" else 1)
+        check_positive_int(c.subset_seed, "subset_seed", 0)
+        c.temperature = check_positive_float(
+            method.default_temperature if c.temperature is None else c.temperature, "temperature")
         if c.temperature_schedule is None:
-            c.temperature_schedule = "learnable" if c.method == "siglip" else "constant"
+            c.temperature_schedule = method.default_schedule
         c._schedule = _resolve_schedule(c)
-        _positive_int(c.epochs, "epochs")
-        _positive_int(c.batch_size, "batch_size", 2)
-        c.lr = _positive_float(DEFAULT_LR[c.optimizer] if c.lr is None else c.lr, "lr")
-        c.weight_decay = _positive_float(
+        check_positive_int(c.epochs, "epochs")
+        check_positive_int(c.batch_size, "batch_size", 2)
+        c.lr = check_positive_float(DEFAULT_LR[c.optimizer] if c.lr is None else c.lr, "lr")
+        c.weight_decay = check_positive_float(
             DEFAULT_WEIGHT_DECAY[c.optimizer] if c.weight_decay is None else c.weight_decay,
             "weight_decay", allow_zero=True)
-        c.warmup_fraction = _positive_float(c.warmup_fraction, "warmup_fraction", allow_zero=True)
+        c.warmup_fraction = check_positive_float(c.warmup_fraction, "warmup_fraction", allow_zero=True)
         if c.warmup_fraction >= 1:
             raise ValueError(f"warmup_fraction must be < 1, got {c.warmup_fraction}")
-        c.momentum = _positive_float(c.momentum, "momentum", allow_zero=True)
+        c.momentum = check_positive_float(c.momentum, "momentum", allow_zero=True)
         if c.momentum >= 1:
             raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
         if c.queue_size is not None:
-            _positive_int(c.queue_size, "queue_size")
-        c.projection_dim = _positive_int(64 if c.projection_dim is None else c.projection_dim, "projection_dim")
+            check_positive_int(c.queue_size, "queue_size")
+        c.projection_dim = check_positive_int(method.default_projection_dim if c.projection_dim is None
+                                              else c.projection_dim, "projection_dim")
         if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
-        _positive_int(c.threads, "threads", 0)
-        _positive_int(c.workers, "workers", 0)
-        c.baseline_cache = check_baseline_cache(c.baseline_cache)
-        _positive_int(c.log_every, "log_every")
-        _positive_int(c.eval_every, "eval_every", 0)
-        _positive_int(c.knn_k, "knn_k")
-        c.knn_temperature = _positive_float(c.knn_temperature, "knn_temperature")
+        check_positive_int(c.threads, "threads", 0)
+        check_positive_int(c.workers, "workers", 0)
+        c.baseline_cache = check_cache_setting(c.baseline_cache)
+        check_positive_int(c.log_every, "log_every")
+        check_positive_int(c.eval_every, "eval_every", 0)
+        check_positive_int(c.knn_k, "knn_k")
+        c.knn_temperature = check_positive_float(c.knn_temperature, "knn_temperature")
         _resolve_accumulation(c)
         c.loggers = _resolve_loggers(c.loggers)
         return c
@@ -224,8 +212,8 @@ class PretrainConfig:
 
     @property
     def paired(self) -> bool:
-        """Whether the run trains on image-text pairs (``method`` in ``PAIRED_METHODS``: convirt, siglip)."""
-        return self.method in PAIRED_METHODS
+        """Whether the run trains on image-text pairs (its method's :attr:`~contrastkit.methods.base.Method.paired`)."""
+        return get_method(self.method).paired
 
     def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
         """Fill in the MoCo queue size (a multiple of the effective batch size).
@@ -257,50 +245,19 @@ class PretrainConfig:
         return cls(**data)
 
 
-def _resolve_siglip(c: PretrainConfig) -> None:
-    """siglip's options: convirt's (paired data, text encoder, joint-space size) but no lambda,
-    the sigmoid loss being symmetric."""
-    if c.weight is not None:
-        raise ValueError("weight (convirt's lambda) does not apply to siglip: its sigmoid loss is symmetric")
-    _resolve_convirt(c, name="siglip")
-    c.weight = None
-
-
 def _check_encoder_spec(c: PretrainConfig) -> None:
     """``encoder`` is a built-in name or a factory path (whether the factory exists is checked
     when the model is built); ``encoder_options`` a dict of JSON values (saved in config.json)."""
-    if not isinstance(c.encoder, str) or not (c.encoder in ENCODER_NAMES or ":" in c.encoder):
-        raise ValueError(f"encoder must be one of {ENCODER_NAMES} or 'package.module:factory', got {c.encoder!r}")
+    from contrastkit.models import ENCODERS
+
+    if not isinstance(c.encoder, str) or not (c.encoder in ENCODERS or ":" in c.encoder):
+        raise ValueError(f"encoder must be one of {tuple(ENCODERS)} or 'package.module:factory', got {c.encoder!r}")
     if not isinstance(c.encoder_options, dict):
         raise TypeError(f"encoder_options must be a dict, got {type(c.encoder_options).__name__}")
     try:
         json.dumps(c.encoder_options)
     except (TypeError, ValueError) as err:
         raise ValueError(f"encoder_options must hold JSON values (they are saved with the run): {err}") from None
-
-
-def _resolve_convirt(c: PretrainConfig, name: str = "convirt") -> None:
-    """convirt's own options: paired data, no view modes (a batch is images and their texts)."""
-    from contrastkit.data.paired import PAIRED_BUILTIN
-
-    if c.views not in ("augment", "paired"):
-        raise ValueError(f"{name} pairs each image with its text; views {c.views!r} does not apply")
-    c.views = "paired"
-    if c.view_strength is not None:
-        raise ValueError(f"{name} uses no augmentation (crops and flips would falsify the texts); "
-                         "view_strength does not apply")
-    if isinstance(c.data, str) and c.data.lower() not in PAIRED_BUILTIN and not c.data.lower().endswith(".csv"):
-        raise ValueError(f"{name} needs paired data: {', '.join(PAIRED_BUILTIN)} or a .csv of image,text "
-                         f"rows, got {c.data!r}")
-    c.weight = CONVIRT_DEFAULTS["weight"] if c.weight is None else c.weight
-    if isinstance(c.weight, bool) or not isinstance(c.weight, (int, float)) or not (0.0 <= float(c.weight) <= 1.0):
-        raise ValueError(f"weight (lambda) must be a number in [0, 1], got {c.weight!r}")
-    c.weight = float(c.weight)
-    c.text_encoder = CONVIRT_DEFAULTS["text_encoder"] if c.text_encoder is None else c.text_encoder
-    if c.text_encoder not in TEXT_ENCODER_NAMES:
-        raise ValueError(f"text_encoder must be one of {TEXT_ENCODER_NAMES}, got {c.text_encoder!r}")
-    if c.projection_dim is None:
-        c.projection_dim = CONVIRT_DEFAULTS["projection_dim"]
 
 
 def _resolve_accumulation(c: PretrainConfig) -> None:
@@ -314,8 +271,7 @@ def _resolve_accumulation(c: PretrainConfig) -> None:
         c.norm = None
     if c.micro_batch is None:
         return
-    from contrastkit.train.accumulation import check_micro_batch
-    from contrastkit.train.methods import get_method
+    from .accumulation import check_micro_batch
 
     get_method(c.method).require_cached_gradients()
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun: the check is per process

@@ -2,7 +2,7 @@
 trained on paired data with InfoNCE in both directions, weighted by ``lambda`` (image->text) and
 ``1 - lambda`` (text->image): :func:`contrastkit.losses.bidirectional_info_nce`.
 
-The pieces the ``convirt`` method (:class:`contrastkit.train.methods.Convirt`: its data, batch,
+The pieces the ``convirt`` method (:class:`contrastkit.methods.Convirt`: its data, batch,
 loss and evaluation hooks) puts together:
 
 * :class:`ConvirtModel` -- image encoder (the pipeline's) + :class:`~contrastkit.models.text.TextEncoder`,
@@ -20,7 +20,7 @@ loss and evaluation hooks) puts together:
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -28,29 +28,36 @@ from torch import Tensor, nn
 
 from contrastkit import layout
 from contrastkit import losses
-from contrastkit.data.streaming import HeldImages, in_memory, unit_float
+from contrastkit.data import DataSplit, DataSplits, PairedImages
+from contrastkit.data.paired import check_paired_source
 from contrastkit.losses.validation import check_probability
+from contrastkit.metrics.readout import extract_features
 from contrastkit.models import ProjectionHead, build_encoder
-from contrastkit.models.text import TextEncoder, WordTokenizer
+from contrastkit.models.text import TEXT_ENCODERS, TextEncoder, WordTokenizer
 
-__all__ = ["ConvirtModel", "PairedBatches", "build_tokenizer", "run_tokenizer", "encode_pairs",
-           "evaluate_convirt", "val_retrieval", "fact_ceiling", "TOKENIZER_FILE",
-           "DEFAULT_WEIGHT", "DEFAULT_TEMPERATURE", "DEFAULT_DIM"]
+from .base import Batch, EvalContext, Method, across_ranks
 
-#: The run folder's tokenizer file (see :mod:`contrastkit.layout`).
-TOKENIZER_FILE = layout.TOKENIZER
+if TYPE_CHECKING:
+    from .config import PretrainConfig
+
+__all__ = ["Convirt", "ConvirtModel", "PairedBatches", "build_tokenizer", "run_tokenizer", "encode_pairs",
+           "evaluate_convirt", "val_retrieval", "fact_ceiling", "retrieval_table",
+           "DEFAULT_WEIGHT", "DEFAULT_TEMPERATURE", "DEFAULT_DIM", "DEFAULT_TEXT_ENCODER"]
 
 #: ConVIRT's lambda, tau and joint-space size (the ConVIRT tutorial).
 DEFAULT_WEIGHT, DEFAULT_TEMPERATURE, DEFAULT_DIM = 0.75, 0.1, 512
+#: Mean-pooled word embeddings: on glyphlab-text they retrieved as well as the 2-layer
+#: transformer after the same number of steps, at about a quarter of the CPU time per step.
+DEFAULT_TEXT_ENCODER = "mean"
 
 
-def build_tokenizer(dataset: Any) -> WordTokenizer:
+def build_tokenizer(dataset: DataSplits) -> WordTokenizer:
     """The word tokenizer of ``dataset.train.texts`` (deterministic: the same texts give the
     same vocabulary), so rebuilding it for a baseline or a resumed run gives the same ids."""
     return WordTokenizer.build(dataset.train.texts)
 
 
-def run_tokenizer(dataset: Any, out: str, resume: bool) -> WordTokenizer:
+def run_tokenizer(dataset: DataSplits, out: str, resume: bool) -> WordTokenizer:
     """The run's tokenizer (the loop writes it to ``out/tokenizer.json``); on resume, the stored
     one, which must equal the one the training texts give, else the data changed under the run."""
     path = layout.RunFolder(out).tokenizer
@@ -92,9 +99,11 @@ class ConvirtModel(nn.Module):
     def __init__(self, encoder: Union[str, nn.Module], in_channels: int, tokenizer: WordTokenizer, *,
                  temperature: float = DEFAULT_TEMPERATURE, learnable_temperature: bool = False,
                  weight: float = DEFAULT_WEIGHT, projection_dim: int = DEFAULT_DIM,
-                 text_encoder: str = "mean", text_width: int = 128, norm: Optional[str] = None) -> None:
+                 text_encoder: str = DEFAULT_TEXT_ENCODER, text_width: int = 128, norm: Optional[str] = None) -> None:
         super().__init__()
         self.method = "convirt"
+        # The method object itself (stateless): the model asks it for its loss, never the registry.
+        self.training_method: Method = Convirt()
         self.weight = float(check_probability(weight, "weight"))
         self.tokenizer = tokenizer
         self.encoder = encoder if isinstance(encoder, nn.Module) else build_encoder(encoder, in_channels, norm=norm)
@@ -123,10 +132,8 @@ class ConvirtModel(nn.Module):
     def loss(self, images: Tensor, tokens: Tuple[Tensor, Tensor], labels: Optional[Tensor] = None) -> Tensor:
         """Mean ConVIRT loss over the ``N`` pairs of the batch: ``images`` ``(N, C, H, W)`` and
         ``tokens = (ids, mask)`` ``(N, L)``, row ``i`` of each forming pair ``i``; ``labels``
-        are ignored. The ``convirt`` method's :meth:`~contrastkit.train.methods.Method.loss`."""
-        from .methods import get_method  # methods builds on this module
-
-        return get_method("convirt").loss(self, (images, tokens), labels)
+        are ignored. The ``convirt`` method's :meth:`~contrastkit.methods.Method.loss`."""
+        return self.training_method.loss(self, (images, tokens), labels)
 
 
 class PairedBatches:
@@ -144,33 +151,26 @@ class PairedBatches:
         self.tokenizer = tokenizer
         self.device = device
         self._cache: Dict[int, Tuple[Any, Tensor, Tensor]] = {}
-        self._streamed = HeldImages()
+        self._images = PairedImages()
 
     def hold(self, indices: Tensor, images: Tensor) -> None:
         """The decoded ``images`` of the streamed training batch ``indices`` (from the loader)."""
-        self._streamed.hold(indices, images)
+        self._images.hold(indices, images)
 
-    def _tokens(self, split: Any) -> Tuple[Tensor, Tensor]:
+    def _tokens(self, split: DataSplit) -> Tuple[Tensor, Tensor]:
         key = id(split)
         if key not in self._cache or self._cache[key][0] is not split:
             ids, mask = self.tokenizer.encode(split.texts)
             self._cache[key] = (split, ids.to(self.device), mask.to(self.device))
         return self._cache[key][1], self._cache[key][2]
 
-    def __call__(self, split: Any, indices: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+    def __call__(self, split: DataSplit, indices: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
         ids, mask = self._tokens(split)
-        if not in_memory(split):
-            images = self._streamed(split, indices).to(self.device, non_blocking=True)
-            images = unit_float(images)
-        elif getattr(split, "realisations", None) is not None:
-            which = torch.randint(0, split.realisations.shape[1], (indices.shape[0],))
-            images = split.realisations[indices, which]
-        else:
-            images = split.images[indices]
+        images = self._images(split, indices, self.device)
         on = indices.to(self.device)
         batch_ids, batch_mask = ids[on], mask[on]
         width = max(1, int(batch_mask.sum(1).max()))  # trim padding columns nobody uses
-        return images.to(self.device), (batch_ids[:, :width], batch_mask[:, :width])
+        return images, (batch_ids[:, :width], batch_mask[:, :width])
 
 
 @torch.no_grad()
@@ -189,7 +189,7 @@ def encode_texts(model: ConvirtModel, texts: List[str], device: torch.device, ba
 
 
 class _ImageSide(nn.Module):
-    """``v`` of a model's images as a module (what :func:`~contrastkit.train.extract_features`
+    """``v`` of a model's images as a module (what :func:`~contrastkit.metrics.readout.extract_features`
     reads), in the model's train/eval mode."""
 
     def __init__(self, model: ConvirtModel) -> None:
@@ -203,20 +203,16 @@ class _ImageSide(nn.Module):
 
 def encode_images(model: ConvirtModel, images: Any, device: torch.device, batch_size: int = 256, *,
                   workers: int = 0) -> np.ndarray:
-    """``v`` of ``images`` in eval mode: ``(n, d)`` float64. ``images`` is an ``(n, C, H, W)``
-    float tensor in ``[0, 1]`` or a streamed split (read in batches of ``batch_size``, decoded
-    in ``workers`` processes)."""
-    from .evaluate import extract_features  # evaluate builds on the methods, which build on this module
-
+    """``v`` of ``images`` in eval mode: ``(n, d)`` float64. ``images`` is a split of any
+    storage or an ``(n, C, H, W)`` float tensor in ``[0, 1]`` (read in batches of
+    ``batch_size``, decoded in ``workers`` processes; :func:`contrastkit.data.image_batches`)."""
     return extract_features(_ImageSide(model), images, device, batch_size, workers=workers).astype(np.float64)
 
 
-def encode_pairs(model: ConvirtModel, split: Any, device: torch.device) -> Tuple[np.ndarray, np.ndarray]:
+def encode_pairs(model: ConvirtModel, split: DataSplit, device: torch.device) -> Tuple[np.ndarray, np.ndarray]:
     """``(v, u)``: joint-space embeddings ``(n, d)`` of a split's canonical images (held, or
     streamed in batches) and texts."""
-    from .evaluate import split_images
-
-    return encode_images(model, split_images(split), device), encode_texts(model, split.texts, device)
+    return encode_images(model, split, device), encode_texts(model, split.texts, device)
 
 
 def fact_ceiling(facts: List[Dict[str, Any]], ks: Tuple[int, ...] = (1, 5, 10)) -> Dict[str, float]:
@@ -231,7 +227,7 @@ def fact_ceiling(facts: List[Dict[str, Any]], ks: Tuple[int, ...] = (1, 5, 10)) 
     return {f"fact_ceiling_recall@{k}": float(np.mean([min(1.0, k / counts[key]) for key in keys])) for k in ks}
 
 
-def val_retrieval(model: ConvirtModel, dataset: Any, device: torch.device) -> Dict[str, float]:
+def val_retrieval(model: ConvirtModel, dataset: DataSplits, device: torch.device) -> Dict[str, float]:
     """Image->text and text->image Recall@1 on the val pairs (for model selection / logs)."""
     from contrastkit.metrics.retrieval import retrieval_metrics
 
@@ -239,7 +235,7 @@ def val_retrieval(model: ConvirtModel, dataset: Any, device: torch.device) -> Di
     return {"val_retrieval_i2t_recall@1": val["i2t_recall@1"], "val_retrieval_t2i_recall@1": val["t2i_recall@1"]}
 
 
-def evaluate_convirt(model: ConvirtModel, dataset: Any, device: torch.device,
+def evaluate_convirt(model: ConvirtModel, dataset: DataSplits, device: torch.device,
                      ks: Tuple[int, ...] = (1, 5, 10)) -> Dict[str, Any]:
     """Held-out read-outs of a ConVIRT model, flat keys for ``summary.json``.
 
@@ -273,6 +269,85 @@ def evaluate_convirt(model: ConvirtModel, dataset: Any, device: torch.device,
         out["zero_shot_majority"] = float(np.bincount(labels, minlength=len(dataset.class_names)).max() / len(labels))
         out["zero_shot_prompt_unknown_fraction"] = model.tokenizer.unknown_fraction(texts)
     return out
+
+
+class Convirt(Method):
+    """ConVIRT (Zhang et al. 2020; the ConVIRT tutorial) on image-text pairs, trained as a
+    :class:`ConvirtModel`: a batch is images and the token ids of their texts
+    (:class:`PairedBatches`), the loss :func:`~contrastkit.losses.bidirectional_info_nce`
+    weighted by ``lambda``, the numbers retrieval and zero-shot classification
+    (:func:`evaluate_convirt`)."""
+
+    name = "convirt"
+    paired = True
+    cached_gradients = True
+    default_temperature = DEFAULT_TEMPERATURE
+    default_projection_dim = DEFAULT_DIM
+    #: Whether the loss weighs its two directions (ConVIRT's lambda, ``weight``).
+    weighted = True
+
+    def complete(self, config: "PretrainConfig") -> None:
+        """The image-text options: ``views`` is ``"paired"`` (no augmentation: crops and flips
+        would falsify the texts), ``data`` names paired data, ``weight`` (lambda, when the loss
+        is :attr:`weighted`) and ``text_encoder`` get their defaults."""
+        name = self.name
+        if config.views not in ("augment", "paired"):
+            raise ValueError(f"{name} pairs each image with its text; views {config.views!r} does not apply")
+        config.views = "paired"
+        if config.view_strength is not None:
+            raise ValueError(f"{name} uses no augmentation (crops and flips would falsify the texts); "
+                             "view_strength does not apply")
+        check_paired_source(config.data, name)
+        if not self.weighted:
+            if config.weight is not None:
+                raise ValueError(f"weight (convirt's lambda) does not apply to {name}: its loss is symmetric")
+        else:
+            config.weight = DEFAULT_WEIGHT if config.weight is None else config.weight
+            if isinstance(config.weight, bool) or not isinstance(config.weight, (int, float)) \
+                    or not (0.0 <= float(config.weight) <= 1.0):
+                raise ValueError(f"weight (lambda) must be a number in [0, 1], got {config.weight!r}")
+            config.weight = float(config.weight)
+        config.text_encoder = DEFAULT_TEXT_ENCODER if config.text_encoder is None else config.text_encoder
+        if config.text_encoder not in TEXT_ENCODERS:
+            raise ValueError(f"text_encoder must be one of {TEXT_ENCODERS}, got {config.text_encoder!r}")
+
+    def run_tokenizer(self, dataset: DataSplits, out: str, resume: bool) -> Any:
+        return run_tokenizer(dataset, out, resume)
+
+    def saved_tokenizer(self, run_dir: str) -> Any:
+        return load_run_tokenizer(run_dir)
+
+    def save_run_files(self, model: nn.Module, folder: layout.RunFolder) -> None:
+        model.tokenizer.save(folder.tokenizer)
+
+    def batches(self, dataset: DataSplits, config: "PretrainConfig", device: torch.device,
+                tokenizer: Any = None) -> Callable[[Any, Tensor], Batch]:
+        return PairedBatches(tokenizer, device)
+
+    def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,
+                    encoder: Optional[nn.Module] = None) -> nn.Module:
+        if tokenizer is None:
+            raise ValueError("convirt needs the run's text tokenizer to build its model")
+        return ConvirtModel(config.encoder if encoder is None else encoder, in_channels, tokenizer,
+                            temperature=config.temperature, learnable_temperature=config.learnable_temperature,
+                            weight=config.weight, projection_dim=config.projection_dim,
+                            text_encoder=config.text_encoder, norm=config.norm)
+
+    def embed(self, model: nn.Module, batch: Batch) -> Tuple[Tensor, ...]:
+        images, (ids, mask) = batch
+        return model.image_embeddings(images), model.text_embeddings(ids, mask)
+
+    def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
+        # labels are ignored: pairs, not classes, define the positives.
+        v, u = embeddings
+        return losses.bidirectional_info_nce(v, u, temperature=model.temperature, weight=model.weight,
+                                             **across_ranks(model))
+
+    def val_metrics(self, run: EvalContext) -> Dict[str, Any]:
+        return val_retrieval(run.model, run.dataset, run.device)
+
+    def readout(self, model: nn.Module, dataset: DataSplits, device: torch.device) -> Dict[str, Any]:
+        return evaluate_convirt(model, dataset, device)
 
 
 def retrieval_table(summary: Dict[str, Any]) -> Any:

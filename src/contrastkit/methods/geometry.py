@@ -28,7 +28,7 @@ def held_out_embeddings(model: nn.Module, split: Any, views: Any, device: torch.
     """``h`` and ``z`` of two views of the first ``max_samples`` samples of ``split``.
 
     Args:
-        model: a :class:`~contrastkit.train.ContrastiveModel` (``encoder``, ``head``).
+        model: a :class:`~contrastkit.methods.ContrastiveModel` (``encoder``, ``head``).
         split: a held-out split (``images``, ``labels``).
         views: the run's view maker, ``views(split, indices) -> (view_a, view_b)``.
         device: where the model lives.

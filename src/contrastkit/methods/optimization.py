@@ -1,5 +1,5 @@
 """The optimizer and learning-rate schedule of a pretraining run, built from its
-:class:`~contrastkit.train.config.PretrainConfig`: the one construction ``contrastkit
+:class:`~contrastkit.methods.PretrainConfig`: the one construction ``contrastkit
 pretrain`` and the Lightning integration (:mod:`contrastkit.integrations.lightning`) share."""
 
 from __future__ import annotations

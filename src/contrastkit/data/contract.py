@@ -1,0 +1,191 @@
+"""One contract for a data set and its splits, whatever holds the images.
+
+Every storage kind contrastkit reads (images held in memory as one tensor, images streamed from
+files or from a user's ``torch.utils.data.Dataset``, image-text pairs of either kind) is a
+:class:`DataSplits` of three :class:`DataSplit` objects; the rest of contrastkit reads them only
+through this module's functions (:func:`image_batches`, :func:`limit_split`, :func:`item_dataset`,
+:func:`training_views`, :class:`~contrastkit.data.batches.PairedImages`, :func:`data_record`) and :func:`open_data`, the
+one entry point that opens any ``--data``. Whether a split is held or streamed is asked here and
+nowhere else: a new storage kind is added in :mod:`contrastkit.data` alone.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .base import Split, stratified_subset, stratified_subset_indices
+from .batches import PairedImages, StreamedViews
+from .loader import make_loader
+from .streaming import as_streaming, in_memory, is_streaming, subset_split, unit_float
+
+__all__ = ["DataSplit", "DataSplits", "open_data", "as_data", "image_batches", "limit_split", "limit_splits",
+           "item_dataset", "reads_files", "training_views", "data_record"]
+
+
+@runtime_checkable
+class DataSplit(Protocol):
+    """One split (train, val or test) of any storage: ``len(split)`` samples, ``labels``
+    ``(n,)`` int64 class ids or ``None``, ``image_shape`` ``(C, H, W)``; a paired split also
+    has ``texts`` (``n`` strings). Its images are read with :func:`image_batches` (in order)
+    or, for training, through :func:`~contrastkit.data.make_loader`."""
+
+    labels: Optional[Tensor]
+
+    def __len__(self) -> int: ...
+
+
+@runtime_checkable
+class DataSplits(Protocol):
+    """A data set: ``train``, ``val``, ``test`` :class:`DataSplit` objects, ``name``,
+    ``class_names`` (empty without labels), ``num_classes``, ``image_shape`` ``(C, H, W)``."""
+
+    name: str
+    train: Any
+    val: Any
+    test: Any
+
+    @property
+    def num_classes(self) -> int: ...
+
+
+def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0, paired: bool = False,
+              **options: Any) -> Any:
+    """The one entry point that opens any ``--data``: a built-in name or a path, as a
+    :class:`DataSplits`.
+
+    Args:
+        data: for images, ``"glyphlab"``, ``"digits"`` or a path (:func:`~contrastkit.data.load_dataset`);
+            with ``paired``, ``"glyphlab-text"``, ``"digits-text"`` or a ``.csv`` of image, text
+            rows (:func:`~contrastkit.data.load_paired`).
+        seed: the generated data sets' seed (real data ignore it).
+        workers: DataLoader worker processes the run will use: a folder of class subfolders is
+            streamed (only its file index held, :func:`~contrastkit.data.stream_image_folder`)
+            when ``workers > 0`` or the option ``stream=true`` asks for it (``stream=false``
+            loads it whole).
+        options: the loader's options.
+    """
+    if paired:
+        from .loading import load_paired
+
+        return load_paired(data, seed=seed, **options)
+    from .loading import load_dataset
+    from .streaming import stream_image_folder
+
+    stream = options.pop("stream", None)
+    if stream is not None and not isinstance(stream, bool):
+        raise ValueError(f"data option stream must be true or false, got {stream!r}")
+    folder = _is_image_folder(data)
+    if stream or (stream is None and workers > 0 and folder):
+        if not folder:
+            raise ValueError(f"data option stream=true streams a folder of class subfolders of images; "
+                             f"{data!r} is not one")
+        return stream_image_folder(data, **options)
+    return load_dataset(data, seed=seed, **options)
+
+
+def _is_image_folder(data: Any) -> bool:
+    from .files import detect_format
+
+    try:
+        return isinstance(data, (str, os.PathLike)) and os.path.isdir(data) and detect_format(data) == "imagefolder"
+    except (ValueError, FileNotFoundError):
+        return False
+
+
+def as_data(dataset: Any) -> Any:
+    """A data set as a run reads it: a contrastkit data set (any storage) as it is; a user's
+    map-style ``torch.utils.data.Dataset`` of ``(image, label)``, or a dict of them with the key
+    ``train`` (and ``val``, ``test``), streamed (:func:`~contrastkit.data.as_streaming`)."""
+    if hasattr(dataset, "train") and hasattr(dataset, "image_shape"):
+        return dataset
+    if isinstance(dataset, dict):
+        unknown = sorted(set(dataset) - {"train", "val", "test"})
+        if unknown or "train" not in dataset:
+            raise ValueError(f"a dict of data sets needs the key 'train' (and optionally 'val', 'test'), got "
+                             f"{sorted(dataset)}")
+        return as_streaming(**dataset)
+    return as_streaming(dataset)
+
+
+def image_batches(images: Any, batch_size: int = 256, workers: int = 0) -> Iterator[Tensor]:
+    """Consecutive batches of a split's images (or of an ``(n, C, H, W)`` tensor), in order, the
+    last one partial: ``(b, C, H, W)`` float in ``[0, 1]``, slices of held images or streamed
+    items decoded ``batch_size`` at a time in ``workers`` processes (never the whole split at
+    once). The one way the read-out and ``contrastkit embed`` read a split."""
+    if isinstance(images, Tensor):
+        held: Optional[Tensor] = images
+    else:
+        held = images.images if in_memory(images) else None
+    if held is not None:
+        for i in range(0, held.shape[0], batch_size):
+            yield held[i:i + batch_size]
+        return
+    for batch, _ in make_loader(images, batch_size=batch_size, workers=workers):
+        yield unit_float(batch)
+
+
+def limit_split(split: Any, n: int, seed: int) -> Any:
+    """A class-stratified subset of ``n`` samples of ``split`` drawn with ``seed``
+    (:func:`~contrastkit.data.stratified_subset`): held images are copied, a streamed split
+    keeps its file index (nothing decoded)."""
+    if in_memory(split):
+        return stratified_subset(split, n, seed)
+    labels = getattr(split, "labels", None)
+    return subset_split(split, stratified_subset_indices(None if labels is None else labels.tolist(),
+                                                         len(split), n, seed))
+
+
+def limit_splits(dataset: Any, *, train: Optional[int] = None, val: Optional[int] = None,
+                 test: Optional[int] = None, seed: int = 0) -> Any:
+    """``dataset`` with each split cut to ``train`` / ``val`` / ``test`` samples (``None``:
+    kept whole) by :func:`limit_split`. The data set is returned unchanged when no limit
+    applies; otherwise a shallow copy with the cut splits."""
+    import copy
+
+    limits = {"train": train, "val": val, "test": test}
+    if all(limit is None or limit >= len(getattr(dataset, name)) for name, limit in limits.items()):
+        return dataset
+    limited = copy.copy(dataset)
+    for name, limit in limits.items():
+        if limit is not None:
+            setattr(limited, name, limit_split(getattr(dataset, name), limit, seed))
+    return limited
+
+
+def item_dataset(split: Any) -> torch.utils.data.Dataset:
+    """``split`` as a map-style ``torch.utils.data.Dataset`` of ``(image, label)`` items (held
+    images as float tensors, streamed ones as decoded), for a ``DataLoader`` of one's own."""
+    if in_memory(split):
+        return torch.utils.data.TensorDataset(split.images, split.labels)
+    return split
+
+
+def reads_files(split: Any) -> bool:
+    """Whether a loader over ``split`` decodes its items (so that pinned host memory helps on
+    a GPU); held images are indexed where they lie."""
+    return not in_memory(split)
+
+
+def training_views(dataset: Any, mode: str = "augment", device: Union[torch.device, str, None] = None,
+                   strength: Optional[float] = None) -> Any:
+    """The batch maker of a run's two views: :func:`~contrastkit.data.make_views`, reading a
+    streamed batch's images from the loader (:class:`~contrastkit.data.streaming.StreamedViews`:
+    the loop hands them over with ``hold``)."""
+    from .views import make_views
+
+    views = make_views(dataset, mode=mode, device=device, strength=strength)
+    return StreamedViews(views) if is_streaming(dataset) else views
+
+
+def data_record(dataset: Any) -> Dict[str, Any]:
+    """What a run's ``config.json`` records of its data: name, classes, image shape, split
+    sizes and whether the images were streamed."""
+    return {"name": dataset.name, "num_classes": int(dataset.num_classes),
+            "image_shape": list(dataset.image_shape),
+            "sizes": {s: len(getattr(dataset, s)) for s in ("train", "val", "test")},
+            "streamed": is_streaming(dataset)}

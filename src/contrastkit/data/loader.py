@@ -1,0 +1,157 @@
+"""Reading a split in batches: the ``DataLoader`` of a run and of the read-out.
+
+The order of the images is not the loader's: :class:`EpochBatchSampler` yields, for each
+epoch, the same batches of indices the in-memory path draws (a permutation seeded by
+``(seed, epoch)``; under torchrun ``DistributedSampler``'s share of it). Workers only decode,
+so a run's randomness (the views, drawn on the training device) does not depend on how many
+there are, and a resumed run needs no worker state.
+
+>>> data = stream_image_folder("cifar10-jpeg")                        # doctest: +SKIP
+>>> loader = make_loader(data.train, batch_size=256, workers=4)       # doctest: +SKIP
+>>> images, indices = next(iter(loader))    # (256, 3, 32, 32) uint8, (256,) int64  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Sampler
+
+from contrastkit.data.streaming import BadItemError, in_memory
+
+__all__ = ["EpochBatchSampler", "make_loader", "read_images"]
+
+
+class EpochBatchSampler(Sampler):
+    """The batches of one epoch of training: ``steps`` batches of ``batch_size`` indices of a
+    split of ``n`` items, in the order of the epoch set by :meth:`set_epoch` (the last partial
+    batch dropped).
+
+    One process: ``torch.randperm(n)`` from a generator seeded with ``seed * 100_003 + epoch``.
+    Under torchrun (``world_size > 1``): ``DistributedSampler``'s share of rank ``rank``
+    (``shuffle=True, seed, drop_last=True``), in batches of ``batch_size`` (this rank's share
+    of the global batch). The sampler runs in the main process, so workers never see it.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, *, rank: int = 0, world_size: int = 1) -> None:
+        if n < 1 or batch_size < 1:
+            raise ValueError(f"n and batch_size must be >= 1, got {n}, {batch_size}")
+        self.n, self.batch_size, self.seed = int(n), int(batch_size), int(seed)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def order(self) -> Tensor:
+        """This process's indices of the epoch, in order."""
+        if self.world_size > 1:
+            from torch.utils.data import DistributedSampler
+
+            sampler = DistributedSampler(range(self.n), num_replicas=self.world_size, rank=self.rank,
+                                         shuffle=True, seed=self.seed, drop_last=True)
+            sampler.set_epoch(self.epoch)
+            return torch.tensor(list(sampler), dtype=torch.long)
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(self.n, generator=generator)
+
+    def __len__(self) -> int:
+        share = self.n // self.world_size if self.world_size > 1 else self.n
+        return share // self.batch_size
+
+    def __iter__(self) -> Iterator[List[int]]:
+        order = self.order()
+        for step in range(len(self)):
+            yield order[step * self.batch_size:(step + 1) * self.batch_size].tolist()
+
+
+class _Indices(torch.utils.data.Dataset):
+    """Item ``i`` is ``i``: the loader of an in-memory split yields index batches only."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class _WithIndex(torch.utils.data.Dataset):
+    """Item ``i`` of a streamed split is ``(image, i)`` (its label is in ``split.labels``, its
+    text in ``split.texts``); a bad item (:class:`BadItemError`) is ``(zeros, -1 - i)``, for
+    the main process to raise."""
+
+    def __init__(self, split: Any) -> None:
+        self.split = split
+        self.blank = torch.zeros(tuple(split.image_shape), dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> Tuple[Tensor, int]:
+        try:
+            return self.split[index][0], index
+        except BadItemError:
+            return self.blank, -1 - index
+
+
+class _StreamLoader:
+    """Iterates a ``DataLoader`` of :class:`_WithIndex` items and raises, in this process, the
+    error of an item a worker could not use (by reading it again here)."""
+
+    def __init__(self, loader: DataLoader, split: Any) -> None:
+        self.loader, self.split = loader, split
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Tuple[Tensor, Tensor]]:
+        for images, indices in self.loader:
+            if bool((indices < 0).any()):
+                self.split[-1 - int(indices[indices < 0][0])]  # raises the BadItemError naming it
+            yield images, indices
+
+
+def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sampler: Optional[Sampler] = None,
+                pin_memory: bool = False, seed: int = 0) -> Any:
+    """A ``DataLoader`` over ``split``.
+
+    An in-memory :class:`~contrastkit.data.Split` yields batches of indices ``(b,)`` int64 (the
+    images are indexed where they lie, on the training device); a streamed split yields
+    ``(images, indices)``, ``images`` ``(b, C, H, W)`` uint8 (or float) decoded in ``workers``
+    processes (persistent, so an epoch does not pay their start-up again). ``batch_sampler``
+    (e.g. :class:`EpochBatchSampler`) sets the batches; by default consecutive batches of
+    ``batch_size`` in order, the last one partial. The loader draws its base seed from its own
+    generator (``seed``), never from torch's global RNG, which the views use. An image that
+    cannot be read raises :class:`UnreadableImageError` naming it, a bad item of a user's data
+    set :class:`BadItemError` naming its index, in this process.
+    """
+    if in_memory(split):
+        dataset: torch.utils.data.Dataset = _Indices(len(split))
+        workers = 0  # nothing to decode
+    else:
+        dataset = _WithIndex(split)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+    # Held images are indexed where they lie: only decoded items are worth pinning.
+    options: Dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory and not in_memory(split),
+                                   generator=torch.Generator().manual_seed(seed))
+    if workers:
+        options.update(persistent_workers=True, prefetch_factor=2)
+    if batch_sampler is not None:
+        loader = DataLoader(dataset, batch_sampler=batch_sampler, **options)
+    else:
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=False, **options)
+    return loader if in_memory(split) else _StreamLoader(loader, split)
+
+
+def read_images(split: Any, indices: Tensor) -> Tensor:
+    """The images of ``indices`` of a split, stacked ``(b, C, H, W)``: read in this process
+    (for the few held-out batches an evaluation draws; training reads through the loader)."""
+    if in_memory(split):
+        return split.images[indices.to(split.images.device)]
+    return torch.stack([split[int(i)][0] for i in indices.tolist()])

@@ -1,0 +1,67 @@
+"""A run's data set and model built from its configuration: the one construction that
+``contrastkit pretrain``, ``probe``, ``embed`` and the Lightning integration share."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from contrastkit.data import DataSplits, limit_splits
+
+from .config import PretrainConfig
+from .registry import get_method
+
+__all__ = ["load_data", "limit_data", "build_model"]
+
+
+def load_data(config: PretrainConfig) -> DataSplits:
+    """The data set of ``config.data`` as ``config.method`` reads it
+    (:meth:`~contrastkit.methods.Method.load_data`), cut to the configured subsets
+    (:func:`limit_data`)."""
+    return limit_data(get_method(config.method).load_data(config), config)
+
+
+def limit_data(dataset: DataSplits, config: PretrainConfig) -> DataSplits:
+    """``dataset`` with each split cut to ``config.train_limit`` / ``val_limit`` /
+    ``test_limit`` samples, class-stratified subsets drawn with ``config.subset_seed``
+    (:func:`contrastkit.data.limit_splits`)."""
+    return limit_splits(dataset, train=config.train_limit, val=config.val_limit, test=config.test_limit,
+                        seed=config.subset_seed)
+
+
+def build_model(config: PretrainConfig, image_shape: Union[int, Sequence[int]], tokenizer: Any = None, *,
+                encoder: Optional[nn.Module] = None) -> Any:
+    """The model at its initialisation for ``config.seed``: the one place a run's model, its
+    random-init baseline, and the model of a finished run (``probe``, ``embed``) are built.
+
+    Args:
+        config: the run's configuration; ``config.encoder`` / ``config.encoder_options`` say
+            which encoder (:func:`~contrastkit.models.encoder_from_spec`).
+        image_shape: the data's ``(C, H, W)`` (or only ``C``: the dry forward then assumes
+            32x32, and is skipped for an encoder that declares ``out_dim``).
+        tokenizer: the run's text tokenizer (convirt).
+        encoder: a module to use instead of ``config.encoder`` (copied, never modified: the
+            copy is trained, so the baseline built from the same module is its initialisation).
+
+    The encoder is checked by one dry forward (:func:`~contrastkit.models.prepare_encoder`),
+    and the projection head is built on the feature size it finds. The global RNG is left
+    untouched, so the random-init baseline can be rebuilt at any time with identical weights.
+    """
+    from contrastkit.models import encoder_from_spec, prepare_encoder
+
+    shape = (int(image_shape), 32, 32) if isinstance(image_shape, int) else tuple(int(s) for s in image_shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        if encoder is not None:
+            module, name = copy.deepcopy(encoder), f"{type(encoder).__module__}.{type(encoder).__qualname__}"
+        else:
+            options = dict(config.encoder_options)
+            if config.norm is not None and ":" not in config.encoder:  # --norm of the built-in networks
+                options.setdefault("norm", config.norm)
+            module, name = encoder_from_spec(config.encoder, shape[0], options), config.encoder
+        if not isinstance(image_shape, int) or getattr(module, "out_dim", None) is None:
+            module = prepare_encoder(module, shape, name=repr(name))
+        return get_method(config.method).build_model(config, shape[0], tokenizer, encoder=module)

@@ -1,0 +1,194 @@
+"""The two-view methods (SimCLR, DCL, SupCon, Wang & Liu's simple and hard contrastive losses)
+and the model they train, :class:`ContrastiveModel`: two augmented views of each image, one
+encoder and projection head, a loss over the batch's in-batch negatives."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from contrastkit import losses
+from contrastkit.data import MODES, DataSplit, DataSplits, training_views
+from contrastkit.models import ProjectionHead, build_encoder
+
+from .base import Batch, EvalContext, Method, across_ranks
+from .geometry import geometry
+from .registry import METHOD_REGISTRY
+
+if TYPE_CHECKING:
+    from .config import PretrainConfig
+
+__all__ = ["TwoViewMethod", "SimCLR", "DCL", "SupCon", "Simple", "HardNegative", "ContrastiveModel",
+           "HARD_NEGATIVE_QUANTILE"]
+
+# Wang & Liu's hard contrastive loss keeps the K most similar negatives (K = 4096 in the
+# paper); with the few in-batch negatives of a small batch we keep the hardest quarter.
+HARD_NEGATIVE_QUANTILE = 0.75
+
+
+class TwoViewMethod(Method):
+    """Methods on two augmented views of each image, trained as a :class:`ContrastiveModel`:
+    one forward pass over both views (BatchNorm sees both, as in SimCLR) gives
+    ``(z_a, z_b)``; the val and test numbers are the two-view geometry of ``h`` and ``z``
+    (alignment, uniformity, tolerance; ``train/geometry.py``)."""
+
+    cached_gradients = True
+    default_temperature = 0.2
+
+    def complete(self, config: "PretrainConfig") -> None:
+        """The two-view options: ``views`` one of :data:`contrastkit.data.MODES`."""
+        super().complete(config)
+        if config.views not in MODES:
+            raise ValueError(f"views must be one of {MODES}, got {config.views!r}")
+
+    def batches(self, dataset: DataSplits, config: "PretrainConfig", device: torch.device,
+                tokenizer: Any = None) -> Callable[[Any, Tensor], Batch]:
+        return training_views(dataset, mode=config.views, device=device, strength=config.view_strength)
+
+    def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,
+                    encoder: Optional[nn.Module] = None) -> nn.Module:
+        return ContrastiveModel(
+            self, config.encoder if encoder is None else encoder, in_channels,
+            temperature=config.temperature, learnable_temperature=config.learnable_temperature,
+            projection_dim=config.projection_dim, momentum=config.momentum, queue_size=config.queue_size,
+            norm=config.norm,
+        )
+
+    def extend_model(self, model: "ContrastiveModel", queue_size: Optional[int]) -> None:
+        """Add the method's own modules to a freshly built model (MoCo's key network)."""
+
+    def embed(self, model: nn.Module, batch: Batch) -> Tuple[Tensor, ...]:
+        view_a, view_b = batch
+        n = view_a.shape[0]
+        z = model.head(model.encoder(torch.cat([view_a, view_b], dim=0)))
+        return z[:n], z[n:]
+
+    def _geometry(self, run: EvalContext, split: DataSplit) -> Dict[str, Any]:
+        return geometry(run.model, split, run.batches, run.device, batch_size=run.batch_size,
+                        temperature=run.model.temperature.value, seed=run.config.seed)
+
+    def val_metrics(self, run: EvalContext) -> Dict[str, Any]:
+        return {"val_geometry": self._geometry(run, run.dataset.val)}
+
+    def test_metrics(self, run: EvalContext) -> Dict[str, Any]:
+        return {"representation": self._geometry(run, run.dataset.test)}
+
+
+class SimCLR(TwoViewMethod):
+    """:func:`~contrastkit.losses.nt_xent_views` on the ``2N`` anchors of both views."""
+
+    name = "simclr"
+
+    def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
+        z_a, z_b = embeddings
+        return losses.nt_xent_views(z_a, z_b, temperature=model.temperature, **across_ranks(model))
+
+
+class DCL(TwoViewMethod):
+    """:func:`~contrastkit.losses.dcl` (the positive left out of the denominator)."""
+
+    name = "dcl"
+
+    def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
+        z_a, z_b = embeddings
+        return losses.dcl(z_a, z_b, temperature=model.temperature, **across_ranks(model))
+
+
+class SupCon(TwoViewMethod):
+    """:func:`~contrastkit.losses.supcon` on both views, positives from the labels."""
+
+    name = "supcon"
+    default_temperature = 0.1  # Khosla et al.
+
+    def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
+        if labels is None:
+            raise ValueError("supcon needs the labels of the batch")
+        z_a, z_b = embeddings
+        return losses.supcon(torch.stack([z_a, z_b], dim=1), labels, temperature=model.temperature,
+                             **across_ranks(model))
+
+
+class Simple(TwoViewMethod):
+    """Wang & Liu's simple contrastive loss (:func:`~contrastkit.losses.simple_loss`, no
+    temperature)."""
+
+    name = "simple"
+    default_temperature = 1.0  # the simple loss has no temperature (reported only)
+
+    def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
+        return losses.simple_loss(*embeddings, **across_ranks(model))
+
+
+class HardNegative(TwoViewMethod):
+    """Wang & Liu's hard contrastive loss (:func:`~contrastkit.losses.hard_negative_nt_xent`),
+    keeping the hardest quarter of the ``2N - 2`` negatives (``HARD_NEGATIVE_QUANTILE``)."""
+
+    name = "hard_negative"
+
+    def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
+        # Under torchrun the hardest quarter of the global batch's negatives.
+        return losses.hard_negative_nt_xent(*embeddings, temperature=model.temperature,
+                                            quantile=HARD_NEGATIVE_QUANTILE, **across_ranks(model))
+
+
+class ContrastiveModel(nn.Module):
+    """Views -> encoder -> ``h`` -> projection head -> ``z`` -> loss, for the two-view methods.
+
+    Args:
+        method: a two-view method (:class:`TwoViewMethod`) or its registered name:
+            ``"simclr"``, ``"moco"``, ``"supcon"``, ``"dcl"``, ``"simple"``, ``"hard_negative"``.
+        encoder: a built-in name of :data:`~contrastkit.models.ENCODERS`, or an encoder module
+            with ``out_dim`` (:func:`~contrastkit.models.prepare_encoder`); ``in_channels``
+            the input channels.
+        temperature: initial ``tau``; ``learnable_temperature`` trains it (CLIP's
+            parameterisation, :class:`~contrastkit.losses.Temperature`).
+        projection_dim: size of ``z``.
+        momentum: MoCo's key-encoder EMA coefficient.
+        queue_size: MoCo's number of stored keys (required for ``"moco"``).
+        norm: the encoder's and head's normalisation, ``None``/``"batch"`` (BatchNorm) or
+            ``"group"`` (GroupNorm, LayerNorm in the head; :func:`~contrastkit.models.build_encoder`).
+    """
+
+    def __init__(self, method: Union[str, TwoViewMethod], encoder: Union[str, nn.Module], in_channels: int, *, temperature: float,
+                 learnable_temperature: bool = False, projection_dim: int = 64,
+                 momentum: float = 0.99, queue_size: Optional[int] = None, norm: Optional[str] = None) -> None:
+        super().__init__()
+        two_view = METHOD_REGISTRY.get(method) if isinstance(method, str) else method
+        if not isinstance(two_view, TwoViewMethod):
+            names = [name for name, m in METHOD_REGISTRY.items() if isinstance(m, TwoViewMethod)]
+            raise ValueError(f"method must be one of {', '.join(names)}, got {method!r}")
+        self.method = two_view.name
+        # The method object itself (stateless): the model asks it for its loss, never the registry.
+        self.training_method = two_view
+        # Set by the training loop under torchrun: the losses then use every rank's negatives
+        # (local mode) and MoCo's queue receives every rank's keys.
+        self.distributed = False
+        self.encoder = encoder if isinstance(encoder, nn.Module) else build_encoder(encoder, in_channels, norm=norm)
+        self.head = ProjectionHead(self.encoder.out_dim, hidden_dim=max(self.encoder.out_dim, projection_dim),
+                                   out_dim=projection_dim, norm=norm)
+        self.temperature = losses.Temperature(temperature, learnable=learnable_temperature)
+        self.momentum = momentum
+        two_view.extend_model(self, queue_size)
+        self.register_load_state_dict_pre_hook(_rename_old_queue)
+
+    def embed(self, images: Tensor) -> Tensor:
+        """``(N, C, H, W)`` -> ``h`` ``(N, encoder.out_dim)``."""
+        return self.encoder(images)
+
+    def loss(self, view_a: Tensor, view_b: Tensor, labels: Optional[Tensor] = None) -> Tensor:
+        """Mean loss over the batch; ``view_a``/``view_b`` ``(N, C, H, W)``, row ``i`` of each
+        from the same source image; ``labels`` ``(N,)`` (used by ``supcon`` only)."""
+        return self.training_method.loss(self, (view_a, view_b), labels)
+
+
+def _rename_old_queue(module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
+    """Checkpoints written before MoCo's queue became a KeyQueue hold it as ``queue`` and
+    ``queue_pointer`` (always full): read them into ``queue.keys`` / ``.pointer`` / ``.filled``."""
+    old = prefix + "queue"
+    if isinstance(state_dict.get(old), Tensor) and prefix + "queue_pointer" in state_dict:
+        keys = state_dict.pop(old)
+        state_dict[old + ".keys"] = keys
+        state_dict[old + ".pointer"] = state_dict.pop(prefix + "queue_pointer")
+        state_dict[old + ".filled"] = torch.tensor(keys.shape[0], dtype=torch.long)

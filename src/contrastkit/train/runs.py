@@ -1,0 +1,107 @@
+"""A run folder read back: the one reader of a run's ``config.json`` and checkpoint
+(``contrastkit probe``, ``embed``, ``pretrain --resume`` and the report read runs through it)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from contrastkit import layout
+from contrastkit._io import read_json
+from contrastkit.data import DataSplits
+from contrastkit.methods import PretrainConfig, build_model, get_method, load_data
+
+from .checkpoint import load_checkpoint
+
+__all__ = ["read_run_record", "read_run_config", "SavedRun", "load_run"]
+
+
+def read_run_record(run_dir: str) -> Dict[str, Any]:
+    """``run_dir/config.json`` as written: ``{"config": {...}, "derived": {...}}``; a file that
+    is not such a record is a ``ValueError`` naming it, a missing one ``FileNotFoundError``."""
+    path = layout.RunFolder(run_dir).config
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} is missing: is {run_dir} a `contrastkit pretrain` output?")
+    try:
+        stored = read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path} is not a valid run configuration: {err}") from None
+    if not isinstance(stored, dict) or not isinstance(stored.get("config"), dict):
+        raise ValueError(f"{path} is not a valid run configuration: it holds no 'config' object")
+    return stored
+
+
+def read_run_config(run_dir: str, record: Optional[Dict[str, Any]] = None) -> PretrainConfig:
+    """The configuration recorded in ``run_dir/config.json`` (``record``: that file as
+    :func:`read_run_record` returned it, not read again)."""
+    stored = read_run_record(run_dir) if record is None else record
+    try:
+        return PretrainConfig.from_dict(stored["config"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{layout.RunFolder(run_dir).config} is not a valid run configuration: {err}") from None
+
+
+@dataclass
+class SavedRun:
+    """A run folder read back: its configuration, a checkpoint's state and where they came from
+    (:func:`load_run`)."""
+
+    folder: str
+    config: PretrainConfig
+    state: Dict[str, Any]
+    checkpoint: str
+    config_path: str
+    image_shape: Optional[Tuple[int, ...]] = None  # (C, H, W) of the training images, if recorded
+
+    def load_data(self, data: Optional[str] = None, data_options: Optional[Dict[str, Any]] = None) -> Any:
+        """The run's own data set (its loader and options, as it trained), or ``data`` (with
+        ``data_options``) read by the run's method."""
+        if data is None:
+            return load_data(self.config)
+        return load_data(replace(self.config, data=data, data_options=dict(data_options or {})))
+
+    def build_model(self, image_shape: Any, device: torch.device, encoder: Optional[nn.Module] = None) -> nn.Module:
+        """The run's model for images of ``image_shape`` ``(C, H, W)`` with the checkpoint's
+        weights, on ``device``; ``encoder``: the architecture of a run given its encoder as a
+        module (see :func:`evaluate_run`)."""
+        model = self.build_untrained(image_shape, encoder)
+        try:
+            model.load_state_dict(self.state["model"])
+        except RuntimeError as err:
+            hint = ("; the run's encoder was given as a module: pass the same architecture again (encoder=...)"
+                    if ":" in self.config.encoder and encoder is None else "")
+            raise ValueError(f"checkpoint {self.checkpoint} does not match the model (encoder "
+                             f"{self.config.encoder!r}) in {self.config_path}: {str(err).splitlines()[0]}{hint}") from None
+        return model.to(device)
+
+    def build_untrained(self, image_shape: Any, encoder: Optional[nn.Module] = None) -> nn.Module:
+        """The run's model at its initialisation (the random-init baseline's network)."""
+        tokenizer = get_method(self.config.method).saved_tokenizer(self.folder)
+        return build_model(self.config, image_shape, tokenizer, encoder=encoder)
+
+
+def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
+    """Read the run folder ``run_dir`` (``config.json`` and ``checkpoint``, by default
+    ``checkpoints/last.pt``); a folder that is not a run, or a checkpoint of another run, is
+    refused naming the file."""
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"run folder {run_dir} does not exist")
+    config_path = layout.RunFolder(run_dir).config
+    stored = read_run_record(run_dir)
+    config = read_run_config(run_dir, stored)
+    path = checkpoint or layout.RunFolder(run_dir).last_checkpoint
+    state = load_checkpoint(path)
+    # Compared as configurations, so that a field added since the run was written (at its default) matches.
+    try:
+        same = PretrainConfig.from_dict(state["config"]).to_dict() == config.to_dict()
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        raise ValueError(f"checkpoint {path} does not belong to the run in {run_dir} (configurations differ)")
+    shape = (stored.get("derived") or {}).get("dataset", {}).get("image_shape")
+    return SavedRun(run_dir, config, state, path, config_path, tuple(shape) if isinstance(shape, list) else None)

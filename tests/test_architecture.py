@@ -1,0 +1,213 @@
+"""The package's structure, checked from its source: no import circle, the library apart from
+the trainer, no private name taken from another package, one storage test (held or streamed)
+and only inside ``contrastkit.data``.
+
+Every ``import`` / ``from ... import`` of the package is read with :mod:`ast`, wherever it
+stands in a file (a function-level import is an import all the same), except under
+``if TYPE_CHECKING:`` (annotations only, never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+import pytest
+
+import contrastkit
+
+ROOT = Path(contrastkit.__file__).parent
+PACKAGE = "contrastkit"
+
+#: The library: what a script or the Lightning integration trains with.
+LIBRARY = {"losses", "distributed", "models", "metrics", "data", "methods", "analysis", "temperature", "layout",
+           "_io", "manifest", "config_files"}
+#: The trainer and the tools on top of it.
+TRAINER = {"train", "studies", "commands", "cli", "report", "__main__"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, module: str) -> List[Tuple[str, List[str]]]:
+    """``(imported module, names taken from it)`` for every import of the file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: List[Tuple[str, List[str]]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, []) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [alias.name for alias in node.names]
+            if target.startswith(PACKAGE):
+                # ``from package import module`` imports the module
+                modules = [f"{target}.{name}" for name in names if (ROOT.parent / f"{target}.{name}".replace(".", "/")).with_suffix(".py").exists()
+                           or (ROOT.parent / f"{target}.{name}".replace(".", "/") / "__init__.py").exists()]
+                found.extend((m, []) for m in modules)
+                rest = [n for n in names if f"{target}.{n}" not in modules]
+                if rest or not modules:
+                    found.append((target, rest))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return [(target, names) for target, names in found if target == PACKAGE or target.startswith(PACKAGE + ".")]
+
+
+def _graph() -> Tuple[Dict[str, Set[str]], Dict[str, List[Tuple[str, List[str]]]]]:
+    modules = {_module_name(path): path for path in ROOT.rglob("*.py")}
+    edges: Dict[str, Set[str]] = {name: set() for name in modules}
+    raw: Dict[str, List[Tuple[str, List[str]]]] = {}
+    for name, path in modules.items():
+        raw[name] = _imports(path, name)
+        for target, _ in raw[name]:
+            if target in modules and target != name:
+                edges[name].add(target)
+    return edges, raw
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    components: List[List[str]] = []
+    counter = [0]
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            strongconnect(v)
+    return components
+
+
+def test_the_package_has_no_import_circle():
+    edges, _ = _graph()
+    assert _cycles(edges) == []
+
+
+def test_the_library_imports_nothing_of_the_trainer():
+    _, raw = _graph()
+    violations = [(module, target) for module, imports in raw.items() if _layer(module) in LIBRARY
+                  for target, _ in imports if _layer(target) in TRAINER]
+    assert violations == []
+
+
+def test_the_lightning_integration_imports_only_the_library():
+    _, raw = _graph()
+    imported = {_layer(target) for target, _ in raw["contrastkit.integrations.lightning"]}
+    assert imported <= LIBRARY, imported - LIBRARY
+
+
+def test_no_module_takes_a_private_name_of_another_package():
+    """A private name (``_name``, or a ``_module``) of ``contrastkit.X`` is used only inside
+    ``contrastkit.X``; ``contrastkit._io`` is the root package's own helpers, shared by all."""
+    _, raw = _graph()
+    violations = []
+    for module, imports in raw.items():
+        for target, names in imports:
+            owner = _layer(target)
+            if owner == "_io" or owner == _layer(module):
+                continue
+            private_module = any(part.startswith("_") and part != "__init__" for part in target.split(".")[1:])
+            private_names = [name for name in names if name.startswith("_") and not name.startswith("__")]
+            if private_module or private_names:
+                violations.append((module, target, private_names))
+    assert violations == []
+
+
+def test_only_the_data_package_asks_how_a_split_is_stored():
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        module = _module_name(path)
+        if _layer(module) == "data":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
+                node.name if isinstance(node, ast.alias) else None
+            if name in ("in_memory", "is_streaming"):
+                offenders.append(f"{module}:{getattr(node, 'lineno', '?')}")
+    assert offenders == []
+
+
+@pytest.mark.parametrize("kind", ["circle", "upward", "private"])
+def test_the_checks_see_a_violation(kind, tmp_path):
+    """The checks above fail on the violations they are for (a planted module)."""
+    global ROOT
+    tree = tmp_path / PACKAGE
+    (tree / "methods").mkdir(parents=True)
+    (tree / "train").mkdir()
+    (tree / "data").mkdir()
+    for folder in (tree, tree / "methods", tree / "train", tree / "data"):
+        (folder / "__init__.py").write_text("")
+    (tree / "train" / "loop.py").write_text("from contrastkit.methods import base\n")
+    (tree / "data" / "files.py").write_text("def _helper():\n    pass\n")
+    if kind == "circle":
+        (tree / "methods" / "base.py").write_text("from . import config\n")
+        (tree / "methods" / "config.py").write_text("def f():\n    from .base import x\n")
+    elif kind == "upward":
+        (tree / "methods" / "base.py").write_text("from contrastkit.train import loop\n")
+    else:
+        (tree / "methods" / "base.py").write_text("from contrastkit.data.files import _helper\n")
+    ROOT, saved = tree, ROOT
+    try:
+        edges, raw = _graph()
+        if kind == "circle":
+            assert _cycles(edges) == [["contrastkit.methods.base", "contrastkit.methods.config"]]
+        elif kind == "upward":
+            assert {(m, t) for m, imports in raw.items() if _layer(m) in LIBRARY
+                    for t, _ in imports if _layer(t) in TRAINER} == {("contrastkit.methods.base", "contrastkit.train.loop")}
+        else:
+            assert raw["contrastkit.methods.base"] == [("contrastkit.data.files", ["_helper"])]
+    finally:
+        ROOT = saved
