@@ -22,6 +22,7 @@ from .core import contrastive_loss
 from .dispatch import CrossContrast, LossCall, SelfContrast, contrast, self_mask, views_positive_index
 from .validation import (
     TemperatureLike,
+    check_choice,
     check_embeddings,
     check_index,
     check_pair,
@@ -136,8 +137,7 @@ def info_nce(
                     distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(query, positive, ("query", "positive"))
-        if negative_mode not in ("unpaired", "paired"):
-            raise ValueError(f"negative_mode must be 'unpaired' or 'paired', got {negative_mode!r}")
+        check_choice(negative_mode, "negative_mode", ("unpaired", "paired"))
         if negatives is not None:
             if call.shard.active:
                 raise ValueError("distributed= gathers in-batch negatives and cannot be combined with "
