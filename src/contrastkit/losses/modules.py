@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import math  # noqa: F401  (used by the doctests)
-from typing import Any, Callable, ClassVar, Dict, List, Optional, TypeVar, Union
+from typing import Any, Callable, ClassVar, Dict, List, Optional, TypeVar
 
 import torch  # noqa: F401  (used by the doctests)
 from torch import Tensor, nn
@@ -28,8 +28,7 @@ from contrastkit.distributed.gather import DistributedArg
 
 from . import functional as F
 from .core import contrastive_loss
-from .temperature import Temperature
-from .validation import resolve_temperature
+from .validation import TemperatureLike, resolve_temperature
 
 __all__ = [
     "ContrastiveLoss",
@@ -46,9 +45,6 @@ __all__ = [
     "HCL",
 ]
 
-
-#: What a loss module's ``temperature`` may be (see the module docstring).
-TemperatureArg = Union[float, Tensor, nn.Parameter, Temperature, nn.Module]
 
 _TEMPERATURE_DOC = """\
 ``temperature`` (required): ``tau > 0``, checked here. A number is kept as a float, a 0-dim
@@ -92,7 +88,7 @@ class _LossModule(nn.Module):
 
     _has_temperature: ClassVar[bool] = True
 
-    def __init__(self, temperature: Optional[TemperatureArg], *, reduction: str, validate: bool) -> None:
+    def __init__(self, temperature: Optional[TemperatureLike], *, reduction: str, validate: bool) -> None:
         super().__init__()
         if self._has_temperature:
             resolve_temperature(temperature)  # one clear error now rather than at the first call
@@ -135,7 +131,7 @@ def _changed_options(module: nn.Module) -> List[str]:
 class _EmbeddingLoss(_LossModule):
     """A loss on ``(N, d)`` embeddings: adds ``normalize`` and ``chunk_size``."""
 
-    def __init__(self, temperature: TemperatureArg, *, reduction: str = "mean", normalize: bool = True,
+    def __init__(self, temperature: TemperatureLike, *, reduction: str = "mean", normalize: bool = True,
                  chunk_size: Optional[int] = None, validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, validate=validate)
         self.normalize = normalize
@@ -149,7 +145,7 @@ class _ShardedLoss(_EmbeddingLoss):
     """A loss with in-batch negatives that takes every rank's (``distributed=``): adds
     ``distributed`` and ``distributed_mode``, which a call may override."""
 
-    def __init__(self, temperature: TemperatureArg, *, reduction: str = "mean", normalize: bool = True,
+    def __init__(self, temperature: TemperatureLike, *, reduction: str = "mean", normalize: bool = True,
                  chunk_size: Optional[int] = None, distributed: DistributedArg = False,
                  distributed_mode: str = "global", validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, normalize=normalize, chunk_size=chunk_size,
@@ -179,7 +175,7 @@ class ContrastiveLoss(_LossModule):
         0.407606
     """
 
-    def __init__(self, temperature: TemperatureArg, *, denominator_mask: Optional[Tensor] = None,
+    def __init__(self, temperature: TemperatureLike, *, denominator_mask: Optional[Tensor] = None,
                  multi_positive: str = "out", reduction: str = "mean", validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, validate=validate)
         self.denominator_mask = denominator_mask
@@ -205,7 +201,7 @@ class SimilarityLoss(_LossModule):
         0.407606
     """
 
-    def __init__(self, temperature: TemperatureArg, *, exclude_diagonal: bool, reduction: str = "mean",
+    def __init__(self, temperature: TemperatureLike, *, exclude_diagonal: bool, reduction: str = "mean",
                  validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, validate=validate)
         self.exclude_diagonal = exclude_diagonal
@@ -232,7 +228,7 @@ class InfoNCE(_ShardedLoss):
         0.407606
     """
 
-    def __init__(self, temperature: TemperatureArg, *, negative_mode: str = "unpaired", reduction: str = "mean",
+    def __init__(self, temperature: TemperatureLike, *, negative_mode: str = "unpaired", reduction: str = "mean",
                  normalize: bool = True, chunk_size: Optional[int] = None, distributed: DistributedArg = False,
                  distributed_mode: str = "global", validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, normalize=normalize, chunk_size=chunk_size,
@@ -261,7 +257,7 @@ class NTXent(_EmbeddingLoss):
         tensor([0.8189, 1.0960, 0.8189, 1.0960])
     """
 
-    def __init__(self, temperature: TemperatureArg, *, reduction: str = "mean", normalize: bool = True,
+    def __init__(self, temperature: TemperatureLike, *, reduction: str = "mean", normalize: bool = True,
                  chunk_size: Optional[int] = None, validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, normalize=normalize, chunk_size=chunk_size,
                          validate=validate)
@@ -285,7 +281,7 @@ class NTXentViews(_ShardedLoss):
         True
     """
 
-    def __init__(self, temperature: TemperatureArg, *, reduction: str = "mean", normalize: bool = True,
+    def __init__(self, temperature: TemperatureLike, *, reduction: str = "mean", normalize: bool = True,
                  chunk_size: Optional[int] = None, distributed: DistributedArg = False,
                  distributed_mode: str = "global", validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, normalize=normalize, chunk_size=chunk_size,
@@ -311,7 +307,7 @@ class BidirectionalInfoNCE(_ShardedLoss):
         0.551445
     """
 
-    def __init__(self, temperature: TemperatureArg, *, weight: float = 0.5, reduction: str = "mean",
+    def __init__(self, temperature: TemperatureLike, *, weight: float = 0.5, reduction: str = "mean",
                  normalize: bool = True, chunk_size: Optional[int] = None, distributed: DistributedArg = False,
                  distributed_mode: str = "global", validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, normalize=normalize, chunk_size=chunk_size,
@@ -340,7 +336,7 @@ class SupCon(_ShardedLoss):
         0.551445
     """
 
-    def __init__(self, temperature: TemperatureArg, *, variant: str = "out", reduction: str = "mean",
+    def __init__(self, temperature: TemperatureLike, *, variant: str = "out", reduction: str = "mean",
                  normalize: bool = True, chunk_size: Optional[int] = None, distributed: DistributedArg = False,
                  distributed_mode: str = "global", validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, normalize=normalize, chunk_size=chunk_size,
@@ -367,7 +363,7 @@ class DCL(_ShardedLoss):
         -0.306853
     """
 
-    def __init__(self, temperature: TemperatureArg, *, reduction: str = "mean", normalize: bool = True,
+    def __init__(self, temperature: TemperatureLike, *, reduction: str = "mean", normalize: bool = True,
                  chunk_size: Optional[int] = None, distributed: DistributedArg = False,
                  distributed_mode: str = "global", validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, normalize=normalize, chunk_size=chunk_size,
@@ -424,7 +420,7 @@ class HardNegativeNTXent(_ShardedLoss):
         0.313262
     """
 
-    def __init__(self, temperature: TemperatureArg, *, top_k: Optional[int] = None, quantile: Optional[float] = None,
+    def __init__(self, temperature: TemperatureLike, *, top_k: Optional[int] = None, quantile: Optional[float] = None,
                  reduction: str = "mean", normalize: bool = True, chunk_size: Optional[int] = None,
                  distributed: DistributedArg = False, distributed_mode: str = "global", validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, normalize=normalize, chunk_size=chunk_size,
@@ -454,7 +450,7 @@ class DebiasedNTXent(_ShardedLoss):
         True
     """
 
-    def __init__(self, temperature: TemperatureArg, *, tau_plus: float = 0.1, reduction: str = "mean",
+    def __init__(self, temperature: TemperatureLike, *, tau_plus: float = 0.1, reduction: str = "mean",
                  normalize: bool = True, chunk_size: Optional[int] = None, distributed: DistributedArg = False,
                  distributed_mode: str = "global", validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, normalize=normalize, chunk_size=chunk_size,
@@ -483,7 +479,7 @@ class HCL(_ShardedLoss):
         True
     """
 
-    def __init__(self, temperature: TemperatureArg, *, tau_plus: float = 0.1, beta: float = 1.0,
+    def __init__(self, temperature: TemperatureLike, *, tau_plus: float = 0.1, beta: float = 1.0,
                  reduction: str = "mean", normalize: bool = True, chunk_size: Optional[int] = None,
                  distributed: DistributedArg = False, distributed_mode: str = "global", validate: bool = True) -> None:
         super().__init__(temperature, reduction=reduction, normalize=normalize, chunk_size=chunk_size,
