@@ -29,27 +29,28 @@ class Model(nn.Module):
     ``sigmoid_loss`` (``"functional"``), or the :class:`~contrastkit.losses.SigmoidLoss` twin
     (``"twin"``)."""
 
-    def __init__(self, variant: str) -> None:
+    def __init__(self, variant: str, chunk_size=None) -> None:
         super().__init__()
         encoder = W.Encoder()
         self.net = encoder.net
         self.variant = variant
+        self.chunk_size = chunk_size
         if variant == "twin":
-            self.loss = L.SigmoidLoss(scale=3.0, bias=-1.5).double()
+            self.loss = L.SigmoidLoss(temperature=1 / 3.0, bias=-1.5, chunk_size=chunk_size).double()
         else:
             self.temperature = encoder.temperature
             self.bias = nn.Parameter(torch.tensor(-1.5, dtype=torch.float64))
 
     def forward(self, x_image: torch.Tensor, x_text: torch.Tensor, **options) -> torch.Tensor:
         image, text = self.net(x_image), self.net(x_text)
-        if self.variant == "twin":
+        if self.variant == "twin":  # the twin's chunk_size is its own; reduction and distributed per call
             return self.loss(image, text, **options)
-        return L.sigmoid_loss(image, text, self.temperature, self.bias, **options)
+        return L.sigmoid_loss(image, text, self.temperature, self.bias, chunk_size=self.chunk_size, **options)
 
 
-def loss_and_grads(variant: str, data, reduction: str, **options):
+def loss_and_grads(variant: str, data, reduction: str, chunk_size=None, **options):
     """The loss value (detached) and every parameter's gradient (dict by name)."""
-    model = Model(variant)
+    model = Model(variant, chunk_size)
     loss = model(data[0], data[1], reduction=reduction, **options)
     if reduction == "none":
         return loss.detach(), {}

@@ -1,6 +1,6 @@
 """Independent loop-based float64 references for the loss family.
 
-Written from the formulas in the papers / SPEC with plain Python floats and ``math``, no torch
+Written from the formulas in the papers with plain Python floats and ``math``, no torch
 ops, so that they share no code (and no bug) with ``contrastkit.losses``.
 """
 
@@ -48,6 +48,16 @@ def info_nce(q: Matrix, p: Matrix, negatives=None, tau: float = 1.0, paired: boo
             candidates = [dot(qi, p[i]) / tau] + [dot(qi, nk) / tau for nk in bank]
             positive = candidates[0]
         losses.append(log_sum_exp(candidates) - positive)
+    return losses
+
+
+def similarity(s: Matrix, positive_index: Sequence[int], tau: float, exclude_diagonal: bool) -> List[float]:
+    """InfoNCE on a given similarity matrix: anchor ``i`` against the candidates of row ``i``
+    (without itself when the diagonal is excluded), its positive in the denominator."""
+    losses = []
+    for i, row in enumerate(s):
+        candidates = [v / tau for j, v in enumerate(row) if not (exclude_diagonal and j == i)]
+        losses.append(log_sum_exp(candidates) - row[positive_index[i]] / tau)
     return losses
 
 

@@ -154,6 +154,40 @@ def test_hcl(beta):
     assert got.tolist() == pytest.approx(expected, rel=1e-10)
 
 
+@pytest.mark.parametrize("tau", [0.07, 0.5, 2.0])
+@pytest.mark.parametrize("exclude_diagonal", [True, False])
+def test_similarity_loss(tau, exclude_diagonal):
+    s = randn(6, 6, seed=22)
+    pairs = [3, 4, 5, 0, 1, 2]
+    expected = ref.similarity(ref.rows(s), pairs, tau, exclude_diagonal)
+    got = L.similarity_loss(s, torch.tensor(pairs), temperature=tau, exclude_diagonal=exclude_diagonal,
+                            reduction="none")
+    assert got.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    total = L.similarity_loss(s, torch.tensor(pairs), temperature=tau, exclude_diagonal=exclude_diagonal,
+                              reduction="sum")
+    assert float(total) == pytest.approx(sum(expected), rel=1e-12)
+    if not exclude_diagonal:  # a cross-modal (N, K) matrix
+        wide = randn(4, 7, seed=23)
+        expected = ref.similarity(ref.rows(wide), [6, 0, 2, 2], tau, False)
+        got = L.similarity_loss(wide, torch.tensor([6, 0, 2, 2]), temperature=tau, exclude_diagonal=False)
+        assert float(got) == pytest.approx(ref.mean(expected), rel=1e-12)
+
+
+def test_similarity_loss_is_contrastive_loss(monkeypatch):
+    # One code path: similarity_loss is contrastive_loss with one positive per anchor and, for
+    # exclude_diagonal, the diagonal out of the denominator mask.
+    import contrastkit.losses.infonce as infonce
+
+    s, pairs = randn(5, 5, seed=24).requires_grad_(), torch.tensor([1, 0, 3, 4, 2])
+    got = L.similarity_loss(s, pairs, temperature=0.3, exclude_diagonal=True, reduction="none")
+    mask = ~torch.eye(5, dtype=torch.bool)
+    assert torch.equal(got, L.contrastive_loss(s, pairs, temperature=0.3, denominator_mask=mask, reduction="none"))
+    calls = []
+    monkeypatch.setattr(infonce, "contrastive_loss", lambda *a, **k: calls.append(k) or L.contrastive_loss(*a, **k))
+    L.similarity_loss(s, pairs, temperature=0.3, exclude_diagonal=False)
+    assert len(calls) == 1 and calls[0]["denominator_mask"] is None
+
+
 # ---------------------------------------------------------------- gradcheck (float64)
 
 

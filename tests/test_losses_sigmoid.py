@@ -283,11 +283,12 @@ def test_bad_input_names_the_argument(call, error, match):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(scale=0.0), ValueError, "scale must be positive"),
-    (dict(scale=float("nan")), ValueError, "scale must be positive"),
+    (dict(temperature=0.0), ValueError, "temperature must be positive"),
+    (dict(temperature=float("nan")), ValueError, "temperature must be positive"),
     (dict(bias=float("inf")), ValueError, "bias must be finite"),
-    (dict(temperature=0.1), TypeError, "SigmoidLoss holds its own temperature"),
     (dict(bias=torch.zeros(3)), ValueError, "bias must be a scalar"),
+    (dict(learnable_temprature=False), TypeError, "unexpected keyword argument 'learnable_temprature'"),
+    (dict(reduce="sum"), TypeError, "unexpected keyword argument 'reduce'"),
 ])
 def test_module_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -297,6 +298,13 @@ def test_module_bad_arguments(kwargs, error, match):
 # --------------------------------------------------------------------------- module twin
 
 
+@pytest.mark.parametrize("kwargs", [dict(scale=10.0), dict(scale=4.0, bias=-2.0), dict(learnable_scale=False)])
+def test_module_scale_is_refused_with_the_temperature_to_pass(kwargs):
+    # SigmoidLoss took SigLIP's t as scale=; it now takes tau = 1 / t as every loss does.
+    with pytest.raises(TypeError, match=r"temperature=1/scale \(SigLIP's t = 10 is temperature=0.1\)"):
+        SigmoidLoss(**kwargs)
+
+
 def test_module_twin_initialisation_and_parameters():
     loss_fn = SigmoidLoss()
     params = dict(loss_fn.named_parameters())
@@ -304,17 +312,18 @@ def test_module_twin_initialisation_and_parameters():
     assert params["log_scale"].item() == pytest.approx(math.log(10.0))
     assert params["bias"].item() == -10.0
     assert loss_fn.temperature == pytest.approx(0.1)
-    fixed = SigmoidLoss(learnable_scale=False, learnable_bias=False)
+    fixed = SigmoidLoss(learnable_temperature=False, learnable_bias=False)
     assert list(fixed.parameters()) == [] and set(dict(fixed.named_buffers())) == {"log_scale", "bias"}
     half = SigmoidLoss(learnable_bias=False)
     assert set(dict(half.named_parameters())) == {"log_scale"}
-    assert "scale=10" in repr(loss_fn) and "bias=-10" in repr(loss_fn)
+    assert "temperature=0.1," in repr(loss_fn) and "bias=-10" in repr(loss_fn)
+    assert "chunk_size=3" in repr(SigmoidLoss(0.2, chunk_size=3)) and "temperature=0.2" in repr(SigmoidLoss(0.2))
 
 
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_module_twin_equals_the_function_with_t_equal_exp_t_prime(chunk):
     image, text = pair(7, 4)
-    loss_fn = SigmoidLoss(scale=4.0, bias=-2.0, chunk_size=chunk).double()
+    loss_fn = SigmoidLoss(temperature=0.25, bias=-2.0, chunk_size=chunk).double()
     loss = loss_fn(image, text)
     loss.backward()
     # the parameters hold float32 roundings of log 4 and -2 (cast to float64 by .double())
@@ -330,9 +339,45 @@ def test_module_twin_equals_the_function_with_t_equal_exp_t_prime(chunk):
     assert per_image.shape == (7,)
 
 
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_module_temperature_is_the_functional_tau(chunk):
+    # SigmoidLoss(temperature=0.1) is sigmoid_loss at tau = 0.1 (SigLIP's t = 10), stored as
+    # t' = log(1 / tau) in float32: equal up to that rounding, gradients included.
+    image, text = pair(7, 4)
+    loss_fn = SigmoidLoss(temperature=0.1, bias=-10.0, chunk_size=chunk).double()
+    tau, bias = scalar(0.1), scalar(-10.0)
+    expected = sigmoid_loss(image, text, tau, bias, chunk_size=chunk)
+    expected.backward()
+    loss = loss_fn(image.detach(), text.detach())
+    loss.backward()
+    rounding = dict(rtol=1e-5, atol=0.0)
+    torch.testing.assert_close(loss, expected.detach(), **rounding)
+    assert float(loss_fn.log_scale.detach()) == pytest.approx(math.log(10.0), rel=1e-7)
+    # tau = exp(-t'): d/dt' = -tau * d/dtau, the gradient that trains SigLIP's temperature
+    torch.testing.assert_close(loss_fn.log_scale.grad, -0.1 * tau.grad, **rounding)
+    torch.testing.assert_close(loss_fn.bias.grad, bias.grad, **rounding)
+    assert float(loss_fn.log_scale.grad.abs()) > 1e-3
+    frozen = SigmoidLoss(temperature=0.1, learnable_temperature=False).double()
+    assert set(dict(frozen.named_parameters())) == {"bias"}
+    torch.testing.assert_close(frozen(image.detach(), text.detach()), expected.detach(), **rounding)
+
+
+def test_module_call_overrides_reduction_only_by_keyword():
+    image, text = pair(5, 3)
+    loss_fn = SigmoidLoss(temperature=0.5, bias=-1.0).double()
+    per_image = loss_fn(image, text, reduction="none")
+    torch.testing.assert_close(per_image, sigmoid_loss(image, text, loss_fn.temperature, -1.0, reduction="none"),
+                               rtol=1e-6, atol=0.0)
+    assert loss_fn.reduction == "mean" and loss_fn(image, text).shape == ()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk_size'"):
+        loss_fn(image, text, chunk_size=2)  # what the loss computes is fixed at construction
+    with pytest.raises(TypeError, match="positional argument"):
+        loss_fn(image, text, "none")
+
+
 def test_module_twin_gradcheck():
     image, text = pair(5, 3)
-    loss_fn = SigmoidLoss(scale=2.0, bias=-1.0, chunk_size=2).double()
+    loss_fn = SigmoidLoss(temperature=0.5, bias=-1.0, chunk_size=2).double()
 
     def f(x, y, log_scale, bias):
         return torch.func.functional_call(loss_fn, {"log_scale": log_scale, "bias": bias}, (x, y))

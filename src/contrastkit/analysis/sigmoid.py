@@ -37,15 +37,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from contrastkit.losses import SIGLIP_BIAS
 from contrastkit.losses.validation import check_scalar
 
 from .explanation import Explanation, PositiveLike, SimilaritiesLike, _check_tau, _dumps, _explain, _prepare, \
     _write_csv
 
 __all__ = ["SigmoidExplanation", "explain_sigmoid", "SIGLIP_BIAS"]
-
-#: SigLIP's initial bias (Zhai et al., ICCV 2023), the default of :func:`explain_sigmoid`.
-SIGLIP_BIAS = -10.0
 
 
 @dataclass(frozen=True, eq=False)

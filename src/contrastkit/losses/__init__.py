@@ -9,7 +9,7 @@ family, all re-exported by :mod:`.functional`); :mod:`.core` (the dense primitiv
 ring); :mod:`.sigmoid` (SigLIP's pairwise sigmoid loss, dense, tiled and ring); :mod:`.tiled` and :mod:`.ring` (the memory-linear kernels, over the online
 log-sum-exp of ``._tiles``); ``._sharding`` (the ``distributed=`` option);
 :mod:`.validation` (input checks, also used by other layers); :mod:`.modules` (the
-``nn.Module`` twins and :class:`Temperature`).
+``nn.Module`` twins); :mod:`.temperature` (:class:`Temperature`).
 """
 
 from .core import contrastive_loss
@@ -41,7 +41,7 @@ from .modules import (
     SimpleLoss,
     SupCon,
 )
-from .sigmoid import SigmoidLoss, sigmoid_loss
+from .sigmoid import SIGLIP_BIAS, SIGLIP_TEMPERATURE, SigmoidLoss, sigmoid_loss
 from .temperature import MIN_TEMPERATURE, Temperature
 
 __all__ = [
@@ -50,5 +50,5 @@ __all__ = [
     "views_positive_index", "sigmoid_loss",
     "ContrastiveLoss", "InfoNCE", "NTXent", "NTXentViews", "BidirectionalInfoNCE", "SupCon",
     "SimilarityLoss", "DCL", "SimpleLoss", "HardNegativeNTXent", "DebiasedNTXent", "HCL", "Temperature",
-    "MIN_TEMPERATURE", "SigmoidLoss",
+    "MIN_TEMPERATURE", "SigmoidLoss", "SIGLIP_TEMPERATURE", "SIGLIP_BIAS",
 ]

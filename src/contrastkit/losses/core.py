@@ -30,6 +30,7 @@ from torch import Tensor
 
 from .validation import (
     TemperatureLike,
+    check_choice,
     check_embeddings,
     check_index,
     check_reduction,
@@ -38,6 +39,11 @@ from .validation import (
     resolve_temperature,
     value_checks,
 )
+
+
+#: The values of ``multi_positive`` (:func:`contrastive_loss`) and of SupCon's ``variant``:
+#: Khosla et al.'s L_out and L_in.
+MULTI_POSITIVE = ("out", "in")
 
 
 @contextmanager
@@ -128,8 +134,7 @@ def contrastive_loss(
     """
     with value_checks(validate):
         check_reduction(reduction)
-        if multi_positive not in ("out", "in"):
-            raise ValueError(f"multi_positive must be 'out' or 'in', got {multi_positive!r}")
+        check_choice(multi_positive, "multi_positive", MULTI_POSITIVE)
         check_embeddings(similarities, "similarities")
         tau = resolve_temperature(temperature)
         n, k = similarities.shape

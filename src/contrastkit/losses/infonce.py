@@ -18,17 +18,19 @@ from torch import Tensor
 
 from contrastkit.distributed.gather import DistributedArg
 
-from .core import full_precision, per_anchor_nll, reduce
+from .core import contrastive_loss
 from .dispatch import CrossContrast, LossCall, SelfContrast, contrast, self_mask, views_positive_index
 from .validation import (
     TemperatureLike,
+    check_choice,
     check_embeddings,
     check_index,
     check_pair,
     check_positive_map,
     check_probability,
+    check_reduction,
     check_same,
-    prepare,
+    value_checks,
 )
 
 __all__ = ["info_nce", "nt_xent", "nt_xent_views", "bidirectional_info_nce", "similarity_loss",
@@ -58,7 +60,9 @@ def similarity_loss(
             zero-norm rows, index ranges) for inputs checked upstream; with ``True`` they run
             without a host synchronisation on accelerators.
 
-    The positive is always in the denominator.
+    The positive is always in the denominator. This is :func:`~contrastkit.losses.contrastive_loss`
+    with one positive per anchor and, for ``exclude_diagonal``, the diagonal out of the
+    denominator mask.
 
     Example (the ConVIRT tutorial's matrix, image-to-text direction, tau = 0.1):
         >>> s = torch.tensor([[0.879, -0.06, -0.06, -0.06], [-0.06, 0.879, -0.06, -0.06],
@@ -67,8 +71,9 @@ def similarity_loss(
         ...                             exclude_diagonal=False)), 4)
         0.0964
     """
-    call = LossCall(temperature=temperature, reduction=reduction, validate=validate)
-    with call.checking():
+    # The checks that name this function's own arguments; contrastive_loss does the rest.
+    with value_checks(validate):
+        check_reduction(reduction)
         check_embeddings(similarities, "similarities")
         n, k = similarities.shape
         if exclude_diagonal and n != k:
@@ -77,10 +82,8 @@ def similarity_loss(
         if exclude_diagonal and bool((index == torch.arange(n, device=index.device)).any()):
             raise ValueError("positive_index points an anchor at itself, but the diagonal is excluded")
     mask = self_mask(n, similarities.device) if exclude_diagonal else None
-    with full_precision(similarities.device):
-        logits = prepare(similarities, False, "similarities") / call.tau
-        losses, _ = per_anchor_nll(logits, index, mask)
-        return reduce(losses, reduction)
+    return contrastive_loss(similarities, index, temperature=temperature, denominator_mask=mask, reduction=reduction,
+                            validate=validate)
 
 
 def info_nce(
@@ -134,8 +137,7 @@ def info_nce(
                     distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(query, positive, ("query", "positive"))
-        if negative_mode not in ("unpaired", "paired"):
-            raise ValueError(f"negative_mode must be 'unpaired' or 'paired', got {negative_mode!r}")
+        check_choice(negative_mode, "negative_mode", ("unpaired", "paired"))
         if negatives is not None:
             if call.shard.active:
                 raise ValueError("distributed= gathers in-batch negatives and cannot be combined with "

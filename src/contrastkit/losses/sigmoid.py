@@ -53,16 +53,22 @@ from .validation import (
 )
 from ._sharding import Shard
 from .core import full_precision
+from .modules import _changed_options
 from .ring import _start_shift, _wait
 from ._tiles import no_autocast, refuse_double_backward, tile_buffers, tile_ranges, tile_view
 from .tiled import use_tiled
 
-__all__ = ["sigmoid_loss", "SigmoidLoss"]
+__all__ = ["sigmoid_loss", "SigmoidLoss", "SIGLIP_TEMPERATURE", "SIGLIP_BIAS"]
 
 
 
-#: SigLIP's initialisation: ``t = exp(t') = 10`` (``tau = 0.1``) and ``b = -10``.
+#: SigLIP's initial scale ``t = exp(t') = 10`` (Zhai et al., ICCV 2023).
 SIGLIP_SCALE = 10.0
+#: SigLIP's initial temperature ``tau = 1 / t = 0.1``: the default of :func:`sigmoid_loss` and
+#: :class:`SigmoidLoss`.
+SIGLIP_TEMPERATURE = 1.0 / SIGLIP_SCALE
+#: SigLIP's initial bias ``b = -10`` (Zhai et al., ICCV 2023), so that the many negatives start
+#: with a small loss: the default of :func:`sigmoid_loss` and :class:`SigmoidLoss`.
 SIGLIP_BIAS = -10.0
 
 
@@ -199,7 +205,7 @@ def _dense_losses(a: Tensor, b: Tensor, bias: Union[float, Tensor]) -> Tensor:
 def sigmoid_loss(
     image: Tensor,
     text: Tensor,
-    temperature: TemperatureLike = 1.0 / SIGLIP_SCALE,
+    temperature: TemperatureLike = SIGLIP_TEMPERATURE,
     bias: Union[float, Tensor] = SIGLIP_BIAS,
     *,
     normalize: bool = True,
@@ -285,19 +291,27 @@ def sigmoid_loss(
 
 
 class SigmoidLoss(nn.Module):
-    """Module form of :func:`sigmoid_loss` in SigLIP's parameterisation.
+    """Module form of :func:`sigmoid_loss` that owns SigLIP's temperature and bias.
 
-    The scale is stored as ``log_scale = t' = log t`` (``t = exp(t') = 1 / tau``) and the bias
-    as ``bias = b``; SigLIP initialises ``t' = log 10`` and ``b = -10``. Both are
-    ``nn.Parameter``s trained by the optimizer of the model that owns the loss, or fixed
-    buffers when ``learnable_scale`` / ``learnable_bias`` is ``False``.
+    Call with ``image`` and ``text``, ``(N, d)`` with rows ``i`` paired; returns the loss
+    (``(N,)`` per image with ``reduction="none"``).
+
+    ``temperature`` is ``tau`` as for every loss of contrastkit (SigLIP's scale is
+    ``t = 1 / tau``: its initialisation ``t = 10`` is ``temperature=0.1``, the default). It is
+    stored as ``log_scale = t' = log(1 / tau)``, the parameterisation of CLIP and SigLIP, and
+    the bias as ``bias = b`` (default -10, SigLIP's). Both are ``nn.Parameter``s trained by the
+    optimizer of the model that owns the loss, or fixed buffers when
+    ``learnable_temperature`` / ``learnable_bias`` is ``False``.
 
     Args:
-        scale: initial ``t > 0`` (default 10).
+        temperature: initial ``tau > 0`` (default 0.1).
         bias: initial ``b`` (default -10).
-        learnable_scale, learnable_bias: train ``t'`` and ``b`` (default ``True``).
-        **options: keyword options of :func:`sigmoid_loss` passed on every call
-            (``normalize``, ``reduction``, ``chunk_size``, ``distributed``, ``validate``).
+        learnable_temperature, learnable_bias: train ``t'`` and ``b`` (default ``True``).
+        reduction, normalize, chunk_size, distributed, validate: the keyword options of
+            :func:`sigmoid_loss`, with its defaults; a call may override ``reduction`` and
+            ``distributed`` for that call only.
+        scale, learnable_scale: removed (``scale`` was ``t = 1 / tau``); passing either raises
+            ``TypeError``: pass ``temperature=1/scale`` and ``learnable_temperature``.
 
     Example:
         >>> loss_fn = SigmoidLoss()
@@ -305,17 +319,20 @@ class SigmoidLoss(nn.Module):
         (0.1, -10.0)
     """
 
-    def __init__(self, scale: float = SIGLIP_SCALE, bias: float = SIGLIP_BIAS, *, learnable_scale: bool = True,
-                 learnable_bias: bool = True, **options) -> None:
+    def __init__(self, temperature: float = SIGLIP_TEMPERATURE, bias: float = SIGLIP_BIAS, *,
+                 learnable_temperature: bool = True, learnable_bias: bool = True, reduction: str = "mean",
+                 normalize: bool = True, chunk_size: Optional[int] = None, distributed: DistributedArg = False,
+                 validate: bool = True, scale: Optional[float] = None,
+                 learnable_scale: Optional[bool] = None) -> None:
         super().__init__()
-        for reserved in ("temperature", "bias"):
-            if reserved in options:
-                raise TypeError(f"SigmoidLoss holds its own {reserved}; pass scale= and bias= instead")
-        scale = float(resolve_temperature(scale, name="scale"))
-        bias = float(check_bias(bias))
-        log_scale = torch.tensor(math.log(scale), dtype=torch.float32)
-        bias_t = torch.tensor(bias, dtype=torch.float32)
-        if learnable_scale:
+        if scale is not None or learnable_scale is not None:
+            raise TypeError("SigmoidLoss takes temperature= (tau), not scale= (SigLIP's t = 1 / tau): pass "
+                            "temperature=1/scale (SigLIP's t = 10 is temperature=0.1), and "
+                            "learnable_temperature= for learnable_scale=")
+        tau = float(resolve_temperature(temperature))
+        log_scale = torch.tensor(math.log(1.0 / tau), dtype=torch.float32)
+        bias_t = torch.tensor(float(check_bias(bias)), dtype=torch.float32)
+        if learnable_temperature:
             self.log_scale = nn.Parameter(log_scale)
         else:
             self.register_buffer("log_scale", log_scale)
@@ -323,19 +340,27 @@ class SigmoidLoss(nn.Module):
             self.bias = nn.Parameter(bias_t)
         else:
             self.register_buffer("bias", bias_t)
-        self.options = options
+        self.reduction = reduction
+        self.normalize = normalize
+        self.chunk_size = chunk_size
+        self.distributed = distributed
+        self.validate = validate
 
-    def forward(self, image: Tensor, text: Tensor, **kwargs) -> Tensor:
-        options = {**self.options, **kwargs}
-        return sigmoid_loss(image, text, temperature=torch.exp(-self.log_scale), bias=self.bias, **options)
+    def forward(self, image: Tensor, text: Tensor, *, reduction: Optional[str] = None,
+                distributed: DistributedArg = None) -> Tensor:
+        return sigmoid_loss(image, text, temperature=torch.exp(-self.log_scale), bias=self.bias,
+                            reduction=self.reduction if reduction is None else reduction, normalize=self.normalize,
+                            chunk_size=self.chunk_size,
+                            distributed=self.distributed if distributed is None else distributed,
+                            validate=self.validate)
 
     @property
     def temperature(self) -> float:
-        """Current ``tau = 1 / t``."""
+        """Current ``tau = 1 / t = exp(-t')``."""
         return math.exp(-float(self.log_scale.detach()))
 
     def extra_repr(self) -> str:
-        parts = [f"scale={math.exp(float(self.log_scale.detach())):.4g}", f"bias={float(self.bias.detach()):.4g}",
-                 f"learnable_scale={isinstance(self.log_scale, nn.Parameter)}",
+        parts = [f"temperature={self.temperature:.4g}", f"bias={float(self.bias.detach()):.4g}",
+                 f"learnable_temperature={isinstance(self.log_scale, nn.Parameter)}",
                  f"learnable_bias={isinstance(self.bias, nn.Parameter)}"]
-        return ", ".join(parts + [f"{k}={v!r}" for k, v in self.options.items()])
+        return ", ".join(parts + _changed_options(self))

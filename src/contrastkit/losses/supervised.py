@@ -14,7 +14,8 @@ from torch import Tensor
 from contrastkit.distributed.gather import DistributedArg
 
 from .dispatch import LossCall, SelfContrast, contrast
-from .validation import TemperatureLike, check_embeddings, check_labels
+from .core import MULTI_POSITIVE
+from .validation import TemperatureLike, check_choice, check_embeddings, check_labels
 
 __all__ = ["supcon"]
 
@@ -69,8 +70,7 @@ def supcon(
     call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size,
                     distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
-        if variant not in ("out", "in"):
-            raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")
+        check_choice(variant, "variant", MULTI_POSITIVE)
         check_embeddings(z, "z", ndim=3 if isinstance(z, Tensor) and z.dim() == 3 else 2)
         labels = check_labels(labels, z.shape[0], z.device)
         if call.shard.local and chunk_size is not None and variant == "out":

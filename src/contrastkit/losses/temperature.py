@@ -81,10 +81,16 @@ class Temperature(nn.Module):
             raise ValueError(f"{name} {tau} is below 1 / max_scale = {self.min_value}")
         return math.log(1.0 / tau)
 
+    def _log_cap(self) -> Tensor:
+        """``log(max_scale)`` in the dtype of ``log_scale``. A float32 ``log_scale`` at the cap is
+        this rounding (float32(log 100) lies above log 100); compared with the float64 bound,
+        clamp's backward (torch >= 2.14) would cut the gradient at the cap itself."""
+        return self.log_scale.detach().new_tensor(self._log_max)
+
     def forward(self) -> Tensor:
         # Clamping in the log domain keeps the gradient at the cap itself (clamp passes it for
         # log_scale <= log(max_scale)), where clamp_() leaves the parameter.
-        scale = self.log_scale.clamp(max=self._log_max).exp()
+        scale = self.log_scale.clamp(max=self._log_cap()).exp()
         # exp(log(max_scale)) may round a hair above max_scale: cap the value there without
         # cutting the gradient (the subtraction is exact, so the value is what it always was).
         scale = scale - (scale - scale.clamp(max=self.max_scale)).detach()
@@ -95,7 +101,7 @@ class Temperature(nn.Module):
         """Project ``log_scale`` back to ``<= log(max_scale)`` in place (CLIP clamps its logit
         scale so after every optimizer step); returns ``self``. The value of ``tau`` does not
         change (the forward pass caps it anyway), only where the next step starts from."""
-        self.log_scale.clamp_(max=self._log_max)
+        self.log_scale.clamp_(max=self._log_cap())
         return self
 
     @torch.no_grad()

@@ -32,7 +32,7 @@ from torch import Tensor
 TemperatureLike = Union[float, int, Tensor, torch.nn.Module]
 
 __all__ = [
-    "TemperatureLike", "REDUCTIONS", "check_scalar", "check_embeddings", "check_same", "check_pair", "check_reduction",
+    "TemperatureLike", "REDUCTIONS", "check_choice", "check_scalar", "check_embeddings", "check_same", "check_pair", "check_reduction",
     "resolve_temperature", "compute_dtype", "prepare", "check_index", "check_positive_map", "check_labels",
     "check_probability", "check_nonnegative", "optional_int", "warn_few_rows", "require", "value_checks",
     "reads_are_free",
@@ -118,6 +118,12 @@ def check_pair(a: object, b: object, names: Tuple[str, str] = ("z_a", "z_b")) ->
     check_embeddings(a, names[0])
     check_embeddings(b, names[1])
     check_same(a, names[0], b, names[1], dims=((0, 0), (1, 1)))
+
+
+def check_choice(value: object, name: str, choices: Tuple[str, ...]) -> None:
+    """Check that ``value`` is one of ``choices``: "``name`` must be 'a' or 'b', got ..."."""
+    if value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(repr(choice) for choice in choices)}, got {value!r}")
 
 
 def check_reduction(reduction: str) -> str:
