@@ -23,7 +23,7 @@ def experiment_page(folder: Path) -> Page:
     """The report page of the experiment folder ``folder``."""
     settings = read_json(folder / layout.EXPERIMENT_SETTINGS) if (folder / layout.EXPERIMENT_SETTINGS).is_file() else {}
     if not isinstance(settings, dict):
-        raise ValueError(f"{folder / 'experiment.json'} must hold a JSON object")
+        raise ValueError(f"{folder / layout.EXPERIMENT_SETTINGS} must hold a JSON object")
     name = settings.get("experiment") or settings.get("name") or folder.name
     page = report_page(f"Experiment: {name}", folder)
     verdicts_section(page, folder)

@@ -40,9 +40,9 @@ def read_run(folder: Path) -> RunFiles:
     stored = read_json(run.config) if os.path.isfile(run.config) else None
     records, bad_lines = read_metrics(Path(run.metrics)) if os.path.isfile(run.metrics) else ([], 0)
     if summary is not None and not isinstance(summary, dict):
-        raise ValueError(f"{folder / 'summary.json'} must hold a JSON object")
+        raise ValueError(f"{folder / layout.SUMMARY} must hold a JSON object")
     if stored is not None and not isinstance(stored, dict):
-        raise ValueError(f"{folder / 'config.json'} must hold a JSON object")
+        raise ValueError(f"{folder / layout.CONFIG} must hold a JSON object")
     config = (stored or {}).get("config", stored or {})
     derived = (stored or {}).get("derived", {}) if isinstance(stored, dict) else {}
     return RunFiles(summary or {}, config, derived, records, bad_lines, os.path.isfile(run.metrics))

@@ -33,7 +33,7 @@ def sweep_page(folder: Path) -> Page:
     """The report page of the sweep folder ``folder``; ValueError if its sweep.csv has no runs."""
     header, rows = read_csv(folder / layout.SWEEP_TABLE)
     if not rows:
-        raise ValueError(f"{folder / 'sweep.csv'} has no runs yet")
+        raise ValueError(f"{folder / layout.SWEEP_TABLE} has no runs yet")
     settings = read_json(folder / layout.SWEEP_SETTINGS) if (folder / layout.SWEEP_SETTINGS).is_file() else {}
     data = settings.get("data", rows[0].get("data", "?")) if isinstance(settings, dict) else "?"
     page = report_page(f"Temperature sweep on {data}", folder, f"{len(rows)} runs")
