@@ -19,13 +19,14 @@ embedded as base64 PNG; the page has no script and refers to nothing outside its
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Optional, TextIO
+from typing import Callable, Dict, Optional, TextIO, Union
 
 from contrastkit import layout
 
-from .document import Page, PathLike, check_target, write_page
+from .document import Page, check_target, write_page
 from .experiment_page import experiment_page
 from .run_page import run_page
 from .sections import GENERATOR
@@ -35,6 +36,10 @@ __all__ = ["GENERATOR", "REPORT_NAME", "detect_kind", "report_html", "write_repo
 
 #: File name of a report written inside the folder it describes.
 REPORT_NAME = layout.REPORT
+
+# Defined here as in .document: imported from there, the API reference's build (docs/api/conf.py)
+# does not resolve the name in the signatures of write_report and report_html.
+PathLike = Union[str, "os.PathLike[str]"]
 
 #: The page of each kind of folder.
 PAGES: Dict[str, Callable[[Path], Page]] = {"run": run_page, "sweep": sweep_page, "experiment": experiment_page}
