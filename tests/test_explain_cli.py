@@ -178,7 +178,7 @@ def test_plot_matrix_anchor(tmp_path, spec2_npy):
 
 
 def test_rich_tables_keep_every_digit():
-    from contrastkit.commands.explain import print_anchor
+    from contrastkit.commands.explain_output import print_anchor
 
     pytest.importorskip("rich")
     for width in (120, 40):  # 40 columns is too narrow: falls back to plain lines, never truncates

@@ -13,7 +13,7 @@ import torch
 
 from contrastkit.analysis import explain, explain_sigmoid
 from contrastkit.cli import main
-from contrastkit.commands.explain import fmt
+from contrastkit.commands.explain_output import fmt
 from contrastkit.losses import sigmoid_loss
 
 SPEC3 = [[0.879, -0.06, -0.06, -0.06], [-0.06, 0.879, -0.06, -0.06],
@@ -151,3 +151,29 @@ def test_cli_bad_input_is_one_line(argv, fragment, capsys):
     assert main(["explain", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and len(err.splitlines()) == 1
+
+
+def test_default_bias_is_read_from_its_owner(capsys, monkeypatch):
+    import contrastkit.losses.sigmoid
+
+    monkeypatch.setattr(contrastkit.losses.sigmoid, "SIGLIP_BIAS", -3.0)  # the command holds no number of its own
+    assert main(["explain", "1", "0.5", "0", "--sigmoid", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bias"] == -3.0
+
+
+def test_help_names_the_default_bias_without_loading_torch():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    script = ("import sys; from contrastkit.cli import main\n"
+              "try:\n    main(['explain', '--help'])\nexcept SystemExit:\n    pass\n"
+              "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("no torch")
+    bias_help = " ".join(done.stdout.rsplit("--bias B", 1)[1].split("no torch")[0].split())  # its option line
+    assert "SigLIP's initialisation" in bias_help and "SIGLIP_BIAS" in bias_help and "10" not in bias_help

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import struct
 import zlib
@@ -248,11 +249,12 @@ def test_unfinished_run_and_partial_last_line(tmp_path):
 
 
 def test_temperature_schedule_is_drawn_from_tau_records(tmp_path):
-    from contrastkit.report.html import _read_metrics, _training_figure
+    from contrastkit.report.figures import training_figure
+    from contrastkit.report.reading import read_metrics
 
     run = write_run(tmp_path / "run", schedule=True)
-    records, bad = _read_metrics(run / "metrics.jsonl")
-    figure = _training_figure(records)
+    records, bad = read_metrics(run / "metrics.jsonl")
+    figure = training_figure(records)
     tau_axis = next(ax for ax in figure.axes if ax.get_title() == "Temperature τ")
     x, y = tau_axis.lines[0].get_data()
     # One point per step from the "tau" records (15) and the step records (every 2nd + epoch ends).
@@ -289,7 +291,7 @@ def test_sweep_report(tmp_path):
 
 
 def test_sweep_without_plots_draws_accuracy_against_tau(tmp_path):
-    from contrastkit.report.html import _accuracy_vs_tau_figure
+    from contrastkit.report.figures import accuracy_vs_tau_figure
 
     folder, rows = write_sweep(tmp_path / "sweep", plots=False)
     page = report_html(folder)
@@ -298,7 +300,7 @@ def test_sweep_without_plots_draws_accuracy_against_tau(tmp_path):
     groups = {}
     for row in rows:
         groups.setdefault((row["loss"], row["tau"] if row["tau"] != "" else None), []).append(row)
-    figure = _accuracy_vs_tau_figure(groups)
+    figure = accuracy_vs_tau_figure(groups)
     ax = figure.axes[0]
     nt_xent = next(c for c in ax.containers if c.get_label() == "nt_xent")  # errorbar: line, caps, bars
     x, y = nt_xent.lines[0].get_data()
@@ -394,3 +396,42 @@ def test_cli(tmp_path, capsys, monkeypatch):
         assert main(["report", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("contrastkit report: error: ") and message in err and len(err.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- the page, to the byte
+
+GOLDEN = Path(__file__).parent / "golden"
+GOLDEN_FOLDERS = {  # file in tests/golden -> how its folder is written
+    "report_run.golden": lambda folder: write_run(folder),
+    "report_run_unfinished.golden": lambda folder: write_run(folder, summary=False, corrupt_tail=True),
+    "report_sweep.golden": lambda folder: write_sweep(folder),
+    "report_sweep_without_plots.golden": lambda folder: write_sweep(folder, plots=False),
+    "report_experiment.golden": lambda folder: write_experiment(folder),
+}
+
+
+def normalised(page, folder):
+    """The page without what changes from one machine or minute to the next: the folder's path,
+    the time it was written, contrastkit's version and the PNG bytes (matplotlib's drawing
+    varies with its version; the images are checked by the tests above)."""
+    from contrastkit import __version__
+
+    for path in sorted({str(folder.resolve()), str(folder)}, key=len, reverse=True):
+        page = page.replace(path, "{FOLDER}")
+    page = re.sub(r"report written \d{4}-\d\d-\d\d \d\d:\d\d UTC", "report written {TIME} UTC", page)
+    page = page.replace(f"(contrastkit {__version__})", "(contrastkit {VERSION})")
+    return re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "data:image/png;base64,{PNG}", page)
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_FOLDERS))
+def test_page_is_unchanged(tmp_path, name):
+    """Every page, but for the parts :func:`normalised` takes out, as the tests/golden file has it.
+    The golden files were written by the report code before it was split into one module per
+    page; CONTRASTKIT_WRITE_GOLDEN=1 writes them anew after an intended change to a page."""
+    folder = tmp_path / name.removesuffix(".golden")
+    GOLDEN_FOLDERS[name](folder)
+    page = normalised(report_html(folder), folder)
+    if os.environ.get("CONTRASTKIT_WRITE_GOLDEN") == "1":
+        GOLDEN.mkdir(exist_ok=True)
+        (GOLDEN / name).write_text(page, encoding="utf-8")
+    assert page == (GOLDEN / name).read_text(encoding="utf-8")

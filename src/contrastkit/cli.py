@@ -4,8 +4,10 @@ Each subcommand lives in ``contrastkit.commands.<name>`` with two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``; what they share is in
 :mod:`contrastkit.commands.common`, and the study commands call :mod:`contrastkit.studies`.
 Modules are imported only when their command runs, so ``contrastkit --help`` stays fast.
-Errors a user can fix (bad numbers, missing files, invalid options) print one line and exit
-with status 2, never a traceback.
+Errors a user can fix (bad numbers, missing files, invalid options; see
+:mod:`contrastkit.commands.errors`) print one line and exit with status 2. Any other exception
+is a bug and keeps its Python traceback. ``contrastkit --traceback COMMAND ...`` (or
+``CONTRASTKIT_TRACEBACK=1``) prints the traceback of a user error too, before its line.
 
 Help texts are plain text, as the terminal shows them: no reST markup.
 """
@@ -14,16 +16,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from typing import List, Optional
 
 from contrastkit.commands.common import UsageError, apply_config_file
+from contrastkit.commands.errors import first_line, is_user_error
 
-__all__ = ["main", "build_parser", "COMMANDS", "DESCRIPTION", "UsageError"]
+__all__ = ["main", "build_parser", "COMMANDS", "DESCRIPTION", "UsageError", "TRACEBACK_FLAG", "TRACEBACK_VARIABLE"]
 
 #: What ``contrastkit --help`` says first.
 DESCRIPTION = ("contrastkit: contrastive representation learning around the temperature-scaled InfoNCE loss "
                "(run 'contrastkit COMMAND --help' for the options of a command)")
+
+#: The option, before the command, that shows the traceback of every error.
+TRACEBACK_FLAG = "--traceback"
+#: The environment variable that does the same when set to 1.
+TRACEBACK_VARIABLE = "CONTRASTKIT_TRACEBACK"
 
 # name -> (module, one-line help)
 COMMANDS = {
@@ -44,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     from contrastkit import __version__
 
     parser.add_argument("--version", action="version", version=f"contrastkit {__version__}")
+    parser.add_argument(TRACEBACK_FLAG, action="store_true",
+                        help="when a command fails, print the Python traceback, not only the one-line "
+                             f"error (also: {TRACEBACK_VARIABLE}=1)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
@@ -54,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    show_traceback = os.environ.get(TRACEBACK_VARIABLE, "") == "1"
+    while argv[:1] == [TRACEBACK_FLAG]:
+        show_traceback = True
+        argv = argv[1:]
     parser = build_parser()
     # Find the subcommand first, then let its module declare the arguments.
     if argv and argv[0] in COMMANDS:
@@ -65,10 +82,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             apply_config_file(sub, argv[1:])  # --config FILE: the file's values become the defaults
             args = sub.parse_args(argv[1:])
             return int(module.run(args) or 0)
-        except (UsageError, ValueError, TypeError, FileNotFoundError, IsADirectoryError,
-                PermissionError, FileExistsError) as err:
-            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            print(f"contrastkit {name}: error: {message}", file=sys.stderr)
+        except Exception as err:
+            if not is_user_error(err):
+                raise  # a bug: Python prints the traceback
+            if show_traceback:
+                traceback.print_exc()
+            print(f"contrastkit {name}: error: {first_line(err)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print(f"contrastkit {name}: interrupted", file=sys.stderr)

@@ -1,0 +1,215 @@
+"""The report page of a pretraining run (``contrastkit pretrain``): its result, the read-out
+against the baselines, the training curves, the representation metrics, everything else in
+``summary.json``, and the configuration. Each section is one function; a section the run has
+no data for is left out."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple
+
+from contrastkit import layout
+from contrastkit._io import read_json
+
+from .document import Page, fmt
+from .figures import geometry_figure, profile_figure, readout_figure, training_figure
+from .reading import BASELINES, READOUTS, REPRESENTATION_KEYS, number, read_metrics
+from .sections import MAX_TABLE_ROWS, report_page, settings_pairs
+
+__all__ = ["RunFiles", "read_run", "run_page"]
+
+
+@dataclass
+class RunFiles:
+    """What a run folder holds; a file not written yet reads as empty."""
+
+    summary: Dict[str, Any]  # summary.json
+    config: Dict[str, Any]  # config.json's "config" (or the whole file, if it has no such key)
+    derived: Dict[str, Any]  # config.json's "derived"
+    records: List[Dict[str, Any]]  # metrics.jsonl
+    unreadable_lines: int  # of metrics.jsonl
+    has_metrics: bool  # whether metrics.jsonl exists (it may have no records yet)
+
+
+def read_run(folder: Path) -> RunFiles:
+    """Read the run's summary, configuration and metrics; ValueError if a JSON file holds no object."""
+    run = layout.RunFolder(folder)
+    summary = read_json(run.summary) if os.path.isfile(run.summary) else None
+    stored = read_json(run.config) if os.path.isfile(run.config) else None
+    records, bad_lines = read_metrics(Path(run.metrics)) if os.path.isfile(run.metrics) else ([], 0)
+    if summary is not None and not isinstance(summary, dict):
+        raise ValueError(f"{folder / layout.SUMMARY} must hold a JSON object")
+    if stored is not None and not isinstance(stored, dict):
+        raise ValueError(f"{folder / layout.CONFIG} must hold a JSON object")
+    config = (stored or {}).get("config", stored or {})
+    derived = (stored or {}).get("derived", {}) if isinstance(stored, dict) else {}
+    return RunFiles(summary or {}, config, derived, records, bad_lines, os.path.isfile(run.metrics))
+
+
+def run_page(folder: Path) -> Page:
+    """The report page of the run folder ``folder``."""
+    run = read_run(folder)
+    method = run.summary.get("method", run.config.get("method", "?"))
+    data = run.summary.get("data", run.config.get("data", "?"))
+    page = report_page(f"Pretraining run: {method} on {data}", folder)
+    _result_section(page, run)
+    _readout_section(page, run.summary)
+    _training_section(page, run)
+    _representation_section(page, run.summary)
+    _summary_section(page, run.summary)
+    _configuration_section(page, run)
+    return page
+
+
+def _result_section(page: Page, run: RunFiles) -> None:
+    """The headline numbers and whether the encoder beats both baselines; a note if unfinished."""
+    if not run.summary:
+        page.section("Result", page.paragraph("No summary.json yet: the run has not finished its evaluation. "
+                                              "The curves below show its progress so far.", "warning"),
+                     section_id="result")
+        return
+    summary = run.summary
+    parts = [page.cards(_headline_cards(summary, run.config))]
+    if summary.get("beats_baselines") is not None:  # None: a run without baselines
+        parts.append("<p>" + (page.badge("beats both baselines", "good") if summary["beats_baselines"]
+                              else page.badge("does not beat both baselines", "bad"))
+                     + " <span class=\"note\">on the linear probe (test split), same probe for all three.</span></p>")
+    page.section("Result", *parts, section_id="result")
+
+
+def _headline_cards(summary: Dict[str, Any], config: Dict[str, Any]) -> List[Tuple[str, Any, str]]:
+    """``(label, value, note)`` of each headline number the summary has."""
+    cards = []
+    probe = number(summary.get("probe_accuracy"))
+    if probe is not None:
+        base = [f"{label.split()[0]} {fmt(summary.get(prefix + 'probe_accuracy'), 3)}"
+                for label, prefix in BASELINES[1:] if number(summary.get(prefix + "probe_accuracy")) is not None]
+        cards.append(("linear probe accuracy", probe, " · ".join(base) or "no baselines in this run"))
+    if number(summary.get("knn_accuracy")) is not None:
+        cards.append(("kNN accuracy", summary["knn_accuracy"], f"weighted, k = {config.get('knn_k', '?')}"))
+    if number(summary.get("final_loss")) is not None:
+        cards.append(("final training loss", summary["final_loss"], "mean over the last epoch"))
+    if number(summary.get("final_temperature")) is not None:
+        cards.append(("final temperature τ", summary["final_temperature"],
+                      str(summary.get("temperature_schedule") or
+                          ("learnable" if config.get("learnable_temperature") else "fixed"))))
+    if summary.get("epochs") is not None:
+        cards.append(("epochs · steps", f"{summary.get('epochs')} · {summary.get('steps', '?')}", ""))
+    if number(summary.get("train_seconds")) is not None:
+        speed = number(summary.get("images_per_second"))
+        cards.append(("training time (s)", summary["train_seconds"],
+                      f"{speed:.0f} images/s" if speed is not None else ""))
+    return cards
+
+
+def _readout_section(page: Page, summary: Dict[str, Any]) -> None:
+    """Each read-out's test accuracy for the encoder and the baselines, the best per row marked."""
+    rows, best = [], []
+    for label, key in READOUTS:
+        values = [number(summary.get(prefix + key)) for _, prefix in BASELINES]
+        if all(v is None for v in values):
+            continue
+        top = max(v for v in values if v is not None)
+        rows.append([label] + [v if v is not None else None for v in values])
+        best.append([False] + [v is not None and v == top for v in values])
+    if not rows:
+        return
+    parts = [page.table(["read-out (test split)"] + [label for label, _ in BASELINES], rows,
+                        numeric=[False, True, True, True], best=best, digits=3,
+                        caption="Frozen encoder features (h); the linear probe's C is chosen on the "
+                                "validation split. Best per row in green.")]
+    figure = readout_figure(summary)
+    if figure is not None:
+        parts.append(page.figure(figure, "Test accuracy of each read-out.", "bar chart of read-out accuracies"))
+    extra = [(k, summary[k]) for k in ("probe_val_accuracy", "probe_c") if k in summary]
+    if extra:
+        parts.append(page.key_values(extra))
+    page.section("Read-out against the baselines", *parts, section_id="readout")
+
+
+def _training_section(page: Page, run: RunFiles) -> None:
+    """Curves and the per-epoch table from ``metrics.jsonl``."""
+    parts = []
+    figure = training_figure(run.records)
+    if figure is not None:
+        parts.append(page.figure(figure, "Loss, temperature and learning rate over training steps (from metrics.jsonl).",
+                                 "training curves"))
+    elif run.records or run.has_metrics:
+        parts.append(page.paragraph("metrics.jsonl has no step or epoch records yet."))
+    if run.unreadable_lines:
+        parts.append(page.paragraph(f"{run.unreadable_lines} unreadable line(s) in metrics.jsonl were skipped "
+                                    "(an interrupted run can leave a partial last line).", "warning"))
+    epochs = [r for r in run.records if r.get("kind") == "epoch"]
+    figure = geometry_figure(epochs)
+    if figure is not None:
+        parts.append(page.figure(figure, "Representation geometry on the validation split during training "
+                                         "(z: projection, h: encoder output).", "representation metrics over epochs"))
+    if epochs:
+        parts.append("<h3>Per epoch</h3>" + _epoch_table(page, epochs))
+    if parts:
+        page.section("Training", *parts, section_id="training")
+
+
+def _epoch_table(page: Page, epochs: Sequence[Dict[str, Any]]) -> str:
+    """Loss, tau, learning rate (and validation kNN accuracy) of the last epochs."""
+    header = ["epoch", "step", "loss", "τ", "learning rate"]
+    has_val = any(number(r.get("val_knn_accuracy")) is not None for r in epochs)
+    if has_val:
+        header.append("val kNN accuracy")
+    rows = []
+    for r in epochs[-MAX_TABLE_ROWS:]:
+        row = [r.get("epoch"), r.get("step"), number(r.get("loss")), number(r.get("tau")), number(r.get("lr"))]
+        if has_val:
+            row.append(number(r.get("val_knn_accuracy")))
+        rows.append(row)
+    return page.table(header, rows, numeric=[True] * len(header))
+
+
+def _representation_section(page: Page, summary: Dict[str, Any]) -> None:
+    """The representation metrics of each space (z, h) on the test split, and their similarity profile."""
+    representation = summary.get("representation")
+    if not isinstance(representation, dict) or not representation:
+        return
+    spaces = [s for s in ("z", "h") if isinstance(representation.get(s), dict)] or \
+             [s for s, v in representation.items() if isinstance(v, dict)]
+    if not spaces:
+        page.section("Representation", page.key_values(settings_pairs(representation)),
+                     section_id="representation")
+        return
+    rows = []
+    for label, key, meaning in REPRESENTATION_KEYS:
+        values = [number(representation[s].get(key)) for s in spaces]
+        if any(v is not None for v in values):
+            rows.append([label] + values + [meaning])
+    parts = [page.table(["metric (test split)"] + [f"{s}" for s in spaces] + ["meaning"], rows,
+                        numeric=[False] + [True] * len(spaces) + [False],
+                        caption="z: projection (what the loss sees); h: encoder output "
+                                "(what the probe reads).")]
+    figure = profile_figure({s: representation[s] for s in spaces})
+    if figure is not None:
+        parts.append(page.figure(figure, "Positive-pair similarity against the most similar negatives "
+                                         "(Wang & Liu's profile).", "similarity profile"))
+    page.section("Representation", *parts, section_id="representation")
+
+
+def _summary_section(page: Page, summary: Dict[str, Any]) -> None:
+    """Everything else the summary holds, so that no number is hidden."""
+    shown = {prefix + key for _, key in READOUTS for _, prefix in BASELINES} | {
+        "representation", "probe_val_accuracy", "probe_c"}
+    rest = [(k, v) for k, v in sorted(summary.items()) if k not in shown]
+    if rest:
+        page.section(layout.SUMMARY, page.key_values(settings_pairs(dict(rest))), section_id="summary")
+
+
+def _configuration_section(page: Page, run: RunFiles) -> None:
+    """The run's configuration and the values derived from it, side by side."""
+    parts = []
+    if run.config:
+        parts.append("<h3>Configuration</h3>" + page.key_values(settings_pairs(run.config)))
+    if run.derived:
+        parts.append("<h3>Derived</h3>" + page.key_values(settings_pairs(run.derived)))
+    if parts:
+        page.section("Configuration", '<div class="columns">' + "".join(f"<div>{p}</div>" for p in parts) + "</div>",
+                     section_id="configuration")
