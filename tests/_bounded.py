@@ -63,7 +63,7 @@ _CHILD = textwrap.dedent('''
         return list(read_idx(Path(path), ndim).shape)
 
     def load_matrix(path):
-        from contrastkit.commands.explain import load_matrix
+        from contrastkit.commands.explain_input import load_matrix
         return list(load_matrix(path).shape)
 
     def load_checkpoint(path):

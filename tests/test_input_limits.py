@@ -67,7 +67,7 @@ def test_explain_npy_header_claiming_more_than_the_file_holds(worker, tmp_path):
 
 
 def test_explain_still_reads_fortran_npy_and_commented_csv(tmp_path):
-    from contrastkit.commands.explain import load_matrix
+    from contrastkit.commands.explain_input import load_matrix
 
     matrix = np.asfortranarray(np.arange(9.0).reshape(3, 3))
     np.save(tmp_path / "f.npy", matrix)

@@ -20,11 +20,10 @@ import os
 import sys
 from typing import Optional
 
-from .explain_input import DEFAULT_TAU, Request, load_matrix, parse_bias, request_from_args
+from .explain_input import DEFAULT_TAU, Request, parse_bias, request_from_args
 from .explain_output import Printer, print_sigmoid, print_softmax
 
-# load_matrix's owner is explain_input; tests/_bounded.py and tests/test_input_limits.py import it from here.
-__all__ = ["add_arguments", "run", "load_matrix"]
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

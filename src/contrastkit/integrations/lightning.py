@@ -94,9 +94,9 @@ _LOSS_KEYWORDS = frozenset({"temperature", "labels", "distributed", "distributed
 
 def _loss_keywords(loss: Callable[..., Any]) -> frozenset:
     """The keywords of :data:`_LOSS_KEYWORDS` that ``loss`` takes: those its signature (an
-    ``nn.Module``'s ``forward``) names; with ``**kwargs`` all of them, except that a module
-    passing its options through (contrastkit's loss modules) keeps its own temperature and
-    gets the distributed ones only."""
+    ``nn.Module``'s ``forward``) names (contrastkit's loss modules name ``distributed`` and
+    ``distributed_mode`` where they have them, never ``temperature``: they keep their own); a
+    function or module taking ``**kwargs`` gets all of them, a module the distributed ones only."""
     try:
         parameters = list(inspect.signature(loss.forward if isinstance(loss, nn.Module) else loss).parameters.values())
     except (TypeError, ValueError):  # no signature to read (a builtin): pass nothing extra

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from contrastkit import losses
-from contrastkit.losses.sigmoid import SIGLIP_BIAS, SIGLIP_SCALE
+from contrastkit.losses import SIGLIP_BIAS, SIGLIP_TEMPERATURE
 
 from .convirt import DEFAULT_DIM, DEFAULT_TEXT_ENCODER, Convirt, ConvirtModel
 
@@ -30,7 +30,7 @@ class SiglipModel(ConvirtModel):
     """
 
     def __init__(self, encoder: Union[str, nn.Module], in_channels: int, tokenizer: Any, *,
-                 temperature: float = 1.0 / SIGLIP_SCALE, learnable_temperature: bool = True,
+                 temperature: float = SIGLIP_TEMPERATURE, learnable_temperature: bool = True,
                  bias: float = SIGLIP_BIAS, projection_dim: int = DEFAULT_DIM,
                  text_encoder: str = DEFAULT_TEXT_ENCODER, text_width: int = 128, norm: Optional[str] = None) -> None:
         super().__init__(encoder, in_channels, tokenizer, temperature=temperature,
@@ -56,7 +56,7 @@ class Siglip(Convirt):
     name = "siglip"
     cross_rank = True
     weighted = False
-    default_temperature = 1.0 / SIGLIP_SCALE   # SigLIP's t = 1 / tau = 10 (Zhai et al. 2023) ...
+    default_temperature = SIGLIP_TEMPERATURE   # SigLIP's t = 1 / tau = 10 (Zhai et al. 2023) ...
     default_schedule = "learnable"             # ... learnable by default ("constant" fixes it)
 
     def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,
