@@ -220,7 +220,7 @@ def baseline_file(root: "str | os.PathLike[str]", key: str) -> str:
     return os.path.join(os.fspath(root), BASELINES, f"{key}.json")
 
 
-#: ``baseline_cache`` settings: the default root (:func:`default_cache_root`), or none.
+#: ``baseline_cache`` settings: the default root (:func:`~contrastkit.layout.default_cache_root`), or none.
 CACHE_AUTO = "auto"
 CACHE_OFF = "off"
 

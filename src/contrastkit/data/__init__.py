@@ -32,9 +32,10 @@ from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFol
                                         UnreadableImageError, as_streaming, as_streaming_pairs, stream_image_folder,
                                         subset_split, unit_float)
 from contrastkit.data.loading import BUILTIN, load_dataset, load_paired
+from contrastkit.data.paired import PairedDataset, PairedSplit
 from contrastkit.data.views import MODES, ViewMaker, make_views
 
-__all__ = ["load_dataset", "load_paired", "make_views", "Dataset", "Split", "ViewMaker", "MODES", "BUILTIN",
+__all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_views", "Dataset", "Split", "ViewMaker", "MODES", "BUILTIN",
            "download_mnist", "download_cifar10", "ImageFolderDataset", "StreamingDataset", "UnreadableImageError",
            "BadItemError", "CaptionedDataset", "EpochBatchSampler", "stream_image_folder", "as_streaming",
            "as_streaming_pairs", "make_loader", "subset_split",

@@ -61,7 +61,7 @@ def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0,
     Args:
         data: for images, ``"glyphlab"``, ``"digits"`` or a path (:func:`~contrastkit.data.load_dataset`);
             with ``paired``, ``"glyphlab-text"``, ``"digits-text"`` or a ``.csv`` of image, text
-            rows (:func:`~contrastkit.data.load_paired`).
+            rows (``contrastkit.data.load_paired``).
         seed: the generated data sets' seed (real data ignore it).
         workers: DataLoader worker processes the run will use: a folder of class subfolders is
             streamed (only its file index held, :func:`~contrastkit.data.stream_image_folder`)
@@ -174,7 +174,7 @@ def reads_files(split: Any) -> bool:
 def training_views(dataset: Any, mode: str = "augment", device: Union[torch.device, str, None] = None,
                    strength: Optional[float] = None) -> Any:
     """The batch maker of a run's two views: :func:`~contrastkit.data.make_views`, reading a
-    streamed batch's images from the loader (:class:`~contrastkit.data.streaming.StreamedViews`:
+    streamed batch's images from the loader (``contrastkit.data.batches.StreamedViews``:
     the loop hands them over with ``hold``)."""
     from .views import make_views
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 from contrastkit.data.base import Dataset, call_with_options
-
-if TYPE_CHECKING:
-    from contrastkit.data.paired import PairedDataset
+from contrastkit.data.paired import PairedDataset
 
 __all__ = ["BUILTIN", "load_dataset", "load_paired"]
 
@@ -58,12 +56,12 @@ def load_dataset(name_or_path: Union[str, os.PathLike], seed: int = 0, **options
     return call_with_options(load_path, str(path), options, path=path)
 
 
-def load_paired(name_or_path: Union[str, os.PathLike], seed: int = 0, **options: Any) -> "PairedDataset":
+def load_paired(name_or_path: Union[str, os.PathLike], seed: int = 0, **options: Any) -> PairedDataset:
     """Load paired image-text data: ``"glyphlab-text"``, ``"digits-text"`` or a ``.csv`` path.
 
     ``seed`` drives the generated texts (and GlyphLab's scenes); ``options`` go to the loader
-    (:func:`~contrastkit.data.paired_texts.load_glyphlab_text`,
-    :func:`~contrastkit.data.paired_texts.load_digits_text`, :func:`~contrastkit.data.paired_csv.load_pair_csv`).
+    (``contrastkit.data.paired_texts.load_glyphlab_text``, ``load_digits_text``,
+    ``contrastkit.data.paired_csv.load_pair_csv``).
 
     Raises:
         FileNotFoundError: the CSV or an image it names does not exist.

@@ -16,7 +16,7 @@ run wherever the data carry labels (:mod:`contrastkit.metrics.readout`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -25,9 +25,7 @@ from contrastkit import layout
 from contrastkit.data import DataSplits, open_data
 
 from .accumulation import cached_gradient_loss
-
-if TYPE_CHECKING:
-    from .config import PretrainConfig
+from .config import PretrainConfig
 
 __all__ = ["Method", "EvalContext", "Batch", "across_ranks"]
 
@@ -45,7 +43,7 @@ class EvalContext:
     dataset: DataSplits
     batches: Callable[[Any, Tensor], Batch]
     device: torch.device
-    config: "PretrainConfig"
+    config: PretrainConfig
     batch_size: int
 
 
@@ -63,7 +61,7 @@ class Method:
     """
 
     # -- configuration ------------------------------------------------------------------
-    def complete(self, config: "PretrainConfig") -> None:
+    def complete(self, config: PretrainConfig) -> None:
         """Check and fill in, in place, the fields of ``config`` that are this method's own
         (called by :meth:`PretrainConfig.resolved() <contrastkit.methods.config.PretrainConfig.resolved>`
         before the generic defaults). By default a method takes two views of images: the
@@ -90,7 +88,7 @@ class Method:
     cached_gradients: ClassVar[bool] = False
 
     # -- data ---------------------------------------------------------------------------
-    def load_data(self, config: "PretrainConfig") -> DataSplits:
+    def load_data(self, config: PretrainConfig) -> DataSplits:
         """The data set ``config.data`` (train / val / test splits) as this method reads it:
         :func:`~contrastkit.data.open_data` (images with labels, or image-text pairs when the
         method is :attr:`paired`; streamed or held as ``data`` decides)."""
@@ -108,13 +106,13 @@ class Method:
     def save_run_files(self, model: nn.Module, folder: layout.RunFolder) -> None:
         """Write the method's own files into the run folder (once, on rank 0)."""
 
-    def batches(self, dataset: DataSplits, config: "PretrainConfig", device: torch.device,
+    def batches(self, dataset: DataSplits, config: PretrainConfig, device: torch.device,
                 tokenizer: Any = None) -> Callable[[Any, Tensor], Batch]:
         """The batch maker: ``batches(split, indices)`` -> a training batch on ``device``."""
         raise NotImplementedError
 
     # -- model and loss -----------------------------------------------------------------
-    def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,
+    def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None, *,
                     encoder: Optional[nn.Module] = None) -> nn.Module:
         """The model at its initialisation (the caller seeds the RNG). ``encoder``: the image
         encoder to build it on, already checked (with ``out_dim``; see

@@ -274,9 +274,9 @@ def evaluate_convirt(model: ConvirtModel, dataset: DataSplits, device: torch.dev
 class Convirt(Method):
     """ConVIRT (Zhang et al. 2020; the ConVIRT tutorial) on image-text pairs, trained as a
     :class:`ConvirtModel`: a batch is images and the token ids of their texts
-    (:class:`PairedBatches`), the loss :func:`~contrastkit.losses.bidirectional_info_nce`
+    (``PairedBatches`` of this module), the loss :func:`~contrastkit.losses.bidirectional_info_nce`
     weighted by ``lambda``, the numbers retrieval and zero-shot classification
-    (:func:`evaluate_convirt`)."""
+    (``evaluate_convirt`` of this module)."""
 
     name = "convirt"
     paired = True

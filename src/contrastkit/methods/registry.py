@@ -9,26 +9,21 @@ The registry knows no method itself: each method registers its own object (the b
         default_temperature = 0.2
         def objective(self, model, embeddings, labels): ...
 
-Standard library only (and the type of :class:`~contrastkit.methods.base.Method`), so that the
-run's configuration may ask it without importing any method.
+Standard library only, so that the run's configuration may ask it without importing any method
+(the registry holds :class:`~contrastkit.methods.Method` objects; it needs nothing of them but
+their ``name``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Tuple, Type, TypeVar, Union
-
-if TYPE_CHECKING:
-    from .base import Method
+from typing import Any, Dict, Tuple
 
 __all__ = ["METHOD_REGISTRY", "register_method", "unregister_method", "get_method", "method_names"]
 
 #: Every registered method by name, in the order of registration.
-METHOD_REGISTRY: Dict[str, "Method"] = {}
+METHOD_REGISTRY: Dict[str, Any] = {}
 
-M = TypeVar("M")
-
-
-def register_method(method: Union[Type[M], M]) -> Union[Type[M], M]:
+def register_method(method: Any) -> Any:
     """Register a method class (instantiated with no arguments) or object under its ``name``;
     usable as a class decorator. A name registered twice is a ``ValueError``: one method owns
     each name."""
@@ -52,8 +47,8 @@ def method_names() -> Tuple[str, ...]:
     return tuple(METHOD_REGISTRY)
 
 
-def get_method(name: str) -> "Method":
-    """The registered method called ``name``; an unknown name is a ``ValueError`` listing them."""
+def get_method(name: str) -> Any:
+    """The registered :class:`~contrastkit.methods.Method` called ``name``; an unknown name is a ``ValueError`` listing them."""
     if not isinstance(name, str) or name not in METHOD_REGISTRY:
         raise ValueError(f"method must be one of {method_names()}, got {name!r}")
     return METHOD_REGISTRY[name]

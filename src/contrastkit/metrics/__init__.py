@@ -4,6 +4,8 @@
 * Representation geometry: alignment, uniformity, tolerance, positive vs nearest-negative
   similarity, penalty entropy, effective rank (:mod:`contrastkit.metrics.representation`;
   pure torch, chunked so large evaluation sets fit in memory).
+* The read-out protocol of an encoder on a labelled data set, with its raw-pixel and
+  random-init baselines (:mod:`contrastkit.metrics.readout`).
 """
 
 from .probe import DEFAULT_C_GRID, PROBE_MAX_ITER, PROBE_TOLERANCE, ProbeResult, knn_accuracy, knn_predict, linear_probe
@@ -17,9 +19,11 @@ from .representation import (
     tolerance,
     uniformity,
 )
+from .readout import BaselineStore, evaluate_encoders, evaluate_features, extract_features, pixel_features
 
 __all__ = [
     "DEFAULT_C_GRID", "PROBE_TOLERANCE", "PROBE_MAX_ITER", "ProbeResult", "knn_accuracy", "knn_predict", "linear_probe",
     "alignment", "uniformity", "tolerance", "similarity_profile", "SimilarityProfile",
     "penalty_entropy", "effective_rank", "representation_metrics",
+    "extract_features", "pixel_features", "evaluate_features", "evaluate_encoders", "BaselineStore",
 ]

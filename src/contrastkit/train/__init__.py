@@ -1,9 +1,11 @@
 """The trainer: :func:`pretrain` (train + evaluate, writes a run folder), :func:`evaluate_run`
 (re-evaluate a run folder's checkpoint), checkpoints, run folders, loggers and the baseline
 cache. It builds on the library of methods (:mod:`contrastkit.methods`: the methods, models,
-configuration, accumulation and optimizer), which imports nothing of it; :class:`PretrainConfig`,
-:class:`Method`, :func:`get_method` and :func:`cached_gradient_loss` are handed on here for the
-scripts that train. The epoch a run reports is picked on val (:class:`EpochSelection`,
+configuration, accumulation and optimizer) and the read-out (:mod:`contrastkit.metrics.readout`),
+which import nothing of it; their names that scripts train with
+(:class:`~contrastkit.methods.PretrainConfig`, :class:`~contrastkit.methods.Method`,
+:func:`~contrastkit.methods.get_method`, :func:`~contrastkit.methods.cached_gradient_loss`, ...)
+are handed on here too, so that ``from contrastkit.train import PretrainConfig, pretrain`` works. The epoch a run reports is picked on val (:class:`EpochSelection`,
 :func:`selected_numbers`).
 """
 
@@ -16,7 +18,5 @@ from .evaluate import evaluate_run
 from .loop import pretrain
 from .selection import EpochSelection, selected_numbers
 
-__all__ = ["PretrainConfig", "ContrastiveModel", "pretrain", "warmup_cosine", "Method", "TwoViewMethod",
-           "EvalContext", "METHOD_REGISTRY", "get_method", "register_method", "evaluate_run", "evaluate_encoders",
-           "evaluate_features", "extract_features", "cached_gradient_loss", "average_gradients", "EpochSelection",
-           "selected_numbers", "build_optimizer", "build_lr_scheduler"]
+# The trainer's own names; the library's handed on above are documented where they live.
+__all__ = ["pretrain", "evaluate_run", "EpochSelection", "selected_numbers"]

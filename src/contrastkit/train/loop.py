@@ -182,7 +182,7 @@ def pretrain(
         force: start over in a non-empty ``config.out`` (deletes the files a run writes).
         progress: show the rich progress bar; ``None`` means "if stderr is a terminal".
         dataset, views: an already loaded data set and batch maker (by default the method's
-            :meth:`~contrastkit.train.methods.Method.load_data` / ``batches``:
+            :meth:`~contrastkit.methods.Method.load_data` / ``batches``:
             ``contrastkit.data.load_dataset`` / ``make_views`` from the config for the
             two-view methods). ``dataset`` may also be any map-style
             ``torch.utils.data.Dataset`` of ``(image, label)`` (val and test are carved out of
