@@ -41,8 +41,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from contrastkit.data import load_dataset, make_views  # noqa: E402
 from contrastkit.train import PretrainConfig  # noqa: E402
-from contrastkit.metrics import readout as evaluate_module  # noqa: E402
+from contrastkit.metrics import readout as readout_module  # noqa: E402
 from contrastkit.methods.geometry import geometry  # noqa: E402
+from contrastkit.train import baselines as baselines_module  # noqa: E402
 from contrastkit.train.baselines import BaselineCache  # noqa: E402
 from contrastkit.methods import build_model  # noqa: E402
 
@@ -87,14 +88,17 @@ def timed_parts(times: Dict[str, float]) -> Iterator[None]:
                 times[f"{name}_cpu"] += time.process_time() - cpu_started
         return timed
 
-    for name in ("extract_features", "linear_probe", "knn_accuracy", "data_digest", "encoder_digest"):
-        originals[name] = getattr(evaluate_module, name)
-        setattr(evaluate_module, name, wrap(name, originals[name]))
+    # Each stage where the read-out (or the baseline cache, for the digests) looks it up.
+    stages = {"extract_features": readout_module, "linear_probe": readout_module, "knn_accuracy": readout_module,
+              "data_digest": baselines_module, "encoder_digest": baselines_module}
+    for name, module in stages.items():
+        originals[name] = getattr(module, name)
+        setattr(module, name, wrap(name, originals[name]))
     try:
         yield
     finally:
         for name, function in originals.items():
-            setattr(evaluate_module, name, function)
+            setattr(stages[name], name, function)
 
 
 def readout_seconds(config: PretrainConfig, dataset: Any, cache: BaselineCache) -> Dict[str, Any]:
@@ -107,9 +111,11 @@ def readout_seconds(config: PretrainConfig, dataset: Any, cache: BaselineCache) 
     device = torch.device("cpu")
     started, cpu_started = time.perf_counter(), time.process_time()
     with timed_parts(times):
-        numbers = evaluate_module.evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline,
-                                                    raw_pixels=True, knn_k=config.knn_k,
-                                                    knn_temperature=config.knn_temperature, cache=cache)
+        numbers = readout_module.evaluate_encoders(
+            dataset, model.encoder, device, baseline_encoder=baseline, raw_pixels=True, knn_k=config.knn_k,
+            knn_temperature=config.knn_temperature,
+            baselines=cache.for_data(dataset, knn_k=config.knn_k, knn_temperature=config.knn_temperature,
+                                     device=device))
     geometry_started, geometry_cpu = time.perf_counter(), time.process_time()
     numbers["representation"] = geometry(model, dataset.test, views, device, batch_size=config.batch_size,
                                          temperature=config.temperature, seed=config.seed)

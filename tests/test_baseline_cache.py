@@ -9,7 +9,7 @@ import torch
 
 from contrastkit import layout
 from contrastkit.cli import main
-from contrastkit.metrics import readout as evaluate_module
+from contrastkit.metrics import readout as readout_module
 from contrastkit.train import PretrainConfig, evaluate_run, pretrain
 from contrastkit.train.baselines import BaselineCache, data_digest, encoder_digest
 from contrastkit.methods import load_data
@@ -25,13 +25,13 @@ BASELINE_KEYS = ("random_init_probe_accuracy", "random_init_probe_val_accuracy",
 def read_outs(monkeypatch):
     """How many feature sets were read out (probe + kNN) since the test began."""
     calls = []
-    original = evaluate_module.evaluate_features
+    original = readout_module.evaluate_features
 
     def counted(*args, **kwargs):
         calls.append(args[0].shape)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(evaluate_module, "evaluate_features", counted)
+    monkeypatch.setattr(readout_module, "evaluate_features", counted)
     return calls
 
 
