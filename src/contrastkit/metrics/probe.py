@@ -39,7 +39,7 @@ KNN_BLOCK = 1024
 #: are fewer images than features: on GlyphLab's raw pixels (120 x 1,024) the weakly
 #: regularised fits stopped at 1e-4 or 1e-5 short of the optimum, val then picked C = 100 and
 #: the test accuracy was 0.027 / 0.013 off the converged one; at 1e-6 it is the converged
-#: (scikit-learn, tol 1e-10) number, and 1e-8 changes nothing (tests/test_readout_equivalence.py).
+#: (scikit-learn, tol 1e-10) number, and 1e-8 changes nothing (tests/metrics/test_readout_equivalence.py).
 PROBE_TOLERANCE = 1e-6
 #: L-BFGS iterations per fit (a fit that stops there is still a valid read-out, as in scikit-learn).
 PROBE_MAX_ITER = 2000

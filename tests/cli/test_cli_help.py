@@ -10,7 +10,7 @@ import pytest
 
 from contrastkit.cli import COMMANDS, main
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 # ``literal``, `interpreted`, :func:`role` / :class:... and the internal document's name
 MARKUP = re.compile(r"``|`[^`\s][^`]*`|:[a-z]+:`|\bSPEC\b")
 

@@ -16,7 +16,7 @@ from torch import nn
 from contrastkit import losses
 from contrastkit.losses import MIN_TEMPERATURE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HAS_LIGHTNING = importlib.util.find_spec("lightning") is not None
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec")  # inside Lightning 2.6
 needs_lightning = pytest.mark.skipif(not HAS_LIGHTNING,

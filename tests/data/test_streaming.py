@@ -20,7 +20,7 @@ from contrastkit.train import PretrainConfig, evaluate_run, extract_features, pr
 
 # The real-data folder lives next to the project (``../shared/data`` from its root, or higher up
 # for a checkout in a subfolder); the test skips when it is absent.
-CIFAR_TARBALL = next((str(p / "shared" / "data" / "cifar10-jpeg.tar.gz") for p in Path(__file__).resolve().parents[1:4]
+CIFAR_TARBALL = next((str(p / "shared" / "data" / "cifar10-jpeg.tar.gz") for p in Path(__file__).resolve().parents[2:5]
                       if (p / "shared" / "data" / "cifar10-jpeg.tar.gz").is_file()), "")
 
 

@@ -13,7 +13,7 @@ from contrastkit.studies import CONVIRT_ABLATION, EXPERIMENTS, POSITIVE_PAIRS, S
 from contrastkit.studies.stats import binomial_standard_error, standard_error
 from contrastkit.train import PretrainConfig
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "contrastkit"
+SRC = Path(__file__).resolve().parents[2] / "src" / "contrastkit"
 
 
 def test_registry():

@@ -18,7 +18,7 @@ import pytest
 from contrastkit.analysis import explain
 from contrastkit.report.explorer import PRESETS, ExplorerServer, write_explorer
 
-ARTIFACTS = Path(os.environ.get("CONTRASTKIT_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
+ARTIFACTS = Path(os.environ.get("CONTRASTKIT_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # Fields shown with a fixed number of decimals (the page's display precision).

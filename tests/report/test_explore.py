@@ -15,7 +15,7 @@ import pytest
 from contrastkit.cli import main
 from contrastkit.report.explorer import PRESETS, ExplorerServer, explorer_html, is_explorer_page, write_explorer
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 SVG_NAMESPACE = "http://www.w3.org/2000/svg"  # an XML name, never fetched
 
 

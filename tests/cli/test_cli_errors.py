@@ -14,7 +14,7 @@ from contrastkit.cli import main
 from contrastkit.commands.errors import is_user_error, raised_by_contrastkit
 from contrastkit.commands.explain_output import fmt
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def explain_sigmoid_with_a_text_bias(args):

@@ -22,7 +22,7 @@ from contrastkit.train import loop as loop_module
 from contrastkit.metrics.readout import evaluate_encoders
 from contrastkit.train.selection import EpochSelection, selected_numbers
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The project's real data live in shared/data next to (or inside) the checkout; an environment
 # variable may point elsewhere.
 CIFAR_TARBALL = next((path for path in (os.environ.get("CONTRASTKIT_CIFAR10_TARBALL", ""),

@@ -417,7 +417,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
 def test_tiled_path_never_allocates_the_full_matrix():
     """Under an address-space limit 160 MiB above the process size, the tiled loss and all its
     gradients run at N = 8192 pairs, while the dense path (256 MiB of logits) fails."""
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True, text=True, env=env,
                          timeout=300)

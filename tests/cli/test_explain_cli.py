@@ -16,7 +16,7 @@ import pytest
 from contrastkit.analysis import explain, sweep
 from contrastkit.cli import main
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 SPEC3 = [[0.879, -0.06, -0.06, -0.06], [-0.06, 0.879, -0.06, -0.06],
          [-0.06, -0.06, 0.879, 0.724], [-0.06, -0.06, 0.724, 0.879]]
 

@@ -167,7 +167,7 @@ def test_help_names_the_default_bias_without_loading_torch():
     import sys
     from pathlib import Path
 
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     script = ("import sys; from contrastkit.cli import main\n"
               "try:\n    main(['explain', '--help'])\nexcept SystemExit:\n    pass\n"
               "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
