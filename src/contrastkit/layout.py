@@ -58,6 +58,7 @@ __all__ = [
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT",
     "ACCURACY_PLOT", "UNIFORMITY_PLOT", "TOLERANCE_PLOT", "UNIFORMITY_TOLERANCE_PLOT", "SIMILARITY_PROFILE_PLOT",
     "CACHE_ENV", "BASELINES", "default_cache_root", "baseline_file", "CACHE_AUTO", "CACHE_OFF", "check_cache_setting",
+    "read_run_record",
 ]
 
 #: Where the commands put their output folders by default (``runs/pretrain``, ``runs/sweep``...).
@@ -231,3 +232,18 @@ def check_cache_setting(setting: object) -> str:
     if not isinstance(setting, str) or not setting:
         raise ValueError(f"baseline_cache must be '{CACHE_AUTO}', '{CACHE_OFF}' or a folder, got {setting!r}")
     return setting if setting in (CACHE_AUTO, CACHE_OFF) else os.path.abspath(setting)
+
+
+def read_run_record(folder: "str | os.PathLike[str]") -> Dict[str, object]:
+    """``folder/config.json`` as the run wrote it (``{"config": {...}, "derived": {...}}``): the
+    one reader of that file. A missing file is ``FileNotFoundError``, a file that is not a JSON
+    object ``ValueError``, each naming it."""
+    from contrastkit._io import read_json
+
+    path = RunFolder(folder).config
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} is missing: is {os.fspath(folder)} a `contrastkit pretrain` output?")
+    stored = read_json(path)
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return stored

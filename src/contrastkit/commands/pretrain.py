@@ -135,9 +135,9 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
     if args.resume:
         out = given.get("out", base["out"])
         if os.path.isfile(layout.RunFolder(out).config):
-            from contrastkit.train.runs import read_run_record
+            from contrastkit.train.runs import read_run_config
 
-            base.update(read_run_record(out)["config"])
+            base.update(read_run_config(out).to_dict())
     base.update(given)
     return PretrainConfig.from_dict(base)
 

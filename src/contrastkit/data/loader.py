@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
 
+from contrastkit.data.base import check_positive_int
 from contrastkit.data.streaming import BadItemError, in_memory
 
 __all__ = ["EpochBatchSampler", "make_loader", "read_images"]
@@ -135,8 +136,7 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
         workers = 0  # nothing to decode
     else:
         dataset = _WithIndex(split)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+    check_positive_int(workers, "workers", 0)
     # Held images are indexed where they lie: only decoded items are worth pinning.
     options: Dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory and not in_memory(split),
                                    generator=torch.Generator().manual_seed(seed))

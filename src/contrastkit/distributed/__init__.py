@@ -15,6 +15,7 @@ from .gather import (
     get_rank,
     get_world_size,
     is_active,
+    rank_seed,
     resolve_group,
 )
 from .queue import KeyQueue
@@ -31,6 +32,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "is_active",
+    "rank_seed",
     "resolve_group",
     "shuffle_across_ranks",
 ]

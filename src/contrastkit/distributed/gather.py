@@ -37,6 +37,8 @@ __all__ = [
     "DistributedArg",
     "RowLayout",
     "resolve_group",
+    "rank_seed",
+    "RANK_SEED_STRIDE",
     "is_active",
     "get_rank",
     "get_world_size",
@@ -86,6 +88,16 @@ def resolve_group(distributed: DistributedArg, name: str = "distributed") -> Opt
         return distributed
     raise TypeError(f"{name} must be False, True or a torch.distributed.ProcessGroup, "
                     f"got {type(distributed).__name__}")
+
+
+#: Added, times the rank, to the seed each rank's random stream starts from, so that the ranks of
+#: one run draw different views (``contrastkit pretrain`` and the Lightning module alike).
+RANK_SEED_STRIDE = 1_000_003
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s own random stream in a run seeded with ``seed``."""
+    return int(seed) + RANK_SEED_STRIDE * int(rank)
 
 
 def get_rank(group: Optional["dist.ProcessGroup"] = None) -> int:

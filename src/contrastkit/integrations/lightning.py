@@ -64,7 +64,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from contrastkit.data import unit_float
-from contrastkit.data import as_data, item_dataset, reads_files
+from contrastkit.data import as_data, check_positive_int, item_dataset, reads_files
+from contrastkit.distributed import rank_seed
 from contrastkit.methods import (MoCo, PretrainConfig, TwoViewMethod, build_lr_scheduler, build_model, build_optimizer,
                                  get_method, load_data)
 
@@ -73,9 +74,6 @@ __all__ = ["ContrastiveModule", "ContrastiveDataModule"]
 #: A loss on the two views' embeddings: ``loss(z_a, z_b, **keywords) -> Tensor``.
 LossFunction = Callable[..., Tensor]
 
-# Added to the seed each rank's view RNG starts from, so that ranks draw different views
-# (contrastkit pretrain offsets its ranks the same way).
-_RANK_SEED_STRIDE = 1_000_003
 
 
 def _data_set(data: Any) -> Any:
@@ -247,7 +245,7 @@ class ContrastiveModule(lightning.LightningModule):
     def on_train_start(self) -> None:
         # Each rank draws its own views (the ranks were seeded alike, e.g. by seed_everything).
         if self.model.distributed:
-            torch.manual_seed(torch.initial_seed() + _RANK_SEED_STRIDE * self.global_rank)
+            torch.manual_seed(rank_seed(torch.initial_seed(), self.global_rank))
 
     def configure_optimizers(self) -> Dict[str, Any]:
         """:func:`~contrastkit.methods.build_optimizer` and the per-step
@@ -328,11 +326,8 @@ class ContrastiveDataModule(lightning.LightningDataModule):
     def __init__(self, dataset: Any, *, batch_size: int = 60, workers: int = 0, shuffle: bool = True,
                  seed: int = 0) -> None:
         super().__init__()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 2:
-            raise ValueError(f"batch_size must be an integer >= 2 (a contrastive batch needs negatives), got "
-                             f"{batch_size!r}")
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+        check_positive_int(batch_size, "batch_size", 2)  # a contrastive batch needs negatives
+        check_positive_int(workers, "workers", 0)
         self.dataset = as_data(dataset)
         if hasattr(self.dataset.train, "texts"):
             raise ValueError("ContrastiveDataModule loads images with labels; image-text pairs train with "

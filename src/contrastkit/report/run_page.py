@@ -37,7 +37,7 @@ def read_run(folder: Path) -> RunFiles:
     """Read the run's summary, configuration and metrics; ValueError if a JSON file holds no object."""
     run = layout.RunFolder(folder)
     summary = read_json(run.summary) if os.path.isfile(run.summary) else None
-    stored = read_json(run.config) if os.path.isfile(run.config) else None
+    stored = layout.read_run_record(folder) if os.path.isfile(run.config) else None
     records, bad_lines = read_metrics(Path(run.metrics)) if os.path.isfile(run.metrics) else ([], 0)
     if summary is not None and not isinstance(summary, dict):
         raise ValueError(f"{folder / layout.SUMMARY} must hold a JSON object")

@@ -39,7 +39,7 @@ from contrastkit import __version__, layout
 from contrastkit._io import write_json
 from contrastkit.manifest import Manifest, file_sha256
 
-from contrastkit.data import image_batches
+from contrastkit.data import check_positive_int, image_batches
 from contrastkit.metrics.readout import extract_features
 
 from .runs import load_run
@@ -92,10 +92,9 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
-        raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+    check_positive_int(batch_size, "batch_size")
+    if workers is not None:
+        check_positive_int(workers, "workers", 0)
     files = layout.embedding_files(out, projection)
     _check_targets(files, force)
     saved = load_run(run_dir, checkpoint=checkpoint)

@@ -37,6 +37,7 @@ from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
 from contrastkit.data import DataSplits, EpochBatchSampler, as_data, data_record, make_loader
+from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
                                  warmup_cosine)
@@ -344,7 +345,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     if parallel.active:
         model.distributed = True
         step_loss = torch.nn.parallel.DistributedDataParallel(step_loss)
-        torch.manual_seed(config.seed + 1_000_003 * parallel.rank)  # different views on each rank
+        torch.manual_seed(rank_seed(config.seed, parallel.rank))  # different views on each rank
     optimizer = build_optimizer(model, config)
     steps_per_epoch = n_train // batch_size  # the last partial batch is dropped (fixed batch size)
     rank_batch = batch_size // parallel.world_size

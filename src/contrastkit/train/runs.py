@@ -1,9 +1,9 @@
-"""A run folder read back: the one reader of a run's ``config.json`` and checkpoint
-(``contrastkit probe``, ``embed``, ``pretrain --resume`` and the report read runs through it)."""
+"""A run folder read back: its configuration and a checkpoint (``contrastkit probe``, ``embed``
+and ``pretrain --resume`` read runs through it; ``config.json`` itself is read by
+:func:`contrastkit.layout.read_run_record`)."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional, Tuple
@@ -12,38 +12,24 @@ import torch
 from torch import nn
 
 from contrastkit import layout
-from contrastkit._io import read_json
 from contrastkit.data import DataSplits
 from contrastkit.methods import PretrainConfig, build_model, get_method, load_data
 
 from .checkpoint import load_checkpoint
 
-__all__ = ["read_run_record", "read_run_config", "SavedRun", "load_run"]
-
-
-def read_run_record(run_dir: str) -> Dict[str, Any]:
-    """``run_dir/config.json`` as written: ``{"config": {...}, "derived": {...}}``; a file that
-    is not such a record is a ``ValueError`` naming it, a missing one ``FileNotFoundError``."""
-    path = layout.RunFolder(run_dir).config
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} is missing: is {run_dir} a `contrastkit pretrain` output?")
-    try:
-        stored = read_json(path)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"{path} is not a valid run configuration: {err}") from None
-    if not isinstance(stored, dict) or not isinstance(stored.get("config"), dict):
-        raise ValueError(f"{path} is not a valid run configuration: it holds no 'config' object")
-    return stored
+__all__ = ["read_run_config", "SavedRun", "load_run"]
 
 
 def read_run_config(run_dir: str, record: Optional[Dict[str, Any]] = None) -> PretrainConfig:
     """The configuration recorded in ``run_dir/config.json`` (``record``: that file as
-    :func:`read_run_record` returned it, not read again)."""
-    stored = read_run_record(run_dir) if record is None else record
+    :func:`contrastkit.layout.read_run_record` returned it, not read again); a file that holds
+    no valid configuration is a ``ValueError`` naming it."""
+    path = layout.RunFolder(run_dir).config
     try:
+        stored = layout.read_run_record(run_dir) if record is None else record
         return PretrainConfig.from_dict(stored["config"])
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{layout.RunFolder(run_dir).config} is not a valid run configuration: {err}") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path} is not a valid run configuration: {err}") from None
 
 
 @dataclass
@@ -92,8 +78,8 @@ def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"run folder {run_dir} does not exist")
     config_path = layout.RunFolder(run_dir).config
-    stored = read_run_record(run_dir)
-    config = read_run_config(run_dir, stored)
+    config = read_run_config(run_dir)
+    stored = layout.read_run_record(run_dir)
     path = checkpoint or layout.RunFolder(run_dir).last_checkpoint
     state = load_checkpoint(path)
     # Compared as configurations, so that a field added since the run was written (at its default) matches.
