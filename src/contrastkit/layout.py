@@ -14,6 +14,7 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/tokenizer.json       paired (image-text) runs only
     RUN/probe.json           ``contrastkit probe RUN`` re-evaluation
     RUN/report.html          ``contrastkit report`` / written after a run
+    RUN/skipped.txt          the damaged files an unlabeled collection's run skipped
     RUN/contrastkit-manifest.json   every file above that contrastkit wrote (see below)
 
 An *embedding export* (``contrastkit embed RUN --out FILE``)::
@@ -52,7 +53,7 @@ from typing import Dict, Tuple
 __all__ = [
     "DEFAULT_ROOT", "MANIFEST", "RUN_FILES", "CHECKPOINT_FILES",
     "CONFIG", "CONFIG_FILE", "METRICS", "METRICS_CSV", "TENSORBOARD", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT",
-    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "TOKENIZER", "PROBE", "REPORT",
+    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "TOKENIZER", "PROBE", "REPORT", "SKIPPED",
     "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EMBEDDINGS_MARKER", "embedding_files",
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT",
@@ -79,10 +80,12 @@ DIGEST_SUFFIX = ".sha256"
 TOKENIZER = "tokenizer.json"
 PROBE = "probe.json"
 REPORT = "report.html"
+#: The damaged files an unlabeled collection's run skipped, one ``path<TAB>reason`` a line.
+SKIPPED = "skipped.txt"
 
 #: What ``pretrain`` writes in its folder (``--force`` removes those of them its manifest lists).
 RUN_OUTPUTS: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, TENSORBOARD, SUMMARY, CHECKPOINTS,
-                                TOKENIZER, REPORT)
+                                TOKENIZER, REPORT, SKIPPED)
 #: Any of these marks a folder as a run folder.
 RUN_MARKERS: Tuple[str, ...] = (SUMMARY, METRICS, CONFIG)
 
@@ -95,7 +98,8 @@ MANIFEST = "contrastkit-manifest.json"
 #: their SHA-256 files.
 CHECKPOINT_FILES: Tuple[str, ...] = tuple(f"{CHECKPOINTS}/{name}{suffix}" for name in (LAST_CHECKPOINT, PREVIOUS_CHECKPOINT)
                                           for suffix in ("", DIGEST_SUFFIX))
-RUN_FILES: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, SUMMARY) + CHECKPOINT_FILES + (TOKENIZER, REPORT)
+RUN_FILES: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, SUMMARY) + CHECKPOINT_FILES + (TOKENIZER, REPORT,
+                                                                                                   SKIPPED)
 # ------------------------------------------------------------------------------ (manifests end)
 
 
@@ -155,6 +159,10 @@ class RunFolder:
     @property
     def report(self) -> str:
         return self._path(REPORT)
+
+    @property
+    def skipped(self) -> str:
+        return self._path(SKIPPED)
 
     def __repr__(self) -> str:
         return f"RunFolder({self.root!r})"

@@ -224,10 +224,14 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
     table.add_column("pretrained", justify="right")
     table.add_column("random init", justify="right")
     table.add_column("raw pixels", justify="right")
-    table.add_row("linear probe accuracy", _fmt(summary.get("probe_accuracy")),
-                  _fmt(summary.get("random_init_probe_accuracy")), _fmt(summary.get("raw_pixel_probe_accuracy")))
-    table.add_row("kNN accuracy (k=20)", _fmt(summary.get("knn_accuracy")),
-                  _fmt(summary.get("random_init_knn_accuracy")), _fmt(summary.get("raw_pixel_knn_accuracy")))
+    rows = [("linear probe accuracy", "probe_accuracy"), ("kNN accuracy (k=20)", "knn_accuracy")]
+    if "view_retrieval_top1" in summary:  # an unlabeled collection: the label-free read-out first
+        rows = [("view retrieval top-1", "view_retrieval_top1"), ("view retrieval top-5", "view_retrieval_top5"),
+                ("alignment (lower better)", "alignment"), ("uniformity (lower better)", "uniformity"),
+                ("effective rank", "effective_rank"), ("held-out loss", "heldout_loss")] + \
+            (rows if "probe_accuracy" in summary else [])
+    for label, key in rows:
+        table.add_row(label, *(_fmt(summary.get(prefix + key)) for prefix in ("", "random_init_", "raw_pixel_")))
     console = Console()
     console.print(table)
     if "retrieval_i2t_recall@1" in summary:  # convirt

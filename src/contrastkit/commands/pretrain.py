@@ -36,6 +36,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                      f"or a .csv of image,text rows (default {d.data})")
     add("--data-option", action="append", default=None, metavar="KEY=VALUE",
         help="loader option, repeatable, e.g. train_scenes=480 for glyphlab (VALUE parsed as JSON if it can be)")
+    add("--unlabeled", action="store_true", default=None,
+        help="read --data as an unlabeled image collection even if it has class subfolders (a flat or nested "
+             "folder without class structure, or a .txt/.csv list of image paths, is one anyway)")
+    add("--bad-files", choices=("skip", "fail"), default=None,
+        help="unlabeled collections: a damaged image file is skipped and named in OUT/skipped.txt (skip, the "
+             "default) or stops the run (fail)")
+    add("--image-size", type=int, default=None, metavar="S",
+        help="unlabeled collections: images are resized (shorter side to S) and centre-cropped to SxS (default 32); "
+             "the data option size=S")
+    add("--eval-data", default=None, metavar="DATA",
+        help="a labelled data set (class folders, ...) on which the encoder trained on unlabeled --data is judged "
+             "by the linear probe and kNN, next to the label-free read-out")
     add("--train-limit", type=int, default=None, metavar="N",
         help="train on a class-stratified subset of N training images (default: all)")
     add("--val-limit", type=int, default=None, metavar="N", help="a stratified subset of N val images (default: all)")
@@ -126,6 +138,8 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
     given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name, None) is not None}
     if args.data_option is not None:
         given["data_options"] = parse_data_options(args.data_option)
+    if args.image_size is not None:
+        given["data_options"] = {**given.get("data_options", {}), "size": args.image_size}
     loggers = parse_names(args.logger, "--logger", LOGGER_NAMES)
     if loggers is not None:
         given["loggers"] = loggers

@@ -23,7 +23,8 @@ from __future__ import annotations
 from contrastkit.data.base import (Dataset, Split, call_with_options, check_positive_int, stratified_subset,
                                    stratified_subset_indices)
 from contrastkit.data.batches import PairedImages
-from contrastkit.data.contract import (DataSplit, DataSplits, as_data, data_record, image_batches,
+from contrastkit.data.collection import CollectionDataset, ImageCollection, open_collection, skipped_files
+from contrastkit.data.contract import (DataSplit, DataSplits, as_data, data_record, image_batches, indexed_image_batches,
                                        item_dataset, limit_split, limit_splits, open_data, reads_files,
                                        training_views)
 from contrastkit.data.download import download_cifar10, download_mnist
@@ -41,4 +42,5 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "as_streaming_pairs", "make_loader", "subset_split",
            "stratified_subset", "stratified_subset_indices", "DataSplit", "DataSplits", "open_data", "as_data",
            "image_batches", "limit_split", "limit_splits", "item_dataset", "reads_files", "training_views",
-           "PairedImages", "data_record", "call_with_options", "check_positive_int", "unit_float"]
+           "PairedImages", "indexed_image_batches", "data_record", "call_with_options", "check_positive_int", "unit_float",
+           "CollectionDataset", "ImageCollection", "open_collection", "skipped_files"]

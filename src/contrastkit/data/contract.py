@@ -23,7 +23,7 @@ from .batches import PairedImages, StreamedViews
 from .loader import make_loader
 from .streaming import as_streaming, in_memory, is_streaming, subset_split, unit_float
 
-__all__ = ["DataSplit", "DataSplits", "open_data", "as_data", "image_batches", "limit_split", "limit_splits",
+__all__ = ["DataSplit", "DataSplits", "open_data", "as_data", "image_batches", "indexed_image_batches", "limit_split", "limit_splits",
            "item_dataset", "reads_files", "training_views", "data_record"]
 
 
@@ -54,7 +54,7 @@ class DataSplits(Protocol):
 
 
 def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0, paired: bool = False,
-              **options: Any) -> Any:
+              unlabeled: bool = False, bad_files: Optional[str] = None, **options: Any) -> Any:
     """The one entry point that opens any ``--data``: a built-in name or a path, as a
     :class:`DataSplits`.
 
@@ -67,15 +67,33 @@ def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0,
             streamed (only its file index held, :func:`~contrastkit.data.stream_image_folder`)
             when ``workers > 0`` or the option ``stream=true`` asks for it (``stream=false``
             loads it whole).
+        unlabeled: read a folder as an unlabeled collection even when it has class subfolders
+            (:func:`~contrastkit.data.collection.open_collection`); a flat or nested folder
+            without class structure, or a ``.txt`` / ``.csv`` list of image paths, is one anyway.
+        bad_files: ``"skip"`` (an unlabeled collection's default) or ``"fail"``: what a damaged
+            image file does (collections only; the other kinds stop at a damaged file).
         options: the loader's options.
     """
     if paired:
         from .loading import load_paired
 
         return load_paired(data, seed=seed, **options)
+    from .collection import BAD_FILES, open_collection
+    from .files import detect_format
     from .loading import load_dataset
     from .streaming import stream_image_folder
 
+    if bad_files is not None and bad_files not in BAD_FILES:
+        raise ValueError(f"bad_files must be one of {BAD_FILES}, got {bad_files!r}")
+    is_path = isinstance(data, (str, os.PathLike)) and os.path.exists(data)
+    if unlabeled or (is_path and detect_format(data) == "collection"):
+        if not is_path:
+            raise ValueError(f"--unlabeled reads a folder or a list of image files; {data!r} is neither")
+        options.pop("stream", None)  # a collection is always streamed
+        return open_collection(data, bad_files=bad_files or "skip", **options)
+    if bad_files == "skip":
+        raise ValueError("bad_files=skip applies to unlabeled collections; a labelled data set stops at a "
+                         "damaged file (fail)")
     stream = options.pop("stream", None)
     if stream is not None and not isinstance(stream, bool):
         raise ValueError(f"data option stream must be true or false, got {stream!r}")
@@ -116,17 +134,25 @@ def image_batches(images: Any, batch_size: int = 256, workers: int = 0) -> Itera
     """Consecutive batches of a split's images (or of an ``(n, C, H, W)`` tensor), in order, the
     last one partial: ``(b, C, H, W)`` float in ``[0, 1]``, slices of held images or streamed
     items decoded ``batch_size`` at a time in ``workers`` processes (never the whole split at
-    once). The one way the read-out and ``contrastkit embed`` read a split."""
+    once). The one way the read-out and ``contrastkit embed`` read a split. A damaged file an
+    unlabeled collection skips is left out (:func:`indexed_image_batches` says which rows came)."""
+    for batch, _ in indexed_image_batches(images, batch_size, workers):
+        yield batch
+
+
+def indexed_image_batches(images: Any, batch_size: int = 256, workers: int = 0) -> Iterator[Tuple[Tensor, Tensor]]:
+    """:func:`image_batches` with each batch's item indices ``(b,)`` int64 (all of them, in
+    order, except the damaged files an unlabeled collection skipped)."""
     if isinstance(images, Tensor):
         held: Optional[Tensor] = images
     else:
         held = images.images if in_memory(images) else None
     if held is not None:
         for i in range(0, held.shape[0], batch_size):
-            yield held[i:i + batch_size]
+            yield held[i:i + batch_size], torch.arange(i, min(i + batch_size, held.shape[0]))
         return
-    for batch, _ in make_loader(images, batch_size=batch_size, workers=workers):
-        yield unit_float(batch)
+    for batch, indices in make_loader(images, batch_size=batch_size, workers=workers):
+        yield unit_float(batch), indices
 
 
 def limit_split(split: Any, n: int, seed: int) -> Any:

@@ -568,12 +568,22 @@ def load_image_folder(root: Path, *, size: SizeLike = None, val_fraction: float 
 # dispatch
 
 def detect_format(path: Path) -> str:
-    """``"npz"``, ``"cifar10"``, ``"mnist"`` or ``"imagefolder"`` for ``path``; ValueError otherwise."""
+    """``"npz"``, ``"cifar10"``, ``"mnist"``, ``"imagefolder"`` (class subfolders of images) or
+    ``"collection"`` (unlabeled images: a ``.txt`` / ``.csv`` list of paths, or a folder whose
+    images are not sorted into two or more class folders, :mod:`contrastkit.data.collection`)
+    for ``path``; ValueError otherwise.
+
+    A folder is a class tree when it holds no image of its own and two or more subfolders
+    (or ``train/`` and ``test/``); loose images at its top, or a single subfolder, make it a
+    collection, read whole and recursively, so that no image is left out without a word."""
     path = Path(path)
     if path.is_file():
         if path.suffix.lower() == ".npz":
             return "npz"
-        raise ValueError(f"{path}: unsupported data file (expected a .npz archive or a folder)")
+        if path.suffix.lower() in (".txt", ".csv"):
+            return "collection"
+        raise ValueError(f"{path}: unsupported data file (expected a .npz archive, a .txt / .csv list of images "
+                         "or a folder)")
     if not path.is_dir():
         if os.path.exists(path):
             raise ValueError(f"{path} is neither a regular file nor a folder (a device, FIFO or socket)")
@@ -582,8 +592,13 @@ def detect_format(path: Path) -> str:
         return "cifar10"
     if _is_mnist(path):
         return "mnist"
-    if _list_class_folders(path):
+    loose = any(p.is_file() and not p.name.startswith(".") and p.name.lower().endswith(IMAGE_EXTENSIONS)
+                for p in path.iterdir())
+    folders = _list_class_folders(path)
+    if not loose and (len(folders) >= 2 or ((path / "train").is_dir() and (path / "test").is_dir())):
         return "imagefolder"
+    if loose or any(_list_images(folder) for folder in folders):
+        return "collection"
     raise ValueError(f"{path}: cannot recognise the data format: expected class subfolders of images, MNIST idx "
                      f"files, CIFAR-10 batches or a .npz file")
 
@@ -608,8 +623,16 @@ def load_path(path: Union[str, os.PathLike], *, size: SizeLike = None, val_fract
     if isinstance(split_seed, bool) or not isinstance(split_seed, (int, np.integer)) or split_seed < 0:
         raise ValueError(f"split_seed must be a non-negative integer, got {split_seed!r}")
     kind = detect_format(path)
-    if kind != "imagefolder" and color is not None:
+    if kind not in ("imagefolder", "collection") and color is not None:
         raise ValueError(f"color applies to image folders only; {path} holds {kind} data")
+    if kind == "collection":  # streamed: only the file index is read
+        from contrastkit.data.collection import open_collection
+
+        if size_hw is not None and size_hw[0] != size_hw[1]:
+            raise ValueError(f"{path}: an unlabeled collection's images are square crops; give size as one number, "
+                             f"got {size_hw}")
+        return open_collection(path, size=None if size_hw is None else size_hw[0], val_fraction=val_fraction,
+                               test_fraction=test_fraction, color=color)
     with memory_guard(str(path)):
         return _load_kind(kind, path, size_hw, val_fraction, test_fraction, split_seed, color)
 

@@ -20,6 +20,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
 
 from contrastkit.data.base import check_positive_int
+from contrastkit.data.collection import skip_item, skips_bad_files
 from contrastkit.data.streaming import BadItemError, in_memory
 
 __all__ = ["EpochBatchSampler", "make_loader", "read_images"]
@@ -102,19 +103,36 @@ class _WithIndex(torch.utils.data.Dataset):
 
 class _StreamLoader:
     """Iterates a ``DataLoader`` of :class:`_WithIndex` items and raises, in this process, the
-    error of an item a worker could not use (by reading it again here)."""
+    error of an item a worker could not use (by reading it again here); a split that skips
+    damaged files (an unlabeled collection's default) has the item dropped from its batch and
+    recorded instead (:mod:`contrastkit.data.collection`)."""
 
     def __init__(self, loader: DataLoader, split: Any) -> None:
         self.loader, self.split = loader, split
+        self.skip = skips_bad_files(split)
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Tuple[Tensor, Tensor]]:
         for images, indices in self.loader:
-            if bool((indices < 0).any()):
-                self.split[-1 - int(indices[indices < 0][0])]  # raises the BadItemError naming it
+            bad = indices < 0
+            if bool(bad.any()):
+                if not self.skip:
+                    self.split[-1 - int(indices[bad][0])]  # raises the BadItemError naming it
+                for marked in indices[bad].tolist():
+                    _skip(self.split, -1 - int(marked))
+                images, indices = images[~bad], indices[~bad]
+                if indices.numel() == 0:
+                    continue
             yield images, indices
+
+
+def _skip(split: Any, index: int) -> None:
+    try:
+        split[index]
+    except BadItemError as error:
+        skip_item(split, index, error)
 
 
 def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sampler: Optional[Sampler] = None,
@@ -154,4 +172,12 @@ def read_images(split: Any, indices: Tensor) -> Tensor:
     (for the few held-out batches an evaluation draws; training reads through the loader)."""
     if in_memory(split):
         return split.images[indices.to(split.images.device)]
-    return torch.stack([split[int(i)][0] for i in indices.tolist()])
+    if not skips_bad_files(split):
+        return torch.stack([split[int(i)][0] for i in indices.tolist()])
+    images = []
+    for i in indices.tolist():
+        try:
+            images.append(split[int(i)][0])
+        except BadItemError as error:  # dropped and named, as the loader does
+            skip_item(split, int(i), error)
+    return torch.stack(images)

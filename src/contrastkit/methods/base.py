@@ -80,6 +80,8 @@ class Method:
     #: Whether the method trains on image-text pairs (its data are
     #: :func:`~contrastkit.data.open_data` ``(..., paired=True)``, a run keeps a text tokenizer).
     paired: ClassVar[bool] = False
+    #: Whether the loss needs the class labels of the batch (an unlabeled collection is refused).
+    needs_labels: ClassVar[bool] = False
     #: Whether the loss has a cross-rank form (every rank's negatives) for torchrun.
     cross_rank: ClassVar[bool] = True
     #: Whether ``--micro-batch`` (cached-gradient accumulation) applies: :meth:`embed` is
@@ -93,7 +95,7 @@ class Method:
         :func:`~contrastkit.data.open_data` (images with labels, or image-text pairs when the
         method is :attr:`paired`; streamed or held as ``data`` decides)."""
         return open_data(config.data, seed=config.seed, workers=config.workers, paired=self.paired,
-                         **config.data_options)
+                         unlabeled=config.unlabeled, bad_files=config.bad_files, **config.data_options)
 
     def run_tokenizer(self, dataset: DataSplits, out: str, resume: bool) -> Any:
         """The run's text tokenizer (paired methods), else ``None``."""

@@ -110,6 +110,12 @@ class PretrainConfig:
     val_limit: Optional[int] = None
     test_limit: Optional[int] = None
     subset_seed: int = 0
+    # An unlabeled image collection (contrastkit.data.collection): read a class tree as one,
+    # what a damaged file does ("skip" / "fail"; None: skip for collections), and a labelled
+    # data set the trained encoder is judged on by the probe and kNN.
+    unlabeled: bool = False
+    bad_files: Optional[str] = None
+    eval_data: Optional[str] = None
     method: str = "simclr"
     encoder: str = "small"          # a built-in name, "package.module:factory" or "object:..." (models.encoders)
     encoder_options: Dict[str, Any] = field(default_factory=dict)  # the factory's keyword arguments
@@ -162,6 +168,17 @@ class PretrainConfig:
             c.data = os.path.abspath(c.data)  # so `contrastkit probe` works from any folder
         if not isinstance(c.data_options, dict):
             raise TypeError(f"data_options must be a dict, got {type(c.data_options).__name__}")
+        if not isinstance(c.unlabeled, bool):
+            raise ValueError(f"unlabeled must be true or false, got {c.unlabeled!r}")
+        if c.bad_files is not None and c.bad_files not in ("skip", "fail"):
+            raise ValueError(f"bad_files must be 'skip' or 'fail', got {c.bad_files!r}")
+        if c.eval_data is not None:
+            if not isinstance(c.eval_data, str) or not c.eval_data:
+                raise ValueError(f"eval_data must be a labelled data set's name or path, got {c.eval_data!r}")
+            if os.path.exists(c.eval_data):
+                c.eval_data = os.path.abspath(c.eval_data)
+        if method.needs_labels and c.unlabeled:
+            raise ValueError(f"{c.method} needs class labels; an unlabeled collection has none")
         for name in ("train_limit", "val_limit", "test_limit"):
             if getattr(c, name) is not None:
                 check_positive_int(getattr(c, name), name, 2 if name == "train_limit" else 1)

@@ -37,7 +37,7 @@ def held_out_embeddings(model: nn.Module, split: Any, views: Any, device: torch.
     Returns ``{"h_a", "h_b", "z_a", "z_b"}`` float64 CPU tensors ``(n, d)`` and ``"labels"``.
     The model is put in eval mode (BatchNorm running statistics) and restored afterwards.
     """
-    n = min(len(split.labels), max_samples)
+    n = min(len(split), max_samples)
     was_training = model.training
     model.eval()
     parts: Dict[str, list] = {"h_a": [], "h_b": [], "z_a": [], "z_b": []}
@@ -53,7 +53,9 @@ def held_out_embeddings(model: nn.Module, split: Any, views: Any, device: torch.
     finally:
         model.train(was_training)
     out = {key: torch.cat(value) for key, value in parts.items()}
-    out["labels"] = split.labels[:n].cpu()
+    # No labels (an unlabeled collection), or fewer rows than asked (damaged files skipped): no tolerance.
+    labels = getattr(split, "labels", None)
+    out["labels"] = labels[:n].cpu() if labels is not None and out["h_a"].shape[0] == n else None
     return out
 
 
@@ -67,7 +69,7 @@ def geometry(model: nn.Module, split: Any, views: Any, device: torch.device, *, 
     ``{"error": message}`` instead.
     """
     emb = held_out_embeddings(model, split, views, device, seed=seed)
-    out: Dict[str, Any] = {"samples": int(emb["labels"].shape[0])}
+    out: Dict[str, Any] = {"samples": int(emb["h_a"].shape[0])}
     for space in ("h", "z"):
         try:
             out[space] = representation_metrics(emb[f"{space}_a"], emb[f"{space}_b"], emb["labels"],

@@ -100,6 +100,7 @@ class SupCon(TwoViewMethod):
     """:func:`~contrastkit.losses.supcon` on both views, positives from the labels."""
 
     name = "supcon"
+    needs_labels = True
     default_temperature = 0.1  # Khosla et al.
 
     def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:

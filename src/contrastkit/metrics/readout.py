@@ -19,7 +19,8 @@ from contrastkit.data import DataSplits, image_batches
 
 from .probe import knn_accuracy, linear_probe
 
-__all__ = ["extract_features", "pixel_features", "evaluate_features", "evaluate_encoders", "BaselineStore"]
+__all__ = ["extract_features", "pixel_features", "evaluate_features", "evaluate_encoders", "BaselineStore",
+           "held_out_views", "view_retrieval", "label_free_numbers", "evaluate_without_labels", "LABEL_FREE_SAMPLES"]
 
 
 class BaselineStore(Protocol):
@@ -99,4 +100,102 @@ def evaluate_encoders(dataset: DataSplits, encoder: nn.Module, device: torch.dev
         pixels = store.numbers("raw_pixel", lambda: evaluate_features(
             *(pixel_features(split, workers) for split in splits), dataset, **options))
         result.update({f"raw_pixel_{key}": value for key, value in pixels.items()})
+    return result
+
+
+# -- without labels -----------------------------------------------------------------------
+
+#: Held-out images the label-free read-out uses at most (its metrics are O(N^2 d); 2,000 give
+#: means and top-5 retrieval rates to about a percent).
+LABEL_FREE_SAMPLES = 2000
+
+
+@torch.no_grad()
+def held_out_views(split: Any, views: Any, *, max_samples: int = LABEL_FREE_SAMPLES, seed: int = 0,
+                   batch_size: int = 256, workers: int = 0) -> Any:
+    """Two augmented views ``(view_a, view_b)`` ``(n, C, H, W)`` float32 (CPU) of the first
+    ``max_samples`` images of ``split`` (any storage, read by :func:`~contrastkit.data.image_batches`),
+    made by the view maker's ``views_of`` under ``seed`` in a forked RNG, so that every encoder
+    read out on them sees the same views and the caller's RNG stream is left untouched."""
+    parts_a, parts_b, count = [], [], 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for batch in image_batches(split, batch_size, workers):
+            batch = batch[:max_samples - count]
+            view_a, view_b = views.views_of(batch)
+            parts_a.append(view_a.float().cpu())
+            parts_b.append(view_b.float().cpu())
+            count += batch.shape[0]
+            if count >= max_samples:
+                break
+    return torch.cat(parts_a), torch.cat(parts_b)
+
+
+@torch.no_grad()
+def _encode(encoder: nn.Module, images: torch.Tensor, device: torch.device, batch_size: int = 256) -> torch.Tensor:
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        return torch.cat([encoder(images[i:i + batch_size].to(device)).double().cpu().flatten(1)
+                          for i in range(0, images.shape[0], batch_size)])
+    finally:
+        encoder.train(was_training)
+
+
+def view_retrieval(h_a: torch.Tensor, h_b: torch.Tensor, ks: tuple = (1, 5), chunk: int = 1024) -> Dict[str, float]:
+    """How often each image's second view finds its first among all first views: the share of
+    rows ``i`` for which ``h_a[i]`` is within the ``k`` nearest of ``h_b[i]`` by cosine similarity
+    (ties counted against it). ``h_a``, ``h_b``: ``(n, d)``."""
+    a = torch.nn.functional.normalize(h_a.double(), dim=1)
+    b = torch.nn.functional.normalize(h_b.double(), dim=1)
+    ranks = []
+    for start in range(0, b.shape[0], chunk):
+        sims = b[start:start + chunk] @ a.T
+        own = sims[torch.arange(sims.shape[0]), torch.arange(start, start + sims.shape[0])]
+        ranks.append((sims >= own[:, None]).sum(1) - 1)  # how many others tie or beat the partner
+    rank = torch.cat(ranks)
+    return {f"view_retrieval_top{k}": float((rank < k).double().mean()) for k in ks}
+
+
+def label_free_numbers(h_a: torch.Tensor, h_b: torch.Tensor, *, temperature: float, batch_size: int) -> Dict[str, float]:
+    """The label-free read-out of two views' features ``(n, d)``: view retrieval top-1 / top-5,
+    alignment and uniformity (Wang & Isola 2020, on the normalised features), effective rank
+    (Roy & Vetterli 2007, raw features) and the held-out NT-Xent loss at ``temperature`` over
+    consecutive batches of ``batch_size`` pairs (the run's)."""
+    from contrastkit.losses import nt_xent_views
+
+    from .representation import alignment, effective_rank, uniformity
+
+    losses = []
+    for start in range(0, h_a.shape[0] - 1, batch_size):
+        part_a, part_b = h_a[start:start + batch_size], h_b[start:start + batch_size]
+        if part_a.shape[0] >= 2:
+            losses.append(float(nt_xent_views(torch.nn.functional.normalize(part_a, dim=1),
+                                              torch.nn.functional.normalize(part_b, dim=1),
+                                              temperature=temperature)))
+    return {**view_retrieval(h_a, h_b), "alignment": alignment(h_a, h_b), "uniformity": uniformity(h_a),
+            "effective_rank": effective_rank(h_a), "heldout_loss": float(np.mean(losses))}
+
+
+def evaluate_without_labels(split: Any, encoder: nn.Module, device: torch.device, views: Any, *,
+                            temperature: float, batch_size: int, baseline_encoder: Optional[nn.Module] = None,
+                            raw_pixels: bool = True, seed: int = 0, workers: int = 0,
+                            max_samples: int = LABEL_FREE_SAMPLES) -> Dict[str, Any]:
+    """The read-out of an encoder on a held-out split without labels (:func:`label_free_numbers`
+    of its ``h`` on two views of each image, :func:`held_out_views`), and with ``random_init_``
+    / ``raw_pixel_`` prefixes those of the untrained ``baseline_encoder`` and of the flattened
+    views themselves, all on the same views; ``label_free_samples`` says how many images."""
+    view_a, view_b = held_out_views(split, views, max_samples=max_samples, seed=seed, workers=workers)
+    if view_a.shape[0] < 2:
+        raise ValueError(f"the label-free read-out needs at least 2 held-out images, got {view_a.shape[0]}")
+    options = {"temperature": temperature, "batch_size": batch_size}
+    result: Dict[str, Any] = {"label_free_samples": int(view_a.shape[0])}
+    result.update(label_free_numbers(_encode(encoder, view_a, device), _encode(encoder, view_b, device), **options))
+    if baseline_encoder is not None:
+        numbers = label_free_numbers(_encode(baseline_encoder, view_a, device), _encode(baseline_encoder, view_b, device),
+                                     **options)
+        result.update({f"random_init_{key}": value for key, value in numbers.items()})
+    if raw_pixels:
+        numbers = label_free_numbers(view_a.double().flatten(1), view_b.double().flatten(1), **options)
+        result.update({f"raw_pixel_{key}": value for key, value in numbers.items()})
     return result

@@ -16,13 +16,14 @@ from torch import nn
 
 from contrastkit.data import DataSplits, as_data
 from contrastkit.methods import PretrainConfig, get_method
-from contrastkit.metrics.readout import evaluate_encoders
+from contrastkit.data import make_views, open_data
+from contrastkit.metrics.readout import evaluate_encoders, evaluate_without_labels
 
 from .baselines import BaselineCache
 from .runs import SavedRun, load_run
 from .setup import limit_threads, resolve_device
 
-__all__ = ["evaluate_model", "evaluate_run"]
+__all__ = ["evaluate_model", "evaluate_run", "evaluate_on_labelled"]
 
 
 def evaluate_model(config: PretrainConfig, model: nn.Module, dataset: DataSplits, device: torch.device, *,
@@ -39,8 +40,43 @@ def evaluate_model(config: PretrainConfig, model: nn.Module, dataset: DataSplits
         result = evaluate_encoders(dataset, model.encoder, device, baseline_encoder=baseline_encoder,
                                    raw_pixels=raw_pixels, knn_k=config.knn_k, knn_temperature=config.knn_temperature,
                                    workers=config.workers, baselines=baselines)
+    elif not get_method(config.method).paired:  # images without labels
+        views = make_views(dataset, mode="augment", device=device, strength=config.view_strength)
+        result = evaluate_without_labels(dataset.test, model.encoder, device, views,
+                                         temperature=float(model.temperature.value), batch_size=config.batch_size,
+                                         baseline_encoder=baseline_encoder, raw_pixels=raw_pixels, seed=config.seed,
+                                         workers=config.workers)
+        if config.eval_data is not None:
+            result.update(evaluate_on_labelled(config, model.encoder, dataset.image_shape, device,
+                                               baseline_encoder=baseline_encoder, raw_pixels=raw_pixels))
     result.update(get_method(config.method).readout(model, dataset, device))
     return result
+
+
+def evaluate_on_labelled(config: PretrainConfig, encoder: nn.Module, image_shape: Any, device: torch.device, *,
+                         baseline_encoder: Optional[nn.Module] = None, raw_pixels: bool = True) -> Dict[str, Any]:
+    """The probe and kNN read-out of ``encoder`` (trained on unlabeled images) on the labelled
+    data set ``config.eval_data``, read at the training images' size and colour: train on
+    unlabeled data, judge on a labelled set."""
+    channels, height, width = (int(v) for v in image_shape)
+    options: Dict[str, Any] = {"size": height if height == width else (height, width)}
+    if os.path.exists(config.eval_data) and os.path.isdir(config.eval_data):
+        options["color"] = "L" if channels == 1 else "RGB"
+    labelled = open_data(config.eval_data, seed=config.seed, workers=config.workers, **options)
+    if not labelled.num_classes:
+        raise ValueError(f"eval_data {config.eval_data!r} holds no class labels: give class folders or another "
+                         "labelled data set")
+    if tuple(labelled.image_shape) != (channels, height, width):
+        raise ValueError(f"eval_data {config.eval_data!r} has {'x'.join(map(str, labelled.image_shape))} images; the "
+                         f"encoder was trained on {channels}x{height}x{width} (class folders are read at the training "
+                         "images' size and colour: give those)")
+    baselines = BaselineCache.from_setting(config.baseline_cache).for_data(
+        labelled, knn_k=config.knn_k, knn_temperature=config.knn_temperature, device=device, workers=config.workers)
+    numbers = evaluate_encoders(labelled, encoder, device, baseline_encoder=baseline_encoder, raw_pixels=raw_pixels,
+                                knn_k=config.knn_k, knn_temperature=config.knn_temperature, workers=config.workers,
+                                baselines=baselines)
+    return {**numbers, "eval_data": labelled.name, "eval_data_sizes": {name: len(split) for name, split in
+                                                                        labelled.splits()}}
 
 
 def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str = "auto",

@@ -39,7 +39,7 @@ from contrastkit import __version__, layout
 from contrastkit._io import write_json
 from contrastkit.manifest import Manifest, file_sha256
 
-from contrastkit.data import check_positive_int, image_batches
+from contrastkit.data import check_positive_int, indexed_image_batches
 from contrastkit.metrics.readout import extract_features
 
 from .runs import load_run
@@ -177,25 +177,24 @@ class _Reading:
     workers: int
 
 
-def _chunks(split: Any, read: _Reading) -> Iterator[Tuple[torch.Tensor, np.ndarray, List[str]]]:
-    """``(images, labels, names)`` of consecutive batches of ``split``, read as the read-out
+def _chunks(split: Any, read: _Reading) -> Iterator[Tuple[torch.Tensor, List[int], np.ndarray, List[str]]]:
+    """``(images, indices, labels, names)`` of consecutive batches of ``split``, read as the read-out
     reads it (labels -1 where the data have none; names: see :func:`_item_name`)."""
     labels = getattr(split, "labels", None)
-    start = 0
-    for batch in image_batches(split, read.batch_size, read.workers):
+    for batch, indices in indexed_image_batches(split, read.batch_size, read.workers):
         n = int(batch.shape[0])
         batch_labels = (np.full(n, -1, dtype=np.int64) if labels is None
-                        else np.asarray(labels[start:start + n].cpu().numpy(), dtype=np.int64))
-        yield batch, batch_labels, [_item_name(split, start + i) for i in range(n)]
-        start += n
+                        else np.asarray(labels[indices].cpu().numpy(), dtype=np.int64))
+        yield batch, indices.tolist(), batch_labels, [_item_name(split, int(i)) for i in indices.tolist()]
 
 
 def _item_name(split: Any, index: int) -> str:
     """Item ``index``'s image file where the split knows it (an image folder read lazily, or a
-    ``Subset`` of one: :class:`~contrastkit.data.ImageFolderDataset` ``.path``), else the index."""
+    ``Subset`` of one: :class:`~contrastkit.data.ImageFolderDataset` ``.path``; an unlabeled
+    collection's path relative to it), else the index."""
     while isinstance(split, Subset):
         split, index = split.dataset, int(split.indices[index])
-    path = getattr(split, "path", None)
+    path = getattr(split, "relative_path", None) or getattr(split, "path", None)
     return str(path(index)) if callable(path) else str(index)
 
 
@@ -217,6 +216,15 @@ class _Columns:
     def close(self) -> None:
         if self.array is not None:
             self.array.flush()
+            if self.filled < self.rows:  # damaged files an unlabeled collection skipped: fewer rows
+                shorter = np.lib.format.open_memmap(self.path + ".part", mode="w+", dtype=np.float32,
+                                                    shape=(self.filled, self.width))
+                for start in range(0, self.filled, 65536):
+                    stop = min(start + 65536, self.filled)
+                    shorter[start:stop] = self.array[start:stop]
+                shorter.flush()
+                del shorter
+                os.replace(self.path + ".part", self.path)
             del self.array
             self.array = None
 
@@ -240,19 +248,18 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
             writer = csv.writer(handle)
             writer.writerow(("split", "index", "label", "name"))
             for name, split in splits:
-                index = 0
-                for images, batch_labels, batch_names in _chunks(split, read):
+                for images, indices, batch_labels, batch_names in _chunks(split, read):
                     features = _features(encoder, images, device, facts)
                     h.add(features.astype(np.float32))
                     if z is not None:
                         z.add(_project(head, features, device))
-                    writer.writerows((name, index + i, int(label), label_name) for i, (label, label_name)
-                                     in enumerate(zip(batch_labels, batch_names)))
+                    writer.writerows((name, index, int(label), label_name) for index, label, label_name
+                                     in zip(indices, batch_labels, batch_names))
                     labels.append(batch_labels)
                     row_splits.extend([name] * len(batch_names))
                     row_names.extend(batch_names)
-                    index += len(batch_names)
                     bar.advance(len(batch_names))
+        total = h.filled  # less than the splits' sizes where damaged files were skipped
         h.close()
         if z is not None:
             z.close()

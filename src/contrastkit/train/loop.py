@@ -36,7 +36,7 @@ from contrastkit import __version__
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
-from contrastkit.data import DataSplits, EpochBatchSampler, as_data, data_record, make_loader
+from contrastkit.data import DataSplits, EpochBatchSampler, as_data, data_record, make_loader, skipped_files
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
@@ -325,6 +325,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     if config.paired and getattr(dataset.train, "texts", None) is None:
         raise ValueError(f"{config.method} trains on (image, text) pairs; the data set's items are (image, label) "
                          "(pass paired data: contrastkit.data.as_streaming_pairs, or items (image, str))")
+    if method.needs_labels and not dataset.num_classes:
+        raise ValueError(f"{config.method} needs class labels; the data set {dataset.name!r} has none")
     n_train = len(dataset.train)
     if encoder is not None:  # record how to rebuild it: its class path, or that it was an object
         config.encoder, config.encoder_options = describe_encoder(encoder, dataset.image_shape[0]), {}
@@ -475,6 +477,15 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str], ba
     return loss_sum
 
 
+def _micro_batch(configured: int, rows: int) -> int:
+    """The micro-batch of a batch of ``rows``: the configured one, or for a batch that lost rows
+    to damaged files an unlabeled collection skipped, its largest divisor below it (micro-batches
+    stay equal, as BatchNorm expects)."""
+    if rows % configured == 0:
+        return configured
+    return max(d for d in range(1, min(configured, rows) + 1) if rows % d == 0)
+
+
 def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor], metrics: IO[str]) -> torch.Tensor:
     """One optimizer step on the batch of ``indices``; returns its loss (not synced)."""
     batch = run.batches(run.dataset.train, indices)
@@ -484,7 +495,8 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     batch_labels = None if labels is None else labels[indices.to(run.device)]
     if run.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
         run.optimizer.zero_grad(set_to_none=True)
-        loss = run.method.cached_gradient_loss(run.model, batch, batch_labels, run.config.micro_batch)
+        loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
+                                               _micro_batch(run.config.micro_batch, int(indices.shape[0])))
         average_gradients(run.model.parameters())
     else:
         loss = run.step_loss(batch, batch_labels)
@@ -584,6 +596,18 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
                                 and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"])
         if baselines and "probe_accuracy" in numbers else None,
     }
+    if "view_retrieval_top1" in numbers:  # without labels: judged by view retrieval
+        summary["beats_baselines_view_retrieval"] = bool(
+            numbers["view_retrieval_top1"] > numbers["random_init_view_retrieval_top1"]
+            and numbers["view_retrieval_top1"] > numbers["raw_pixel_view_retrieval_top1"]) if baselines else None
+    skipped = skipped_files(run.dataset)
+    if skipped or getattr(run.dataset, "source", None) == "collection":
+        summary["skipped_files"] = len(skipped)
+    if skipped:
+        with Manifest(run.folder.root).writing(layout.SKIPPED):
+            with open(run.folder.skipped, "w", encoding="utf-8") as handle:
+                handle.writelines(line + "\n" for line in skipped)
+        print(f"skipped {len(skipped)} damaged image file(s); they are named in {run.folder.skipped}", file=sys.stderr)
     run.loggers.summary(summary, step=run.step, epoch=run.epoch)
     return summary
 

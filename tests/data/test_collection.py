@@ -1,0 +1,173 @@
+"""Unlabeled image collections (contrastkit.data.collection): what is read, how images are
+brought to one shape, stable splits, and damaged files skipped by name or stopping the run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from contrastkit.data import load_dataset, make_loader, open_collection, open_data, skipped_files
+from contrastkit.data.files import detect_format
+from contrastkit.data.streaming import BadItemError
+
+
+def _image(path, size=(20, 30), color=(200, 30, 30), mode="RGB"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    array = np.zeros((size[0], size[1], 3), dtype=np.uint8)
+    array[:] = color
+    Image.fromarray(array).convert(mode).save(path)
+    return path
+
+
+def _tree(root, count=12, suffix=".png"):
+    return [_image(root / f"img{i:03d}{suffix}", color=((10 * i) % 256, (5 * i) % 256, (255 - 10 * i) % 256))
+            for i in range(count)]
+
+
+def _all_files(dataset):
+    return sorted(split.path(i) for _, split in dataset.splits() for i in range(len(split)))
+
+
+def test_a_flat_folder_is_an_unlabeled_collection_of_all_its_images(tmp_path):
+    files = _tree(tmp_path / "photos", 30)
+    assert detect_format(tmp_path / "photos") == "collection"
+    data = load_dataset(tmp_path / "photos")
+    assert data.num_classes == 0 and data.class_names == [] and data.streamed
+    assert _all_files(data) == sorted(str(f) for f in files)
+    assert all(split.labels is None for _, split in data.splits())
+
+
+def test_loose_images_next_to_a_subfolder_are_all_read(tmp_path):
+    """3,000 loose images next to one subfolder of 10 were read as a one-class tree; now every
+    file counts (scaled down: 30 loose, 10 in a subfolder, 5 in a nested one)."""
+    root = tmp_path / "mixed"
+    loose = _tree(root, 30)
+    nested = _tree(root / "one", 10, ".jpg") + _tree(root / "one" / "deeper", 5)
+    data = open_data(root)
+    assert len(_all_files(data)) == len(loose) + len(nested) == 45
+
+
+def test_a_single_subfolder_is_a_collection_and_class_trees_keep_their_meaning(tmp_path):
+    _tree(tmp_path / "single" / "cats", 12)
+    assert detect_format(tmp_path / "single") == "collection"
+    for c in ("a", "b"):
+        _tree(tmp_path / "tree" / c, 12)
+    assert detect_format(tmp_path / "tree") == "imagefolder"
+    assert load_dataset(tmp_path / "tree").num_classes == 2
+    forced = open_data(tmp_path / "tree", unlabeled=True)
+    assert forced.num_classes == 0 and len(_all_files(forced)) == 24
+
+
+def test_a_list_file_names_images_relative_to_itself(tmp_path):
+    files = _tree(tmp_path / "pics", 15)
+    listing = tmp_path / "list.txt"
+    listing.write_text("# my images\n" + "\n".join(os.path.relpath(f, tmp_path) for f in files) + "\n\n")
+    assert _all_files(open_data(listing)) == sorted(str(f) for f in files)
+    table = tmp_path / "list.csv"
+    table.write_text("path,note\n" + "\n".join(f"{os.path.relpath(f, tmp_path)},x" for f in files[:12]) + "\n")
+    assert len(_all_files(open_data(table))) == 12
+    (tmp_path / "bad.txt").write_text("pics/img000.png\npics/missing.png\n")
+    with pytest.raises(ValueError, match=r"bad.txt: line 2: no such image file 'pics/missing.png'"):
+        open_data(tmp_path / "bad.txt")
+
+
+def test_the_split_of_a_file_does_not_move_when_files_are_added(tmp_path):
+    root = tmp_path / "grow"
+    _tree(root, 40)
+    before = open_collection(root)
+    membership = {split.path(i): name for name, split in before.splits() for i in range(len(split))}
+    _tree(root / "more", 60)
+    after = open_collection(root)
+    again = {split.path(i): name for name, split in after.splits() for i in range(len(split))}
+    assert all(again[path] == name for path, name in membership.items())
+    assert len(again) == 100 and {name for name in again.values()} == {"train", "val", "test"}
+
+
+def test_every_image_kind_becomes_one_square_shape_by_the_stated_rules(tmp_path):
+    root = tmp_path / "kinds"
+    # a wide image: left half red, right half blue; the centre crop keeps both, the middle columns
+    wide = np.zeros((40, 80, 3), dtype=np.uint8)
+    wide[:, :40] = (255, 0, 0)
+    wide[:, 40:] = (0, 0, 255)
+    root.mkdir()
+    Image.fromarray(wide).save(root / "wide.png")
+    Image.fromarray(np.full((30, 30), 128, dtype=np.uint8)).save(root / "gray.png")
+    rgba = np.zeros((30, 30, 4), dtype=np.uint8)  # fully transparent: white after compositing
+    Image.fromarray(rgba, "RGBA").save(root / "clear.png")
+    Image.fromarray(wide).convert("P").save(root / "palette.png")
+    Image.fromarray(wide).convert("CMYK").save(root / "cmyk.tiff")
+    Image.fromarray(np.full((30, 30), 65535, dtype=np.uint16)).save(root / "deep.png")
+    Image.fromarray(wide).save(root / "web.webp", lossless=True)
+    Image.fromarray(wide).save(root / "bitmap.bmp")
+    collection = open_collection(root, size=16, val_fraction=0.01, test_fraction=0.01, bad_files="fail")
+    items = {}
+    for _, split in collection.splits():
+        for i in range(len(split)):
+            image, label = split[i]
+            assert image.dtype == torch.uint8 and tuple(image.shape) == (3, 16, 16) and label == -1
+            items[os.path.basename(split.path(i))] = image
+    assert items["wide.png"][:, :, :8].float().mean(dim=(1, 2)).tolist()[0] > 200   # red on the left
+    assert items["wide.png"][:, :, 8:].float().mean(dim=(1, 2)).tolist()[2] > 200   # blue on the right
+    assert int(items["clear.png"].min()) == 255                                     # over white
+    assert items["gray.png"].unique().tolist() == [128]
+    assert int(items["deep.png"].min()) == 255                                       # 16-bit full range
+    for name in ("palette.png", "cmyk.tiff", "web.webp", "bitmap.bmp"):
+        assert items[name][0, :, :4].float().mean() > 150 and items[name][2, :, -4:].float().mean() > 150, name
+
+
+def test_a_grayscale_collection_has_one_channel(tmp_path):
+    for i in range(12):
+        _image(tmp_path / "g" / f"{i}.png", mode="L")
+    assert open_collection(tmp_path / "g").image_shape == (1, 32, 32)
+
+
+def _damaged(root):
+    _tree(root, 20)
+    good = (root / "img003.png").read_bytes()
+    (root / "truncated.png").write_bytes(good[: len(good) // 2])
+    (root / "empty.jpg").write_bytes(b"")
+    (root / "text.png").write_text("not an image")
+    Image.fromarray(np.zeros((300, 300, 3), dtype=np.uint8)).save(root / "huge.png")
+    return {"truncated.png", "empty.jpg", "text.png", "huge.png"}
+
+
+def test_damaged_files_are_skipped_and_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONTRASTKIT_MAX_INPUT_BYTES", "100000")  # the 300x300 RGB image is over it
+    damaged = _damaged(tmp_path / "d")
+    data = open_collection(tmp_path / "d", val_fraction=0.01, test_fraction=0.01)
+    seen = 0
+    for _, split in data.splits():
+        for images, indices in make_loader(split, batch_size=7, workers=0):
+            assert images.shape[0] == indices.shape[0]
+            seen += images.shape[0]
+    assert seen == 20
+    named = {os.path.basename(line.split("\t")[0]) for line in skipped_files(data)}
+    assert named == damaged
+    assert all("cannot read image" in line or "input ceiling" in line for line in skipped_files(data))
+
+
+def test_fail_stops_at_a_damaged_file_naming_it(tmp_path):
+    _damaged(tmp_path / "d")
+    data = open_collection(tmp_path / "d", val_fraction=0.01, test_fraction=0.01, bad_files="fail")
+    with pytest.raises(BadItemError, match=r"(truncated|empty|text)\.(png|jpg)"):
+        for _, split in data.splits():
+            for _batch in make_loader(split, batch_size=64, workers=0):
+                pass
+
+
+def test_bad_options_are_one_clear_error(tmp_path):
+    _tree(tmp_path / "p", 12)
+    with pytest.raises(ValueError, match="bad_files must be one of"):
+        open_data(tmp_path / "p", bad_files="ignore")
+    with pytest.raises(ValueError, match="size must be an integer >= 1"):
+        open_collection(tmp_path / "p", size=0)
+    with pytest.raises(ValueError, match="skip applies to unlabeled collections"):
+        open_data("digits", bad_files="skip")
+    (tmp_path / "none").mkdir()
+    with pytest.raises(ValueError, match="cannot recognise"):
+        open_data(tmp_path / "none")
