@@ -24,7 +24,7 @@ from .plots import plot_sweep
 from .rows import PROFILE_LENGTH, by_tau, selected_columns, selected_numbers, values
 from .stats import mean_std, spearman
 from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
-from .verdicts import UNDECIDED, Verdict, correlation_status, gap_verdict, margin_status
+from .verdicts import NEEDS_LABELS, UNDECIDED, Verdict, correlation_status, gap_verdict, margin_status
 
 __all__ = ["SWEEP", "LOSSES", "DEFAULT_TEMPERATURES", "sweep_rows", "sweep_verdicts", "sweep_table"]
 
@@ -162,12 +162,28 @@ def _hard_negative_verdict(accuracy: Dict[float, List[float]], hard: Dict[float,
     return Verdict("Hard-negative mining makes accuracy less sensitive to tau", status, evidence, rule)
 
 
+def _label_free_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
+    """A sweep on unlabeled data: the uniformity trend is judged; the claims about accuracy and
+    tolerance (which need class labels) say so."""
+    rule = "the data carry no class labels: run the sweep on labelled data (class folders) to judge it"
+    needs = [Verdict(claim, NEEDS_LABELS, "no probe accuracy or tolerance without labels", rule) for claim in (
+        "Probe accuracy is reverse-U shaped in tau (the best tau is interior)",
+        "Larger tau makes the embedding more tolerant (tolerance rises with tau)",
+        "Uniformity and tolerance trade off (a more uniform z is a less tolerant one)",
+        "The simple loss trains worse than the best NT-Xent")]
+    return [_trend_verdict("Smaller tau makes the embedding more uniform (uniformity rises with tau)",
+                           by_tau(rows, "nt_xent", "z_uniformity"), "uniformity of z (lower = more uniform)", +1),
+            *needs]
+
+
 def sweep_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
     """The claims of Wang & Liu (CVPR 2021), each judged from a sweep's rows by a stated rule.
 
     Uniformity and tolerance are read on ``z``, the embedding the loss acts on.
     """
     accuracy = by_tau(rows, "nt_xent", "probe_accuracy")
+    if not any(values(rows, "probe_accuracy")):  # unlabeled data: only the label-free claims are judged
+        return _label_free_verdicts(rows)
     verdicts = [
         _reverse_u_verdict(accuracy),
         _trend_verdict("Smaller tau makes the embedding more uniform (uniformity rises with tau)",
@@ -203,7 +219,8 @@ def sweep_table(rows: Sequence[Dict[str, Any]]) -> str:
         return mean_std(found)[0] if found else math.nan
 
     for (loss, tau), group in groups.items():
-        acc_mean, acc_std = mean_std([float(r["probe_accuracy"]) for r in group])
+        accuracies = values(group, "probe_accuracy")
+        acc_mean, acc_std = mean_std(accuracies) if accuracies else (math.nan, math.nan)
         lines.append(f"{loss:<14} {str(tau if tau != '' else '-'):>5} {len(group):>4} "
                      f"{acc_mean:>8.4f} +/- {acc_std:.4f} {m(group, 'knn_accuracy'):>7.4f} "
                      f"{m(group, 'z_uniformity'):>8.4f} {m(group, 'z_tolerance'):>7.4f} "

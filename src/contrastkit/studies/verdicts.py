@@ -17,12 +17,14 @@ from typing import Dict, Sequence
 
 from .stats import mean_std
 
-__all__ = ["HOLDS", "FAILS", "UNDECIDED", "STATUSES", "Verdict", "format_verdicts", "margin_status",
+__all__ = ["HOLDS", "FAILS", "UNDECIDED", "NEEDS_LABELS", "STATUSES", "Verdict", "format_verdicts", "margin_status",
            "correlation_status", "gap_verdict"]
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold here", "inconclusive"
-#: The three statuses, in this order.
-STATUSES = (HOLDS, FAILS, UNDECIDED)
+#: A claim about class labels (accuracy, tolerance) on data without any: not judged.
+NEEDS_LABELS = "needs labels"
+#: The statuses, in this order.
+STATUSES = (HOLDS, FAILS, UNDECIDED, NEEDS_LABELS)
 
 
 @dataclass
