@@ -323,3 +323,28 @@ def test_ddp_on_two_processes_equals_one_process_on_the_global_batch(tmp_path):
     moved = max(float((one["model"][key] - value).abs().max()) for key, value in initial.items())
     assert moved > 1e-3
     assert float((one["model"]["temperature.log_scale"] - initial["temperature.log_scale"]).abs()) > 1e-4
+
+
+@needs_lightning
+def test_the_data_module_trains_on_an_unlabeled_collection(tmp_path):
+    """An unlabeled image collection goes through Lightning's loaders as it goes through
+    ``contrastkit pretrain`` (items ``(image, -1)``: no label reaches the loss)."""
+    import numpy as np
+    from PIL import Image
+
+    from contrastkit.data import open_data
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "photos").mkdir()
+    for i in range(40):
+        Image.fromarray((rng.random((20, 26, 3)) * 255).astype(np.uint8)).save(tmp_path / "photos" / f"{i}.png")
+    collection = open_data(tmp_path / "photos", bad_files="fail")
+    assert collection.num_classes == 0
+    config = PretrainConfig(method="simclr", batch_size=8, temperature=0.2, seed=0)
+    data = ContrastiveDataModule(collection, batch_size=8, workers=0)
+    module = ContrastiveModule(config, data)
+    trainer = _trainer(tmp_path, max_steps=3)
+    trainer.fit(module, data)
+    assert trainer.global_step == 3
