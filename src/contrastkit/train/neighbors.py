@@ -76,7 +76,7 @@ from .neighbor_picture import Thumbnail, neighbor_picture_png
 from .runs import load_run
 from .setup import limit_threads, resolve_device
 
-__all__ = ["SPLITS", "INDEXES", "DEFAULT_K", "ImageRef", "Neighbor", "QueryNeighbors", "NeighborSearch",
+__all__ = ["INDEXES", "DEFAULT_K", "ImageRef", "Neighbor", "QueryNeighbors", "NeighborSearch",
            "find_neighbors"]
 
 #: What ``index`` accepts.
@@ -146,7 +146,7 @@ class NeighborSearch:
     index_reused: bool
     picture: Optional[str]
     queries: List[QueryNeighbors] = field(default_factory=list)
-    #: What is compared: the cosine similarity of the encoder's output (see the module's description).
+    #: The quantity compared, the cosine similarity of the encoder's output h (see the module's description).
     similarity: str = "cosine of h"
 
     def to_dict(self) -> Dict[str, Any]:
