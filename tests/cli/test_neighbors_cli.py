@@ -81,7 +81,8 @@ def test_neighbours_are_those_of_a_brute_force_over_the_runs_h(run_dir, embedded
 def test_the_printed_table(run_dir, capsys):
     assert main(["neighbors", str(run_dir), "test:3", "--k", "2", "--no-picture"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"the 2 nearest of {ROWS} images (train+val+test of glyphlab) by cosine similarity of h, exact search"
+    assert out[0] == (f"the 2 nearest of {ROWS} images (train+val+test of glyphlab) by cosine similarity of h, "
+                      "exact search")
     assert out[2].startswith("test:3  ") and out[2].split()[-1] in ("vertical", "horizontal", "diagonal")
     ranks = [line.split() for line in out[3:5]]
     assert [r[0] for r in ranks] == ["1", "2"] and all(":" in r[2] for r in ranks)

@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "write a file named like a number as ./12")
     parser.add_argument("--k", type=int, default=8, help="neighbours per query (default 8)")
     parser.add_argument("--data", default=None,
-                        help="data set to search: glyphlab, digits or a path (default: the run's own, with its options)")
+                        help="data set to search: glyphlab, digits or a path "
+                             "(default: the run's own, with its options)")
     parser.add_argument("--data-option", action="append", default=None, metavar="KEY=VALUE",
                         help="loader option for --data, repeatable (VALUE parsed as JSON if it can be)")
     parser.add_argument("--split", choices=("train", "val", "test", "all"), default="all",

@@ -90,7 +90,8 @@ def _check_search(queries: object, collection_rows: int, collection_dim: int, k:
     k = _check_int(k, "k", 1)
     excluded: Optional[Tensor] = None
     if exclude is not None:
-        if not isinstance(exclude, Tensor) or exclude.dtype != torch.int64 or tuple(exclude.shape) != (queries.shape[0],):
+        if (not isinstance(exclude, Tensor) or exclude.dtype != torch.int64
+                or tuple(exclude.shape) != (queries.shape[0],)):
             raise ValueError(f"exclude must be an int64 tensor of shape ({queries.shape[0]},), one collection row "
                              f"(or -1) per query, got {exclude!r:.80}")
         if bool(((exclude < -1) | (exclude >= collection_rows)).any()):

@@ -368,7 +368,8 @@ def _saved_indexes(run_dir: str) -> Dict[str, Dict[str, Any]]:
             description = read_json(os.path.join(run_dir, *name.split("/")))
         except (OSError, ValueError):
             continue
-        if isinstance(description, dict) and description.get("format") == _INDEX_FORMAT and description.get("key") == key:
+        if (isinstance(description, dict) and description.get("format") == _INDEX_FORMAT
+                and description.get("key") == key):
             found[key] = description
     return found
 
@@ -506,6 +507,10 @@ def _caption_id(image: ImageRef) -> str:
     return os.path.basename(image.id) if image.split is None else image.id
 
 
+def _caption_class(image: ImageRef) -> str:
+    return image.class_name or ("" if image.label is None else f"class {image.label}")
+
+
 def _write_picture(path: str, found: List[QueryNeighbors], queries: List[_Query], reader: _ImageReader,
                    title: str) -> None:
     wanted = [(n.image.split, n.image.index) for q in found for n in q.neighbors]
@@ -514,14 +519,12 @@ def _write_picture(path: str, found: List[QueryNeighbors], queries: List[_Query]
     rows = []
     for query, result in zip(queries, found):
         image = query.file_image if query.file_image is not None else images[(query.image.split, query.image.index)]
-        label = result.image.class_name or ("" if result.image.label is None else f"class {result.image.label}")
-        head = Thumbnail(image, "\n".join(part for part in ("query", _caption_id(result.image), label) if part),
-                         result.image.label)
+        head = Thumbnail(image, "\n".join(part for part in ("query", _caption_id(result.image),
+                                                            _caption_class(result.image)) if part), result.image.label)
         cells = []
         for neighbor in result.neighbors:
-            n_label = neighbor.image.class_name or ("" if neighbor.image.label is None else f"class {neighbor.image.label}")
             caption = "\n".join(part for part in (f"{neighbor.rank}. {neighbor.similarity:.3f}",
-                                                  _caption_id(neighbor.image), n_label) if part)
+                                                  _caption_id(neighbor.image), _caption_class(neighbor.image)) if part)
             cells.append(Thumbnail(images[(neighbor.image.split, neighbor.image.index)], caption, neighbor.image.label))
         rows.append((head, cells))
     png = neighbor_picture_png(rows, title, metadata=dict([_PICTURE_MARK]))
@@ -617,9 +620,9 @@ def find_neighbors(run_dir: str, queries: Sequence[str], *, k: int = DEFAULT_K, 
         else:
             result = faiss_nearest(found_index.index, query_features, k, exclude=exclude)
         found = [QueryNeighbors(query.text, query.image, query.row,
-                                [Neighbor(rank + 1, int(row), float(similarity), collection.describe(*collection.locate(int(row))))
-                                 for rank, (row, similarity) in enumerate(zip(rows.tolist(), similarities.tolist()))])
-                 for query, rows, similarities in zip(parsed, result.indices, result.similarities)]
+                                [Neighbor(rank + 1, row, similarity, collection.describe(*collection.locate(row)))
+                                 for rank, (row, similarity) in enumerate(zip(rows, similarities))])
+                 for query, rows, similarities in zip(parsed, result.indices.tolist(), result.similarities.tolist())]
         search = NeighborSearch(os.path.abspath(run_dir), os.path.abspath(saved.checkpoint), data_name, tuple(names),
                                 collection.rows, k, index, found_index.file if found_index else None,
                                 bool(found_index and found_index.reused), None, found)
