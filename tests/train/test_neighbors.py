@@ -108,6 +108,21 @@ def test_a_changed_index_file_is_neither_reused_nor_replaced(run_dir):
     assert open(first.index_file, "rb").read() == damaged  # not contrastkit's any more: left alone
 
 
+def test_a_damaged_checkpoint_is_refused_and_nothing_is_written(run_dir, capsys):
+    last = run_dir / "checkpoints" / "last.pt"
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    last.write_bytes(bytes(data))
+    before = sorted(p.name for p in run_dir.iterdir())
+    manifest = (run_dir / "contrastkit-manifest.json").read_bytes()
+    for index in ("exact", "faiss"):
+        assert main(["neighbors", str(run_dir), "0", "--index", index]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.count("\n") == 0 and str(last) in error
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # no picture, no index folder
+    assert (run_dir / "contrastkit-manifest.json").read_bytes() == manifest
+
+
 def test_pretrain_force_removes_the_picture_and_the_indexes(run_dir, capsys):
     assert main(["neighbors", str(run_dir), "0", "--index", "faiss", "--k", "2"]) == 0
     capsys.readouterr()
