@@ -15,6 +15,10 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/probe.json           ``contrastkit probe RUN`` re-evaluation
     RUN/report.html          ``contrastkit report`` / written after a run
     RUN/skipped.txt          the damaged files an unlabeled collection's run skipped
+    RUN/neighbors.png        ``contrastkit neighbors RUN ...``: the queries and their neighbours
+    RUN/neighbors/<sha256>.faiss  ``neighbors --index faiss``: a FAISS index of the collection's
+                             features, named by the SHA-256 of the encoder and the data it holds,
+    RUN/neighbors/<sha256>.json   and what it was built from (``contrastkit.train.neighbors``)
     RUN/contrastkit-manifest.json   every file above that contrastkit wrote (see below)
 
 An *embedding export* (``contrastkit embed RUN --out FILE``)::
@@ -55,6 +59,7 @@ __all__ = [
     "CONFIG", "CONFIG_FILE", "METRICS", "METRICS_CSV", "TENSORBOARD", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT",
     "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "TOKENIZER", "PROBE", "REPORT", "SKIPPED",
     "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EMBEDDINGS_MARKER", "embedding_files",
+    "NEIGHBORS_PICTURE", "NEIGHBOR_INDEXES", "neighbor_index_files",
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT",
     "ACCURACY_PLOT", "UNIFORMITY_PLOT", "TOLERANCE_PLOT", "UNIFORMITY_TOLERANCE_PLOT", "SIMILARITY_PROFILE_PLOT",
@@ -82,6 +87,9 @@ PROBE = "probe.json"
 REPORT = "report.html"
 #: The damaged files an unlabeled collection's run skipped, one ``path<TAB>reason`` a line.
 SKIPPED = "skipped.txt"
+#: ``contrastkit neighbors``' picture (its default ``--out``), and the folder of its FAISS indexes.
+NEIGHBORS_PICTURE = "neighbors.png"
+NEIGHBOR_INDEXES = "neighbors"
 
 #: What ``pretrain`` writes in its folder (``--force`` removes those of them its manifest lists).
 RUN_OUTPUTS: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, TENSORBOARD, SUMMARY, CHECKPOINTS,
@@ -164,6 +172,14 @@ class RunFolder:
     def skipped(self) -> str:
         return self._path(SKIPPED)
 
+    @property
+    def neighbors_picture(self) -> str:
+        return self._path(NEIGHBORS_PICTURE)
+
+    @property
+    def neighbor_indexes(self) -> str:
+        return self._path(NEIGHBOR_INDEXES)
+
     def __repr__(self) -> str:
         return f"RunFolder({self.root!r})"
 
@@ -187,6 +203,13 @@ def embedding_files(out: "str | os.PathLike[str]", projection: bool) -> Dict[str
         files = {"h": f"{stem}.npy", **({"z": f"{stem}_z.npy"} if projection else {}), "rows": f"{stem}.csv"}
     files["marker"] = f"{files.get('archive') or files['h']}{EMBEDDINGS_MARKER}"
     return files
+
+
+def neighbor_index_files(key: str) -> Tuple[str, str]:
+    """The FAISS index named ``key`` (a hex SHA-256) inside a run folder and its description,
+    as paths relative to the run folder (how its manifest lists them):
+    ``(neighbors/KEY.faiss, neighbors/KEY.json)``."""
+    return f"{NEIGHBOR_INDEXES}/{key}.faiss", f"{NEIGHBOR_INDEXES}/{key}.json"
 
 
 # ------------------------------------------------------------------------------ a study folder

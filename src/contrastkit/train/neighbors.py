@@ -1,0 +1,661 @@
+"""Search a run's collection (``contrastkit neighbors RUN QUERY...``): the images of a data set
+nearest to each query under the run's encoder, by cosine similarity of ``h``.
+
+**Features.** ``h`` is the encoder's output, what the linear probe and ``contrastkit embed``
+read (:func:`~contrastkit.metrics.readout.extract_features`), not ``z``, the projection head's
+output that the loss sees: the head learns to discard what the augmentations change (colour,
+crop position), so ``z`` keeps less of what tells images apart, and the representation before
+the head is the better one for downstream tasks (Chen, Kornblith, Norouzi & Hinton, "A Simple
+Framework for Contrastive Learning of Visual Representations", ICML 2020, section 4.2 and
+figure 8: a linear classifier on ``h`` beats one on ``z`` by more than 10 points). Rows are
+L2-normalised, so the similarity is the cosine, the quantity the contrastive loss compares.
+
+**The collection.** By default every image of the run's own data set (train, val and test, in
+that order, as the run read them: the same loader, options and subsets); ``split`` picks one
+split, ``data`` (with ``data_options``) another data set for the same encoder. Each image of the
+collection has a *row* (its place in that order) and an id ``SPLIT:INDEX``; its ``name`` is the
+one ``contrastkit embed`` gives the row: the image file where the data know it (an image
+folder read lazily), else the index.
+
+**Queries.** Each query is one of
+
+* ``SPLIT:INDEX``, e.g. ``test:12``: image 12 of the test split of the same data (whether or
+  not that split is in the collection);
+* ``ROW``, e.g. ``12``: row 12 of the collection;
+* anything else: an image file, decoded and resized as the data set's images are (name a file
+  called ``12`` as ``./12``).
+
+A query that is an image of the collection (``SPLIT:INDEX`` of a collected split, or ``ROW``)
+is left out of its own neighbours, which would otherwise start with itself at similarity 1; an
+image file is compared with every image (a file of the collection finds itself first).
+
+**Search.** ``index="exact"`` (the default): :func:`contrastkit.metrics.search.nearest`, exact,
+in chunks (memory ``O(chunk^2)``, never ``queries x collection``), ties broken by the smaller
+row. ``index="faiss"``: a FAISS ``IndexFlatIP`` over the normalised features (the same exhaustive
+search; needs ``pip install 'contrastkit[faiss]'``), saved in the run folder as
+``neighbors/KEY.faiss`` (:func:`contrastkit.layout.neighbor_index_files`), ``KEY`` the SHA-256
+of the encoder's weights (:func:`~contrastkit.train.baselines.encoder_digest`) and of the
+collection's images and labels (:func:`~contrastkit.train.baselines.data_digest`). A later
+search of an unchanged run and collection reuses it: its images are read once for the digest
+but not encoded. The index and its description (``KEY.json``) are listed in the run's manifest,
+so ``pretrain --force`` removes them; a file the manifest does not list unchanged is never
+read back nor replaced. When an index is saved, those of another checkpoint of the run are
+removed.
+
+**Picture.** ``picture=PATH.png``: the queries and their neighbours as thumbnails
+(:mod:`contrastkit.train.neighbor_picture`), written atomically and listed in the manifest of
+its folder; an existing file is replaced only when it is a picture this function wrote,
+unchanged since (listed in the folder's manifest, marked in its PNG metadata).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from contrastkit import __version__, layout
+from contrastkit._io import read_json, write_json
+from contrastkit.data import ImageFolderDataset, image_batches, item_dataset, unit_float
+from contrastkit.manifest import Manifest, file_sha256
+from contrastkit.metrics.readout import extract_features
+from contrastkit.metrics.search import (DEFAULT_CHUNK, Neighbors, faiss_flat_index, faiss_nearest, import_faiss,
+                                        nearest, read_faiss_index, write_faiss_index)
+
+from .baselines import data_digest, encoder_digest
+from .export import SPLITS, _item_name
+from .neighbor_picture import Thumbnail, neighbor_picture_png
+from .runs import load_run
+from .setup import limit_threads, resolve_device
+
+__all__ = ["INDEXES", "DEFAULT_K", "ImageRef", "Neighbor", "QueryNeighbors", "NeighborSearch",
+           "find_neighbors"]
+
+#: What ``index`` accepts.
+INDEXES = ("exact", "faiss")
+#: Neighbours per query unless asked otherwise.
+DEFAULT_K = 8
+
+_SPLIT_NAMES = ("train", "val", "test")
+_ITEM_QUERY = re.compile(r"(train|val|test):([0-9]+)")
+_ROW_QUERY = re.compile(r"[0-9]+")
+_INDEX_FORMAT = "contrastkit-neighbor-index/1"
+#: The PNG text field that marks a picture as this module's (checked before replacing one).
+_PICTURE_MARK = ("Source", "contrastkit neighbors")
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """One image: a query or a neighbour. ``id`` is ``SPLIT:INDEX`` (or the file a query names);
+    ``name`` as ``contrastkit embed`` names the row (the image file where known, else the index);
+    ``label`` and ``class_name`` ``None`` where the data have no labels."""
+
+    id: str
+    split: Optional[str]
+    index: Optional[int]
+    name: str
+    label: Optional[int]
+    class_name: Optional[str]
+
+
+@dataclass(frozen=True)
+class Neighbor:
+    """A neighbour of a query: its ``rank`` (1 = nearest), collection ``row``, cosine
+    ``similarity`` of ``h`` and the image."""
+
+    rank: int
+    row: int
+    similarity: float
+    image: ImageRef
+
+
+@dataclass(frozen=True)
+class QueryNeighbors:
+    """One query as given (``query``), the image it names, its collection ``row`` when it is one
+    (then left out of its own neighbours) and its ``neighbors``, nearest first."""
+
+    query: str
+    image: ImageRef
+    row: Optional[int]
+    neighbors: List[Neighbor]
+
+
+@dataclass
+class NeighborSearch:
+    """What :func:`find_neighbors` found: the ``run`` and ``checkpoint``, the collection (``data``,
+    its ``splits`` and number of ``rows``), ``k``, the ``index`` (``exact`` / ``faiss``; for
+    FAISS the ``index_file`` and whether it was ``index_reused``), the ``picture`` written (or
+    ``None``) and the ``queries``."""
+
+    run: str
+    checkpoint: str
+    data: str
+    splits: Tuple[str, ...]
+    rows: int
+    k: int
+    index: str
+    index_file: Optional[str]
+    index_reused: bool
+    picture: Optional[str]
+    queries: List[QueryNeighbors] = field(default_factory=list)
+    #: The quantity compared, the cosine similarity of the encoder's output h (see the module's description).
+    similarity: str = "cosine of h"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain JSON-ready values (``contrastkit neighbors --json``)."""
+        result = asdict(self)
+        result["splits"] = list(self.splits)
+        return result
+
+
+# ------------------------------------------------------------------------------ the collection
+
+class _Collection:
+    """The splits ``names`` of ``dataset`` in that order: row ``r`` is image ``r - start`` of
+    the split that starts at ``start``."""
+
+    def __init__(self, dataset: Any, names: Sequence[str], description: str) -> None:
+        self.dataset = dataset
+        self.names = tuple(names)
+        self.splits = {name: getattr(dataset, name) for name in _SPLIT_NAMES}
+        self.starts: Dict[str, int] = {}
+        rows = 0
+        for name in self.names:
+            self.starts[name] = rows
+            rows += len(self.splits[name])
+        self.rows = rows
+        self.description = description
+        self.class_names = list(getattr(dataset, "class_names", []) or [])
+
+    def locate(self, row: int) -> Tuple[str, int]:
+        """``(split, index)`` of collection row ``row``."""
+        for name in reversed(self.names):
+            if row >= self.starts[name]:
+                return name, row - self.starts[name]
+        raise IndexError(row)
+
+    def row_of(self, split: str, index: int) -> Optional[int]:
+        """The collection row of image ``index`` of ``split``, or ``None`` if the split is not collected."""
+        return self.starts[split] + index if split in self.starts else None
+
+    def describe(self, split: str, index: int) -> ImageRef:
+        part = self.splits[split]
+        labels = getattr(part, "labels", None)
+        label = None if labels is None else int(labels[index])
+        class_name = self.class_names[label] if label is not None and 0 <= label < len(self.class_names) else None
+        return ImageRef(f"{split}:{index}", split, index, _item_name(part, index), label, class_name)
+
+
+@dataclass(frozen=True)
+class _Query:
+    text: str
+    image: ImageRef
+    row: Optional[int]              # its collection row, when it is an image of the collection
+    file_image: Optional[torch.Tensor] = None  # (C, H, W) float in [0, 1], for a file query
+
+
+def _parse_query(text: str, collection: _Collection) -> _Query:
+    """A query (see the module's description) checked against the data; one-line errors name it."""
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"a query must be a non-empty string (an image file, SPLIT:INDEX or ROW), got {text!r}")
+    item = _ITEM_QUERY.fullmatch(text)
+    if item:
+        split, index = item.group(1), int(item.group(2))
+        size = len(collection.splits[split])
+        if index >= size:
+            raise ValueError(f"query {text!r}: the {split} split of {collection.dataset.name} has {size} images"
+                             + (f" (indices 0 to {size - 1})" if size else ""))
+        return _Query(text, collection.describe(split, index), collection.row_of(split, index))
+    if _ROW_QUERY.fullmatch(text):
+        row = int(text)
+        if row >= collection.rows:
+            raise ValueError(f"query {text!r}: the collection ({collection.description}) has {collection.rows} "
+                             f"images (rows 0 to {collection.rows - 1}); SPLIT:INDEX names an image of a split")
+        split, index = collection.locate(row)
+        return _Query(text, collection.describe(split, index), row)
+    if not os.path.isfile(text):
+        raise FileNotFoundError(f"query {text!r} is no image file, nor SPLIT:INDEX (e.g. test:12) nor a row of the "
+                                f"collection (e.g. 12)")
+    return _Query(text, ImageRef(text, None, None, text, None, None), None, _read_image_file(text, collection))
+
+
+def _read_image_file(path: str, collection: _Collection) -> torch.Tensor:
+    """The image file ``path`` as the data set's images are: its channels (grey or RGB) and
+    size, ``(C, H, W)`` float in ``[0, 1]``."""
+    channels, height, width = (int(v) for v in collection.dataset.image_shape)
+    if channels not in (1, 3):
+        raise ValueError(f"query {path!r}: the data set's images have {channels} channels; an image file can "
+                         "be compared with images of 1 (grey) or 3 (RGB) channels only")
+    reader = ImageFolderDataset([path], [0], color="L" if channels == 1 else "RGB", size=(height, width))
+    try:
+        image, _ = reader[0]
+    except ValueError as err:  # UnreadableImageError: the file named, and why
+        raise ValueError(f"query {path!r}: {str(err).splitlines()[0]}") from None
+    return unit_float(image)
+
+
+class _ImageReader:
+    """Images of the data set by ``(split, index)`` (thumbnails, queries), read one at a time
+    where the split can be indexed (:func:`~contrastkit.data.item_dataset`), else in one pass
+    over the split in order."""
+
+    def __init__(self, collection: _Collection, read: "_Reading") -> None:
+        self.collection, self.read = collection, read
+
+    def images(self, wanted: Sequence[Tuple[str, int]]) -> Dict[Tuple[str, int], torch.Tensor]:
+        found: Dict[Tuple[str, int], torch.Tensor] = {}
+        for split in _SPLIT_NAMES:
+            indices = sorted({index for name, index in wanted if name == split})
+            if indices:
+                found.update(((split, i), image) for i, image in self._from_split(split, indices).items())
+        return found
+
+    def _from_split(self, split: str, indices: Sequence[int]) -> Dict[int, torch.Tensor]:
+        part = self.collection.splits[split]
+        try:
+            items = item_dataset(part)
+        except AttributeError:  # held images without labels (a TensorDataset needs both): read in order
+            return self._scan(part, indices)
+        return {i: unit_float(torch.as_tensor(items[i][0])) for i in indices}
+
+    def _scan(self, part: Any, indices: Sequence[int]) -> Dict[int, torch.Tensor]:
+        wanted, found, start = set(indices), {}, 0
+        for batch in image_batches(part, self.read.batch_size, self.read.workers):
+            for offset in range(batch.shape[0]):
+                if start + offset in wanted:
+                    found[start + offset] = batch[offset].clone()
+            start += batch.shape[0]
+            if len(found) == len(wanted):
+                break
+        return found
+
+
+# ------------------------------------------------------------------------------ features
+
+@dataclass(frozen=True)
+class _Reading:
+    """How images are read and encoded: per forward pass, decoding processes, device."""
+
+    batch_size: int
+    workers: int
+    device: torch.device
+
+
+def _batches_encoded(collection: _Collection, encoder: nn.Module, read: _Reading,
+                     into: List[np.ndarray]) -> Iterator[Tuple[Iterator[torch.Tensor], Any]]:
+    """Per collected split: ``(its image batches, its labels)`` as :func:`data_digest` reads
+    them, each batch's ``h`` appended to ``into`` on the way (one pass for both)."""
+    def encoded(part: Any) -> Iterator[torch.Tensor]:
+        for batch in image_batches(part, read.batch_size, read.workers):
+            into.append(_encode(encoder, batch, read, collection))
+            yield batch
+
+    for name in collection.names:
+        part = collection.splits[name]
+        yield encoded(part), _labels_for_digest(part)
+
+
+def _labels_for_digest(part: Any) -> torch.Tensor:
+    labels = getattr(part, "labels", None)
+    return torch.full((0,), -1, dtype=torch.int64) if labels is None else labels
+
+
+def _encode(encoder: nn.Module, images: torch.Tensor, read: _Reading, collection: _Collection) -> np.ndarray:
+    """``h`` of one batch of images (the read-out's feature extractor)."""
+    try:
+        return extract_features(encoder, images, read.device, int(images.shape[0]))
+    except RuntimeError as err:  # e.g. images of a size the encoder was not built for
+        raise ValueError(f"the encoder cannot read the images of {collection.description} "
+                         f"({tuple(images.shape[1:])}): {str(err).splitlines()[0]}") from None
+
+
+def _collection_features(collection: _Collection, encoder: nn.Module, read: _Reading,
+                         with_digest: bool) -> Tuple[torch.Tensor, Optional[str]]:
+    """``h`` of every collected image ``(rows, d)`` float32, and (``with_digest``) the
+    collection's :func:`data_digest`, from one pass over the images."""
+    chunks: List[np.ndarray] = []
+    if with_digest:
+        digest: Optional[str] = data_digest(_batches_encoded(collection, encoder, read, chunks))
+    else:
+        digest = None
+        for name in collection.names:
+            for batch in image_batches(collection.splits[name], read.batch_size, read.workers):
+                chunks.append(_encode(encoder, batch, read, collection))
+    return torch.from_numpy(np.concatenate(chunks)), digest
+
+
+# ------------------------------------------------------------------------------ the FAISS index
+
+@dataclass
+class _FaissIndex:
+    index: Any
+    file: Optional[str]
+    reused: bool
+
+
+def _listed_unchanged(folder: str, name: str, listed: Dict[str, Any]) -> bool:
+    """Whether the manifest ``listed`` of ``folder`` has ``name`` with the size and SHA-256 it still has."""
+    entry = listed.get(name)
+    path = os.path.join(folder, *name.split("/"))
+    if not isinstance(entry, dict) or "sha256" not in entry or not os.path.isfile(path) or os.path.islink(path):
+        return False
+    return os.path.getsize(path) == entry.get("size") and file_sha256(path) == entry["sha256"]
+
+
+def _saved_indexes(run_dir: str) -> Dict[str, Dict[str, Any]]:
+    """The run's FAISS indexes whose description is listed unchanged in its manifest: key -> description."""
+    try:
+        listed = Manifest(run_dir).files
+    except ValueError:  # an unreadable manifest vouches for nothing
+        return {}
+    found = {}
+    for name in listed:
+        folder, _, file = name.partition("/")
+        if folder != layout.NEIGHBOR_INDEXES or not file.endswith(".json"):
+            continue
+        key = file[:-len(".json")]
+        if layout.neighbor_index_files(key)[1] != name or not _listed_unchanged(run_dir, name, listed):
+            continue
+        try:
+            description = read_json(os.path.join(run_dir, *name.split("/")))
+        except (OSError, ValueError):
+            continue
+        if (isinstance(description, dict) and description.get("format") == _INDEX_FORMAT
+                and description.get("key") == key):
+            found[key] = description
+    return found
+
+
+def _index_key(encoder: str, data: str, splits: Sequence[str]) -> str:
+    material = {"format": _INDEX_FORMAT, "encoder": encoder, "data": data, "splits": list(splits),
+                "features": "h, L2-normalised", "index": "IndexFlatIP"}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _faiss_index(run_dir: str, collection: _Collection, encoder: nn.Module, read: _Reading,
+                 chunk: int) -> _FaissIndex:
+    """The run's saved index of this encoder and collection, or a new one (then saved)."""
+    encoder_key = encoder_digest(encoder, read.device)
+    saved = _saved_indexes(run_dir)
+    features: Optional[torch.Tensor] = None
+    if any(description.get("encoder") == encoder_key for description in saved.values()):
+        # One of this encoder's indexes may fit: the images' digest decides, before any encoding.
+        data_key = data_digest((image_batches(collection.splits[name], read.batch_size, read.workers),
+                                _labels_for_digest(collection.splits[name])) for name in collection.names)
+    else:
+        features, data_key = _collection_features(collection, encoder, read, with_digest=True)
+    assert data_key is not None
+    key = _index_key(encoder_key, data_key, collection.names)
+    index_name, description_name = layout.neighbor_index_files(key)
+    index_path = os.path.join(run_dir, *index_name.split("/"))
+    if key in saved:
+        index = _read_saved_index(run_dir, index_name, collection.rows)
+        if index is not None:
+            return _FaissIndex(index, index_path, True)
+    if features is None:
+        features, _ = _collection_features(collection, encoder, read, with_digest=False)
+    index = faiss_flat_index(features, chunk=chunk)
+    description = {"format": _INDEX_FORMAT, "key": key, "encoder": encoder_key, "data": data_key,
+                   "collection": collection.description, "splits": list(collection.names),
+                   "rows": collection.rows, "dim": int(features.shape[1]), "index": "IndexFlatIP",
+                   "features": "h, L2-normalised", "written_by": f"contrastkit {__version__} neighbors"}
+    written = _save_index(run_dir, index, index_name, description_name, description)
+    if written:
+        _remove_other_checkpoints_indexes(run_dir, saved, encoder_key)
+    return _FaissIndex(index, index_path if written else None, False)
+
+
+def _read_saved_index(run_dir: str, name: str, rows: int) -> Any:
+    """The saved index ``name`` when the manifest lists it unchanged and it holds ``rows`` rows;
+    else ``None`` (with a warning saying why it is not used)."""
+    path = os.path.join(run_dir, *name.split("/"))
+    try:
+        if not _listed_unchanged(run_dir, name, Manifest(run_dir).files):
+            warnings.warn(f"{path} is not listed unchanged in {layout.MANIFEST}; not reusing it", stacklevel=3)
+            return None
+        index = read_faiss_index(path)
+    except (OSError, ValueError) as err:
+        warnings.warn(f"{path} cannot be reused ({err}); building the index again", stacklevel=3)
+        return None
+    if int(index.ntotal) != rows:
+        warnings.warn(f"{path} holds {index.ntotal} rows, not the collection's {rows}; building the index again",
+                      stacklevel=3)
+        return None
+    return index
+
+
+def _save_index(run_dir: str, index: Any, index_name: str, description_name: str,
+                description: Dict[str, Any]) -> bool:
+    """Write the index and its description into the run folder, listed in its manifest; a file
+    in the way that is not contrastkit's, or a folder that cannot be written, is a warning (the
+    search goes on with the index in memory). Returns whether the index was written."""
+    paths = [os.path.join(run_dir, *name.split("/")) for name in (index_name, description_name)]
+    try:
+        listed = Manifest(run_dir).files
+        for name, path in zip((index_name, description_name), paths):
+            if os.path.lexists(path) and not _listed_unchanged(run_dir, name, listed):
+                raise FileExistsError(f"{path} exists and is not listed unchanged in {layout.MANIFEST}")
+        os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
+        with Manifest(run_dir).writing(index_name, description_name):
+            write_faiss_index(index, f"{paths[0]}.tmp")
+            os.replace(f"{paths[0]}.tmp", paths[0])
+            write_json(paths[1], description)
+    except (OSError, ValueError) as err:
+        warnings.warn(f"the FAISS index is not saved in {run_dir} ({err}); it is built again next time", stacklevel=3)
+        return False
+    return True
+
+
+def _remove_other_checkpoints_indexes(run_dir: str, saved: Dict[str, Dict[str, Any]], encoder_key: str) -> None:
+    """Delete the saved indexes of other encoder weights (an earlier checkpoint of the run):
+    they can no longer be reused. Only files the manifest lists unchanged."""
+    try:
+        listed = Manifest(run_dir).files
+        for key, description in saved.items():
+            if description.get("encoder") == encoder_key:
+                continue
+            names = [name for name in layout.neighbor_index_files(key) if _listed_unchanged(run_dir, name, listed)]
+            for name in names:
+                os.remove(os.path.join(run_dir, *name.split("/")))
+            Manifest(run_dir).record(*names)  # gone: dropped from the manifest
+    except (OSError, ValueError) as err:
+        warnings.warn(f"earlier FAISS indexes in {run_dir} are not removed ({err})", stacklevel=3)
+
+
+# ------------------------------------------------------------------------------ the picture
+
+def _check_picture_target(path: str) -> None:
+    """Refuse before any work: not a .png, a missing folder, or a file in the way that is not a
+    picture this module wrote (unchanged, by the folder's manifest)."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path).lower().endswith(".png"):
+        raise ValueError(f"the picture (--out) must be a .png file, got {path!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"output folder {folder} does not exist (--out {path})")
+    if not os.path.lexists(path):
+        return
+    if os.path.isdir(path) or os.path.islink(path):
+        raise FileExistsError(f"{path} is a folder or a symbolic link; choose another --out")
+    try:
+        listed = Manifest(folder).files
+    except ValueError:
+        listed = {}
+    if not (_listed_unchanged(folder, os.path.basename(path), listed) and _is_our_picture(path)):
+        raise FileExistsError(f"{path} exists and is not a picture contrastkit neighbors wrote (unchanged, by the "
+                              f"folder's {layout.MANIFEST}); not replacing it: choose another --out")
+
+
+def _is_our_picture(path: str) -> bool:
+    try:
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return dict(getattr(image, "text", {}) or {}).get(_PICTURE_MARK[0]) == _PICTURE_MARK[1]
+    except Exception:  # not a PNG PIL reads: not ours
+        return False
+
+
+def _caption_id(image: ImageRef) -> str:
+    return os.path.basename(image.id) if image.split is None else image.id
+
+
+def _caption_class(image: ImageRef) -> str:
+    return image.class_name or ("" if image.label is None else f"class {image.label}")
+
+
+def _write_picture(path: str, found: List[QueryNeighbors], queries: List[_Query], reader: _ImageReader,
+                   title: str) -> None:
+    wanted = [(n.image.split, n.image.index) for q in found for n in q.neighbors]
+    wanted += [(q.image.split, q.image.index) for q in queries if q.file_image is None]
+    images = reader.images([(split, index) for split, index in wanted if split is not None and index is not None])
+    rows = []
+    for query, result in zip(queries, found):
+        image = query.file_image if query.file_image is not None else images[(query.image.split, query.image.index)]
+        head = Thumbnail(image, "\n".join(part for part in ("query", _caption_id(result.image),
+                                                            _caption_class(result.image)) if part), result.image.label)
+        cells = []
+        for neighbor in result.neighbors:
+            caption = "\n".join(part for part in (f"{neighbor.rank}. {neighbor.similarity:.3f}",
+                                                  _caption_id(neighbor.image), _caption_class(neighbor.image)) if part)
+            cells.append(Thumbnail(images[(neighbor.image.split, neighbor.image.index)], caption, neighbor.image.label))
+        rows.append((head, cells))
+    png = neighbor_picture_png(rows, title, metadata=dict([_PICTURE_MARK]))
+    folder = os.path.dirname(os.path.abspath(path))
+    with Manifest(folder).writing(os.path.basename(path)):
+        with open(f"{path}.tmp", "wb") as handle:
+            handle.write(png)
+        os.replace(f"{path}.tmp", path)
+
+
+# ------------------------------------------------------------------------------ the search
+
+def _check_int(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def find_neighbors(run_dir: str, queries: Sequence[str], *, k: int = DEFAULT_K, data: Optional[str] = None,
+                   data_options: Optional[Dict[str, Any]] = None, split: str = "all", index: str = "exact",
+                   picture: Optional[str] = None, checkpoint: Optional[str] = None, chunk: int = DEFAULT_CHUNK,
+                   device: str = "auto", batch_size: int = 256, threads: Optional[int] = None,
+                   workers: Optional[int] = None) -> NeighborSearch:
+    """The ``k`` images of the collection nearest to each query, by cosine similarity of the
+    encoder's ``h`` (the rules are in the module's description).
+
+    Args:
+        run_dir: a ``contrastkit pretrain`` output folder.
+        queries: image files, ``SPLIT:INDEX`` or collection rows (strings).
+        k: neighbours per query.
+        data, data_options: another data set to search (default: the run's own, with its options).
+        split: the collection: ``train``, ``val``, ``test`` or ``all`` (the three, in that order).
+        index: ``exact`` (torch, chunked) or ``faiss`` (a FAISS flat index, saved in the run folder).
+        picture: a ``.png`` to draw the queries and their neighbours in (``None``: no picture).
+        checkpoint: another checkpoint of the run (default ``checkpoints/last.pt``).
+        chunk: rows compared at once in the exact search (memory ``chunk x chunk`` similarities).
+        device, batch_size, threads, workers: where and how the images are encoded (threads and
+            workers default to the run's settings).
+
+    Raises:
+        FileNotFoundError: ``run_dir`` is not a run, a query file or the picture's folder is missing.
+        FileExistsError: ``picture`` exists and is not an earlier picture of this function.
+        ValueError: a bad option or query, ``k`` larger than the collection (without the query).
+        FaissMissingError: ``index="faiss"`` without FAISS installed.
+    """
+    if isinstance(queries, str) or not isinstance(queries, Sequence) or not queries:
+        raise ValueError("queries must be a non-empty list of image files, SPLIT:INDEX or collection rows")
+    k = _check_int(k, "k", 1)
+    chunk = _check_int(chunk, "chunk", 1)
+    batch_size = _check_int(batch_size, "batch_size", 1)
+    if workers is not None:
+        _check_int(workers, "workers", 0)
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if index not in INDEXES:
+        raise ValueError(f"index must be one of {', '.join(INDEXES)}, got {index!r}")
+    if index == "faiss":
+        import_faiss()  # before any work: a missing extra is said at once
+    if picture is not None:
+        _check_picture_target(picture)
+    saved = load_run(run_dir, checkpoint=checkpoint)
+    with limit_threads(saved.config.threads if threads is None else threads):
+        read = _Reading(batch_size, saved.config.workers if workers is None else workers, resolve_device(device))
+        dataset = saved.load_data(data, data_options)
+        model = saved.build_model(saved.image_shape if saved.image_shape else dataset.image_shape, read.device)
+        if saved.image_shape and dataset.image_shape[0] != saved.image_shape[0]:
+            raise ValueError(f"{data or saved.config.data} has {dataset.image_shape[0]}-channel images; the run "
+                             f"in {run_dir} was trained on {saved.image_shape[0]} channels")
+        names = _SPLIT_NAMES if split == "all" else (split,)
+        data_name = data or saved.config.data
+        collection = _Collection(dataset, names, f"{'+'.join(names)} of {data_name}")
+        if collection.rows == 0:
+            raise ValueError(f"the collection ({collection.description}) has no images")
+        parsed = [_parse_query(text, collection) for text in queries]
+        excluded = any(query.row is not None for query in parsed)
+        if k > collection.rows - excluded:
+            others = " besides the query itself" if excluded else ""
+            raise ValueError(f"k={k} is more than the {collection.rows - excluded} images of the collection "
+                             f"({collection.description}){others}")
+        encoder = model.encoder
+        reader = _ImageReader(collection, read)
+        if index == "faiss":
+            found_index = _faiss_index(saved.folder, collection, encoder, read, chunk)
+            features = None
+        else:
+            found_index = None
+            features, _ = _collection_features(collection, encoder, read, with_digest=False)
+        query_features = _query_features(parsed, collection, encoder, read, reader, features, found_index)
+        exclude = torch.tensor([-1 if q.row is None else q.row for q in parsed], dtype=torch.int64)
+        if found_index is None:
+            assert features is not None
+            result: Neighbors = nearest(query_features, features, k, chunk=chunk, exclude=exclude)
+        else:
+            result = faiss_nearest(found_index.index, query_features, k, exclude=exclude)
+        found = [QueryNeighbors(query.text, query.image, query.row,
+                                [Neighbor(rank + 1, row, similarity, collection.describe(*collection.locate(row)))
+                                 for rank, (row, similarity) in enumerate(zip(rows, similarities))])
+                 for query, rows, similarities in zip(parsed, result.indices.tolist(), result.similarities.tolist())]
+        search = NeighborSearch(os.path.abspath(run_dir), os.path.abspath(saved.checkpoint), data_name, tuple(names),
+                                collection.rows, k, index, found_index.file if found_index else None,
+                                bool(found_index and found_index.reused), None, found)
+        if picture is not None:
+            title = (f"{os.path.basename(os.path.abspath(run_dir))}: the {k} nearest images of "
+                     f"{collection.description} ({collection.rows} images) by cosine similarity of h, {index} search")
+            _write_picture(picture, found, parsed, reader, title)
+            search.picture = os.path.abspath(picture)
+        return search
+
+
+def _query_features(parsed: List[_Query], collection: _Collection, encoder: nn.Module, read: _Reading,
+                    reader: _ImageReader, features: Optional[torch.Tensor],
+                    found_index: Optional[_FaissIndex]) -> torch.Tensor:
+    """``h`` of each query ``(q, d)``: a collected image's own row (the numbers its neighbours
+    were compared with); other images encoded, in batches."""
+    to_encode = [i for i, q in enumerate(parsed) if q.row is None]
+    from_data = reader.images([(parsed[i].image.split, parsed[i].image.index) for i in to_encode
+                               if parsed[i].file_image is None])
+    encoded: Dict[int, torch.Tensor] = {}
+    for start in range(0, len(to_encode), read.batch_size):
+        block = to_encode[start:start + read.batch_size]
+        images = torch.stack([parsed[i].file_image if parsed[i].file_image is not None
+                              else from_data[(parsed[i].image.split, parsed[i].image.index)] for i in block])
+        for i, row in zip(block, _encode(encoder, images, read, collection)):
+            encoded[i] = torch.from_numpy(np.array(row))
+    rows = []
+    for i, query in enumerate(parsed):
+        if query.row is None:
+            rows.append(encoded[i])
+        elif features is not None:
+            rows.append(features[query.row])
+        else:
+            assert found_index is not None
+            rows.append(torch.from_numpy(np.asarray(found_index.index.reconstruct(int(query.row)), dtype=np.float32)))
+    return torch.stack(rows).float()
