@@ -12,8 +12,11 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/checkpoints/previous.pt  the one before it, kept in case last.pt is damaged
     RUN/checkpoints/*.sha256     each checkpoint's SHA-256, recorded when it was written
     RUN/tokenizer.json       paired (image-text) runs only
+    RUN/last_batch.pt        the last training batch: similarities, positives, a few views
+                             (the report's pictures, ``contrastkit explore RUN``)
     RUN/probe.json           ``contrastkit probe RUN`` re-evaluation
     RUN/report.html          ``contrastkit report`` / written after a run
+    RUN/explorer.html        the temperature explorer on the last batch's rows (linked from the report)
     RUN/contrastkit-manifest.json   every file above that contrastkit wrote (see below)
 
 An *embedding export* (``contrastkit embed RUN --out FILE``)::
@@ -52,7 +55,7 @@ from typing import Dict, Tuple
 __all__ = [
     "DEFAULT_ROOT", "MANIFEST", "RUN_FILES", "CHECKPOINT_FILES",
     "CONFIG", "CONFIG_FILE", "METRICS", "METRICS_CSV", "TENSORBOARD", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT",
-    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "TOKENIZER", "PROBE", "REPORT",
+    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "TOKENIZER", "PROBE", "REPORT", "LAST_BATCH", "EXPLORER",
     "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EMBEDDINGS_MARKER", "embedding_files",
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT",
@@ -78,10 +81,12 @@ DIGEST_SUFFIX = ".sha256"
 TOKENIZER = "tokenizer.json"
 PROBE = "probe.json"
 REPORT = "report.html"
+LAST_BATCH = "last_batch.pt"
+EXPLORER = "explorer.html"
 
 #: What ``pretrain`` writes in its folder (``--force`` removes those of them its manifest lists).
 RUN_OUTPUTS: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, TENSORBOARD, SUMMARY, CHECKPOINTS,
-                                TOKENIZER, REPORT)
+                                TOKENIZER, LAST_BATCH, REPORT, EXPLORER)
 #: Any of these marks a folder as a run folder.
 RUN_MARKERS: Tuple[str, ...] = (SUMMARY, METRICS, CONFIG)
 
@@ -94,7 +99,8 @@ MANIFEST = "contrastkit-manifest.json"
 #: their SHA-256 files.
 CHECKPOINT_FILES: Tuple[str, ...] = tuple(f"{CHECKPOINTS}/{name}{suffix}" for name in (LAST_CHECKPOINT, PREVIOUS_CHECKPOINT)
                                           for suffix in ("", DIGEST_SUFFIX))
-RUN_FILES: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, SUMMARY) + CHECKPOINT_FILES + (TOKENIZER, REPORT)
+RUN_FILES: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, SUMMARY) + CHECKPOINT_FILES + (
+    TOKENIZER, LAST_BATCH, REPORT, EXPLORER)
 # ------------------------------------------------------------------------------ (manifests end)
 
 
@@ -154,6 +160,14 @@ class RunFolder:
     @property
     def report(self) -> str:
         return self._path(REPORT)
+
+    @property
+    def last_batch(self) -> str:
+        return self._path(LAST_BATCH)
+
+    @property
+    def explorer(self) -> str:
+        return self._path(EXPLORER)
 
     def __repr__(self) -> str:
         return f"RunFolder({self.root!r})"
