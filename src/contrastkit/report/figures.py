@@ -276,8 +276,7 @@ def batch_figure(similarities: Any, positive: Sequence[int], exclude_diagonal: b
         np.fill_diagonal(shown.mask, True)
     from matplotlib import colormaps
 
-    cmap = colormaps["RdBu_r"].copy()
-    cmap.set_bad("#d9dde3")
+    cmap = colormaps["RdBu_r"].with_extremes(bad="#d9dde3")
     image = ax.imshow(shown, cmap=cmap, vmin=-1, vmax=1, interpolation="nearest", aspect="auto")
     marker = max(0.4, min(12.0, 2000.0 / max(m, k)))
     ax.scatter(list(positive), range(m), s=marker, facecolors="none", edgecolors="#111", linewidths=0.6,
