@@ -225,6 +225,16 @@ def test_a_run_whose_data_cannot_be_read_says_so_in_one_line(tiny_run, tmp_path)
     assert 'id="views"' in page  # the last batch's pictures need neither
 
 
+def test_a_file_of_the_users_in_the_explorers_place_is_kept(tiny_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (run / "explorer.html").unlink()
+    (run / "explorer.html").write_text("my notes")
+    page = write_report(run, pictures=True).read_text(encoding="utf-8")
+    assert (run / "explorer.html").read_text() == "my notes"
+    assert 'id="batch"' in page and 'href="explorer.html"' not in page
+
+
 def test_the_page_records_the_time_its_pictures_took(tiny_run):
     """(The cost against a run's time is measured on CIFAR-10: benchmarks/bench_pictures.py.)"""
     from contrastkit.report.run_page import run_page

@@ -62,9 +62,11 @@ class BatchProblem:
     ``positive`` ``(M,)`` the column of each anchor's positive; ``exclude_diagonal``: the matrix
     is square and candidate ``i`` is anchor ``i`` itself (left out of the denominator).
     ``row_items`` / ``column_items``: the batch element (``0 .. B-1``) of each row and column
-    (:data:`OWN_ITEM`: the anchor's own element; :data:`NOT_AN_ITEM`: none);
-    ``row_views`` / ``column_views``: what of it (:data:`VIEW_A`, :data:`VIEW_B`, :data:`IMAGE`,
-    :data:`TEXT`, :data:`QUEUED`). ``description`` says in words what the rows and columns are.
+    (``OWN_ITEM`` = -2: the anchor's own element; ``NOT_AN_ITEM`` = -1: none);
+    ``row_views`` / ``column_views``: what of it (``VIEW_A`` = 0, ``VIEW_B`` = 1, ``IMAGE`` = 2,
+    ``TEXT`` = 3, ``QUEUED`` = 4, constants of this module: the batch maker's ``batch[0]`` holds
+    view A or the images, ``batch[1]`` view B). ``description`` says in words what the rows and
+    columns are.
     """
 
     similarities: Tensor
@@ -97,31 +99,35 @@ class BatchProblem:
 
 def batch_diagnostics(problem: BatchProblem, temperature: Union[float, Tensor]) -> Tensor:
     """The :data:`DIAGNOSTICS` of ``problem`` at ``temperature`` (a float, or a 0-dim tensor such
-    as a learnable ``tau`` of the step), a ``(6,)`` tensor on the problem's device (float64,
-    float32 where the device has no float64). No value is read back."""
+    as a learnable ``tau`` of the step), a ``(6,)`` tensor on the problem's device, in the
+    precision of its similarities (float64 from the built-in methods where the device has it).
+    No value is read back.
+
+    Candidates outside an anchor's denominator get a logit far below every other (the smallest
+    logit less 1e4), whose share underflows to exactly 0: no infinity or NaN is formed, which
+    would send the CPU's arithmetic down its slow path."""
     s = problem.similarities.detach()
-    dtype = torch.float32 if s.device.type == "mps" else torch.float64
-    s = s.to(dtype)
-    tau = temperature.detach().to(s.device, dtype) if isinstance(temperature, Tensor) else float(temperature)
+    if not s.is_floating_point():
+        s = s.double()
+    tau = temperature.detach().to(s.device, s.dtype) if isinstance(temperature, Tensor) else float(temperature)
     m = s.shape[0]
     rows = torch.arange(m, device=s.device)
     positive = problem.positive.to(s.device)
-    denominator = problem.denominator()
-    negative = denominator.clone()
-    negative[rows, positive] = False
-    logits = (s / tau).masked_fill(~denominator, -math.inf)
-    log_p = logits[rows, positive] - torch.logsumexp(logits, dim=1)
+    logits = s / tau
+    low = logits.amin() - 1e4
+    if problem.exclude_diagonal:
+        logits.diagonal().copy_(low.expand(m))
+    log_p = torch.log_softmax(logits, dim=1)[rows, positive]
     p_positive = log_p.exp()
-    negative_logits = logits.masked_fill(~negative, -math.inf)
-    log_r = negative_logits - torch.logsumexp(negative_logits, dim=1, keepdim=True)
-    r = log_r.exp()
-    entropy = -torch.where(negative & (r > 0), r * log_r, torch.zeros((), dtype=dtype, device=s.device)).sum(1)
+    logits[rows, positive] = low
+    log_r = torch.log_softmax(logits, dim=1)
+    entropy = -(log_r.exp() * log_r).sum(1)
     effective = entropy.clamp(min=0.0).exp()
     positive_similarity = s[rows, positive]
-    hardest = s.masked_fill(~negative, -math.inf).max(dim=1).values
-    mean_negative = torch.where(negative, s, torch.zeros((), dtype=dtype, device=s.device)).sum(1) / problem.negatives
+    hardest = logits.amax(dim=1) * tau
+    others = s.sum(1) - positive_similarity - (s.diagonal() if problem.exclude_diagonal else 0.0)
     return torch.stack([p_positive.mean(), p_positive.min(), effective.mean(), positive_similarity.mean(),
-                        hardest.mean(), mean_negative.mean()])
+                        hardest.mean(), (others / problem.negatives).mean()])
 
 
 def diagnostics_record(values: Any, negatives: int) -> Dict[str, float]:
@@ -153,12 +159,13 @@ def batch_warnings(record: Mapping[str, Any], *, learnable: bool = False,
     """The failures a step record's diagnostics show, as ``{"kind", "message"}`` dicts
     (kinds of :data:`WARNINGS`; none when the record has no diagnostics):
 
-    * ``collapse``: the mean negative similarity is at least :data:`COLLAPSE_SIMILARITY`; the
+    * ``collapse``: the mean negative similarity is at least ``COLLAPSE_SIMILARITY`` (0.9); the
       effective number of negatives then sits near all of them (the penalty is uniform) or,
       at a tiny ``tau``, near 1;
-    * ``tau_at_bound``: ``learnable`` and the record's ``tau`` within :data:`BOUND_TOLERANCE`
-      (relative) of ``tau_bound``, the floor ``1 / max_scale`` of the temperature;
-    * ``positives_certain``: the smallest ``p+`` of the batch is at least :data:`CERTAIN_PROBABILITY`.
+    * ``tau_at_bound``: ``learnable`` and the record's ``tau`` within ``BOUND_TOLERANCE`` (1 %,
+      relative) of ``tau_bound``, the floor ``1 / max_scale`` of the temperature;
+    * ``positives_certain``: the smallest ``p+`` of the batch is at least ``CERTAIN_PROBABILITY``
+      (0.999).
     """
     out: List[Dict[str, Any]] = []
 

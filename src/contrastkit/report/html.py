@@ -120,7 +120,10 @@ def _run_explorer(folder: Path, target: Path) -> Optional[str]:
         return None  # the report says why
     if batch is None or batch.similarities is None:
         return None
-    page = write_run_explorer(folder)
+    try:
+        page = write_run_explorer(folder)
+    except FileExistsError:  # a file of the user's is in the way: the report goes without the link
+        return None
     return Path(os.path.relpath(page.resolve(), target.resolve().parent)).as_posix()
 
 

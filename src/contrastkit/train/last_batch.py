@@ -201,7 +201,8 @@ class LastBatch:
 
     @property
     def anchors(self) -> Dict[str, int]:
-        """Row of the anchor with the lowest, median and highest p+ (:data:`ANCHOR_ROLES`)."""
+        """Row of the anchor with the lowest, median and highest p+ (keys ``"lowest"``, ``"median"``,
+        ``"highest"``)."""
         return dict(self.record.get("anchors") or {})
 
     def explanation(self) -> Any:
