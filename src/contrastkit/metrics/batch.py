@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 __all__ = ["BatchProblem", "DIAGNOSTICS", "batch_diagnostics", "diagnostics_record", "WARNINGS",
-           "batch_warnings", "COLLAPSE_SIMILARITY", "CERTAIN_PROBABILITY", "BOUND_TOLERANCE",
+           "batch_warnings", "COLLAPSE_SIMILARITY", "COLLAPSE_STEPS", "COLLAPSE_FALL", "CERTAIN_PROBABILITY", "BOUND_TOLERANCE",
            "OWN_ITEM", "NOT_AN_ITEM", "VIEW_A", "VIEW_B", "IMAGE", "TEXT", "QUEUED"]
 
 #: The numbers :func:`batch_diagnostics` returns, in its order (keys of a step record).
@@ -138,8 +138,12 @@ def diagnostics_record(values: Any, negatives: int) -> Dict[str, float]:
     return record
 
 
-#: A collapsing embedding: the mean similarity of the negatives at or above this (every similarity near 1).
+#: A collapsing embedding: the mean similarity of the negatives at or above this (every similarity
+#: near 1) at :data:`COLLAPSE_STEPS` logged steps in a row, not falling over them by more than
+#: :data:`COLLAPSE_FALL`.
 COLLAPSE_SIMILARITY = 0.9
+COLLAPSE_STEPS = 3
+COLLAPSE_FALL = 0.01
 #: p+ at 1 for every anchor: the smallest p+ of the batch at or above this.
 CERTAIN_PROBABILITY = 0.999
 #: A learnable tau within this relative distance of its bound is pinned at it.
@@ -154,14 +158,18 @@ WARNINGS: Dict[str, str] = {
 }
 
 
-def batch_warnings(record: Mapping[str, Any], *, learnable: bool = False,
-                   tau_bound: Optional[float] = None) -> List[Dict[str, Any]]:
+def batch_warnings(record: Mapping[str, Any], *, learnable: bool = False, tau_bound: Optional[float] = None,
+                   previous: Sequence[Mapping[str, Any]] = ()) -> List[Dict[str, Any]]:
     """The failures a step record's diagnostics show, as ``{"kind", "message"}`` dicts
-    (kinds of :data:`WARNINGS`; none when the record has no diagnostics):
+    (kinds of :data:`WARNINGS`; none when the record has no diagnostics); ``previous``: the
+    records of the logged steps before it, oldest first:
 
-    * ``collapse``: the mean negative similarity is at least ``COLLAPSE_SIMILARITY`` (0.9); the
-      effective number of negatives then sits near all of them (the penalty is uniform) or,
-      at a tiny ``tau``, near 1;
+    * ``collapse``: the mean negative similarity is at least ``COLLAPSE_SIMILARITY`` (0.9) at this
+      and the ``COLLAPSE_STEPS - 1`` (2) logged steps before it, and has not fallen over them by
+      more than ``COLLAPSE_FALL`` (0.01). A network at its initialisation (with GroupNorm or
+      LayerNorm especially) can start with every similarity near 1 and leave it within a few
+      steps: that is not a collapse. The effective number of negatives then sits near all of
+      them (the penalty is uniform) or, at a tiny ``tau``, near 1;
     * ``tau_at_bound``: ``learnable`` and the record's ``tau`` within ``BOUND_TOLERANCE`` (1 %,
       relative) of ``tau_bound``, the floor ``1 / max_scale`` of the temperature;
     * ``positives_certain``: the smallest ``p+`` of the batch is at least ``CERTAIN_PROBABILITY``
@@ -175,7 +183,9 @@ def batch_warnings(record: Mapping[str, Any], *, learnable: bool = False,
 
     negative = number("negative_similarity")
     effective, count = number("effective_negatives"), number("negatives")
-    if negative is not None and negative >= COLLAPSE_SIMILARITY:
+    window = [r.get("negative_similarity") for r in list(previous)[-(COLLAPSE_STEPS - 1):]] + [negative]
+    if len(window) == COLLAPSE_STEPS and all(isinstance(v, (int, float)) and v >= COLLAPSE_SIMILARITY for v in window) \
+            and window[-1] >= window[0] - COLLAPSE_FALL:
         spread = f"; effective negatives {effective:.1f} of {count:.0f}" if effective is not None and count else ""
         out.append({"kind": "collapse", "message": f"{WARNINGS['collapse']} (mean negative similarity "
                                                    f"{negative:.3f}, positive {number('positive_similarity') or 0:.3f}"

@@ -309,6 +309,7 @@ class _Run:
     selection: EpochSelection = field(default_factory=EpochSelection)  # the val read-out picks the epoch
     tap: BatchTap = field(default_factory=BatchTap)  # what the logged steps' loss saw (rank 0)
     warned: Dict[str, int] = field(default_factory=dict)  # warning kind -> the first step it was printed
+    previous_steps: List[Dict[str, Any]] = field(default_factory=list)  # the last step records written
 
     @property
     def n_train(self) -> int:
@@ -546,7 +547,8 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
     record = {"kind": "step", "epoch": run.epoch + 1, "step": run.step, "loss": value, "tau": tau,
               "lr": run.scheduler.get_last_lr()[0], "images_per_second": speed, **batch_numbers}
     found = batch_warnings(record, learnable=run.config.learnable_temperature,
-                           tau_bound=run.model.temperature.min_value)
+                           tau_bound=run.model.temperature.min_value, previous=run.previous_steps)
+    run.previous_steps = (run.previous_steps + [record])[-4:]
     if found:
         record["warnings"] = [w["kind"] for w in found]
     metrics.write(json.dumps(record) + "\n")
