@@ -12,6 +12,8 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/checkpoints/previous.pt  the one before it, kept in case last.pt is damaged
     RUN/checkpoints/*.sha256     each checkpoint's SHA-256, recorded when it was written
     RUN/tokenizer.json       paired (image-text) runs only
+    RUN/last_batch.pt        the last training batch: similarities, positives, a few views
+                             (the report's pictures, ``contrastkit explore RUN``)
     RUN/probe.json           ``contrastkit probe RUN`` re-evaluation
     RUN/report.html          ``contrastkit report`` / written after a run
     RUN/skipped.txt          the damaged files an unlabeled collection's run skipped
@@ -19,6 +21,7 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/neighbors/<sha256>.faiss  ``neighbors --index faiss``: a FAISS index of the collection's
                              features, named by the SHA-256 of the encoder and the data it holds,
     RUN/neighbors/<sha256>.json   and what it was built from (``contrastkit.train.neighbors``)
+    RUN/explorer.html        the temperature explorer on the last batch's rows (linked from the report)
     RUN/contrastkit-manifest.json   every file above that contrastkit wrote (see below)
 
 An *embedding export* (``contrastkit embed RUN --out FILE``)::
@@ -57,7 +60,7 @@ from typing import Dict, Tuple
 __all__ = [
     "DEFAULT_ROOT", "MANIFEST", "RUN_FILES", "CHECKPOINT_FILES",
     "CONFIG", "CONFIG_FILE", "METRICS", "METRICS_CSV", "TENSORBOARD", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT",
-    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "TOKENIZER", "PROBE", "REPORT", "SKIPPED",
+    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "TOKENIZER", "PROBE", "REPORT", "SKIPPED", "LAST_BATCH", "EXPLORER",
     "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EMBEDDINGS_MARKER", "embedding_files",
     "NEIGHBORS_PICTURE", "NEIGHBOR_INDEXES", "neighbor_index_files",
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
@@ -90,10 +93,12 @@ SKIPPED = "skipped.txt"
 #: ``contrastkit neighbors``' picture (its default ``--out``), and the folder of its FAISS indexes.
 NEIGHBORS_PICTURE = "neighbors.png"
 NEIGHBOR_INDEXES = "neighbors"
+LAST_BATCH = "last_batch.pt"
+EXPLORER = "explorer.html"
 
 #: What ``pretrain`` writes in its folder (``--force`` removes those of them its manifest lists).
 RUN_OUTPUTS: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, TENSORBOARD, SUMMARY, CHECKPOINTS,
-                                TOKENIZER, REPORT, SKIPPED)
+                                TOKENIZER, LAST_BATCH, REPORT, EXPLORER, SKIPPED)
 #: Any of these marks a folder as a run folder.
 RUN_MARKERS: Tuple[str, ...] = (SUMMARY, METRICS, CONFIG)
 
@@ -106,8 +111,8 @@ MANIFEST = "contrastkit-manifest.json"
 #: their SHA-256 files.
 CHECKPOINT_FILES: Tuple[str, ...] = tuple(f"{CHECKPOINTS}/{name}{suffix}" for name in (LAST_CHECKPOINT, PREVIOUS_CHECKPOINT)
                                           for suffix in ("", DIGEST_SUFFIX))
-RUN_FILES: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, SUMMARY) + CHECKPOINT_FILES + (TOKENIZER, REPORT,
-                                                                                                   SKIPPED)
+RUN_FILES: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, SUMMARY) + CHECKPOINT_FILES + (
+    TOKENIZER, LAST_BATCH, REPORT, EXPLORER, SKIPPED)
 # ------------------------------------------------------------------------------ (manifests end)
 
 
@@ -179,6 +184,14 @@ class RunFolder:
     @property
     def neighbor_indexes(self) -> str:
         return self._path(NEIGHBOR_INDEXES)
+
+    @property
+    def last_batch(self) -> str:
+        return self._path(LAST_BATCH)
+
+    @property
+    def explorer(self) -> str:
+        return self._path(EXPLORER)
 
     def __repr__(self) -> str:
         return f"RunFolder({self.root!r})"

@@ -26,9 +26,11 @@ TINY_CLI = ["--epochs", "1", "--batch-size", "8", "--quiet"] + [
     arg for key, value in TINY_GLYPHLAB.items() for arg in ("--data-option", f"{key}={value}")]
 TINY_STUDY = ["--seeds", "1", "--epochs", "1", "--batch-size", "8", "--no-progress"] + [
     arg for key, value in TINY_GLYPHLAB.items() for arg in ("--data-option", f"{key}={value}")]
-# A one-epoch run: the checkpoint and its SHA-256 file (no previous.pt yet).
+# A one-epoch run: the checkpoint and its SHA-256 file (no previous.pt yet), the last batch kept for
+# the pictures, the report and the explorer page on that batch the report links to.
 RUN_FILES = {"config.json", "config.yaml", "metrics.jsonl", "summary.json", "checkpoints/last.pt", "checkpoints/last.pt.sha256",
-             "report.html"}
+             "last_batch.pt", "report.html", "explorer.html"}
+PAGES = {"report.html", "explorer.html"}
 
 
 def tiny_config(out, **overrides):
@@ -137,7 +139,7 @@ def test_a_study_lists_its_files_and_its_runs_as_nested_manifests(study):
     assert sorted(manifest.nested) == ["runs/pairsA-seed0", "runs/pairsB-seed0"]
     assert set(manifest.files) == {"experiment.json", "results.csv", "verdicts.json", "positive_pairs.png"}
     for sub in manifest.nested:
-        assert set(Manifest(study / sub).files) == RUN_FILES - {"report.html"}
+        assert set(Manifest(study / sub).files) == RUN_FILES - PAGES
         assert Manifest(study / sub).check() == []
     assert manifest.check() == []
 
@@ -155,7 +157,7 @@ def test_resume_keeps_the_manifest_consistent(tmp_path):
     pretrain(tiny_config(out, epochs=2), resume=True, progress=False, baselines=False)
     assert Manifest(out).check() == []
     # two epochs: the first checkpoint is kept as previous.pt, with its digest
-    assert set(Manifest(out).files) == (RUN_FILES - {"report.html"}) | {"checkpoints/previous.pt",
+    assert set(Manifest(out).files) == (RUN_FILES - PAGES) | {"checkpoints/previous.pt",
                                                                        "checkpoints/previous.pt.sha256"}
 
 

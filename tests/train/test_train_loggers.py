@@ -10,6 +10,7 @@ import pytest
 
 from _tiny_run import tiny_config
 from contrastkit.cli import main
+from contrastkit.metrics.batch import DIAGNOSTICS
 from contrastkit.train import PretrainConfig, pretrain
 from contrastkit.train import loggers as loggers_module
 from contrastkit.train.loggers import Loggers, flatten_scalars, probe_table_markdown
@@ -45,9 +46,11 @@ def test_csv_holds_every_step_epoch_val_and_summary_number(logged_run):
     records = _records(out)
     steps = [r for r in records if r["kind"] == "step"]
     train = {(int(r["step"]), r["name"]): float(r["value"]) for r in rows if r["group"] == "train"}
-    assert len(train) == 4 * len(steps)
+    # The step's own numbers and its batch diagnostics (contrastkit.metrics.batch), every logged step.
+    names = ("loss", "tau", "lr", "images_per_second") + DIAGNOSTICS + ("negatives",)
+    assert len(train) == len(names) * len(steps)
     for record in steps:
-        for name in ("loss", "tau", "lr", "images_per_second"):
+        for name in names:
             assert train[(record["step"], name)] == record[name]
     val = {(int(r["epoch"]), r["name"]): float(r["value"]) for r in rows if r["group"] == "val"}
     for record in (r for r in records if r["kind"] == "epoch"):

@@ -1,10 +1,13 @@
-"""``contrastkit explore``: write (or serve) the interactive temperature explorer and open it."""
+"""``contrastkit explore [RUN]``: write (or serve) the interactive temperature explorer and open it;
+given a run folder, on real rows of that run's last training batch
+(:func:`contrastkit.report.explorer.run_presets`), written to ``RUN/explorer.html``."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from contrastkit import layout
 from contrastkit.commands.common import UsageError
 
 DEFAULT_OUT = "contrastkit-explorer.html"
@@ -13,9 +16,12 @@ DEFAULT_PORT = 8765
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", nargs="?", default=None,
+                        help="a contrastkit pretrain output: open the explorer on the anchors of lowest, median and "
+                             "highest p+ of its last training batch, at its tau (default: the texts' examples only)")
     parser.add_argument("--out", metavar="FILE", default=None,
-                        help=f"where to write the page (default ./{DEFAULT_OUT}; with --serve, nothing is "
-                             "written unless --out is given)")
+                        help=f"where to write the page (default ./{DEFAULT_OUT}, RUN/explorer.html for a run; with "
+                             "--serve, nothing is written unless --out is given)")
     parser.add_argument("--force", action="store_true",
                         help="replace FILE even if it was not written by contrastkit")
     parser.add_argument("--serve", action="store_true",
@@ -29,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from contrastkit.report.document import open_in_browser
-    from contrastkit.report.explorer import ExplorerServer, write_explorer
+    from contrastkit.report.explorer import PRESETS, ExplorerServer, write_explorer
 
     if not args.serve and (args.port is not None or args.serve_seconds is not None):
         raise UsageError("--port and --serve-seconds only apply with --serve")
@@ -40,13 +46,18 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < seconds < float("inf"):
         raise UsageError(f"--serve-seconds must be a positive number of seconds, got {seconds:g}")
 
+    presets, default_out = None, DEFAULT_OUT
+    if args.run is not None:
+        presets, default_out = _run_rows(args.run), layout.RunFolder(args.run).explorer
+        presets += PRESETS
     if args.out is not None or not args.serve:
-        path = write_explorer(Path(args.out if args.out is not None else DEFAULT_OUT), force=args.force)
+        path = write_explorer(Path(args.out if args.out is not None else default_out), force=args.force,
+                              presets=presets)
         print(f"wrote {path}")
         if not args.serve and not args.no_open:
             open_in_browser(path.resolve().as_uri())
     if args.serve:
-        server = ExplorerServer(port)
+        server = ExplorerServer(port, presets=presets)
         print(f"serving the explorer on {server.url} for {seconds:g} s (Ctrl+C to stop)", flush=True)
         if not args.no_open:
             open_in_browser(server.url)
@@ -55,3 +66,19 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("stopped")
     return 0
+
+
+def _run_rows(run: str) -> list:
+    """The explorer's rows of the run folder ``run`` (its last batch)."""
+    import os
+
+    from contrastkit.report.explorer import run_presets
+    from contrastkit.train.last_batch import read_last_batch
+
+    if not os.path.isdir(run):
+        raise FileNotFoundError(f"run folder {run} does not exist")
+    batch = read_last_batch(run)
+    if batch is None:
+        raise ValueError(f"{run} has no {layout.LAST_BATCH}: it is not a finished contrastkit pretrain run, or was "
+                         "written by an older contrastkit (train it again to keep its last batch)")
+    return run_presets(batch)

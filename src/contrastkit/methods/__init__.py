@@ -32,6 +32,7 @@ from .moco import MoCo
 from .optimization import build_lr_scheduler, build_optimizer, warmup_cosine
 from .registry import METHOD_REGISTRY, get_method, method_names, register_method, unregister_method
 from .siglip import Siglip, SiglipModel
+from .tap import BatchTap, observe_batch
 from .two_view import DCL, ContrastiveModel, HardNegative, Simple, SimCLR, SupCon, TwoViewMethod
 
 # The built-in methods, in the order the CLI lists them.
@@ -43,4 +44,4 @@ __all__ = ["Method", "TwoViewMethod", "EvalContext", "Batch", "across_ranks", "M
            "unregister_method", "get_method", "method_names", "PretrainConfig", "OPTIMIZERS", "RESUME_MAY_CHANGE",
            "load_data", "limit_data", "build_model", "ContrastiveModel", "ConvirtModel", "SiglipModel", "SimCLR",
            "MoCo", "SupCon", "DCL", "Simple", "HardNegative", "Convirt", "Siglip", "cached_gradient_loss",
-           "average_gradients", "build_optimizer", "build_lr_scheduler", "warmup_cosine"]
+           "average_gradients", "build_optimizer", "build_lr_scheduler", "warmup_cosine", "BatchTap", "observe_batch"]

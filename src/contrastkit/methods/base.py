@@ -7,7 +7,8 @@ its own configuration options (:meth:`Method.complete`), the data it reads
 (:meth:`Method.load_data`), how a batch is drawn (:meth:`Method.batches`: two augmented views of
 images, or images and the token ids of their texts), the model it trains
 (:meth:`Method.build_model`), its loss (:meth:`Method.embed` then :meth:`Method.objective`,
-together :meth:`Method.loss`) and its own evaluation (:meth:`Method.val_metrics` each
+together :meth:`Method.loss`), the similarity matrix its batch diagnostics read
+(:meth:`Method.batch_problem`) and its own evaluation (:meth:`Method.val_metrics` each
 ``eval_every`` epochs, :meth:`Method.readout` and :meth:`Method.test_metrics` at the end). The
 linear probe and kNN read-out of the encoder, common to all methods, are not a method's: they
 run wherever the data carry labels (:mod:`contrastkit.metrics.readout`).
@@ -24,8 +25,11 @@ from torch import Tensor, nn
 from contrastkit import layout
 from contrastkit.data import DataSplits, open_data
 
+from contrastkit.metrics.batch import BatchProblem
+
 from .accumulation import cached_gradient_loss
 from .config import PretrainConfig
+from .tap import observe_batch
 
 __all__ = ["Method", "EvalContext", "Batch", "across_ranks"]
 
@@ -138,7 +142,18 @@ class Method:
         """Mean loss over the batch: ``objective(model, embed(model, batch), labels)`` (the
         forward of one training step; MoCo also enqueues its keys afterwards)."""
         self._check_cross_rank(model)
-        return self.objective(model, self.embed(model, batch), labels)
+        embeddings = self.embed(model, batch)
+        observe_batch(self, model, embeddings)
+        return self.objective(model, embeddings, labels)
+
+    def batch_problem(self, model: nn.Module, embeddings: Tuple[Tensor, ...]) -> Optional[BatchProblem]:
+        """The choice each anchor of a training batch faces, from the step's ``embeddings``
+        (as :meth:`embed` returned them, detached): the similarity matrix the loss contrasts,
+        the positives, and what each row and column is
+        (:class:`~contrastkit.metrics.batch.BatchProblem`). The trainer's batch diagnostics and
+        the report's pictures of one real batch are read from it. ``None`` (the default, for a
+        method that does not say): no diagnostics."""
+        return None
 
     def cached_gradient_loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor],
                              micro_batch: int) -> Tensor:
@@ -148,9 +163,11 @@ class Method:
         no layer has batch statistics; returns the (detached) loss."""
         self.require_cached_gradients()
         self._check_cross_rank(model)
-        return cached_gradient_loss(lambda part: self.embed(model, part),
-                                    lambda embeddings: self.objective(model, embeddings, labels),
-                                    batch, micro_batch, model=model)
+        def objective(embeddings: Tuple[Tensor, ...]) -> Tensor:
+            observe_batch(self, model, embeddings)
+            return self.objective(model, embeddings, labels)
+
+        return cached_gradient_loss(lambda part: self.embed(model, part), objective, batch, micro_batch, model=model)
 
     def require_cached_gradients(self) -> None:
         """Raise ``ValueError`` unless the method takes ``--micro-batch`` (:attr:`cached_gradients`)."""

@@ -31,6 +31,7 @@ from contrastkit import losses
 from contrastkit.data import DataSplit, DataSplits, PairedImages
 from contrastkit.data.paired import check_paired_source
 from contrastkit.losses.validation import check_probability
+from contrastkit.metrics.batch import IMAGE, TEXT, BatchProblem
 from contrastkit.metrics.readout import extract_features
 from contrastkit.models import ProjectionHead, build_encoder
 from contrastkit.models.text import TEXT_ENCODERS, TextEncoder, WordTokenizer
@@ -342,6 +343,19 @@ class Convirt(Method):
         v, u = embeddings
         return losses.bidirectional_info_nce(v, u, temperature=model.temperature, weight=model.weight,
                                              **across_ranks(model))
+
+    def batch_problem(self, model: nn.Module, embeddings: Tuple[Tensor, ...]) -> Optional[BatchProblem]:
+        """The image-to-text direction: each image against every text of the batch, its own text
+        the positive (the diagonal). For SigLIP, whose loss takes every pair as its own binary
+        decision, the softmax view of the same similarities."""
+        v, u = embeddings
+        dtype = torch.float32 if v.device.type == "mps" else torch.float64
+        v = torch.nn.functional.normalize(v.to(dtype), dim=1)
+        u = torch.nn.functional.normalize(u.to(dtype), dim=1)
+        n, device = v.shape[0], v.device
+        items = torch.arange(n, device=device)
+        return BatchProblem(v @ u.T, items, False, items, torch.full((n,), IMAGE, device=device), items,
+                            torch.full((n,), TEXT, device=device), "each image against every text of the batch")
 
     def val_metrics(self, run: EvalContext) -> Dict[str, Any]:
         return val_retrieval(run.model, run.dataset, run.device)

@@ -12,9 +12,12 @@ from torch import Tensor, nn
 from contrastkit import losses
 from contrastkit.distributed import KeyQueue, shuffle_across_ranks
 
+from contrastkit.metrics.batch import NOT_AN_ITEM, OWN_ITEM, QUEUED, VIEW_A, VIEW_B, BatchProblem
+
 from .accumulation import cached_gradient_loss
 from .base import Batch
-from .two_view import ContrastiveModel, TwoViewMethod
+from .tap import observe_batch
+from .two_view import ContrastiveModel, TwoViewMethod, _similarity_dtype
 
 __all__ = ["MoCo"]
 
@@ -55,9 +58,27 @@ class MoCo(TwoViewMethod):
         query, keys = embeddings
         return losses.info_nce(query, keys, model.queue.negatives(oldest_first=False), temperature=model.temperature)
 
+    def batch_problem(self, model: nn.Module, embeddings: Tuple[Tensor, ...]) -> Optional[BatchProblem]:
+        """Each query (view A) against its own key (view B, the positive, column 0) and the
+        queue's keys (the negatives, earlier steps' keys: no image of this batch)."""
+        query, keys = embeddings
+        dtype = _similarity_dtype(query)
+        q = F.normalize(query.to(dtype), dim=1)
+        k = F.normalize(keys.to(dtype), dim=1)
+        queue = F.normalize(model.queue.negatives(oldest_first=False).to(q.device, dtype), dim=1)
+        n, m = q.shape[0], queue.shape[0]
+        similarities = torch.cat([(q * k).sum(1, keepdim=True), q @ queue.T], dim=1)
+        device = q.device
+        return BatchProblem(similarities, torch.zeros(n, dtype=torch.long, device=device), False,
+                            torch.arange(n, device=device), torch.full((n,), VIEW_A, device=device),
+                            torch.tensor([OWN_ITEM] + [NOT_AN_ITEM] * m, device=device),
+                            torch.tensor([VIEW_B] + [QUEUED] * m, device=device),
+                            "each query (view A) against its own key (view B) and the queue of earlier keys")
+
     def loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor] = None) -> Tensor:
         self._check_cross_rank(model)
         embeddings = self.embed(model, batch)
+        observe_batch(self, model, embeddings)  # before the keys are enqueued: the queue the loss saw
         loss = self.objective(model, embeddings, labels)
         if model.training:
             model.queue.enqueue(embeddings[1], group=model.distributed)
@@ -74,6 +95,7 @@ class MoCo(TwoViewMethod):
 
         def objective(embeddings: Tuple[Tensor, ...]) -> Tensor:
             keys.append(_keys(model, view_b, micro_batch))
+            observe_batch(self, model, (embeddings[0], keys[0]))
             return self.objective(model, (embeddings[0], keys[0]), labels)
 
         loss = cached_gradient_loss(lambda part: (model.head(model.encoder(part)),), objective, view_a,

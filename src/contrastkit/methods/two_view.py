@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from contrastkit import losses
 from contrastkit.data import MODES, DataSplit, DataSplits, training_views
+from contrastkit.metrics.batch import VIEW_A, VIEW_B, BatchProblem
 from contrastkit.models import ProjectionHead, build_encoder
 
 from .base import Batch, EvalContext, Method, across_ranks
@@ -64,6 +66,20 @@ class TwoViewMethod(Method):
         n = view_a.shape[0]
         z = model.head(model.encoder(torch.cat([view_a, view_b], dim=0)))
         return z[:n], z[n:]
+
+    def batch_problem(self, model: nn.Module, embeddings: Tuple[Tensor, ...]) -> Optional[BatchProblem]:
+        """SimCLR's ``2B x 2B`` matrix of both views' cosine similarities: row ``i`` (view A of
+        element ``i``, then view B of each) against every view, its positive the other view of
+        its element (``i <-> i + B``), itself excluded. The loss of DCL, SupCon, the simple and
+        the hard-negative loss weigh the same matrix differently: its diagnostics are those of
+        the NT-Xent choice."""
+        z_a, z_b = embeddings
+        n = z_a.shape[0]
+        z = F.normalize(torch.cat([z_a, z_b]).to(_similarity_dtype(z_a)), dim=1)
+        items = torch.arange(2 * n, device=z.device) % n
+        views = torch.cat([torch.full((n,), VIEW_A), torch.full((n,), VIEW_B)]).to(z.device)
+        return BatchProblem(z @ z.T, (torch.arange(2 * n, device=z.device) + n) % (2 * n), True, items, views,
+                            items, views, "both views of the batch against each other (self excluded)")
 
     def _geometry(self, run: EvalContext, split: DataSplit) -> Dict[str, Any]:
         return geometry(run.model, split, run.batches, run.device, batch_size=run.batch_size,
@@ -182,6 +198,11 @@ class ContrastiveModel(nn.Module):
         """Mean loss over the batch; ``view_a``/``view_b`` ``(N, C, H, W)``, row ``i`` of each
         from the same source image; ``labels`` ``(N,)`` (used by ``supcon`` only)."""
         return self.training_method.loss(self, (view_a, view_b), labels)
+
+
+def _similarity_dtype(t: Tensor) -> torch.dtype:
+    """float64 for a batch's similarities, where the device has it."""
+    return torch.float32 if t.device.type == "mps" else torch.float64
 
 
 def _rename_old_queue(module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:

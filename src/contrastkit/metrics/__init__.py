@@ -6,8 +6,12 @@
   pure torch, chunked so large evaluation sets fit in memory).
 * The read-out protocol of an encoder on a labelled data set, with its raw-pixel and
   random-init baselines (:mod:`contrastkit.metrics.readout`).
+* A training batch's diagnostics: each anchor's ``p+`` and effective number of negatives, the
+  similarities of its positive and negatives, and the failures they show
+  (:mod:`contrastkit.metrics.batch`; the trainer records them at every logged step).
 """
 
+from .batch import DIAGNOSTICS, WARNINGS, BatchProblem, batch_diagnostics, batch_warnings
 from .probe import DEFAULT_C_GRID, PROBE_MAX_ITER, PROBE_TOLERANCE, ProbeResult, knn_accuracy, knn_predict, linear_probe
 from .representation import (
     SimilarityProfile,
@@ -26,4 +30,5 @@ __all__ = [
     "alignment", "uniformity", "tolerance", "similarity_profile", "SimilarityProfile",
     "penalty_entropy", "effective_rank", "representation_metrics",
     "extract_features", "pixel_features", "evaluate_features", "evaluate_encoders", "BaselineStore",
+    "BatchProblem", "batch_diagnostics", "batch_warnings", "DIAGNOSTICS", "WARNINGS",
 ]

@@ -15,7 +15,7 @@ import os
 import sys
 import webbrowser
 from pathlib import Path
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from contrastkit.manifest import Manifest
 
@@ -107,6 +107,14 @@ class Page:
         self.subtitle = subtitle
         self.generator = generator
         self._parts: List[str] = []
+        self._styles: List[str] = []
+        #: Seconds spent on parts of the page (``pictures``), for whoever measures it.
+        self.timings: Dict[str, float] = {}
+
+    def add_style(self, css: str) -> None:
+        """Styles the page needs beyond the common ones (added once, after them)."""
+        if css not in self._styles:
+            self._styles.append(css)
 
     # -- building blocks (return HTML strings, to be placed inside a section)
 
@@ -192,7 +200,7 @@ class Page:
             f"<meta name=\"generator\" content=\"{self.text(self.generator)}\">\n"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
             "style-src 'unsafe-inline'; img-src data:\">\n"
-            f"<title>{self.text(self.title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+            f"<title>{self.text(self.title)}</title>\n<style>{_CSS}{''.join(self._styles)}</style>\n</head>\n<body>\n"
             f"<header><h1>{self.text(self.title)}</h1><p class=\"sub\">{self.text(self.subtitle)}</p></header>\n"
             "<main>\n" + "\n".join(self._parts) + "\n</main>\n"
             f"<footer>Written by <code>{self.text(self.generator)}</code> (contrastkit {self.text(__version__)}). "

@@ -11,6 +11,14 @@ library in a real browser). A second panel, the sigmoid view, shows the same row
 SigLIP's sigmoid loss with a bias slider: the single-row case of
 :func:`contrastkit.analysis.explain_sigmoid`, checked the same way.
 
+On a run (``contrastkit explore RUN``, :func:`write_run_explorer`; the run's report links to
+it) the page opens on real rows: three anchors of the run's last training batch
+(``RUN/last_batch.pt``, :mod:`contrastkit.train.last_batch`), those with the lowest, median and
+highest ``p+``, each against every candidate of its denominator (the positive first, then the
+negatives from the most similar), at the run's ``tau``, with the images of the query, the
+positive and the hardest negatives (:func:`run_presets`). The page computes them with the same
+formulas as :func:`contrastkit.analysis.explain` on the same row.
+
 Everything is inline (CSS, JavaScript, data); a Content-Security-Policy in the page forbids
 any network access, so it works offline and from ``file://``.
 """
@@ -27,7 +35,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .document import is_generated_by, write_page
 
-__all__ = ["PRESETS", "GENERATOR", "explorer_html", "write_explorer", "is_explorer_page", "ExplorerServer"]
+__all__ = ["PRESETS", "GENERATOR", "explorer_html", "write_explorer", "is_explorer_page", "ExplorerServer",
+           "run_presets", "write_run_explorer"]
 
 #: Marks a file as written by contrastkit, so that it may be replaced without ``--force``.
 GENERATOR = "contrastkit explore"
@@ -131,13 +140,90 @@ def is_explorer_page(path: PathLike) -> bool:
     return is_generated_by(path, GENERATOR)
 
 
-def write_explorer(path: PathLike = "contrastkit-explorer.html", *, force: bool = False) -> Path:
-    """Write the explorer page to ``path`` and return the path.
+def write_explorer(path: PathLike = "contrastkit-explorer.html", *, force: bool = False,
+                   presets: Optional[Sequence[Dict[str, Any]]] = None) -> Path:
+    """Write the explorer page (with ``presets``, default :data:`PRESETS`) to ``path`` and return the path.
 
     An existing file is replaced only if it is an explorer page written earlier, or with
     ``force=True``; anything else raises ``FileExistsError``. The file is written atomically.
     """
-    return write_page(path, explorer_html(), generator=GENERATOR, force=force)
+    return write_page(path, explorer_html(presets=presets), generator=GENERATOR, force=force)
+
+
+def _data_uri(image: Any) -> Optional[str]:
+    if image is None:
+        return None
+    import base64
+
+    from .images import png_bytes
+
+    return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode("ascii")
+
+
+def run_presets(batch: Any) -> List[Dict[str, Any]]:
+    """The explorer's rows from a run's last batch (a :class:`~contrastkit.train.last_batch.LastBatch`):
+    for the anchors of lowest, median and highest ``p+`` (in that order), the similarities to
+    every candidate of the anchor's denominator (the positive first, then the negatives from the
+    most similar), the positive at index 0, the run's ``tau``; ``images`` (data URIs, or
+    ``None``) of the candidates whose image the batch kept, ``query_image`` of the anchor.
+    ``row`` / ``columns`` say where the row lies in the batch's matrix."""
+    from contrastkit.metrics.batch import QUEUED, TEXT
+
+    if batch.similarities is None:
+        raise ValueError(f"{batch.path} keeps no similarity matrix: the batch was too large")
+    similarities = batch.similarities.double()
+    k = similarities.shape[1]
+    names = {0: "A", 1: "B", 2: "image", TEXT: "text", QUEUED: "queued key"}
+    long_names = {0: "view A", 1: "view B", 2: "image", TEXT: "text", QUEUED: "queued key"}
+    p_positive = batch.explanation().positive_probability
+    presets = []
+    for role, row in batch.anchors.items():
+        positive = int(batch.positive[row])
+        others = [c for c in range(k) if c != positive and not (batch.exclude_diagonal and c == row)]
+        others.sort(key=lambda c: (-float(similarities[row, c]), c))
+        columns = [positive] + others
+        labels, images = [], []
+        for rank, column in enumerate(columns):
+            item, view = batch.column_item(row, column)
+            if item < 0:
+                label = f"{names.get(view, 'candidate')} {column}"
+            else:
+                index = int(batch.indices[item])
+                name = batch.label_name(item)
+                label = f"{names.get(view, 'candidate')} #{index}" + (f" {name}" if name else "")
+            labels.append(("+ " if rank == 0 else "") + label)
+            images.append(_data_uri(batch.picture(item, view)) if item >= 0 else None)
+        item, view = batch.row_item(row)
+        index = int(batch.indices[item])
+        name = batch.label_name(item)
+        query = f"query: anchor {row}, {long_names.get(view, '')} of training image #{index}" + (f" ({name})" if name else "")
+        presets.append({
+            "id": f"run-{role}", "group": f"This run's last batch (step {batch.step})",
+            "title": f"{role} p+ ({p_positive[row]:.3g})", "labels": labels,
+            "similarities": [float(similarities[row, c]) for c in columns], "positive": 0,
+            "temperature": batch.temperature, "images": images,
+            "query_image": _data_uri(batch.picture(item, view)), "query_label": query,
+            "row": int(row), "columns": [int(c) for c in columns],
+            "note": f"A real row of the run ({batch.method}, step {batch.step}): {query}, against the {len(columns)} "
+                    f"candidates of its denominator ({batch.description}), at the run's τ = {batch.temperature:.4g}. "
+                    f"Its p+ is the {role} of the batch's {similarities.shape[0]} anchors.",
+        })
+    return presets
+
+
+def write_run_explorer(run_dir: PathLike, out: Optional[PathLike] = None, *, force: bool = False) -> Path:
+    """Write the explorer on the rows of the run in ``run_dir`` (:func:`run_presets`, then the
+    texts' examples) to ``out`` (default ``run_dir/explorer.html``); a run without a kept last
+    batch is a ``ValueError``."""
+    from contrastkit import layout
+    from contrastkit.train.last_batch import read_last_batch
+
+    batch = read_last_batch(os.fspath(run_dir))
+    if batch is None:
+        raise ValueError(f"{run_dir} has no {layout.LAST_BATCH}: the run has not finished, or was written by an "
+                         "older contrastkit (train it again to keep its last batch)")
+    target = layout.RunFolder(run_dir).explorer if out is None else out
+    return write_explorer(target, force=force, presets=run_presets(batch) + PRESETS)
 
 
 class _PageHandler(BaseHTTPRequestHandler):
@@ -174,16 +260,18 @@ class _PageHandler(BaseHTTPRequestHandler):
 class ExplorerServer:
     """The explorer page over HTTP on ``127.0.0.1`` only.
 
-    ``port=0`` picks a free port; :attr:`url` is where the page is. Use :meth:`serve_for`
+    ``port=0`` picks a free port; :attr:`url` is where the page is; ``presets``: the page's
+    examples (default :data:`PRESETS`; a run's rows: :func:`run_presets`). Use :meth:`serve_for`
     (blocking, stops after ``seconds``) or :meth:`start` / :meth:`stop` (a background thread).
     """
 
     host = "127.0.0.1"
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, *, presets: Optional[Sequence[Dict[str, Any]]] = None) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
-        handler = type("ExplorerPageHandler", (_PageHandler,), {"page": explorer_html().encode("utf-8")})
+        handler = type("ExplorerPageHandler", (_PageHandler,),
+                       {"page": explorer_html(presets=presets).encode("utf-8")})
         try:
             self._httpd = ThreadingHTTPServer((self.host, port), handler)
         except OSError as err:

@@ -10,7 +10,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .reading import BASELINES, READOUTS, REPRESENTATION_KEYS, mean_std, number
 
-__all__ = ["training_figure", "readout_figure", "profile_figure", "geometry_figure", "accuracy_vs_tau_figure"]
+__all__ = ["training_figure", "readout_figure", "profile_figure", "geometry_figure", "accuracy_vs_tau_figure",
+           "batch_figure", "map_figure", "diagnostics_by_tau_figure", "CLASS_COLORS"]
+
+#: One colour per class (matplotlib's tab10, then tab20's light tones).
+CLASS_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+                "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7",
+                "#dbdb8d", "#9edae5"]
 
 
 def _figure(width: float, height: float, *, left: float = 0.75, bottom: float = 0.55, top: float = 0.35,
@@ -39,11 +45,14 @@ def training_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
     taus = [r for r in records if r.get("kind") in ("step", "tau") and number(r.get("tau")) is not None
             and number(r.get("step")) is not None]
     validation = [r for r in epochs if number(r.get("val_knn_accuracy")) is not None]
+    batch = [r for r in steps if number(r.get("positive_probability")) is not None]
     panels = []
     if steps or epochs:
         panels.append("loss")
     if taus:
         panels.append("tau")
+    if batch:
+        panels += ["choice", "similarity"]
     if any(number(r.get("lr")) is not None for r in steps):
         panels.append("lr")
     if validation:
@@ -55,6 +64,8 @@ def training_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
     columns = 2 if len(panels) > 1 else 1
     rows = math.ceil(len(panels) / columns)
     figure = _figure(10.5 if columns == 2 else 6.5, 3.1 * rows, rows=rows)
+    if "choice" in panels:  # room for the right-hand axis of the p+ / e^H panel
+        figure.subplots_adjust(wspace=0.5, right=1 - 0.75 / 10.5)
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
     for ax in axes[len(panels):]:
         ax.set_visible(False)
@@ -81,6 +92,35 @@ def training_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
                 ax.set_ylim(0, 1.5 * max(values) if max(values) > 0 else 1)
             ax.set_title("Temperature τ")
             ax.set_ylabel("τ")
+        elif panel == "choice":
+            x = [r["step"] for r in batch]
+            ax.plot(x, [r["positive_probability"] for r in batch], color="#1a8a4a", linewidth=2, label="mean p+")
+            ax.set_ylim(0, 1.02)
+            ax.set_ylabel("p+", color="#1a8a4a")
+            ax.set_title("Batch: p+ and effective negatives")
+            right = ax.twinx()
+            effective = [number(r.get("effective_negatives")) for r in batch]
+            right.plot(x, effective, color="#7b3fc4", linewidth=2, label="mean e^H")
+            negatives = [number(r.get("negatives")) for r in batch if number(r.get("negatives"))]
+            if negatives:
+                right.axhline(max(negatives), color="#7b3fc4", linestyle=":", linewidth=1, label="all negatives")
+            right.set_ylim(0, 1.05 * max([v for v in effective if v is not None] + negatives + [1.0]))
+            right.set_ylabel("effective negatives e^H", color="#7b3fc4")
+            right.spines["top"].set_visible(False)
+            lines = ax.get_lines() + right.get_lines()
+            ax.legend(lines, [line.get_label() for line in lines], frameon=False, fontsize=8, loc="center right")
+        elif panel == "similarity":
+            x = [r["step"] for r in batch]
+            for key, label, color in (("positive_similarity", "positive", "#1a8a4a"),
+                                      ("hardest_negative_similarity", "hardest negative", "#b3261e"),
+                                      ("negative_similarity", "mean negative", "#868e96")):
+                values = [number(r.get(key)) for r in batch]
+                if any(v is not None for v in values):
+                    ax.plot(x, values, color=color, linewidth=2, label=label)
+            ax.set_ylim(-1.02, 1.02)
+            ax.set_title("Batch: cosine similarities")
+            ax.set_ylabel("mean similarity")
+            ax.legend(frameon=False, fontsize=8)
         elif panel == "lr":
             ax.plot([r["step"] for r in steps if number(r.get("lr")) is not None],
                     [r["lr"] for r in steps if number(r.get("lr")) is not None], color="#5c940d", linewidth=2)
@@ -218,4 +258,109 @@ def accuracy_vs_tau_figure(groups: Dict[Tuple[str, Optional[float]], List[Dict[s
     ax.set_xlabel("temperature τ")
     ax.set_ylabel("linear-probe accuracy (test)")
     ax.legend(frameon=False, fontsize=8)
+    return figure
+
+
+def batch_figure(similarities: Any, positive: Sequence[int], exclude_diagonal: bool, p_positive: Sequence[float],
+                 effective: Sequence[float], negatives: int, lowest: int, temperature: float) -> Any:
+    """One real training batch: its similarity matrix (positives marked, self excluded) and each
+    anchor's ``p+`` against its effective number of negatives at the run's ``tau``."""
+    import numpy as np
+
+    s = np.asarray(similarities, dtype=np.float64)
+    m, k = s.shape
+    figure = _figure(11.0, 4.6, left=0.6, right=0.3, bottom=0.6, top=0.45)
+    ax, scatter = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1.05, 1.0], "wspace": 0.45})
+    shown = np.ma.masked_array(s, mask=np.zeros_like(s, dtype=bool))
+    if exclude_diagonal:
+        np.fill_diagonal(shown.mask, True)
+    from matplotlib import colormaps
+
+    cmap = colormaps["RdBu_r"].with_extremes(bad="#d9dde3")
+    image = ax.imshow(shown, cmap=cmap, vmin=-1, vmax=1, interpolation="nearest", aspect="auto")
+    marker = max(0.4, min(12.0, 2000.0 / max(m, k)))
+    ax.scatter(list(positive), range(m), s=marker, facecolors="none", edgecolors="#111", linewidths=0.6,
+               label="positive")
+    ax.axhline(lowest, color="#f0a400", linewidth=1.0, label="lowest p+")
+    ax.set_xlabel("candidate")
+    ax.set_ylabel("anchor")
+    ax.set_title(f"Similarity matrix ({m} x {k})" + ("; self excluded (grey)" if exclude_diagonal else ""),
+                 fontsize=10)
+    ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
+    figure.colorbar(image, ax=ax, fraction=0.046, pad=0.02, label="cosine similarity")
+    _style(scatter)
+    scatter.scatter(p_positive, effective, s=10, color="#2457c5", alpha=0.6, label="anchor")
+    scatter.scatter([p_positive[lowest]], [effective[lowest]], s=40, color="#f0a400", edgecolors="#111",
+                    label="lowest p+", zorder=3)
+    scatter.axhline(negatives, color="#7b3fc4", linestyle=":", linewidth=1, label=f"all {negatives} negatives")
+    scatter.axhline(1, color="#868e96", linestyle=":", linewidth=1)
+    scatter.set_xlim(-0.02, 1.02)
+    scatter.set_ylim(0, negatives * 1.08 + 1)
+    scatter.set_xlabel("p+ (probability of the positive)")
+    scatter.set_ylabel("effective negatives e^H")
+    scatter.set_title(f"Each anchor at τ = {temperature:.4g}", fontsize=10)
+    scatter.legend(frameon=False, fontsize=7, loc="upper right")
+    return figure
+
+
+def map_figure(embedding: Any, labels: Optional[Sequence[int]], class_names: Sequence[str],
+               thumbnails: Sequence[Tuple[int, Any]], method: str) -> Any:
+    """The 2-D map of held-out embeddings, coloured by class, with ``thumbnails`` (position,
+    ``(H, W, C)`` uint8 image) drawn at their points."""
+    import numpy as np
+    from matplotlib.offsetbox import AnnotationBbox, OffsetImage
+
+    points = np.asarray(embedding, dtype=np.float64)
+    figure = _figure(9.5, 7.0, left=0.3, right=2.0, bottom=0.3, top=0.45)
+    ax = figure.subplots()
+    for side in ax.spines.values():
+        side.set_color("#dde1e7")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if labels is None:
+        ax.scatter(points[:, 0], points[:, 1], s=7, color="#2457c5", alpha=0.7, linewidths=0)
+    else:
+        labels = np.asarray(labels)
+        for c in sorted(set(labels.tolist())):
+            chosen = labels == c
+            name = class_names[c] if c < len(class_names) else str(c)
+            ax.scatter(points[chosen, 0], points[chosen, 1], s=7, color=CLASS_COLORS[c % len(CLASS_COLORS)],
+                       alpha=0.75, linewidths=0, label=name)
+        ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=2.5)
+    for position, image in thumbnails:
+        zoom = 28.0 / max(image.shape[0], image.shape[1])
+        box = OffsetImage(image if image.shape[2] == 3 else image[:, :, 0], zoom=zoom,
+                          cmap=None if image.shape[2] == 3 else "gray", interpolation="nearest")
+        color = "#868e96" if labels is None else CLASS_COLORS[int(labels[position]) % len(CLASS_COLORS)]
+        ax.add_artist(AnnotationBbox(box, tuple(points[position]), frameon=True, pad=0.1,
+                                     bboxprops={"edgecolor": color, "linewidth": 1.5}))
+    ax.set_title(f"{method} map of {len(points)} held-out images (trained encoder's h)", fontsize=10)
+    return figure
+
+
+def diagnostics_by_tau_figure(series: Dict[float, Sequence[Dict[str, Any]]]) -> Optional[Any]:
+    """Mean p+ and effective negatives over training, one line per temperature of a sweep."""
+    series = {tau: [r for r in records if number(r.get("positive_probability")) is not None]
+              for tau, records in series.items()}
+    series = {tau: records for tau, records in series.items() if records}
+    if not series:
+        return None
+    figure = _figure(10.5, 3.2)
+    left, right = figure.subplots(1, 2)
+    palette = ["#2457c5", "#d9480f", "#1a8a4a", "#7b3fc4", "#c2255c", "#0b7285", "#a66a00"]
+    for (tau, records), color in zip(sorted(series.items()), palette * 3):
+        x = [r["step"] for r in records]
+        left.plot(x, [r["positive_probability"] for r in records], color=color, linewidth=2, label=f"τ = {tau:g}")
+        right.plot(x, [number(r.get("effective_negatives")) for r in records], color=color, linewidth=2,
+                   label=f"τ = {tau:g}")
+    from matplotlib.ticker import MaxNLocator
+
+    for ax, title, label in ((left, "Batch: mean p+", "p+"), (right, "Batch: effective negatives", "e^H")):
+        _style(ax)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.legend(frameon=False, fontsize=8)
+    left.set_ylim(0, 1.02)
     return figure

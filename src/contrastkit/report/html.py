@@ -3,8 +3,12 @@
 The kind of folder is read from its files:
 
 * a pretraining run (``contrastkit pretrain``): ``config.json``, ``metrics.jsonl``,
-  ``summary.json`` -> configuration, loss / temperature / learning-rate curves, the read-out
-  table against the baselines, representation metrics when present;
+  ``summary.json`` -> configuration, loss / temperature / learning-rate curves with the batch
+  diagnostics and their warnings, the read-out table against the baselines, representation
+  metrics when present, and the pictures of its own images (views, neighbours, map, one real
+  batch: :mod:`.run_pictures`), drawn from its checkpoint, data and ``last_batch.pt``; next to
+  the report, ``explorer.html``: the temperature explorer on the last batch's rows, linked
+  from the page;
 * a temperature sweep (``contrastkit sweep``): ``sweep.csv`` (+ ``sweep.json``,
   ``verdicts.json`` and its plots) -> verdicts, mean +/- std per setting, the study's plots,
   every run;
@@ -14,7 +18,8 @@ The kind of folder is read from its files:
 This module finds the kind of folder and writes the page; each kind's page is built in its own
 module (:mod:`.run_page`, :mod:`.sweep_page`, :mod:`.experiment_page`) from the shared pieces of
 :mod:`.sections`, with figures from :mod:`.figures` (matplotlib's Agg canvas, imported lazily)
-embedded as base64 PNG; the page has no script and refers to nothing outside itself.
+embedded as base64 PNG; the page has no script and refers to nothing outside itself (but the
+explorer page written next to a run's report).
 """
 
 from __future__ import annotations
@@ -69,24 +74,57 @@ def detect_kind(path: PathLike) -> str:
         f"verdicts.json or result .csv files (contrastkit experiment)")
 
 
-def report_html(path: PathLike) -> str:
-    """The report of the run, sweep or experiment folder ``path`` as one HTML string."""
+def report_html(path: PathLike, *, pictures: bool = True, explorer_link: Optional[str] = None) -> str:
+    """The report of the run, sweep or experiment folder ``path`` as one HTML string;
+    ``pictures``: with the pictures of a run's (or a sweep's runs') images; ``explorer_link``:
+    the address of the explorer page on a run's last batch, relative to the page."""
     folder = _folder(path)
     kind = detect_kind(folder)
-    files = sorted(p.name for p in folder.iterdir() if p.name != REPORT_NAME)
-    return PAGES[kind](folder).render(footer=f"Folder kind: {kind}. Files: {', '.join(files)}.")
+    files = sorted(p.name for p in folder.iterdir() if p.name not in (REPORT_NAME, layout.EXPLORER))
+    if kind == "run":
+        page = run_page(folder, pictures=pictures, explorer_link=explorer_link)
+    elif kind == "sweep":
+        page = sweep_page(folder, pictures=pictures)
+    else:
+        page = PAGES[kind](folder)
+    return page.render(footer=f"Folder kind: {kind}. Files: {', '.join(files)}.")
 
 
-def write_report(path: PathLike, out: Optional[PathLike] = None, *, force: bool = False) -> Path:
+def write_report(path: PathLike, out: Optional[PathLike] = None, *, force: bool = False,
+                 pictures: bool = True) -> Path:
     """Write the report of folder ``path`` to ``out`` (default ``path/report.html``) and return it.
 
     A file at ``out`` is replaced only if it is an earlier contrastkit report, or with
-    ``force=True``; otherwise ``FileExistsError``.
+    ``force=True``; otherwise ``FileExistsError``. For a run with a kept last batch (and
+    ``pictures``), the explorer on its rows is written to ``path/explorer.html`` first and
+    linked from the report. ``pictures=False`` leaves the pictures out (no checkpoint or data read).
     """
     folder = _folder(path)
     target = Path(out) if out is not None else folder / REPORT_NAME
     check_target(target, generator=GENERATOR, force=force)  # before the (slower) drawing
-    return write_page(target, report_html(folder), generator=GENERATOR, force=force)
+    link = _run_explorer(folder, target) if pictures and detect_kind(folder) == "run" else None
+    return write_page(target, report_html(folder, pictures=pictures, explorer_link=link), generator=GENERATOR,
+                      force=force)
+
+
+def _run_explorer(folder: Path, target: Path) -> Optional[str]:
+    """Write the explorer on the run's last batch next to the run's files; its address relative
+    to the report at ``target`` (``None`` when the run keeps no batch matrix)."""
+    from contrastkit.train.last_batch import read_last_batch
+
+    from .explorer import write_run_explorer
+
+    try:
+        batch = read_last_batch(str(folder))
+    except ValueError:
+        return None  # the report says why
+    if batch is None or batch.similarities is None:
+        return None
+    try:
+        page = write_run_explorer(folder)
+    except FileExistsError:  # a file of the user's is in the way: the report goes without the link
+        return None
+    return Path(os.path.relpath(page.resolve(), target.resolve().parent)).as_posix()
 
 
 def report_after_run(run_dir: PathLike, *, stream: Optional[TextIO] = None) -> Optional[Path]:

@@ -1,21 +1,25 @@
-"""The report page of a pretraining run (``contrastkit pretrain``): its result, the read-out
-against the baselines, the training curves, the representation metrics, everything else in
-``summary.json``, and the configuration. Each section is one function; a section the run has
-no data for is left out."""
+"""The report page of a pretraining run (``contrastkit pretrain``): its result, the warnings of
+its batch diagnostics, the read-out against the baselines, the pictures of its own images
+(views, neighbours, map, one real batch: :mod:`.run_pictures`), the training curves, the
+representation metrics, everything else in ``summary.json``, and the configuration. Each
+section is one function; a section the run has no data for is left out."""
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from contrastkit import layout
 from contrastkit._io import read_json
 
 from .document import Page, fmt
+from .images import PICTURE_CSS
 from .figures import geometry_figure, profile_figure, readout_figure, training_figure
 from .reading import BASELINES, READOUTS, REPRESENTATION_KEYS, number, read_metrics
+from .run_pictures import batch_section, map_section, neighbours_section, views_section, warnings_section
 from .sections import MAX_TABLE_ROWS, report_page, settings_pairs
 
 __all__ = ["RunFiles", "read_run", "run_page"]
@@ -48,19 +52,58 @@ def read_run(folder: Path) -> RunFiles:
     return RunFiles(summary or {}, config, derived, records, bad_lines, os.path.isfile(run.metrics))
 
 
-def run_page(folder: Path) -> Page:
-    """The report page of the run folder ``folder``."""
+def run_page(folder: Path, *, pictures: bool = True, explorer_link: Optional[str] = None) -> Page:
+    """The report page of the run folder ``folder``; ``pictures``: with the pictures of its
+    images (they read its checkpoint and data); ``explorer_link``: where the explorer page on
+    its last batch is, relative to the page."""
     run = read_run(folder)
     method = run.summary.get("method", run.config.get("method", "?"))
     data = run.summary.get("data", run.config.get("data", "?"))
     page = report_page(f"Pretraining run: {method} on {data}", folder)
     _result_section(page, run)
+    warnings_section(page, run.records)
     _readout_section(page, run.summary)
+    if pictures:
+        _picture_sections(page, folder, explorer_link)
     _training_section(page, run)
     _representation_section(page, run.summary)
     _summary_section(page, run.summary)
     _configuration_section(page, run)
     return page
+
+
+def _picture_sections(page: Page, folder: Path, explorer_link: Optional[str]) -> None:
+    """Views, neighbours, map and one real batch, from the run's last batch, checkpoint and data
+    (a run without a checkpoint has none of them; one whose data cannot be read says why)."""
+    from contrastkit.train.last_batch import read_last_batch
+
+    started = time.perf_counter()
+    notes = []
+    try:
+        batch = read_last_batch(str(folder))
+    except ValueError as err:
+        batch, notes = None, [str(err)]
+    held = None
+    if os.path.isfile(layout.RunFolder(folder).last_checkpoint):
+        from .pictures import PICTURE_ERRORS, held_out_pictures
+
+        try:
+            held = held_out_pictures(str(folder))
+        except PICTURE_ERRORS as err:
+            notes.append(f"no pictures of held-out images: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+    if batch is None and held is None and not notes:
+        return
+    page.add_style(PICTURE_CSS)
+    for note in notes:
+        page.section("Pictures", page.paragraph(note, "warning"), section_id="pictures-note")
+    if batch is not None:
+        views_section(page, batch)
+    if held is not None:
+        neighbours_section(page, held)
+        map_section(page, held)
+    if batch is not None:
+        batch_section(page, batch, explorer_link=explorer_link)
+    page.timings["pictures"] = time.perf_counter() - started
 
 
 def _result_section(page: Page, run: RunFiles) -> None:
@@ -134,7 +177,12 @@ def _training_section(page: Page, run: RunFiles) -> None:
     parts = []
     figure = training_figure(run.records)
     if figure is not None:
-        parts.append(page.figure(figure, "Loss, temperature and learning rate over training steps (from metrics.jsonl).",
+        batch = any(r.get("positive_probability") is not None for r in run.records)
+        parts.append(page.figure(figure, "Loss, temperature and learning rate over training steps (from metrics.jsonl)"
+                                 + ("; the batch panels are read from each logged step's own batch: mean p+, mean "
+                                    "effective negatives e^H (of the number of negatives, dotted) and the mean "
+                                    "similarity of the positive, the hardest negative and all negatives." if batch
+                                    else "."),
                                  "training curves"))
     elif run.records or run.has_metrics:
         parts.append(page.paragraph("metrics.jsonl has no step or epoch records yet."))

@@ -1,5 +1,6 @@
 """The report page of a temperature sweep (``contrastkit sweep``): its verdicts, mean ± std per
-(loss, tau), the study's plots, every run and the sweep's settings."""
+(loss, tau), the study's plots, per tau the neighbours of the same queries and the batch
+diagnostics (:mod:`.sweep_pictures`), every run and the sweep's settings."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .figures import accuracy_vs_tau_figure
 from .reading import number, read_csv
 from .sections import (PLOT_CAPTIONS, csv_table, embed_pngs, plus_minus, png_files, report_page, settings_pairs,
                        verdicts_section)
+from .sweep_pictures import sweep_picture_sections
 
 __all__ = ["sweep_page"]
 
@@ -29,8 +31,9 @@ BASELINE_COLUMNS = (("random-init encoder", "random_init_probe_accuracy"),
 Groups = Dict[Tuple[str, Optional[float]], List[Dict[str, Any]]]
 
 
-def sweep_page(folder: Path) -> Page:
-    """The report page of the sweep folder ``folder``; ValueError if its sweep.csv has no runs."""
+def sweep_page(folder: Path, *, pictures: bool = True) -> Page:
+    """The report page of the sweep folder ``folder``; ValueError if its sweep.csv has no runs.
+    ``pictures``: with the neighbours and batch diagnostics of each temperature (:mod:`.sweep_pictures`)."""
     header, rows = read_csv(folder / layout.SWEEP_TABLE)
     if not rows:
         raise ValueError(f"{folder / layout.SWEEP_TABLE} has no runs yet")
@@ -41,6 +44,8 @@ def sweep_page(folder: Path) -> Page:
     groups = _groups(rows)
     _settings_table_section(page, header, rows, groups)
     _plots_section(page, folder, header, groups)
+    if pictures:
+        sweep_picture_sections(page, folder, rows)
     page.section("Every run", csv_table(page, header, rows, layout.SWEEP_TABLE), section_id="runs")
     if isinstance(settings, dict) and settings:
         page.section("Settings", page.key_values(settings_pairs(settings)), section_id="configuration")

@@ -6,7 +6,8 @@ which import nothing of it; their names that scripts train with
 (:class:`~contrastkit.methods.PretrainConfig`, :class:`~contrastkit.methods.Method`,
 :func:`~contrastkit.methods.get_method`, :func:`~contrastkit.methods.cached_gradient_loss`, ...)
 are handed on here too, so that ``from contrastkit.train import PretrainConfig, pretrain`` works. The epoch a run reports is picked on val (:class:`EpochSelection`,
-:func:`selected_numbers`).
+:func:`selected_numbers`). The last training batch a run keeps for its report's pictures is read
+back with :func:`read_last_batch`.
 """
 
 from contrastkit.methods import (METHOD_REGISTRY, ContrastiveModel, EvalContext, Method, PretrainConfig,
@@ -15,8 +16,9 @@ from contrastkit.methods import (METHOD_REGISTRY, ContrastiveModel, EvalContext,
 from contrastkit.metrics.readout import evaluate_encoders, evaluate_features, extract_features
 
 from .evaluate import evaluate_run
+from .last_batch import LastBatch, read_last_batch
 from .loop import pretrain
 from .selection import EpochSelection, selected_numbers
 
 # The trainer's own names; the library's handed on above are documented where they live.
-__all__ = ["pretrain", "evaluate_run", "EpochSelection", "selected_numbers"]
+__all__ = ["pretrain", "evaluate_run", "EpochSelection", "selected_numbers", "LastBatch", "read_last_batch"]

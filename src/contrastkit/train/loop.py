@@ -42,11 +42,14 @@ from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, Pretrai
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
                                  warmup_cosine)
 from contrastkit.methods.optimization import warmup_steps
+from contrastkit.methods.tap import BatchTap
+from contrastkit.metrics.batch import batch_warnings, diagnostics_record
 from contrastkit.metrics.readout import extract_features
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .evaluate import evaluate_model
+from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
 from .parallel import LossForward, Parallel, setup
 from .selection import EpochSelection, val_probe_accuracy
@@ -152,6 +155,13 @@ class _Progress:
         self.task = self.progress.add_task("pretrain", total=total, completed=completed,
                                            epoch="-", loss="-", tau="-", speed="-")
         self.progress.start()
+
+    def warn(self, message: str) -> None:
+        """A one-line warning in the run's output (above the bar when there is one)."""
+        if self.enabled:
+            self.progress.console.print(message, style="yellow", markup=False, highlight=False)
+        else:
+            print(message, file=sys.stderr, flush=True)
 
     def update(self, advance: int, **fields: str) -> None:
         if self.enabled:
@@ -298,6 +308,9 @@ class _Run:
     epoch_losses: List[float] = field(default_factory=list)
     loggers: Loggers = field(default_factory=Loggers)  # --logger (rank 0); metrics.jsonl is separate
     selection: EpochSelection = field(default_factory=EpochSelection)  # the val read-out picks the epoch
+    tap: BatchTap = field(default_factory=BatchTap)  # what the logged steps' loss saw (rank 0)
+    warned: Dict[str, int] = field(default_factory=dict)  # warning kind -> the first step it was printed
+    previous_steps: List[Dict[str, Any]] = field(default_factory=list)  # the last step records written
 
     @property
     def n_train(self) -> int:
@@ -361,6 +374,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                scheduler, schedule, layout.RunFolder(config.out), batch_size, rank_batch, steps_per_epoch,
                total_steps, warmup, started,
                encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
+    model.batch_tap = run.tap  # the method's loss hands an armed step's embeddings to it
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
     run.loader = make_loader(dataset.train, batch_sampler=run.sampler, workers=config.workers,
@@ -456,7 +470,12 @@ def _train(run: _Run, progress: Optional[bool],
 
 def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str], bar: "_Progress") -> torch.Tensor:
     """One pass over this rank's share of the shuffled training set (``labels``: of the whole
-    training split, on the device, or ``None``); returns the summed loss."""
+    training split, on the device, or ``None``); returns the summed loss.
+
+    Before a step that will be logged (and the run's last step) rank 0 arms the batch tap: that
+    step's loss keeps its similarity problem and diagnostics (:mod:`contrastkit.methods.tap`),
+    read back with the loss at the logging step; the last step's batch is saved for the
+    report's pictures (:mod:`.last_batch`)."""
     config = run.config
     run.sampler.set_epoch(run.epoch)  # the epoch's order: seeded by (seed, epoch), nothing else
     loss_sum = torch.zeros((), device=run.device)
@@ -468,12 +487,22 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str], ba
             images, indices = item
             if hasattr(run.batches, "hold"):  # a caller's own views read the split themselves
                 run.batches.hold(indices, images)
-        loss = _train_step(run, indices, labels, metrics)
+        logging = (run.step + 1) % config.log_every == 0 or batch == run.steps_per_epoch - 1
+        last = run.step + 1 == run.total_steps
+        if run.parallel.is_main and (logging or last):
+            run.tap.arm()
+        loss, made = _train_step(run, indices, labels, metrics)
+        step_tau = run.tap.tau
+        problem, diagnostics = run.tap.take()
         loss_sum += loss.detach()
         window_steps += 1
-        if run.step % config.log_every == 0 or batch == run.steps_per_epoch - 1:
-            window_started = _log_step(run, loss, window_started, window_steps, metrics, bar)
+        if logging:
+            window_started = _log_step(run, loss, window_started, window_steps, metrics, bar,
+                                       diagnostics, problem.negatives if problem is not None else 0)
             window_steps = 0
+        if last and problem is not None:
+            save_last_batch(run.folder, problem, made, indices, run.dataset, method=config.method,
+                            temperature=float(step_tau), step=run.step, epoch=run.epoch + 1)
     return loss_sum
 
 
@@ -486,8 +515,9 @@ def _micro_batch(configured: int, rows: int) -> int:
     return max(d for d in range(1, min(configured, rows) + 1) if rows % d == 0)
 
 
-def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor], metrics: IO[str]) -> torch.Tensor:
-    """One optimizer step on the batch of ``indices``; returns its loss (not synced)."""
+def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor],
+                metrics: IO[str]) -> Tuple[torch.Tensor, Any]:
+    """One optimizer step on the batch of ``indices``; returns its loss (not synced) and the batch."""
     batch = run.batches(run.dataset.train, indices)
     tau_now = _follow_schedule(run.model, run.schedule, run.step, run.total_steps)
     if tau_now is not None:  # a varying tau is logged at every step
@@ -506,23 +536,40 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     run.model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
     run.scheduler.step()
     run.step += 1
-    return loss
+    return loss, batch
 
 
 def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps: int, metrics: IO[str],
-              bar: "_Progress") -> float:
+              bar: "_Progress", diagnostics: Optional[torch.Tensor] = None, negatives: int = 0) -> float:
     """The step record and progress update for the ``window_steps`` steps since
-    ``window_started``; returns the time it was written (the next window's start)."""
-    value = float(run.parallel.mean(loss))  # the only host sync, at logging cadence
+    ``window_started``; returns the time it was written (the next window's start).
+    ``diagnostics``: the step's batch diagnostics (:func:`contrastkit.metrics.batch.batch_diagnostics`,
+    on the device), read back with the loss in one transfer; a failure they show is printed
+    once per kind (:func:`contrastkit.metrics.batch.batch_warnings`) and listed in the record."""
+    mean_loss = run.parallel.mean(loss)
+    if diagnostics is not None:  # the only host sync, at logging cadence: the loss and the diagnostics together
+        numbers = torch.cat([mean_loss.reshape(1).to(diagnostics.dtype), diagnostics]).tolist()
+        value, batch_numbers = numbers[0], diagnostics_record(numbers[1:], negatives)
+    else:
+        value, batch_numbers = float(mean_loss), {}
     if not math.isfinite(value):
         raise FloatingPointError(f"the loss became {value} at step {run.step}; lower --lr or raise --temperature")
     now = time.perf_counter()
     speed = window_steps * run.batch_size / max(now - window_started, 1e-9)
     tau = run.model.temperature.value
     record = {"kind": "step", "epoch": run.epoch + 1, "step": run.step, "loss": value, "tau": tau,
-              "lr": run.scheduler.get_last_lr()[0], "images_per_second": speed}
+              "lr": run.scheduler.get_last_lr()[0], "images_per_second": speed, **batch_numbers}
+    found = batch_warnings(record, learnable=run.config.learnable_temperature,
+                           tau_bound=run.model.temperature.min_value, previous=run.previous_steps)
+    run.previous_steps = (run.previous_steps + [record])[-4:]
+    if found:
+        record["warnings"] = [w["kind"] for w in found]
     metrics.write(json.dumps(record) + "\n")
     run.loggers.record(record)
+    for warning in found if run.parallel.is_main else ():
+        if warning["kind"] not in run.warned:
+            run.warned[warning["kind"]] = run.step
+            bar.warn(f"warning: step {run.step}: {warning['message']}")
     bar.update(window_steps, epoch=f"{run.epoch + 1}/{run.config.epochs}", loss=f"{value:.4f}", tau=f"{tau:.3f}",
                speed=f"{speed:.0f}")
     return now

@@ -3,7 +3,8 @@
 // contrastkit.analysis.explain (same formulas, same order of operations, float64).
 (function () {
   const MIN_CANDIDATES = 2;
-  const MAX_CANDIDATES = 12;
+  const MAX_CANDIDATES = 12;  // what a user builds by hand; a run's real row may have more
+  const CHART_LINES = 12;     // probability curves drawn: the first candidates (a real row: the positive, the hardest)
   const LOG_TAU_MIN = -2;
   const LOG_TAU_MAX = 1;
   const COLORS = ["#1a8a4a", "#2457c5", "#d9480f", "#7b3fc4", "#c2255c", "#0b7285",
@@ -180,7 +181,7 @@
   // ------------------------------------------------------------------ state
 
   const presets = JSON.parse(document.getElementById("ck-presets").textContent);
-  const state = { labels: [], s: [], positive: 0, tau: 0.5, preset: null, sigmoid: false, bias: -10 };
+  const state = { labels: [], s: [], images: [], positive: 0, tau: 0.5, preset: null, sigmoid: false, bias: -10 };
   let lastResult = null;
   let lastSigmoid = null;
 
@@ -224,6 +225,14 @@
         '<td><button type="button" class="remove" id="remove-' + j + '">×</button></td>';
       tr.querySelector(".swatch").style.background = COLORS[j % COLORS.length];
       tr.querySelector(".name").textContent = label;
+      const picture = state.images[j];
+      if (picture) {
+        const img = document.createElement("img");
+        img.className = "cand-img";
+        img.src = picture;
+        img.alt = label;
+        tr.querySelector("th").insertBefore(img, tr.querySelector(".name"));
+      }
       const labels = tr.querySelectorAll("label");
       labels[0].textContent = label + " is the positive";
       labels[1].textContent = "Similarity of " + label + " (slider)";
@@ -271,6 +280,7 @@
     if (state.s.length <= MIN_CANDIDATES) return;
     state.s.splice(j, 1);
     state.labels.splice(j, 1);
+    state.images.splice(j, 1);
     if (state.positive === j) state.positive = 0;
     else if (state.positive > j) state.positive -= 1;
     clearPreset();
@@ -284,6 +294,7 @@
     if (state.s.length >= MAX_CANDIDATES) return;
     state.s.push(0);
     state.labels.push(nextLabel());
+    state.images.push(null);
     clearPreset();
     buildRows();
     update();
@@ -356,6 +367,7 @@
     if (!preset) return false;
     state.s = preset.similarities.slice();
     state.labels = preset.labels.slice();
+    state.images = (preset.images || []).slice();
     state.positive = preset.positive;
     setTau(preset.temperature, false);
     buildRows();
@@ -370,6 +382,16 @@
       $("preset-" + p.id).setAttribute("aria-pressed", String(preset !== null && p.id === preset.id));
     });
     $("preset-note").textContent = preset ? preset.note : "";
+    const query = $("preset-query");
+    query.textContent = "";
+    if (preset && preset.query_image) {
+      const img = document.createElement("img");
+      img.src = preset.query_image;
+      img.alt = "the query (anchor) of this row";
+      img.className = "cand-img query";
+      query.appendChild(img);
+      query.appendChild(document.createTextNode(preset.query_label || "query"));
+    }
   }
 
   function clearPreset() {
@@ -617,21 +639,23 @@
     // Probabilities.
     const svgP = $("chart-probability");
     const fp = frame(svgP, 1, [0, 0.25, 0.5, 0.75, 1], "probability");
-    for (let j = 0; j < k; j++) {
+    const lines = Math.min(k, CHART_LINES);
+    for (let j = 0; j < lines; j++) {
       const pts = grid.map(function (g) { return [g[0], g[1] ? g[1].probabilities[j] : NaN]; });
       svgEl("path", { d: pathOf(pts, fp.yOf), fill: "none", stroke: COLORS[j % COLORS.length],
                       "stroke-width": j === state.positive ? 3 : 1.8 }, fp.group);
     }
     if (nowVisible) {
       svgEl("line", { x1: xOf(logNow), x2: xOf(logNow), y1: PLOT.top, y2: PLOT.height - PLOT.bottom, class: "now" }, fp.group);
-      for (let j = 0; j < k; j++) {
+      for (let j = 0; j < lines; j++) {
         svgEl("circle", { cx: xOf(logNow), cy: fp.yOf(current.probabilities[j]), r: 3.5,
                           fill: COLORS[j % COLORS.length] }, fp.group);
       }
     }
     const legend = $("legend-probability");
     legend.textContent = "";
-    for (let j = 0; j < k; j++) {
+    if (k > lines) legend.appendChild(document.createTextNode("the first " + lines + " of " + k + " candidates: "));
+    for (let j = 0; j < lines; j++) {
       const item = document.createElement("span");
       const sw = document.createElement("span");
       sw.className = "swatch";
@@ -688,6 +712,7 @@
     if (s.length > MAX_CANDIDATES) return false;
     state.s = s;
     state.labels = s.map(function (_, j) { return "c" + (j + 1); });
+    state.images = s.map(function () { return null; });
     state.positive = positive;
     setTau(tau, false);
     const bias = params.has("b") ? Number(params.get("b")) : NaN;
