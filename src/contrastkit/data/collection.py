@@ -112,7 +112,7 @@ class ImageCollection(torch.utils.data.Dataset):
         self.files = np.array([os.fsencode(str(f)) for f in files], dtype=np.bytes_)
         self.root = str(root)
         self.color, self.size, self.bad_files = color, int(size), bad_files
-        #: The damaged files met so far in this process: ``{path: reason}``.
+        #: The damaged files met so far in this process (path -> reason).
         self.skipped: Dict[str, str] = {}
 
     @property

@@ -625,14 +625,9 @@ def load_path(path: Union[str, os.PathLike], *, size: SizeLike = None, val_fract
     kind = detect_format(path)
     if kind not in ("imagefolder", "collection") and color is not None:
         raise ValueError(f"color applies to image folders only; {path} holds {kind} data")
-    if kind == "collection":  # streamed: only the file index is read
-        from contrastkit.data.collection import open_collection
-
-        if size_hw is not None and size_hw[0] != size_hw[1]:
-            raise ValueError(f"{path}: an unlabeled collection's images are square crops; give size as one number, "
-                             f"got {size_hw}")
-        return open_collection(path, size=None if size_hw is None else size_hw[0], val_fraction=val_fraction,
-                               test_fraction=test_fraction, color=color)
+    if kind == "collection":
+        raise ValueError(f"{path} is an unlabeled image collection: open it with contrastkit.data.load_dataset or "
+                         "open_collection (it is streamed)")
     with memory_guard(str(path)):
         return _load_kind(kind, path, size_hw, val_fraction, test_fraction, split_seed, color)
 

@@ -51,8 +51,18 @@ def load_dataset(name_or_path: Union[str, os.PathLike], seed: int = 0, **options
     if not path.exists():
         raise FileNotFoundError(f"no data set {str(name_or_path)!r}: not a built-in name "
                                 f"({', '.join(BUILTIN)}) and no such file or folder")
-    from contrastkit.data.files import load_path
+    from contrastkit.data.files import detect_format, load_path
 
+    if detect_format(path) == "collection":  # unlabeled images: streamed, only the file index read
+        from contrastkit.data.collection import open_collection
+
+        size = options.get("size")
+        if isinstance(size, (tuple, list)):
+            if len(size) != 2 or size[0] != size[1]:
+                raise ValueError(f"{path}: an unlabeled collection's images are square crops; give size as one "
+                                 f"number, got {size!r}")
+            options = {**options, "size": size[0]}
+        return call_with_options(open_collection, str(path), options, source=path)
     return call_with_options(load_path, str(path), options, path=path)
 
 
