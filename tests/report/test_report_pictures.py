@@ -235,6 +235,23 @@ def test_a_file_of_the_users_in_the_explorers_place_is_kept(tiny_run, tmp_path):
     assert 'id="batch"' in page and 'href="explorer.html"' not in page
 
 
+@pytest.mark.parametrize("damage", [b"not a torch file", None])
+def test_a_damaged_last_batch_is_one_line_in_the_report_and_for_explore(tiny_run, tmp_path, capsys, damage):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    path = run / "last_batch.pt"
+    if damage is None:  # a readable file of another format version
+        torch.save({"format": 99}, path)
+    else:
+        path.write_bytes(damage)
+    page = report_html(run)
+    assert "last_batch.pt" in page and ("cannot be read" in page or "format 99" in page)
+    assert 'id="views"' not in page and 'id="neighbours"' in page  # the held-out pictures need no batch
+    assert main(["explore", str(run), "--no-open", "--out", str(tmp_path / "e.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("contrastkit explore: error: ") and "last_batch.pt" in err and len(err.splitlines()) == 1
+
+
 def test_the_page_records_the_time_its_pictures_took(tiny_run):
     """(The cost against a run's time is measured on CIFAR-10: benchmarks/bench_pictures.py.)"""
     from contrastkit.report.run_page import run_page

@@ -19,7 +19,7 @@ The held-out data come from :mod:`.pictures`; every ``<img>`` names the image it
 from __future__ import annotations
 
 import html
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from .images import thumbnail, to_hwc
 from .pictures import NEIGHBOURS, HeldOutPictures
 
 __all__ = ["views_section", "neighbours_section", "map_section", "batch_section", "warnings_section",
-           "neighbour_rows", "MAP_THUMBNAILS", "VIEW_NAMES"]
+           "MAP_THUMBNAILS", "VIEW_NAMES"]
 
 #: Points of the map drawn as thumbnails (evenly over the sample).
 MAP_THUMBNAILS = 40
@@ -91,11 +91,6 @@ def _held_thumb(held: HeldOutPictures, position: int, css: str, title: str = "")
                      attributes={"split": held.split, "index": index}, css_class=css)
 
 
-def neighbour_rows(held: HeldOutPictures, trained: bool) -> List[List[int]]:
-    """The neighbours of each query (sample positions) under the trained or random-init encoder."""
-    return held.neighbours(trained)
-
-
 def _precision(held: HeldOutPictures, features: Optional[np.ndarray], k: int = NEIGHBOURS) -> Optional[float]:
     """Share of the ``k`` nearest neighbours of every sample image that share its class."""
     if features is None or held.labels is None or len(held.labels) <= k:
@@ -106,8 +101,8 @@ def _precision(held: HeldOutPictures, features: Optional[np.ndarray], k: int = N
     return float((held.labels[nearest] == held.labels[:, None]).mean())
 
 
-def neighbour_cells(page: Page, held: HeldOutPictures, query: int, neighbours: Sequence[int],
-                    features: np.ndarray, encoder: str) -> str:
+def _neighbour_cells(held: HeldOutPictures, query: int, neighbours: Sequence[int], features: np.ndarray,
+                     encoder: str) -> str:
     """The ``<td>`` of one query's neighbours under one encoder (same class marked)."""
     label = held.label(query)
     cells = []
@@ -132,9 +127,9 @@ def neighbours_section(page: Page, held: HeldOutPictures, *, note: str = "") -> 
     for q, query in enumerate(held.queries):
         name = held.label_name(query)
         cells = [f'<th scope="row">{_figure_html(_held_thumb(held, query, "thumb big anchor"), name or "query")}</th>',
-                 neighbour_cells(page, held, query, trained[q], held.trained, "trained")]
+                 _neighbour_cells(held, query, trained[q], held.trained, "trained")]
         if untrained:
-            cells.append(neighbour_cells(page, held, query, untrained[q], held.untrained, "random init"))
+            cells.append(_neighbour_cells(held, query, untrained[q], held.untrained, "random init"))
         rows.append("<tr>" + "".join(cells) + "</tr>")
     header = ["query", f"{NEIGHBOURS} nearest, trained encoder"] + (
         [f"{NEIGHBOURS} nearest, random-init encoder"] if untrained else [])
