@@ -52,7 +52,8 @@ def test_two_process_torchrun_pretrain_writes_one_run_folder_and_resumes(tmp_pat
     assert summary["epochs"] == 1 and summary["method"] == "simclr"
     # One run folder, written by rank 0 alone: no per-rank files, no duplicated records.
     assert sorted(os.listdir(out)) == ["checkpoints", "config.json", "config.yaml", "contrastkit-manifest.json",
-                                       "metrics.jsonl", "report.html", "summary.json"]
+                                       "explorer.html", "last_batch.pt", "metrics.jsonl", "report.html",
+                                       "summary.json"]
     assert sorted(os.listdir(out / "checkpoints")) == ["last.pt", "last.pt.sha256"]  # and its digest
     with open(out / "config.json", encoding="utf-8") as handle:
         assert json.load(handle)["derived"]["world_size"] == 2
