@@ -1,6 +1,7 @@
 """Writers of small data fixtures in real file formats (idx, CIFAR pickles, PNG), for the data tests."""
 
 import gzip
+import os
 import pickle
 import struct
 from pathlib import Path
@@ -84,3 +85,36 @@ def write_image_folder(root, classes=("cat", "dog", "eel"), per_class=10, mode="
             Image.fromarray(arr, mode=mode).save(path)
             written[path] = (arr, ci)
     return written
+
+
+# ------------------------------------------------------------------------------ CIFAR-10 (when present)
+
+#: The CIFAR-10 JPEG tarball (``shared/data`` beside or above the checkout, or
+#: ``$CONTRASTKIT_CIFAR10_TARBALL``); "" when absent, and the tests that need it skip.
+CIFAR_TARBALL = next((str(path) for path in (
+    [os.environ.get("CONTRASTKIT_CIFAR10_TARBALL", "")]
+    + [base / "shared" / "data" / "cifar10-jpeg.tar.gz" for base in Path(__file__).resolve().parents[:4]])
+    if str(path) and os.path.isfile(path)), "")
+
+
+def cifar_subset(folder, per_class):
+    """``per_class`` JPEGs of each class of the tarball's ``test/`` part (it comes first, so the
+    scan stops there) as a class-folder tree in ``folder``, which the loader splits three ways."""
+    import tarfile
+
+    counts = {}
+    with tarfile.open(CIFAR_TARBALL, "r:gz") as archive:
+        for member in archive:
+            parts = member.name.split("/")
+            if parts[0] != "test":
+                if counts:
+                    break
+                continue
+            if not member.isfile() or len(parts) != 3 or counts.get(parts[1], 0) >= per_class:
+                continue
+            counts[parts[1]] = counts.get(parts[1], 0) + 1
+            target = folder / parts[1] / parts[2]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(archive.extractfile(member).read())
+    assert len(counts) == 10, f"expected the 10 CIFAR-10 classes in the tarball's test/ part, found {sorted(counts)}"
+    return folder

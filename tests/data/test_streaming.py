@@ -5,7 +5,6 @@ unreadable images named, and the read-out in batches."""
 import json
 import os
 import tarfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,10 +17,10 @@ from contrastkit.data import (EpochBatchSampler, ImageFolderDataset, UnreadableI
 from contrastkit.data.files import load_image_folder
 from contrastkit.train import PretrainConfig, evaluate_run, extract_features, pretrain
 
+from _data_fixtures import CIFAR_TARBALL
+
 # The real-data folder lives next to the project (``../shared/data`` from its root, or higher up
 # for a checkout in a subfolder); the test skips when it is absent.
-CIFAR_TARBALL = next((str(p / "shared" / "data" / "cifar10-jpeg.tar.gz") for p in Path(__file__).resolve().parents[2:5]
-                      if (p / "shared" / "data" / "cifar10-jpeg.tar.gz").is_file()), "")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import io
 import json
 import os
 import shutil
-import tarfile
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -29,15 +28,12 @@ from contrastkit.train import pretrain
 from contrastkit.train.last_batch import read_last_batch
 from contrastkit.train.runs import load_run
 
+from _data_fixtures import CIFAR_TARBALL, cifar_subset
+
 PIL = pytest.importorskip("PIL.Image", reason="pillow decodes the page's PNG images here")
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("CONTRASTKIT_TEST_ARTIFACTS", ROOT / "test-artifacts"))
-CIFAR_TARBALL = next((p for p in (os.environ.get("CONTRASTKIT_CIFAR10_TARBALL", ""),
-                                  str(ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"),
-                                  str(ROOT / "shared" / "data" / "cifar10-jpeg.tar.gz"),
-                                  str(ROOT.parent.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"))
-                      if p and os.path.isfile(p)), "")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SECTIONS = ("views", "neighbours", "map", "batch")
@@ -157,25 +153,6 @@ def tiny_run(tmp_path_factory):
     return out
 
 
-def _cifar_subset(folder, per_class):
-    """``per_class`` JPEGs of each class from the tarball's ``test/`` part (it comes first) as a
-    class-folder tree, which the loader splits three ways."""
-    counts = {}
-    with tarfile.open(CIFAR_TARBALL, "r:gz") as archive:
-        for member in archive:
-            parts = member.name.split("/")
-            if parts[0] != "test":
-                if counts:
-                    break
-                continue
-            if not member.isfile() or len(parts) != 3 or counts.get(parts[1], 0) >= per_class:
-                continue
-            counts[parts[1]] = counts.get(parts[1], 0) + 1
-            target = folder / parts[1] / parts[2]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(archive.extractfile(member).read())
-    assert len(counts) == 10
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +161,7 @@ def cifar_run(tmp_path_factory):
         pytest.skip("the CIFAR-10 JPEG tarball (shared/data/cifar10-jpeg.tar.gz next to the checkout, or "
                     "$CONTRASTKIT_CIFAR10_TARBALL) is not present")
     root = tmp_path_factory.mktemp("cifar")
-    data = _cifar_subset(root / "cifar10", per_class=40)
+    data = cifar_subset(root / "cifar10", per_class=40)
     out = root / "run"
     pretrain(tiny_config(out, data=str(data), data_options={}, epochs=2, batch_size=32, log_every=2),
              progress=False, baselines=False)

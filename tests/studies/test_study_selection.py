@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import tarfile
 
 import numpy as np
 import pytest
@@ -22,13 +20,10 @@ from contrastkit.train import loop as loop_module
 from contrastkit.metrics.readout import evaluate_encoders
 from contrastkit.train.selection import EpochSelection, selected_numbers
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _data_fixtures import CIFAR_TARBALL, cifar_subset
+
 # The project's real data live in shared/data next to (or inside) the checkout; an environment
 # variable may point elsewhere.
-CIFAR_TARBALL = next((path for path in (os.environ.get("CONTRASTKIT_CIFAR10_TARBALL", ""),
-                                        os.path.join(_ROOT, "..", "shared", "data", "cifar10-jpeg.tar.gz"),
-                                        os.path.join(_ROOT, "shared", "data", "cifar10-jpeg.tar.gz"))
-                      if path and os.path.isfile(path)), "")
 
 
 def _split(labels):
@@ -177,31 +172,12 @@ def test_the_selection_survives_a_resume(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------ CIFAR-10 (when present)
 
-def _cifar_subset(folder, per_class):
-    """``per_class`` JPEGs of each class as a flat class-folder tree (split three ways by the
-    loader), read from the tarball's ``test/`` part, which comes first: the scan stops there."""
-    counts = {}
-    with tarfile.open(CIFAR_TARBALL, "r:gz") as archive:
-        for member in archive:
-            parts = member.name.split("/")
-            if parts[0] != "test":
-                if counts:
-                    break
-                continue
-            if not member.isfile() or len(parts) != 3 or counts.get(parts[1], 0) >= per_class:
-                continue
-            counts[parts[1]] = counts.get(parts[1], 0) + 1
-            target = folder / parts[1] / parts[2]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(archive.extractfile(member).read())
-    assert len(counts) == 10, f"expected the 10 CIFAR-10 classes in the tarball's test/ part, found {sorted(counts)}"
-    return folder
 
 
 @pytest.mark.skipif(not CIFAR_TARBALL, reason="the CIFAR-10 JPEG tarball (shared/data/cifar10-jpeg.tar.gz next to "
                                               "the checkout, or $CONTRASTKIT_CIFAR10_TARBALL) is not present")
 def test_cifar10_subset_runs_with_epoch_selection(tmp_path):
-    data = _cifar_subset(tmp_path / "cifar", per_class=16)
+    data = cifar_subset(tmp_path / "cifar", per_class=16)
     summary = pretrain(PretrainConfig(data=str(data), epochs=2, eval_every=1, batch_size=32, train_limit=80,
                                       out=str(tmp_path / "run")), progress=False, baselines=False)
     stored = json.loads((tmp_path / "run" / "config.json").read_text())["derived"]["dataset"]

@@ -6,7 +6,6 @@ import io
 import json
 import os
 import shutil
-import tarfile
 import warnings
 
 import numpy as np
@@ -20,13 +19,10 @@ from contrastkit.train import pretrain
 from contrastkit.train.neighbor_picture import MAX_QUERIES_SHOWN, Thumbnail, neighbor_picture_png
 from contrastkit.train.neighbors import find_neighbors
 
+from _data_fixtures import CIFAR_TARBALL, cifar_subset
+
 faiss = pytest.importorskip("faiss", reason="FAISS is not installed (pip install 'contrastkit[faiss]')")
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CIFAR_TARBALL = next((path for path in (os.environ.get("CONTRASTKIT_CIFAR10_TARBALL", ""),
-                                        os.path.join(_ROOT, "..", "shared", "data", "cifar10-jpeg.tar.gz"),
-                                        os.path.join(_ROOT, "shared", "data", "cifar10-jpeg.tar.gz"))
-                      if path and os.path.isfile(path)), "")
 
 
 @pytest.fixture
@@ -206,30 +202,12 @@ def test_the_picture_shows_at_most_its_rows_and_says_so():
 
 # ------------------------------------------------------------------------------ CIFAR-10 (when present)
 
-def _cifar_folder(folder, per_class):
-    """``per_class`` JPEGs of each class of the tarball's ``test/`` part as a class-folder tree."""
-    counts = {}
-    with tarfile.open(CIFAR_TARBALL, "r:gz") as archive:
-        for member in archive:
-            parts = member.name.split("/")
-            if parts[0] != "test":
-                if counts:
-                    break
-                continue
-            if not member.isfile() or len(parts) != 3 or counts.get(parts[1], 0) >= per_class:
-                continue
-            counts[parts[1]] = counts.get(parts[1], 0) + 1
-            target = folder / parts[1] / parts[2]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(archive.extractfile(member).read())
-    assert len(counts) == 10
-    return folder
 
 
 @pytest.mark.skipif(not CIFAR_TARBALL, reason="the CIFAR-10 JPEG tarball (shared/data/cifar10-jpeg.tar.gz next to "
                                               "the checkout, or $CONTRASTKIT_CIFAR10_TARBALL) is not present")
 def test_cifar10_jpegs_a_copy_finds_its_original_exact_and_faiss(tmp_path, one_torch_thread, capsys):
-    data = _cifar_folder(tmp_path / "cifar", per_class=12)
+    data = cifar_subset(tmp_path / "cifar", per_class=12)
     run_dir = tmp_path / "run"
     pretrain(tiny_config(run_dir, data=str(data), data_options={"stream": True}, batch_size=16),
              progress=False, baselines=False)

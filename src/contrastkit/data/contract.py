@@ -12,14 +12,13 @@ nowhere else: a new storage kind is added in :mod:`contrastkit.data` alone.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+from typing import Any, Dict, Iterator, Optional, Protocol, Tuple, Union, runtime_checkable
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from .base import Split, stratified_subset, stratified_subset_indices
-from .batches import PairedImages, StreamedViews
+from .base import stratified_subset, stratified_subset_indices
+from .batches import StreamedViews
 from .loader import make_loader
 from .streaming import as_streaming, in_memory, is_streaming, subset_split, unit_float
 

@@ -38,19 +38,13 @@ whose splits hold the texts (read once) but never the images.
 
 from __future__ import annotations
 
-import csv
-import io
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from contrastkit._io import check_input_size, memory_guard, one_line, read_input
-from contrastkit.data.base import Dataset, Split, call_with_options, check_fraction, check_positive_int
+from contrastkit.data.base import Dataset, Split
 
 __all__ = ["PairedSplit", "PairedDataset", "StreamingPairedDataset", "check_texts", "PAIRED_BUILTIN",
            "check_paired_source"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from contrastkit.distributed.gather import DistributedArg

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from contrastkit.data.base import check_positive_int
 from contrastkit.layout import check_cache_setting
 
-from .registry import get_method, method_names
+from .registry import get_method
 
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from contrastkit import layout
-from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec, check_jobs, check_specs, prepare_out, run_grid
 from .verdicts import Verdict

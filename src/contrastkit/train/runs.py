@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from contrastkit import layout
-from contrastkit.data import DataSplits
 from contrastkit.methods import PretrainConfig, build_model, get_method, load_data
 
 from .checkpoint import load_checkpoint
