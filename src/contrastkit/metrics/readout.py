@@ -131,17 +131,6 @@ def held_out_views(split: Any, views: Any, *, max_samples: int = LABEL_FREE_SAMP
     return torch.cat(parts_a), torch.cat(parts_b)
 
 
-@torch.no_grad()
-def _encode(encoder: nn.Module, images: torch.Tensor, device: torch.device, batch_size: int = 256) -> torch.Tensor:
-    was_training = encoder.training
-    encoder.eval()
-    try:
-        return torch.cat([encoder(images[i:i + batch_size].to(device)).double().cpu().flatten(1)
-                          for i in range(0, images.shape[0], batch_size)])
-    finally:
-        encoder.train(was_training)
-
-
 def view_retrieval(h_a: torch.Tensor, h_b: torch.Tensor, ks: tuple = (1, 5), chunk: int = 1024) -> Dict[str, float]:
     """How often each image's second view finds its first among all first views: the share of
     rows ``i`` for which ``h_a[i]`` is within the ``k`` nearest of ``h_b[i]`` by cosine similarity
@@ -167,7 +156,7 @@ def label_free_numbers(h_a: torch.Tensor, h_b: torch.Tensor, *, temperature: flo
     from .representation import alignment, effective_rank, uniformity
 
     losses = []
-    for start in range(0, h_a.shape[0] - 1, batch_size):
+    for start in range(0, h_a.shape[0], batch_size):
         part_a, part_b = h_a[start:start + batch_size], h_b[start:start + batch_size]
         if part_a.shape[0] >= 2:
             losses.append(float(nt_xent_views(torch.nn.functional.normalize(part_a, dim=1),
@@ -189,10 +178,14 @@ def evaluate_without_labels(split: Any, encoder: nn.Module, device: torch.device
     if view_a.shape[0] < 2:
         raise ValueError(f"the label-free read-out needs at least 2 held-out images, got {view_a.shape[0]}")
     options = {"temperature": temperature, "batch_size": batch_size}
+
+    def features(model: nn.Module, views_: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(extract_features(model, views_, device)).double().flatten(1)
+
     result: Dict[str, Any] = {"label_free_samples": int(view_a.shape[0])}
-    result.update(label_free_numbers(_encode(encoder, view_a, device), _encode(encoder, view_b, device), **options))
+    result.update(label_free_numbers(features(encoder, view_a), features(encoder, view_b), **options))
     if baseline_encoder is not None:
-        numbers = label_free_numbers(_encode(baseline_encoder, view_a, device), _encode(baseline_encoder, view_b, device),
+        numbers = label_free_numbers(features(baseline_encoder, view_a), features(baseline_encoder, view_b),
                                      **options)
         result.update({f"random_init_{key}": value for key, value in numbers.items()})
     if raw_pixels:
