@@ -10,7 +10,6 @@ the dense and tiled paths, forward and backward.
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 import torch
@@ -18,29 +17,8 @@ import torch
 import contrastkit.losses as L
 from contrastkit.losses import validation
 
-READS = ("item", "__bool__", "__float__", "__int__", "tolist")
+from _host_reads import counted_reads
 
-
-@contextlib.contextmanager
-def counted_reads():
-    calls = []
-    saved = {name: getattr(torch.Tensor, name) for name in READS}
-
-    def counting(name):
-        original = saved[name]
-
-        def wrapper(self, *args, **kwargs):
-            calls.append(name)
-            return original(self, *args, **kwargs)
-        return wrapper
-
-    for name in READS:
-        setattr(torch.Tensor, name, counting(name))
-    try:
-        yield calls
-    finally:
-        for name, original in saved.items():
-            setattr(torch.Tensor, name, original)
 
 
 def _pair(n=12, d=5):

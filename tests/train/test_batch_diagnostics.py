@@ -1,7 +1,6 @@
 """The batch diagnostics of every logged step (contrastkit.metrics.batch, the tap in the methods'
 loss, the trainer's record) and the warnings they give: each provoked by a real run."""
 
-import contextlib
 import json
 import math
 
@@ -19,27 +18,9 @@ from contrastkit.metrics.batch import (DIAGNOSTICS, BatchProblem, batch_diagnost
 from contrastkit.train import pretrain
 from contrastkit.train.last_batch import read_last_batch
 
+from _host_reads import counted_reads
 
-@contextlib.contextmanager
-def counted_reads():
-    """Every read of a tensor's value by Python (a host sync on an accelerator), counted."""
-    calls = []
-    names = ("item", "__bool__", "__float__", "__int__", "tolist")
-    saved = {name: getattr(torch.Tensor, name) for name in names}
 
-    def counting(name):
-        def wrapper(self, *args, **kwargs):
-            calls.append(name)
-            return saved[name](self, *args, **kwargs)
-        return wrapper
-
-    for name in names:
-        setattr(torch.Tensor, name, counting(name))
-    try:
-        yield calls
-    finally:
-        for name, original in saved.items():
-            setattr(torch.Tensor, name, original)
 
 
 def _records(out):
