@@ -85,12 +85,14 @@ class HeldOutPictures:
 
 
 def nearest(features: np.ndarray, query: int, k: int) -> List[int]:
-    """The ``k`` rows of L2-normalised ``features`` most similar to row ``query`` (itself left
-    out), most similar first; ties go to the lower row."""
-    similarity = features @ features[query]
-    similarity[query] = -np.inf
-    order = np.lexsort((np.arange(len(similarity)), -similarity))
-    return [int(i) for i in order[:k]]
+    """The ``k`` rows of ``features`` most similar to row ``query`` by cosine (itself left out),
+    most similar first, ties to the lower row: :func:`contrastkit.metrics.search.nearest`."""
+    from contrastkit.metrics.search import nearest as search_nearest
+
+    table = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+    found = search_nearest(table[query:query + 1], table, min(k, table.shape[0] - 1),
+                           exclude=torch.tensor([query]))
+    return [int(i) for i in found.indices[0].tolist()]
 
 
 def pick_queries(labels: Optional[np.ndarray], n: int, count: int = QUERIES) -> List[int]:
