@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import Tensor
 
 from contrastkit.distributed.gather import DistributedArg
