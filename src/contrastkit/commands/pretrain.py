@@ -55,12 +55,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--subset-seed", type=int, default=None, help="seed of the subsets, the same for every --seed (default 0)")
     add("--method", choices=method_names(), default=None, help=f"(default {d.method})")
     add("--encoder", default=None, metavar="NAME",
-        help=f"a built-in ({', '.join(ENCODERS)}; resnet18/resnet50 want a GPU, vit is for 32x32 "
-             f"images) or package.module:factory, a callable returning any nn.Module from images "
-             f"(N, C, H, W) to (N, D) or (N, D, ...) (default {d.encoder})")
+        help=f"a built-in ({', '.join(ENCODERS)}: plain torch; resnet18/resnet50 want a GPU, vit is for 32x32 "
+             f"images), timm:NAME (timm.create_model(NAME, num_classes=0); needs contrastkit[timm]), "
+             f"torchvision:NAME (its classification layer removed; needs contrastkit[torchvision]) or "
+             f"package.module:factory, a callable returning any nn.Module from images (N, C, H, W) to (N, D) "
+             f"or (N, D, ...) (default {d.encoder})")
     add("--encoder-option", action="append", default=None, metavar="KEY=VALUE",
-        help="keyword argument of the encoder's factory, repeatable, e.g. width=32 (VALUE parsed as JSON if it "
-             "can be); recorded with the run, so probe rebuilds the encoder without them")
+        help="keyword argument of the encoder's factory or model, repeatable, e.g. width=32 or drop_path_rate=0.1 "
+             "(VALUE parsed as JSON if it can be); cifar_stem=true gives a timm or torchvision ResNet the 32x32 "
+             "stem (3x3 conv, stride 1, no max-pool); recorded with the run, so probe rebuilds the encoder "
+             "without them")
+    add("--encoder-weights", default=None, metavar="FILE",
+        help="start the encoder from local weights: a state dict saved by torch.save (.pt/.pth, possibly under "
+             "'state_dict' or 'model') or a .safetensors file; missing and unexpected keys are reported, a "
+             "shape mismatch is refused naming the key")
     add("--views", choices=("augment", "A", "B", "paired"), default=None,
         help="augment: two SimCLR augmentations; A/B: glyphlab noise-realisation pairs (B rotates one "
              f"view by 90 degrees); paired: convirt's image-text pairs (default {d.views})")

@@ -117,8 +117,11 @@ class PretrainConfig:
     bad_files: Optional[str] = None
     eval_data: Optional[str] = None
     method: str = "simclr"
-    encoder: str = "small"          # a built-in name, "package.module:factory" or "object:..." (models.encoders)
+    # a built-in name, "timm:NAME", "torchvision:NAME", "package.module:factory" or "object:..." (models.encoders)
+    encoder: str = "small"
     encoder_options: Dict[str, Any] = field(default_factory=dict)  # the factory's keyword arguments
+    # A local weights file the encoder starts from (models.weights; None: its initialisation).
+    encoder_weights: Optional[str] = None
     views: str = "augment"
     view_strength: Optional[float] = None  # make_views strength; None: its per-mode default
     temperature: Optional[float] = None
@@ -263,12 +266,20 @@ class PretrainConfig:
 
 
 def _check_encoder_spec(c: PretrainConfig) -> None:
-    """``encoder`` is a built-in name or a factory path (whether the factory exists is checked
-    when the model is built); ``encoder_options`` a dict of JSON values (saved in config.json)."""
-    from contrastkit.models import ENCODERS
+    """``encoder`` is a built-in name, a timm or torchvision model or a factory path (whether it
+    exists is checked when the model is built); ``encoder_options`` a dict of JSON values (saved
+    in config.json); ``encoder_weights`` a path, made absolute (read when the model is built)."""
+    from contrastkit.models import ENCODERS, EXTERNAL_PREFIXES
 
     if not isinstance(c.encoder, str) or not (c.encoder in ENCODERS or ":" in c.encoder):
-        raise ValueError(f"encoder must be one of {tuple(ENCODERS)} or 'package.module:factory', got {c.encoder!r}")
+        raise ValueError(f"encoder must be one of {tuple(ENCODERS)}, timm:NAME, torchvision:NAME or "
+                         f"'package.module:factory', got {c.encoder!r}")
+    if c.encoder in EXTERNAL_PREFIXES:
+        raise ValueError(f"encoder {c.encoder!r} needs a model name, e.g. {c.encoder}resnet18")
+    if c.encoder_weights is not None:
+        if not isinstance(c.encoder_weights, str) or not c.encoder_weights:
+            raise ValueError(f"encoder_weights must be the path of a weights file, got {c.encoder_weights!r}")
+        c.encoder_weights = os.path.abspath(c.encoder_weights)  # so `contrastkit probe` finds it from any folder
     if not isinstance(c.encoder_options, dict):
         raise TypeError(f"encoder_options must be a dict, got {type(c.encoder_options).__name__}")
     try:

@@ -355,6 +355,9 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         views = method.batches(dataset, config, device, tokenizer)
 
     model = build_model(config, dataset.image_shape, tokenizer, encoder=encoder).to(device)
+    if model.weights_report is not None and parallel.is_main:
+        _check_weights_unchanged(config, model.weights_report, resume)
+        print(model.weights_report.summary(), file=sys.stderr, flush=True)
     schedule = config.schedule
     step_loss: Any = LossForward(model, method)
     if parallel.active:
@@ -429,10 +432,23 @@ def _restore(run: _Run) -> None:
         _truncate_metrics(run.folder.metrics, run.epoch, run.step)
 
 
+def _check_weights_unchanged(config: PretrainConfig, report: Any, resume: bool) -> None:
+    """A resumed run reads its ``encoder_weights`` file again (its starting-point baseline is
+    built from it): the file must be the one the run started from."""
+    if not resume or not os.path.isfile(layout.RunFolder(config.out).config):
+        return
+    recorded = (layout.read_run_record(config.out).get("derived") or {}).get("encoder_weights") or {}
+    if isinstance(recorded, dict) and recorded.get("sha256") not in (None, report.sha256):
+        raise ValueError(f"the encoder weights file {report.path} changed since the run in {config.out} started from "
+                         "it (SHA-256 differs); resume with the file as it was")
+
+
 def _derived(run: _Run) -> Dict[str, Any]:
-    """``config.json``'s ``derived``: what the run worked out from its configuration and data."""
+    """``config.json``'s ``derived``: what the run worked out from its configuration and data
+    (and, for a run started from a weights file, what that file gave the encoder)."""
     dataset = run.dataset
-    return {"batch_size": run.batch_size, "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
+    report = getattr(run.model, "weights_report", None)
+    return {**({"encoder_weights": report.to_dict()} if report is not None else {}),"batch_size": run.batch_size, "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
             "warmup_steps": run.warmup_steps, "device": str(run.device),
             "dataset": data_record(dataset),
             "views": getattr(run.batches, "config", None),
@@ -661,7 +677,7 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
 
 def _evaluate_snapshot(run: _Run, state: Dict[str, torch.Tensor]) -> Dict[str, Any]:
     """The held-out numbers (no baselines) of the model with the weights ``state``."""
-    model = build_model(run.config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder)
+    model = build_model(run.config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder, initial_weights=False)
     model.load_state_dict(state)
     model.to(run.device)
     numbers = evaluate_model(run.config, model, run.dataset, run.device, raw_pixels=False)
