@@ -44,6 +44,8 @@ COMMANDS = {
     "sweep": ("contrastkit.commands.sweep", "pretrain over a grid of temperatures and seeds; metrics, plots, verdicts"),
     "experiment": ("contrastkit.commands.experiment", "run an experiment of the source texts (positive-pairs, convirt-ablation)"),
     "embed": ("contrastkit.commands.embed", "write a run's embeddings (h, optionally z) of a data set to .npy/.csv or .npz"),
+    "export": ("contrastkit.commands.export",
+               "write a run's encoder (optionally its projection head) as safetensors, ONNX or TorchScript"),
     "neighbors": ("contrastkit.commands.neighbors",
                   "print and draw the images of a run's data set nearest to query images (cosine of h; exact or FAISS)"),
     "explore": ("contrastkit.commands.explore", "write (or serve) the interactive temperature explorer page and open it"),
