@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-FORMATS = ("safetensors", "onnx", "torchscript")  # contrastkit.layout.MODEL_FORMATS (not imported: --help stays light)
+from contrastkit.layout import MODEL_FORMATS  # standard library only: --help stays light
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN", help="output folder of contrastkit pretrain")
     parser.add_argument("--out", required=True, metavar="FILE",
                         help="the file to write; without a suffix it gets the format's (.safetensors, .onnx, .pt)")
-    parser.add_argument("--format", choices=FORMATS, default=None,
+    parser.add_argument("--format", choices=tuple(MODEL_FORMATS), default=None,
                         help="safetensors (needs contrastkit[safetensors]), onnx (needs contrastkit[onnx]) or "
                              "torchscript (default: the one the suffix of --out names)")
     parser.add_argument("--projection", action="store_true",
