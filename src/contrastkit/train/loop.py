@@ -183,6 +183,7 @@ def pretrain(
     on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]] = None,
     baselines: bool = True,
     encoder: Optional[torch.nn.Module] = None,
+    transform: Optional[Callable[[torch.Tensor], Any]] = None,
 ) -> Optional[Dict[str, Any]]:
     """Train ``config.method`` on ``config.data`` and evaluate it; returns the summary dict
     (also written to ``config.out/summary.json``).
@@ -212,6 +213,14 @@ def pretrain(
             imported with no arguments; otherwise pass it again to
             :func:`~contrastkit.train.evaluate_run`. At the end ``encoder`` holds the trained
             weights.
+        transform: a per-image augmentation that makes the two views in the ``DataLoader``
+            workers instead of the kornia views on the training device (the two-view methods):
+            a ``torchvision.transforms.v2`` pipeline, or any callable from one ``(C, H, W)``
+            image tensor (uint8 as decoded, float in ``[0, 1]`` for float data) to a view of the
+            same shape, uint8 or float in ``[0, 1]`` (no normalisation: the encoder reads
+            ``[0, 1]`` images). It is applied twice per image of a training batch, under a
+            seed of ``(seed, epoch, item)``, so the views do not depend on ``config.workers``
+            and a resumed run stays exact; pass the same transform again to resume.
 
     Batches come from a ``torch.utils.data.DataLoader`` over the training split whose batch
     sampler (:class:`~contrastkit.data.EpochBatchSampler`) yields the epoch's shuffled
@@ -231,13 +240,15 @@ def pretrain(
         raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}")
     config = config.resolved()
     with limit_threads(config.threads):
-        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder)
+        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder,
+                         transform)
 
 
 def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
               views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
-              baselines: bool = True, encoder: Optional[torch.nn.Module] = None) -> Optional[Dict[str, Any]]:
-    run = _set_up(config, resume, force, dataset, views, encoder)
+              baselines: bool = True, encoder: Optional[torch.nn.Module] = None,
+              transform: Optional[Callable[[torch.Tensor], Any]] = None) -> Optional[Dict[str, Any]]:
+    run = _set_up(config, resume, force, dataset, views, encoder, transform)
     if run.parallel.is_main:
         manifest = Manifest(run.folder.root)
         marked = manifest.mark_writing(layout.CONFIG_FILE)
@@ -323,7 +334,8 @@ class _Run:
 # -- set-up -------------------------------------------------------------------------------
 
 def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, views: Any,
-            encoder: Optional[torch.nn.Module] = None) -> _Run:
+            encoder: Optional[torch.nn.Module] = None,
+            transform: Optional[Callable[[torch.Tensor], Any]] = None) -> _Run:
     """Everything before the first step: process group, data, model, optimizer, the run
     folder, and on resume the checkpointed state."""
     started = time.perf_counter()
@@ -351,8 +363,10 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                          f"({parallel.world_size})")
     config = config.with_queue(batch_size, n_train)
     tokenizer = method.run_tokenizer(dataset, config.out, resume)
+    if views is not None and transform is not None:
+        raise ValueError("pass views (a batch maker of your own) or transform (views made in the workers), not both")
     if views is None:
-        views = method.batches(dataset, config, device, tokenizer)
+        views = method.batches(dataset, config, device, tokenizer, transform=transform)
 
     model = build_model(config, dataset.image_shape, tokenizer, encoder=encoder).to(device)
     schedule = config.schedule
@@ -377,7 +391,9 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     model.batch_tap = run.tap  # the method's loss hands an armed step's embeddings to it
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
-    run.loader = make_loader(dataset.train, batch_sampler=run.sampler, workers=config.workers,
+    # a batch maker whose views the workers make says what they read (items of two views)
+    items = views.training_items(dataset.train) if hasattr(views, "training_items") else dataset.train
+    run.loader = make_loader(items, batch_sampler=run.sampler, workers=config.workers,
                              pin_memory=device.type == "cuda", seed=config.seed)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
     parallel.run_on_main(lambda: _save_run_files(run))
