@@ -53,7 +53,7 @@ from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
 from .parallel import LossForward, Parallel, setup
 from .selection import EpochSelection, val_probe_accuracy
-from .setup import limit_threads, resolve_device
+from .setup import compile_encoder, eager_calls, limit_threads, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -266,7 +266,8 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
             run.parallel.teardown()
             _return_encoder(run, encoder)
             return None
-        summary = _summarise(run, baselines)
+        with eager_calls(run.config.compile):
+            summary = _summarise(run, baselines)
     finally:
         run.loggers.close()
         if run.parallel.is_main:
@@ -369,6 +370,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         views = method.batches(dataset, config, device, tokenizer, transform=transform)
 
     model = build_model(config, dataset.image_shape, tokenizer, encoder=encoder).to(device)
+    if config.compile:  # the training steps' encoder; the read-out calls it eagerly (eager_calls)
+        compile_encoder(model.encoder)
     schedule = config.schedule
     step_loss: Any = LossForward(model, method)
     if parallel.active:
@@ -603,16 +606,8 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
               "train_seconds": run.train_seconds}
     evaluating = config.eval_every and (run.epoch % config.eval_every == 0 or run.epoch == config.epochs)
     if evaluating and parallel.is_main:
-        if run.dataset.num_classes:
-            # One extraction of the train and val features serves the kNN and the probe.
-            features = tuple(extract_features(run.model.encoder, split, run.device,
-                                              workers=config.workers) for split in (run.dataset.train, run.dataset.val))
-            record["val_knn_accuracy"] = _val_knn(features, run.dataset, config)
-            score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed,
-                                       features=features)
-            record["val_probe_accuracy"] = score
-            run.selection.observe(run.epoch, score, run.model)
-        record.update(run.method.val_metrics(run.eval_context()))
+        with eager_calls(config.compile):  # the read-out's calls run eagerly (no compilation per batch size)
+            _evaluate_epoch(run, record)
     metrics.write(json.dumps(record) + "\n")
     metrics.flush()
     run.loggers.record(record)
@@ -634,6 +629,22 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
 
 
 # -- evaluation ---------------------------------------------------------------------------
+
+def _evaluate_epoch(run: _Run, record: Dict[str, Any]) -> None:
+    """The val numbers of an ``eval_every`` epoch into ``record`` (rank 0), and the epoch's
+    candidacy for the reported one."""
+    config = run.config
+    if run.dataset.num_classes:
+        # One extraction of the train and val features serves the kNN and the probe.
+        features = tuple(extract_features(run.model.encoder, split, run.device,
+                                          workers=config.workers) for split in (run.dataset.train, run.dataset.val))
+        record["val_knn_accuracy"] = _val_knn(features, run.dataset, config)
+        score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed,
+                                   features=features)
+        record["val_probe_accuracy"] = score
+        run.selection.observe(run.epoch, score, run.model)
+    record.update(run.method.val_metrics(run.eval_context()))
+
 
 def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     """Rank 0's held-out evaluation and the summary (``summary.json``)."""
