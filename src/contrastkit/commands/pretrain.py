@@ -112,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--workers", type=int, default=None,
         help="DataLoader worker processes decoding images; an image folder with --workers > 0 (or "
              "--data-option stream=true) is streamed, only its file index held in memory (default 0)")
+    add("--compile", action="store_true", default=None,
+        help="torch.compile the encoder for the training steps (inductor, on CPU and CUDA; needs a C++ compiler); "
+             "the first step pays the compilation; the losses equal the eager run's within float rounding "
+             "(speed on this machine: benchmarks/results/compile.md)")
     add("--baseline-cache", default=None, metavar="DIR",
         help="where the baselines' read-out numbers are kept, so a data set's raw-pixel baseline (and a seed's "
              "random-init one) is computed once, not in every run: auto ($CONTRASTKIT_CACHE, else "

@@ -23,7 +23,7 @@ from contrastkit.data.base import check_positive_int
 from contrastkit.data.collection import skip_item, skips_bad_files
 from contrastkit.data.streaming import BadItemError, in_memory
 
-__all__ = ["EpochBatchSampler", "make_loader", "read_images"]
+__all__ = ["EpochBatchSampler", "EpochKeys", "make_loader", "read_images"]
 
 
 class EpochBatchSampler(Sampler):
@@ -82,21 +82,45 @@ class _Indices(torch.utils.data.Dataset):
         return index
 
 
+class EpochKeys(Sampler):
+    """The batches of ``sampler`` with each index ``i`` as the key ``(i, epoch)``, ``epoch`` the
+    sampler's (its ``epoch`` attribute when the epoch's batches are drawn; 0 without one): for
+    a split whose items depend on the epoch (``keyed_by_epoch``: views drawn in the workers,
+    :mod:`contrastkit.data.transform_views`), which persistent workers could not learn otherwise."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    @property
+    def epoch(self) -> int:
+        return int(getattr(self.sampler, "epoch", 0))
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[List[Tuple[int, int]]]:
+        epoch = self.epoch
+        for batch in self.sampler:
+            yield [(int(i), epoch) for i in batch]
+
+
 class _WithIndex(torch.utils.data.Dataset):
-    """Item ``i`` of a streamed split is ``(image, i)`` (its label is in ``split.labels``, its
-    text in ``split.texts``); a bad item (:class:`BadItemError`) is ``(zeros, -1 - i)``, for
-    the main process to raise."""
+    """Item ``i`` (or key ``(i, epoch)``) of a streamed split is ``(image, i)`` (its label is in
+    ``split.labels``, its text in ``split.texts``); a bad item (:class:`BadItemError`) is
+    ``(zeros, -1 - i)``, for the main process to raise."""
 
     def __init__(self, split: Any) -> None:
         self.split = split
-        self.blank = torch.zeros(tuple(split.image_shape), dtype=torch.uint8)
+        self.blank = torch.zeros(tuple(getattr(split, "item_shape", split.image_shape)),
+                                 dtype=getattr(split, "item_dtype", torch.uint8))
 
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, index: int) -> Tuple[Tensor, int]:
+    def __getitem__(self, key: Any) -> Tuple[Tensor, int]:
+        index = key[0] if isinstance(key, tuple) else key
         try:
-            return self.split[index][0], index
+            return self.split[key][0], index
         except BadItemError:
             return self.blank, -1 - index
 
@@ -119,13 +143,19 @@ class _StreamLoader:
             bad = indices < 0
             if bool(bad.any()):
                 if not self.skip:
-                    self.split[-1 - int(indices[bad][0])]  # raises the BadItemError naming it
+                    self.split[self._key(-1 - int(indices[bad][0]))]  # raises the BadItemError naming it
                 for marked in indices[bad].tolist():
                     _skip(self.split, -1 - int(marked))
                 images, indices = images[~bad], indices[~bad]
                 if indices.numel() == 0:
                     continue
             yield images, indices
+
+
+    def _key(self, index: int) -> Any:
+        """The key the workers read item ``index`` by (with the epoch for a keyed split)."""
+        sampler = self.loader.batch_sampler
+        return (index, sampler.epoch) if isinstance(sampler, EpochKeys) else index
 
 
 def _skip(split: Any, index: int) -> None:
@@ -161,6 +191,8 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
     if workers:
         options.update(persistent_workers=True, prefetch_factor=2)
     if batch_sampler is not None:
+        if getattr(split, "keyed_by_epoch", False):
+            batch_sampler = EpochKeys(batch_sampler)
         loader = DataLoader(dataset, batch_sampler=batch_sampler, **options)
     else:
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=False, **options)

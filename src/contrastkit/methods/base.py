@@ -113,8 +113,11 @@ class Method:
         """Write the method's own files into the run folder (once, on rank 0)."""
 
     def batches(self, dataset: DataSplits, config: PretrainConfig, device: torch.device,
-                tokenizer: Any = None) -> Callable[[Any, Tensor], Batch]:
-        """The batch maker: ``batches(split, indices)`` -> a training batch on ``device``."""
+                tokenizer: Any = None, *, transform: Optional[Callable[[Tensor], Any]] = None
+                ) -> Callable[[Any, Tensor], Batch]:
+        """The batch maker: ``batches(split, indices)`` -> a training batch on ``device``.
+        ``transform``: a per-image view transform made in the loader's workers (the two-view
+        methods, :func:`~contrastkit.data.training_views`); a method without two views refuses it."""
         raise NotImplementedError
 
     # -- model and loss -----------------------------------------------------------------

@@ -33,11 +33,12 @@ TENSORBOARD_MISSING = ("--logger tensorboard needs the tensorboard package: pip 
 
 # Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
 # stretches the cosine schedule from the resumed step on.
-# ``threads`` and ``device`` may change too, at the price of bit-exactness (reduction order).
+# ``threads``, ``device`` and ``compile`` may change too, at the price of bit-exactness (other
+# kernels, another reduction order); with the same setting a resumed run is exact.
 # ``workers`` only decode images (no randomness), so any number resumes exactly.
 # ``baseline_cache`` only says where baselines are kept (their numbers are the same).
 RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers",
-                               "workers", "baseline_cache"})
+                               "workers", "baseline_cache", "compile"})
 
 
 def check_positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
@@ -146,6 +147,9 @@ class PretrainConfig:
     device: str = "auto"
     threads: int = 0                # CPU threads; 0: the cores this process may use (setup.resolve_threads)
     workers: int = 0                # DataLoader worker processes decoding streamed images (0: in this process)
+    # torch.compile the encoder for the training steps (inductor; the read-out runs it eagerly).
+    # Speed only: the losses equal the eager run's within float rounding, not bit for bit.
+    compile: bool = False
     baseline_cache: str = "auto"    # where the read-out's baselines are kept: "auto" (train.baselines), "off", a folder
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val read-outs that pick the reported epoch (0: never)
@@ -211,6 +215,8 @@ class PretrainConfig:
             raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
         check_positive_int(c.threads, "threads", 0)
         check_positive_int(c.workers, "workers", 0)
+        if not isinstance(c.compile, bool):
+            raise ValueError(f"compile must be true or false, got {c.compile!r}")
         c.baseline_cache = check_cache_setting(c.baseline_cache)
         check_positive_int(c.log_every, "log_every")
         check_positive_int(c.eval_every, "eval_every", 0)

@@ -46,8 +46,10 @@ class TwoViewMethod(Method):
             raise ValueError(f"views must be one of {MODES}, got {config.views!r}")
 
     def batches(self, dataset: DataSplits, config: "PretrainConfig", device: torch.device,
-                tokenizer: Any = None) -> Callable[[Any, Tensor], Batch]:
-        return training_views(dataset, mode=config.views, device=device, strength=config.view_strength)
+                tokenizer: Any = None, *, transform: Optional[Callable[[Tensor], Any]] = None
+                ) -> Callable[[Any, Tensor], Batch]:
+        return training_views(dataset, mode=config.views, device=device, strength=config.view_strength,
+                              transform=transform, seed=config.seed)
 
     def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,
                     encoder: Optional[nn.Module] = None) -> nn.Module:

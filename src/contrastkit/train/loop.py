@@ -53,7 +53,7 @@ from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
 from .parallel import LossForward, Parallel, setup
 from .selection import EpochSelection, val_probe_accuracy
-from .setup import limit_threads, resolve_device
+from .setup import compile_encoder, eager_calls, limit_threads, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -183,6 +183,7 @@ def pretrain(
     on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]] = None,
     baselines: bool = True,
     encoder: Optional[torch.nn.Module] = None,
+    transform: Optional[Callable[[torch.Tensor], Any]] = None,
 ) -> Optional[Dict[str, Any]]:
     """Train ``config.method`` on ``config.data`` and evaluate it; returns the summary dict
     (also written to ``config.out/summary.json``).
@@ -212,6 +213,14 @@ def pretrain(
             imported with no arguments; otherwise pass it again to
             :func:`~contrastkit.train.evaluate_run`. At the end ``encoder`` holds the trained
             weights.
+        transform: a per-image augmentation that makes the two views in the ``DataLoader``
+            workers instead of the kornia views on the training device (the two-view methods):
+            a ``torchvision.transforms.v2`` pipeline, or any callable from one ``(C, H, W)``
+            image tensor (uint8 as decoded, float in ``[0, 1]`` for float data) to a view of the
+            same shape, uint8 or float in ``[0, 1]`` (no normalisation: the encoder reads
+            ``[0, 1]`` images). It is applied twice per image of a training batch, under a
+            seed of ``(seed, epoch, item)``, so the views do not depend on ``config.workers``
+            and a resumed run stays exact; pass the same transform again to resume.
 
     Batches come from a ``torch.utils.data.DataLoader`` over the training split whose batch
     sampler (:class:`~contrastkit.data.EpochBatchSampler`) yields the epoch's shuffled
@@ -231,13 +240,15 @@ def pretrain(
         raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}")
     config = config.resolved()
     with limit_threads(config.threads):
-        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder)
+        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder,
+                         transform)
 
 
 def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
               views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
-              baselines: bool = True, encoder: Optional[torch.nn.Module] = None) -> Optional[Dict[str, Any]]:
-    run = _set_up(config, resume, force, dataset, views, encoder)
+              baselines: bool = True, encoder: Optional[torch.nn.Module] = None,
+              transform: Optional[Callable[[torch.Tensor], Any]] = None) -> Optional[Dict[str, Any]]:
+    run = _set_up(config, resume, force, dataset, views, encoder, transform)
     if run.parallel.is_main:
         manifest = Manifest(run.folder.root)
         marked = manifest.mark_writing(layout.CONFIG_FILE)
@@ -255,7 +266,8 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
             run.parallel.teardown()
             _return_encoder(run, encoder)
             return None
-        summary = _summarise(run, baselines)
+        with eager_calls(run.config.compile):
+            summary = _summarise(run, baselines)
     finally:
         run.loggers.close()
         if run.parallel.is_main:
@@ -323,7 +335,8 @@ class _Run:
 # -- set-up -------------------------------------------------------------------------------
 
 def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, views: Any,
-            encoder: Optional[torch.nn.Module] = None) -> _Run:
+            encoder: Optional[torch.nn.Module] = None,
+            transform: Optional[Callable[[torch.Tensor], Any]] = None) -> _Run:
     """Everything before the first step: process group, data, model, optimizer, the run
     folder, and on resume the checkpointed state."""
     started = time.perf_counter()
@@ -351,13 +364,17 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                          f"({parallel.world_size})")
     config = config.with_queue(batch_size, n_train)
     tokenizer = method.run_tokenizer(dataset, config.out, resume)
+    if views is not None and transform is not None:
+        raise ValueError("pass views (a batch maker of your own) or transform (views made in the workers), not both")
     if views is None:
-        views = method.batches(dataset, config, device, tokenizer)
+        views = method.batches(dataset, config, device, tokenizer, transform=transform)
 
     model = build_model(config, dataset.image_shape, tokenizer, encoder=encoder).to(device)
     if model.weights_report is not None and parallel.is_main:
         _check_weights_unchanged(config, model.weights_report, resume)
         print(model.weights_report.summary(), file=sys.stderr, flush=True)
+    if config.compile:  # the training steps' encoder; the read-out calls it eagerly (eager_calls)
+        compile_encoder(model.encoder)
     schedule = config.schedule
     step_loss: Any = LossForward(model, method)
     if parallel.active:
@@ -380,7 +397,9 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     model.batch_tap = run.tap  # the method's loss hands an armed step's embeddings to it
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
-    run.loader = make_loader(dataset.train, batch_sampler=run.sampler, workers=config.workers,
+    # a batch maker whose views the workers make says what they read (items of two views)
+    items = views.training_items(dataset.train) if hasattr(views, "training_items") else dataset.train
+    run.loader = make_loader(items, batch_sampler=run.sampler, workers=config.workers,
                              pin_memory=device.type == "cuda", seed=config.seed)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
     parallel.run_on_main(lambda: _save_run_files(run))
@@ -603,16 +622,8 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
               "train_seconds": run.train_seconds}
     evaluating = config.eval_every and (run.epoch % config.eval_every == 0 or run.epoch == config.epochs)
     if evaluating and parallel.is_main:
-        if run.dataset.num_classes:
-            # One extraction of the train and val features serves the kNN and the probe.
-            features = tuple(extract_features(run.model.encoder, split, run.device,
-                                              workers=config.workers) for split in (run.dataset.train, run.dataset.val))
-            record["val_knn_accuracy"] = _val_knn(features, run.dataset, config)
-            score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed,
-                                       features=features)
-            record["val_probe_accuracy"] = score
-            run.selection.observe(run.epoch, score, run.model)
-        record.update(run.method.val_metrics(run.eval_context()))
+        with eager_calls(config.compile):  # the read-out's calls run eagerly (no compilation per batch size)
+            _evaluate_epoch(run, record)
     metrics.write(json.dumps(record) + "\n")
     metrics.flush()
     run.loggers.record(record)
@@ -634,6 +645,22 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
 
 
 # -- evaluation ---------------------------------------------------------------------------
+
+def _evaluate_epoch(run: _Run, record: Dict[str, Any]) -> None:
+    """The val numbers of an ``eval_every`` epoch into ``record`` (rank 0), and the epoch's
+    candidacy for the reported one."""
+    config = run.config
+    if run.dataset.num_classes:
+        # One extraction of the train and val features serves the kNN and the probe.
+        features = tuple(extract_features(run.model.encoder, split, run.device,
+                                          workers=config.workers) for split in (run.dataset.train, run.dataset.val))
+        record["val_knn_accuracy"] = _val_knn(features, run.dataset, config)
+        score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed,
+                                   features=features)
+        record["val_probe_accuracy"] = score
+        run.selection.observe(run.epoch, score, run.model)
+    record.update(run.method.val_metrics(run.eval_context()))
+
 
 def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     """Rank 0's held-out evaluation and the summary (``summary.json``)."""
