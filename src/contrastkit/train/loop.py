@@ -390,8 +390,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     if parallel.is_main:
         told = config.describe_data_defaults()
         if told is not None:
-            print(f"{told} ({steps_per_epoch} steps an epoch, {total_steps} in {config.epochs} epochs, "
-                  f"{warmup} of warm-up)", file=sys.stderr, flush=True)
+            print(f"{told} ({steps_per_epoch:,} steps an epoch, {total_steps:,} in {config.epochs} epochs, "
+                  f"{warmup:,} of warm-up)", file=sys.stderr, flush=True)
         Manifest(config.out).write_json(layout.CONFIG, {"config": config.to_dict(),
                                                         "derived": _derived(run, chosen)})
     return run
