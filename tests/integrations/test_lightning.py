@@ -265,6 +265,28 @@ def test_bad_input_gets_one_clear_error(tiny):
         ContrastiveDataModule(too_few, batch_size=4).val_dataloader()
 
 
+@needs_lightning
+def test_without_a_batch_size_the_modules_size_it_as_pretrain_does(tiny):
+    """The data module and the module take pretrain's data-sized batch when none is given, and
+    the module the data module's own batch (the one it trains at) before the data's."""
+    from contrastkit.data.base import Dataset, Split
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.methods import default_batch_size
+    from contrastkit.train import PretrainConfig
+
+    labels = torch.arange(60_000) % 2
+    big = Dataset("big", ["0", "1"], Split(torch.zeros(60_000, 1, 8, 8), labels),
+                  Split(torch.zeros(4, 1, 8, 8), labels[:4]), Split(torch.zeros(4, 1, 8, 8), labels[:4]))
+    assert ContrastiveDataModule(big).batch_size == 256 == default_batch_size(60_000)[0]
+    assert ContrastiveDataModule(tiny).batch_size == 48  # 48 training scenes: the whole split, below 60
+    assert ContrastiveModule(PretrainConfig(), ContrastiveDataModule(big)).config.batch_size == 256
+    assert ContrastiveModule(PretrainConfig(), ContrastiveDataModule(big, batch_size=32)).config.batch_size == 32
+    assert ContrastiveModule(PretrainConfig(), big).config.batch_size == 256
+    assert ContrastiveModule(PretrainConfig(batch_size=128), ContrastiveDataModule(big)).config.batch_size == 128
+    config = PretrainConfig(data="glyphlab", data_options={"train_scenes": 48, "val_scenes": 16, "test_scenes": 8})
+    assert ContrastiveDataModule.from_config(config).batch_size == 48
+
+
 _DDP_SCRIPT = '''
 """Train a ContrastiveModule a few steps on DEVICES CPU processes; rank 0 saves the model."""
 import sys

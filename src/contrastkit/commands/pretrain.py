@@ -83,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; siglip: learnable, "
              "constant fixes its tau; see docs/temperature-study.md)")
     add("--epochs", type=int, default=None, help=f"(default {d.epochs})")
-    add("--batch-size", type=int, default=None, help=f"source images per step (default {d.batch_size})")
+    add("--batch-size", type=int, default=None,
+        help="source images per step (default: sized to the training set and printed at the start: 60 up to "
+             "2,047 images, then one per 32 images, 256 from 8,192 on; recorded in OUT/config.json)")
     add("--optimizer", choices=OPTIMIZERS, default=None, help=f"(default {d.optimizer})")
     add("--lr", type=float, default=None, help="peak learning rate (default adamw 2e-3, sgd 0.1)")
     add("--weight-decay", type=float, default=None, help="(default adamw 1e-4, sgd 5e-4)")

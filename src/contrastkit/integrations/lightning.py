@@ -67,7 +67,7 @@ from contrastkit.data import unit_float
 from contrastkit.data import as_data, check_positive_int, item_dataset, reads_files
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (MoCo, PretrainConfig, TwoViewMethod, build_lr_scheduler, build_model, build_optimizer,
-                                 get_method, load_data)
+                                 default_batch_size, get_method, load_data)
 
 __all__ = ["ContrastiveModule", "ContrastiveDataModule"]
 
@@ -152,6 +152,8 @@ class ContrastiveModule(lightning.LightningModule):
         elif encoder is not None and not isinstance(encoder, nn.Module):
             raise TypeError(f"encoder must be a built-in name, a 'package.module:factory' spec or a torch.nn.Module, "
                             f"got {type(encoder).__name__}")
+        if config.batch_size is None and isinstance(data, ContrastiveDataModule):
+            config = dataclasses.replace(config, batch_size=data.batch_size)  # the batch it trains at
         config = config.resolved()
         method = get_method(config.method)
         if not isinstance(method, TwoViewMethod):
@@ -169,6 +171,7 @@ class ContrastiveModule(lightning.LightningModule):
             if isinstance(method, MoCo):
                 raise ValueError("loss= replaces a two-view loss; moco's loss is the InfoNCE of its key queue")
         dataset = _data_set(data)
+        config = config.fit_to_data(len(dataset.train))  # no batch size given: the data's, as pretrain's
         config = config.with_queue(min(config.batch_size, len(dataset.train)), len(dataset.train))
         if isinstance(encoder, nn.Module):
             from contrastkit.models import describe_encoder
@@ -314,7 +317,10 @@ class ContrastiveDataModule(lightning.LightningDataModule):
             :func:`contrastkit.data.as_data`.
         batch_size: the global batch: each of the trainer's processes loads
             ``batch_size / world_size`` images per step (it must divide); the last partial
-            batch is dropped, as in ``contrastkit pretrain``.
+            batch is dropped, as in ``contrastkit pretrain``. ``None``: sized to the training
+            split as ``contrastkit pretrain`` sizes it
+            (:func:`contrastkit.methods.default_batch_size`: 60 up to 2,047 images, growing
+            to 256 from 8,192).
         workers: ``DataLoader`` worker processes (persistent), decoding streamed images.
         shuffle: shuffle the training split each epoch.
         seed: the seed of the shuffle (with the epoch: ``DistributedSampler``'s order).
@@ -323,25 +329,30 @@ class ContrastiveDataModule(lightning.LightningDataModule):
     :meth:`predict_dataloader` the test split, in order.
     """
 
-    def __init__(self, dataset: Any, *, batch_size: int = 60, workers: int = 0, shuffle: bool = True,
+    def __init__(self, dataset: Any, *, batch_size: Optional[int] = None, workers: int = 0, shuffle: bool = True,
                  seed: int = 0) -> None:
         super().__init__()
-        check_positive_int(batch_size, "batch_size", 2)  # a contrastive batch needs negatives
+        if batch_size is not None:
+            check_positive_int(batch_size, "batch_size", 2)  # a contrastive batch needs negatives
         check_positive_int(workers, "workers", 0)
         self.dataset = as_data(dataset)
         if hasattr(self.dataset.train, "texts"):
             raise ValueError("ContrastiveDataModule loads images with labels; image-text pairs train with "
                              "contrastkit pretrain")
+        if batch_size is None:
+            batch_size = default_batch_size(len(self.dataset.train))[0]
         self.batch_size, self.workers, self.shuffle, self.seed = batch_size, workers, bool(shuffle), int(seed)
 
     @classmethod
     def from_config(cls, config: PretrainConfig, *, shuffle: bool = True) -> "ContrastiveDataModule":
         """``config.data`` loaded as ``contrastkit pretrain`` loads it (its data options and
-        subsets, :func:`contrastkit.methods.load_data`), with ``config.batch_size``,
+        subsets, :func:`contrastkit.methods.load_data`), with ``config.batch_size`` (``None``:
+        sized to the training split, :meth:`~contrastkit.methods.PretrainConfig.fit_to_data`),
         ``config.workers`` and ``config.seed``."""
         config = config.resolved()
-        return cls(load_data(config), batch_size=config.batch_size, workers=config.workers, shuffle=shuffle,
-                   seed=config.seed)
+        dataset = load_data(config)
+        return cls(dataset, batch_size=config.fit_to_data(len(dataset.train)).batch_size, workers=config.workers,
+                   shuffle=shuffle, seed=config.seed)
 
     def _rank_batch(self, split: Any, what: str) -> int:
         """This process's batch: its share of the global batch, at most its share of ``split``."""

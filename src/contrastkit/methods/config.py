@@ -10,7 +10,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from contrastkit.data.base import check_positive_int
 from contrastkit.layout import check_cache_setting
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
 __all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "check_positive_int",
-           "check_positive_float"]
+           "check_positive_float", "default_batch_size", "SMALLEST_DEFAULT_BATCH", "LARGEST_DEFAULT_BATCH",
+           "IMAGES_PER_BATCH_ROW"]
 
 OPTIMIZERS = ("adamw", "sgd")
 DEFAULT_LR = {"adamw": 2e-3, "sgd": 0.1}
@@ -39,6 +40,46 @@ TENSORBOARD_MISSING = ("--logger tensorboard needs the tensorboard package: pip 
 # ``baseline_cache`` only says where baselines are kept (their numbers are the same).
 RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers",
                                "workers", "baseline_cache", "compile"})
+
+
+# The batch a run takes when none is given grows with the training set (default_batch_size).
+#: The floor: divides GlyphLab's 120 training scenes (two steps an epoch), and digits' 1,078
+#: training images keep it too.
+SMALLEST_DEFAULT_BATCH = 60
+#: The ceiling: SimCLR's smallest recipe batch (Chen et al. 2020), 510 negatives an anchor.
+LARGEST_DEFAULT_BATCH = 256
+#: Between the two, one pair for every this many training images (an epoch keeps >= 32 steps).
+IMAGES_PER_BATCH_ROW = 32
+
+
+def default_batch_size(train_size: int, *, world_size: int = 1) -> Tuple[int, str]:
+    """The batch (source images a step) of a run on ``train_size`` training images when none is
+    given, and why, in words: ``train_size / 32`` rounded down to a multiple of 8, at least
+    ``SMALLEST_DEFAULT_BATCH`` (60) and at most ``LARGEST_DEFAULT_BATCH`` (256), never more
+    than the training set; under ``world_size`` processes a multiple of it.
+
+    Small sets keep 60 (GlyphLab's 120 scenes, digits' 1,078 images); from about 2,000 images
+    the batch grows, so that each anchor meets more negatives and a step costs less per image,
+    while an epoch keeps at least 32 optimizer steps; from 8,192 images it is 256, SimCLR's
+    batch (a 60,000-image set trains 234 steps an epoch)."""
+    n = check_positive_int(train_size, "train_size")
+    world = check_positive_int(world_size, "world_size")
+    grown = 8 * (n // (8 * IMAGES_PER_BATCH_ROW))
+    batch = min(LARGEST_DEFAULT_BATCH, max(SMALLEST_DEFAULT_BATCH, grown))
+    if batch == LARGEST_DEFAULT_BATCH:
+        why = f"{n:,} training images: the largest default batch, SimCLR's {LARGEST_DEFAULT_BATCH}"
+    elif batch == SMALLEST_DEFAULT_BATCH:
+        why = (f"{n:,} training images: the smallest default batch, which sets of fewer than "
+               f"{8 * IMAGES_PER_BATCH_ROW * (SMALLEST_DEFAULT_BATCH // 8 + 1):,} images keep")
+    else:
+        why = (f"{n:,} training images: one pair per {IMAGES_PER_BATCH_ROW} images, rounded down to a multiple of "
+               f"8, between {SMALLEST_DEFAULT_BATCH} and {LARGEST_DEFAULT_BATCH}")
+    if batch > n:
+        batch, why = n, f"{n:,} training images: the whole training set, fewer than {batch}"
+    if world > 1 and batch % world:
+        batch = max(world, batch - batch % world)
+        why += f", rounded down to a multiple of the {world} processes"
+    return batch, why
 
 
 def check_positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
@@ -131,7 +172,9 @@ class PretrainConfig:
     # (SigLIP trains its scale; "constant" fixes it).
     temperature_schedule: Optional[str] = None
     epochs: int = 60
-    batch_size: int = 60             # divides glyphlab's 120 training scenes (the last partial batch is dropped)
+    # Source images a step (the global batch under torchrun; the last partial batch is dropped).
+    # None: chosen from the training set's size (default_batch_size) by fit_to_data.
+    batch_size: Optional[int] = None
     optimizer: str = "adamw"
     lr: Optional[float] = None
     weight_decay: Optional[float] = None
@@ -159,8 +202,8 @@ class PretrainConfig:
     loggers: List[str] = field(default_factory=list)  # beyond metrics.jsonl: "csv", "tensorboard"
 
     def resolved(self) -> "PretrainConfig":
-        """A validated copy with every default filled in (queue size needs the data: see
-        :meth:`with_queue`)."""
+        """A validated copy with every default filled in but those that need the data: the
+        batch size (:meth:`fit_to_data`) and the queue size (:meth:`with_queue`)."""
         c = PretrainConfig(**asdict(self))
         method = get_method(c.method)
         if c.optimizer not in OPTIMIZERS:
@@ -196,7 +239,8 @@ class PretrainConfig:
             c.temperature_schedule = method.default_schedule
         c._schedule = _resolve_schedule(c)
         check_positive_int(c.epochs, "epochs")
-        check_positive_int(c.batch_size, "batch_size", 2)
+        if c.batch_size is not None:
+            check_positive_int(c.batch_size, "batch_size", 2)
         c.lr = check_positive_float(DEFAULT_LR[c.optimizer] if c.lr is None else c.lr, "lr")
         c.weight_decay = check_positive_float(
             DEFAULT_WEIGHT_DECAY[c.optimizer] if c.weight_decay is None else c.weight_decay,
@@ -241,15 +285,52 @@ class PretrainConfig:
         """Whether the run trains on image-text pairs (its method's :attr:`~contrastkit.methods.base.Method.paired`)."""
         return get_method(self.method).paired
 
+    @property
+    def data_defaults(self) -> Dict[str, Any]:
+        """What :meth:`fit_to_data` chose from the data, for the run's record (``config.json``'s
+        ``derived.defaults``): ``{"train_size": n, "batch_size": {"value": b, "reason": ...}}``,
+        or ``{}`` when every such option was given."""
+        return dict(self.__dict__.get("_data_defaults") or {})
+
+    def fit_to_data(self, train_size: int, *, world_size: int = 1) -> "PretrainConfig":
+        """A copy with the defaults that depend on the data filled in, for a training split of
+        ``train_size`` images and ``world_size`` processes: a ``batch_size`` of ``None`` becomes
+        :func:`default_batch_size`'s (recorded with its reason in :attr:`data_defaults`); a
+        given one is kept. Then ``micro_batch`` is checked against the batch. Call it on the
+        resolved configuration once the data are loaded (``pretrain`` and the Lightning
+        module and data module do)."""
+        c = self._copy()
+        if c.batch_size is None:
+            c.batch_size, reason = default_batch_size(train_size, world_size=world_size)
+            c._data_defaults = {"train_size": int(train_size),
+                                "batch_size": {"value": c.batch_size, "reason": reason}}
+            _check_micro_batch(c, f"chosen for {reason}; --batch-size sets it", world_size)
+        return c
+
+    def describe_data_defaults(self) -> Optional[str]:
+        """One line saying what :meth:`fit_to_data` chose from the data and why (``None`` when
+        nothing was chosen): what a run prints at its start."""
+        chosen = self.data_defaults.get("batch_size")
+        if chosen is None:
+            return None
+        return f"batch size {chosen['value']}, chosen for {chosen['reason']}; --batch-size sets it"
+
+    def _copy(self) -> "PretrainConfig":
+        """A copy that keeps what :meth:`resolved` and :meth:`fit_to_data` worked out beyond the
+        fields (the parsed schedule, the record of the data-sized defaults)."""
+        c = PretrainConfig(**asdict(self))
+        for name in ("_schedule", "_data_defaults"):
+            if name in self.__dict__:
+                setattr(c, name, self.__dict__[name])
+        return c
+
     def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
         """Fill in the MoCo queue size (a multiple of the effective batch size).
 
         Default: up to 16 batches, but fewer than the training set holds, so that the queue
         does not mostly hold older keys of the very images in the batch.
         """
-        c = PretrainConfig(**asdict(self))
-        if "_schedule" in self.__dict__:
-            c._schedule = self._schedule
+        c = self._copy()
         if c.method != "moco":
             c.queue_size = None
             return c
@@ -305,11 +386,21 @@ def _resolve_accumulation(c: PretrainConfig) -> None:
         c.norm = None
     if c.micro_batch is None:
         return
+    get_method(c.method).require_cached_gradients()
+    if c.batch_size is None:  # checked once the data have sized the batch (PretrainConfig.fit_to_data)
+        check_positive_int(c.micro_batch, "micro_batch")
+        return
+    _check_micro_batch(c, "", int(os.environ.get("WORLD_SIZE", "1") or 1))  # torchrun: the check is per process
+
+
+def _check_micro_batch(c: PretrainConfig, chosen: str, world: int) -> None:
+    """``micro_batch`` divides this process's share of the batch (``chosen``: why the batch is
+    what it is, when the data chose it)."""
+    if c.micro_batch is None:
+        return
     from .accumulation import check_micro_batch
 
-    get_method(c.method).require_cached_gradients()
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun: the check is per process
     share = c.batch_size // world if world > 1 and c.batch_size % world == 0 else c.batch_size
     where = f"this process's share of the batch under torchrun ({share} of {c.batch_size})" if share != c.batch_size \
         else f"the batch size ({c.batch_size})"
-    check_micro_batch(c.micro_batch, share, batch=where)
+    check_micro_batch(c.micro_batch, share, batch=f"{where}, {chosen}" if chosen else where)

@@ -356,6 +356,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     n_train = len(dataset.train)
     if encoder is not None:  # record how to rebuild it: its class path, or that it was an object
         config.encoder, config.encoder_options = describe_encoder(encoder, dataset.image_shape[0]), {}
+    config = config.fit_to_data(n_train, world_size=parallel.world_size)  # a batch size not given: the data's
     batch_size = min(config.batch_size, n_train)
     if batch_size < 2:
         raise ValueError(f"the training split of {config.data} has {n_train} image(s); at least 2 are needed")
@@ -403,11 +404,28 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                              pin_memory=device.type == "cuda", seed=config.seed)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
     parallel.run_on_main(lambda: _save_run_files(run))
+    # What the data chose; a resumed run keeps the record of the run it continues (its saved
+    # configuration, batch size included, is the one it resumes with).
+    chosen = config.data_defaults or (_recorded_defaults(config.out) if resume else {})
     if resume:
         _restore(run)
     if parallel.is_main:
-        Manifest(config.out).write_json(layout.CONFIG, {"config": config.to_dict(), "derived": _derived(run)})
+        told = config.describe_data_defaults()
+        if told is not None:
+            print(f"{told} ({steps_per_epoch:,} steps an epoch, {total_steps:,} in {config.epochs} epochs, "
+                  f"{warmup:,} of warm-up)", file=sys.stderr, flush=True)
+        Manifest(config.out).write_json(layout.CONFIG, {"config": config.to_dict(),
+                                                        "derived": _derived(run, chosen)})
     return run
+
+
+def _recorded_defaults(out: str) -> Dict[str, Any]:
+    """``derived.defaults`` of the run in ``out`` (``{}`` for a run that recorded none)."""
+    try:
+        recorded = layout.read_run_record(out).get("derived", {}).get("defaults")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
 
 
 def _save_run_files(run: _Run) -> None:
@@ -462,13 +480,16 @@ def _check_weights_unchanged(config: PretrainConfig, report: Any, resume: bool) 
                          "it (SHA-256 differs); resume with the file as it was")
 
 
-def _derived(run: _Run) -> Dict[str, Any]:
-    """``config.json``'s ``derived``: what the run worked out from its configuration and data
-    (and, for a run started from a weights file, what that file gave the encoder)."""
+def _derived(run: _Run, defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """``config.json``'s ``derived``: what the run worked out from its configuration and data;
+    ``defaults``: what the data chose and why (:attr:`PretrainConfig.data_defaults
+    <contrastkit.methods.PretrainConfig.data_defaults>`; ``{}`` when every such option was given);
+    for a run started from a weights file, what that file gave the encoder."""
     dataset = run.dataset
     report = getattr(run.model, "weights_report", None)
-    return {**({"encoder_weights": report.to_dict()} if report is not None else {}),"batch_size": run.batch_size, "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
-            "warmup_steps": run.warmup_steps, "device": str(run.device),
+    return {**({"encoder_weights": report.to_dict()} if report is not None else {}),
+            "batch_size": run.batch_size, "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
+            "warmup_steps": run.warmup_steps, "defaults": defaults, "device": str(run.device),
             "dataset": data_record(dataset),
             "views": getattr(run.batches, "config", None),
             "parameters": sum(p.numel() for p in run.model.encoder.parameters()),
