@@ -244,7 +244,9 @@ def main() -> None:
     started = time.perf_counter()
     work = args.work or tempfile.mkdtemp(prefix="unlabeled-neighbors-")
     record: Dict[str, Any] = {"load_before": uptime(), "cores": os.cpu_count(), "torch": torch.__version__,
-                              "python": platform.python_version(), "settings": vars(args)}
+                              "python": platform.python_version(),
+                              "settings": {key: value for key, value in vars(args).items()  # no paths of this machine
+                                           if key not in ("tarball", "work", "markdown", "json")}}
     labels_file = os.path.join(work, "labels-for-scoring.json")  # beside the flat folder, never in it
     if not os.path.isfile(labels_file):
         os.makedirs(work, exist_ok=True)
