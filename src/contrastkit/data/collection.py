@@ -41,7 +41,7 @@ from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
 from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
 __all__ = ["ImageCollection", "CollectionDataset", "open_collection", "collection_files", "is_collection_source",
-           "BAD_FILES", "DEFAULT_SIZE", "skipped_files", "skipped_reasons", "add_skipped"]
+           "BAD_FILES", "DEFAULT_SIZE", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files"]
 
 #: What a damaged file does: dropped from its batch and named, or the run stops.
 BAD_FILES = ("skip", "fail")

@@ -44,7 +44,11 @@ def _finish(ax: Any, xlabel: str, ylabel: str, title: str, **legend: Any) -> Non
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(**{"fontsize": 8, **legend})
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**{"fontsize": 8, **legend})
+    else:  # e.g. probe accuracy or tolerance of a study on unlabeled data
+        ax.text(0.5, 0.5, "nothing to draw: no run has this number\n(probe accuracy and tolerance need class labels)",
+                ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
 
 
 # ------------------------------------------------------------------------------ sweep
