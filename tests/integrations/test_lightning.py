@@ -348,25 +348,59 @@ def test_ddp_on_two_processes_equals_one_process_on_the_global_batch(tmp_path):
 
 
 @needs_lightning
-def test_the_data_module_trains_on_an_unlabeled_collection(tmp_path):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_data_module_skips_and_names_the_damaged_files_of_a_collection(tmp_path, workers):
     """An unlabeled image collection goes through Lightning's loaders as it goes through
-    ``contrastkit pretrain`` (items ``(image, -1)``: no label reaches the loss)."""
-    import numpy as np
-    from PIL import Image
+    ``contrastkit pretrain`` (items ``(image, -1)``: no label reaches the loss), and its damaged
+    files, read in a worker or here, leave their batch and are named, never stopping the run."""
+    import json
+    import warnings
 
+    from _data_fixtures import write_collection
     from contrastkit.data import open_data
     from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
     from contrastkit.train import PretrainConfig
 
-    rng = np.random.default_rng(0)
-    (tmp_path / "photos").mkdir()
-    for i in range(40):
-        Image.fromarray((rng.random((20, 26, 3)) * 255).astype(np.uint8)).save(tmp_path / "photos" / f"{i}.png")
-    collection = open_data(tmp_path / "photos", bad_files="fail")
-    assert collection.num_classes == 0
+    # A training split of 40 files, 4 of them empty: one epoch of 5 batches of 8 reads them all.
+    damaged = ["zero.jpg", "zero1.jpg", "zero2.jpg", "zero3.jpg", "fake.png"]  # fake.png: the test split
+    collection = open_data(write_collection(tmp_path / "photos", 60, damaged))  # bad_files: skip, the default
+    assert collection.num_classes == 0 and len(collection.train) == 40
     config = PretrainConfig(method="simclr", batch_size=8, temperature=0.2, seed=0)
-    data = ContrastiveDataModule(collection, batch_size=8, workers=0)
+    data = ContrastiveDataModule(collection, batch_size=8, workers=workers)
     module = ContrastiveModule(config, data)
-    trainer = _trainer(tmp_path, max_steps=3)
-    trainer.fit(module, data)
-    assert trainer.global_step == 3
+    logs = tmp_path / "logs"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _trainer(logs, max_epochs=1)
+        trainer.fit(module, data)
+    assert trainer.global_step == 5
+    named = sorted(os.path.basename(line.split("\t")[0]) for line in data.skipped_files())
+    assert named == sorted(damaged[:4])
+    assert all("cannot read image" in line for line in data.skipped_files())
+    written = (logs / "skipped.txt").read_text().splitlines()
+    assert written == data.skipped_files()
+    assert "skipped.txt" in json.loads((logs / "contrastkit-manifest.json").read_text())["files"]
+    assert any("skipped 4 damaged image file(s)" in str(w.message) for w in caught)
+
+    # A skipped.txt of the user's is never replaced: the names go in the warning instead.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "skipped.txt").write_text("my own notes")
+    data = ContrastiveDataModule(open_data(tmp_path / "photos"), batch_size=8, workers=workers)
+    with pytest.warns(UserWarning, match="is not contrastkit's, so not replaced: .*zero"):
+        _trainer(mine, max_epochs=1).fit(ContrastiveModule(config, data), data)
+    assert (mine / "skipped.txt").read_text() == "my own notes"
+
+
+@needs_lightning
+def test_a_collection_that_fails_on_damaged_files_stops_naming_the_file(tmp_path):
+    from _data_fixtures import write_collection
+    from contrastkit.data import UnreadableImageError, open_data
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+
+    collection = open_data(write_collection(tmp_path / "photos", 60, ["zero.jpg"]), bad_files="fail")
+    data = ContrastiveDataModule(collection, batch_size=8)
+    module = ContrastiveModule(PretrainConfig(method="simclr", batch_size=8, seed=0), data)
+    with pytest.raises(UnreadableImageError, match="zero.jpg"):
+        _trainer(tmp_path, max_epochs=1).fit(module, data)

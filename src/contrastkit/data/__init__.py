@@ -20,15 +20,17 @@ keeps only the file index of a class-folder tree and decodes images in ``DataLoa
 from __future__ import annotations
 
 
-from contrastkit.data.base import (Dataset, Split, call_with_options, check_positive_int, stratified_subset,
+from contrastkit.data.base import (NO_LABEL, Dataset, Split, call_with_options, check_positive_int, stratified_subset,
                                    stratified_subset_indices)
 from contrastkit.data.batches import PairedImages
-from contrastkit.data.collection import CollectionDataset, ImageCollection, open_collection, skipped_files
+from contrastkit.data.collection import (CollectionDataset, ImageCollection, add_skipped, open_collection,
+                                         skipped_files, skipped_reasons, skips_bad_files)
 from contrastkit.data.contract import (DataSplit, DataSplits, as_data, data_record, image_batches, indexed_image_batches,
                                        item_dataset, limit_split, limit_splits, open_data, reads_files,
                                        training_views)
 from contrastkit.data.download import download_cifar10, download_mnist
-from contrastkit.data.loader import EpochBatchSampler, make_loader
+from contrastkit.data.loader import (DamagedItem, EpochBatchSampler, SkippingItems, collate_skipping, make_loader,
+                                     record_damaged)
 from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFolderDataset, StreamingDataset,
                                         UnreadableImageError, as_streaming, as_streaming_pairs, stream_image_folder,
                                         subset_split, unit_float)
@@ -43,4 +45,5 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "stratified_subset", "stratified_subset_indices", "DataSplit", "DataSplits", "open_data", "as_data",
            "image_batches", "limit_split", "limit_splits", "item_dataset", "reads_files", "training_views",
            "PairedImages", "indexed_image_batches", "data_record", "call_with_options", "check_positive_int", "unit_float",
-           "CollectionDataset", "ImageCollection", "open_collection", "skipped_files"]
+           "NO_LABEL", "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files", "DamagedItem", "SkippingItems",
+           "collate_skipping", "record_damaged"]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Protocol, Tuple, Uni
 import torch
 from torch import Tensor
 
-from .base import stratified_subset, stratified_subset_indices
+from .base import NO_LABEL, stratified_subset, stratified_subset_indices
 from .batches import StreamedViews
 from .loader import make_loader
 from .streaming import as_streaming, in_memory, is_streaming, subset_split, unit_float
@@ -210,9 +210,17 @@ def limit_splits(dataset: Any, *, train: Optional[int] = None, val: Optional[int
 
 def item_dataset(split: Any) -> torch.utils.data.Dataset:
     """``split`` as a map-style ``torch.utils.data.Dataset`` of ``(image, label)`` items (held
-    images as float tensors, streamed ones as decoded), for a ``DataLoader`` of one's own."""
+    images as float tensors, streamed ones as decoded), for a ``DataLoader`` of one's own.
+
+    A split without labels (``labels`` is ``None``: an unlabeled collection, held images
+    without labels such as image-text pairs without a ``label`` column) gives every item the
+    label :data:`NO_LABEL` (-1), never a class id: the same items whether the images are held
+    or streamed, so a loader of either batches ``(images, labels)`` alike."""
     if in_memory(split):
-        return torch.utils.data.TensorDataset(split.images, split.labels)
+        labels = getattr(split, "labels", None)
+        if labels is None:
+            labels = torch.full((len(split),), NO_LABEL, dtype=torch.int64)
+        return torch.utils.data.TensorDataset(split.images, labels)
     return split
 
 

@@ -13,7 +13,7 @@ there are, and a resumed run needs no worker state.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -23,7 +23,8 @@ from contrastkit.data.base import check_positive_int
 from contrastkit.data.collection import skip_item, skips_bad_files
 from contrastkit.data.streaming import BadItemError, in_memory
 
-__all__ = ["EpochBatchSampler", "EpochKeys", "make_loader", "read_images"]
+__all__ = ["EpochBatchSampler", "EpochKeys", "make_loader", "read_images", "read_present_images", "DamagedItem",
+           "SkippingItems", "collate_skipping", "record_damaged"]
 
 
 class EpochBatchSampler(Sampler):
@@ -201,15 +202,77 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
 
 def read_images(split: Any, indices: Tensor) -> Tensor:
     """The images of ``indices`` of a split, stacked ``(b, C, H, W)``: read in this process
-    (for the few held-out batches an evaluation draws; training reads through the loader)."""
+    (for the few held-out batches an evaluation draws; training reads through the loader). A
+    damaged file a collection skips is left out (:func:`read_present_images` says which came)."""
+    return read_present_images(split, indices)[0]
+
+
+def read_present_images(split: Any, indices: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(images, read)``: :func:`read_images` and the indices ``(b,)`` int64 it read, in order:
+    all of ``indices`` except the damaged files an unlabeled collection skips (dropped and
+    named, as the loader does)."""
+    indices = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
     if in_memory(split):
-        return split.images[indices.to(split.images.device)]
+        return split.images[indices.to(split.images.device)], indices
     if not skips_bad_files(split):
-        return torch.stack([split[int(i)][0] for i in indices.tolist()])
-    images = []
+        return torch.stack([split[int(i)][0] for i in indices.tolist()]), indices
+    images, read = [], []
     for i in indices.tolist():
         try:
             images.append(split[int(i)][0])
-        except BadItemError as error:  # dropped and named, as the loader does
+            read.append(int(i))
+        except BadItemError as error:
             skip_item(split, int(i), error)
-    return torch.stack(images)
+    if not images:
+        raise ValueError(f"every one of the {indices.numel()} image file(s) asked for is damaged (skipped)")
+    return torch.stack(images), torch.tensor(read, dtype=torch.long)
+
+
+# -- items of a loader of one's own (the Lightning data module) ---------------------------
+
+class DamagedItem(NamedTuple):
+    """An item a worker could not read: its ``split`` (name), ``index`` and why (the file named)."""
+
+    split: str
+    index: int
+    reason: str
+
+
+class SkippingItems(torch.utils.data.Dataset):
+    """The items ``(image, label)`` of ``items`` (:func:`~contrastkit.data.item_dataset` of the
+    split called ``name``), or a :class:`DamagedItem` where an item cannot be read
+    (:class:`BadItemError`), for :func:`collate_skipping` to leave out of its batch."""
+
+    def __init__(self, items: Any, name: str) -> None:
+        self.items, self.name = items, name
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.items[index]
+        except BadItemError as error:
+            return DamagedItem(self.name, int(index), str(error))
+
+
+def collate_skipping(items: Sequence[Any]) -> Tuple[Tensor, Tensor, List[DamagedItem]]:
+    """``(images, labels, damaged)``: the readable items of :class:`SkippingItems` batched as
+    ``default_collate`` does (``(b, C, H, W)``, ``(b,)``; ``b`` may be 0) and the damaged ones,
+    to be recorded in the main process (:func:`record_damaged`)."""
+    from torch.utils.data import default_collate
+
+    damaged = [item for item in items if isinstance(item, DamagedItem)]
+    good = [item for item in items if not isinstance(item, DamagedItem)]
+    if good:
+        images, labels = default_collate(good)
+    else:
+        images, labels = torch.zeros((0,), dtype=torch.uint8), torch.zeros((0,), dtype=torch.int64)
+    return images, labels, damaged
+
+
+def record_damaged(splits: Dict[str, Any], damaged: Sequence[DamagedItem]) -> None:
+    """Record the :class:`DamagedItem` s of a batch as skipped in their split (of ``splits``,
+    by name): named by :func:`~contrastkit.data.skipped_files` as the loader of a run names them."""
+    for item in damaged:
+        skip_item(splits[item.split], item.index, BadItemError(item.reason))

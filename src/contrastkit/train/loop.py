@@ -36,7 +36,8 @@ from contrastkit import __version__
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
-from contrastkit.data import DataSplits, EpochBatchSampler, as_data, data_record, make_loader, skipped_files
+from contrastkit.data import (DataSplits, EpochBatchSampler, add_skipped, as_data, data_record, make_loader,
+                             skipped_files, skipped_reasons)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
@@ -261,6 +262,11 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     try:
         _train(run, progress, on_epoch_end)
         run.loader = None  # ends the persistent workers before the evaluation starts its own
+        # Each rank met the damaged files of its own share of the batches: rank 0 names them all.
+        met_by_rank = run.parallel.gather_objects(skipped_reasons(run.dataset))
+        if run.parallel.is_main:
+            for found in met_by_rank[1:]:
+                add_skipped(run.dataset, found)
         if not run.parallel.is_main:
             run.parallel.barrier()  # rank 0 evaluates and writes the summary
             run.parallel.teardown()
