@@ -28,7 +28,8 @@ from contrastkit.data.contract import (DataSplit, DataSplits, as_data, data_reco
                                        item_dataset, limit_split, limit_splits, open_data, reads_files,
                                        training_views)
 from contrastkit.data.download import download_cifar10, download_mnist
-from contrastkit.data.loader import EpochBatchSampler, make_loader
+from contrastkit.data.loader import DeviceIndexBatches, EpochBatchSampler, make_loader
+from contrastkit.data.on_device import DeviceImages, OnDevicePlan, choose_on_device, device_free_bytes, hold_on_device
 from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFolderDataset, StreamingDataset,
                                         UnreadableImageError, as_streaming, as_streaming_pairs, stream_image_folder,
                                         subset_split, unit_float)
@@ -43,4 +44,5 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "stratified_subset", "stratified_subset_indices", "DataSplit", "DataSplits", "open_data", "as_data",
            "image_batches", "limit_split", "limit_splits", "item_dataset", "reads_files", "training_views",
            "PairedImages", "indexed_image_batches", "data_record", "call_with_options", "check_positive_int", "unit_float",
-           "CollectionDataset", "ImageCollection", "open_collection", "skipped_files"]
+           "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "DeviceIndexBatches",
+           "DeviceImages", "OnDevicePlan", "choose_on_device", "device_free_bytes", "hold_on_device"]
