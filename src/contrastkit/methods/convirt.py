@@ -30,7 +30,8 @@ from contrastkit import layout
 from contrastkit import losses
 from contrastkit.data import DataSplit, DataSplits, PairedImages
 from contrastkit.data.paired import check_paired_source
-from contrastkit.losses.validation import check_probability, reads_are_free
+from contrastkit.losses import validation
+from contrastkit.losses.validation import check_probability
 from contrastkit.metrics.batch import IMAGE, TEXT, BatchProblem
 from contrastkit.metrics.readout import extract_features
 from contrastkit.models import ProjectionHead, build_encoder
@@ -183,7 +184,7 @@ class PairedBatches:
         images = self._images(split, indices, self.device)
         on = indices.to(self.device, non_blocking=True)
         batch_ids, batch_mask = ids[on], mask[on]
-        if not reads_are_free(indices):
+        if not validation.reads_are_free(indices):
             return images, (batch_ids, batch_mask)
         width = max(1, int(lengths[indices].max()))  # trim padding columns nobody uses
         return images, (batch_ids[:, :width], batch_mask[:, :width])
