@@ -234,8 +234,9 @@ class ViewMaker:
 
     def _finish(self, view_a: Tensor, view_b: Tensor) -> Tuple[Tensor, Tensor]:
         # uint8 (held or decoded) images to [0, 1] floats, on the device
+        same = view_b is view_a  # one batch for both views: converted once
         view_a = unit_float(view_a.to(self.device, non_blocking=True))
-        view_b = view_a if view_b is view_a else unit_float(view_b.to(self.device, non_blocking=True))
+        view_b = view_a if same else unit_float(view_b.to(self.device, non_blocking=True))
         if self._augment is not None:
             # One kornia call on both views: parameters are drawn per row, so the two halves
             # are independent augmentations, and the per-call overhead is paid once. A call
