@@ -1,6 +1,6 @@
 """A tiny GlyphLab pretraining run (seconds on a CPU), for the tests of a run's outputs."""
 
-from contrastkit.train import PretrainConfig
+from contrastkit.train import PretrainConfig, pretrain
 
 TINY_GLYPHLAB = {"train_scenes": 16, "val_scenes": 9, "test_scenes": 12, "size": 28}
 # The same run on the command line.
@@ -19,3 +19,24 @@ def tiny_config(out, **overrides):
 
 def without_timings(summary):
     return {key: value for key, value in summary.items() if key not in TIMINGS}
+
+
+class _Trained(Exception):
+    pass
+
+
+def _stop_after(epochs):
+    def stop(epoch, record):
+        if epoch >= epochs:
+            raise _Trained
+    return stop
+
+
+def train_only(config, *, resume=False, **options):
+    """``pretrain(config, ...)`` up to its last epoch's checkpoint, without the evaluation (the
+    tests of training itself read the checkpoint)."""
+    try:
+        pretrain(config, resume=resume, progress=False, on_epoch_end=_stop_after(config.epochs), **options)
+    except _Trained:
+        return
+    raise AssertionError("the run ended before its last epoch")

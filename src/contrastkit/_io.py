@@ -192,6 +192,18 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
+def available_memory() -> Optional[int]:
+    """Bytes of memory available to new allocations (Linux ``MemAvailable``), or ``None``."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 @contextlib.contextmanager
 def memory_guard(what: str) -> Iterator[None]:
     """Turn running out of memory while reading ``what`` into one ``ValueError`` naming it

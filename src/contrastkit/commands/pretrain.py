@@ -10,7 +10,7 @@ from dataclasses import fields
 from contrastkit import layout
 from contrastkit.commands.common import add_config_argument, parse_data_options, parse_names, print_result_table
 from contrastkit.methods import METHOD_REGISTRY, OPTIMIZERS, PretrainConfig, method_names
-from contrastkit.methods.config import LOGGER_NAMES
+from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, PRECISIONS
 from contrastkit.models import ENCODERS
 from contrastkit.models.text import TEXT_ENCODERS
 
@@ -118,6 +118,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch.compile the encoder for the training steps (inductor, on CPU and CUDA; needs a C++ compiler); "
              "the first step pays the compilation; the losses equal the eager run's within float rounding "
              "(speed on this machine: benchmarks/results/compile.md)")
+    add("--precision", choices=PRECISIONS, default=None,
+        help="the training step's arithmetic: 32 (float32), bf16 (autocast to bfloat16) or fp16 (autocast to float16 "
+             "with a gradient scaler); the losses keep their log-sum-exp in float32, the read-out runs in float32 "
+             f"(default {d.precision}; see docs/pretrain.md, GPU training)")
+    add("--channels-last", action="store_true", default=None,
+        help="the model's weights and the input images in the channels-last memory format (faster convolutions "
+             "with bf16/fp16 on recent GPUs)")
+    add("--data-on-device", choices=DATA_ON_DEVICE, default=None,
+        help="hold the whole training split (uint8 where it is lossless) on the training device and make the views "
+             "there, so a step copies no images: auto (on a GPU, when it takes at most a quarter of the free "
+             f"memory), on, off; the run prints which and why (default {d.data_on_device})")
     add("--baseline-cache", default=None, metavar="DIR",
         help="where the baselines' read-out numbers are kept, so a data set's raw-pixel baseline (and a seed's "
              "random-init one) is computed once, not in every run: auto ($CONTRASTKIT_CACHE, else "

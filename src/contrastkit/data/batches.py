@@ -1,6 +1,7 @@
 """The images of a training batch for a run's batch makers: the loop hands a streamed batch's
 decoded images over (``hold``) so that they are not read twice; held images are indexed where
-they lie."""
+they lie. With ``--data-on-device`` the whole training split's images are held on the device
+(``hold_split``, :mod:`contrastkit.data.on_device`) and a batch is indexed there."""
 
 from __future__ import annotations
 
@@ -23,21 +24,35 @@ class HeldImages:
     made in the workers, :mod:`contrastkit.data.transform_views`)."""
 
     def __init__(self, read: Callable[[Any, Tensor], Tensor] = read_images) -> None:
-        self._held: Optional[Tuple[Tensor, Dict[int, int], Tensor]] = None
+        self._held: Optional[Tuple[Tensor, Tensor]] = None
+        self._rows: Optional[Dict[int, int]] = None
+        self._split: Optional[Tuple[Any, Tensor]] = None
         self._read = read
 
     def hold(self, indices: Tensor, images: Tensor) -> None:
         """The decoded ``images`` of the training batch ``indices`` (from the loader)."""
-        self._held = (indices, {int(i): row for row, i in enumerate(indices.tolist())}, images)
+        self._held, self._rows = (indices, images), None  # rows: only if a part is asked for
+
+    def hold_split(self, split: Any, images: Tensor) -> None:
+        """All the images of ``split``, in its order, held on the device (``--data-on-device``):
+        a batch of it is indexed there."""
+        if images.shape[0] != len(split):
+            raise ValueError(f"held images have {images.shape[0]} rows; the split has {len(split)}")
+        self._split = (split, images)
 
     def __call__(self, split: Any, indices: Tensor) -> Tensor:
+        if self._split is not None and self._split[0] is split:
+            held_split = self._split[1]
+            return held_split[indices.to(held_split.device, non_blocking=True)]
         if self._held is not None:
-            held_indices, rows, held = self._held
+            held_indices, held = self._held
             if indices is held_indices or torch.equal(indices.cpu(), held_indices.cpu()):
                 return held  # the whole training batch, as every step without micro-batches asks
+            if self._rows is None:
+                self._rows = {int(i): row for row, i in enumerate(held_indices.tolist())}
             wanted = indices.tolist()
-            if all(i in rows for i in wanted):  # the batch or a part of it (micro-batches)
-                return held[torch.tensor([rows[i] for i in wanted], dtype=torch.long, device=held.device)]
+            if all(i in self._rows for i in wanted):  # the batch or a part of it (micro-batches)
+                return held[torch.tensor([self._rows[i] for i in wanted], dtype=torch.long, device=held.device)]
         return self._read(split, indices)
 
 
@@ -60,6 +75,22 @@ class StreamedViews:
         """The decoded ``images`` of the training batch ``indices`` (from the loader)."""
         self.images.hold(indices, images)
 
+    def device_images(self, split: Any, workers: int = 0) -> Any:
+        """What :meth:`hold_split` would hold for ``split`` on the views' device
+        (:class:`~contrastkit.data.on_device.DeviceImages`: a streamed split decoded once)."""
+        if in_memory(split):
+            return self.views.device_images(split, workers)
+        from .on_device import DeviceImages
+
+        return DeviceImages(split, self.views.device, workers=workers)
+
+    def hold_split(self, split: Any, images: Tensor) -> None:
+        """Make the views of ``split`` from ``images``, all its images held on the device."""
+        if in_memory(split):
+            self.views.hold_split(split, images)
+        else:
+            self.images.hold_split(split, images)
+
     def __call__(self, split: Any, indices: Tensor) -> Tuple[Tensor, Tensor]:
         if in_memory(split):
             return self.views(split, indices)
@@ -77,15 +108,42 @@ class PairedImages:
 
     def __init__(self) -> None:
         self._streamed = HeldImages()
+        self._held: Optional[Tuple[Any, Tensor]] = None
 
     def hold(self, indices: Tensor, images: Tensor) -> None:
         """The decoded ``images`` of the streamed training batch ``indices`` (from the loader)."""
         self._streamed.hold(indices, images)
 
+    @staticmethod
+    def _source(split: Any) -> Tensor:
+        realisations = getattr(split, "realisations", None)
+        return realisations if realisations is not None else split.images
+
+    def device_images(self, split: Any, device: torch.device, workers: int = 0) -> Any:
+        """What :meth:`hold_split` would hold for ``split`` on ``device``: its realisations or
+        images (:class:`~contrastkit.data.on_device.DeviceImages`; a streamed split decoded once)."""
+        from .on_device import DeviceImages
+
+        return DeviceImages(self._source(split) if in_memory(split) else split, device, workers=workers)
+
+    def hold_split(self, split: Any, images: Tensor) -> None:
+        """Read the images of ``split`` from ``images``, all of them held on the device."""
+        if not in_memory(split):
+            self._streamed.hold_split(split, images)
+        elif tuple(images.shape) != tuple(self._source(split).shape):
+            raise ValueError(f"held images of shape {tuple(images.shape)} do not stand for this split's "
+                             f"{tuple(self._source(split).shape)}")
+        else:
+            self._held = (split, images)
+
     def __call__(self, split: Any, indices: Tensor, device: torch.device) -> Tensor:
         if not in_memory(split):
             return unit_float(self._streamed(split, indices).to(device, non_blocking=True))
+        source = self._source(split)
+        if self._held is not None and self._held[0] is split:
+            source = self._held[1]
+            indices = indices.to(source.device, non_blocking=True)
         if getattr(split, "realisations", None) is not None:
             which = torch.randint(0, split.realisations.shape[1], (indices.shape[0],))
-            return split.realisations[indices, which].to(device)
-        return split.images[indices].to(device)
+            return unit_float(source[indices, which.to(source.device, non_blocking=True)].to(device))
+        return unit_float(source[indices].to(device))

@@ -13,7 +13,7 @@ there are, and a resumed run needs no worker state.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -23,8 +23,8 @@ from contrastkit.data.base import check_positive_int
 from contrastkit.data.collection import skip_item, skips_bad_files
 from contrastkit.data.streaming import BadItemError, in_memory
 
-__all__ = ["EpochBatchSampler", "EpochKeys", "make_loader", "read_images", "read_present_images", "DamagedItem",
-           "SkippingItems", "collate_skipping", "record_damaged"]
+__all__ = ["EpochBatchSampler", "EpochKeys", "DeviceIndexBatches", "make_loader", "read_images", "read_present_images",
+           "DamagedItem", "SkippingItems", "collate_skipping", "record_damaged"]
 
 
 class EpochBatchSampler(Sampler):
@@ -68,6 +68,25 @@ class EpochBatchSampler(Sampler):
         order = self.order()
         for step in range(len(self)):
             yield order[step * self.batch_size:(step + 1) * self.batch_size].tolist()
+
+
+class DeviceIndexBatches:
+    """The batches of an :class:`EpochBatchSampler` as index tensors on ``device``: each
+    epoch's order is copied there once and a batch is a slice of it, so a step copies nothing
+    from the host. What a run iterates when its training images are held on the device
+    (:mod:`contrastkit.data.on_device`); the batches are the sampler's own."""
+
+    def __init__(self, sampler: EpochBatchSampler, device: Union[torch.device, str]) -> None:
+        self.sampler, self.device = sampler, torch.device(device)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        order = self.sampler.order().to(self.device)
+        size = self.sampler.batch_size
+        for step in range(len(self.sampler)):
+            yield order[step * size:(step + 1) * size]
 
 
 class _Indices(torch.utils.data.Dataset):

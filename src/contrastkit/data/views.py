@@ -25,7 +25,14 @@ is 1 for ``"augment"`` and 0 (no augmentation on top of the noise) for ``"A"``/`
 ``strength > 0`` the A/B views are additionally augmented (before B's rotation).
 
 All randomness (realisation choice and kornia's parameters) comes from torch's global CPU
-generator, so ``torch.manual_seed`` or a restored ``torch.get_rng_state()`` reproduces it.
+generator, so ``torch.manual_seed`` or a restored ``torch.get_rng_state()`` reproduces it, on
+any device: the augmentations draw their parameters on the host and apply them where the
+images are (kornia moves its random generator with ``.to(device)``; the view maker does not
+move it), which also keeps kornia's checks of its parameters from waiting for a GPU.
+
+A view maker may hold a split's images on its device (``hold_split``, what
+``--data-on-device`` does; :mod:`contrastkit.data.on_device`): uint8 where lossless, read
+through :func:`~contrastkit.data.unit_float`, so the views are the same as from the host.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from torch import Tensor
 
 from contrastkit.data.base import Dataset, Split
 from contrastkit.data.streaming import unit_float
+from contrastkit.losses.validation import require
 
 MODES = ("augment", "A", "B")
 
@@ -121,10 +129,10 @@ class ViewMaker:
         self.flip = flip
         c, h, w = dataset.image_shape
         self.image_shape = (int(c), int(h), int(w))
+        # Not moved to the device: its random generator stays on the host (module docstring).
         self._augment = _build_augmentation(c, h, w, strength, crop_scale, flip)
-        if self._augment is not None:
-            self._augment = self._augment.to(device)
         self._cache: Dict[int, Tuple[Split, Tensor]] = {}
+        self._held: Dict[int, Tuple[Split, Tensor]] = {}
 
     @property
     def config(self) -> Dict[str, Any]:
@@ -136,10 +144,35 @@ class ViewMaker:
         return f"ViewMaker(dataset={self.dataset_name!r}, " + ", ".join(
             f"{k}={v!r}" for k, v in self.config.items()) + ")"
 
-    def _source(self, split: Split) -> Tensor:
+    def _data(self, split: Split) -> Tensor:
+        """What the views of ``split`` are made from: its images, or its noise realisations."""
         data = split.images if self.mode == "augment" else split.realisations
         if data is None:
             raise ValueError(f"views {self.mode!r} need noise realisations, but this split has none")
+        return data
+
+    def device_images(self, split: Split, workers: int = 0) -> Any:
+        """What :meth:`hold_split` would hold for ``split``: a
+        :class:`~contrastkit.data.on_device.DeviceImages` of its images (or realisations)."""
+        from .on_device import DeviceImages
+
+        return DeviceImages(self._data(split), self.device, workers=workers)
+
+    def hold_split(self, split: Split, images: Tensor) -> None:
+        """Make the views of ``split`` from ``images`` from now on: its images (or noise
+        realisations), uint8 or float, held on this view maker's device
+        (:meth:`DeviceImages.load <contrastkit.data.on_device.DeviceImages.load>`)."""
+        data = self._data(split)
+        if tuple(images.shape) != tuple(data.shape) or images.device != self.device:
+            raise ValueError(f"held images of shape {tuple(images.shape)} on {images.device} do not stand for this "
+                             f"split's {tuple(data.shape)} on {self.device}")
+        self._held[id(split)] = (split, images)
+
+    def _source(self, split: Split) -> Tensor:
+        held = self._held.get(id(split))
+        if held is not None and held[0] is split:
+            return held[1]
+        data = self._data(split)
         if data.device == self.device:
             return data
         cached = self._cache.get(id(split))
@@ -159,9 +192,12 @@ class ViewMaker:
         if indices.dim() != 1 or indices.numel() == 0:
             raise ValueError(f"indices must be a non-empty 1-D tensor, got shape {tuple(indices.shape)}")
         n = len(split)
-        low, high = int(indices.min()), int(indices.max())
-        if low < 0 or high >= n:
-            raise ValueError(f"indices must lie in [0, {n}) for this split, got range [{low}, {high}]")
+
+        def detail() -> str:
+            return f"indices must lie in [0, {n}) for this split, got range [{int(indices.min())}, {int(indices.max())}]"
+
+        # Checked where the indices lie: on an accelerator without waiting for it (validation.require).
+        require((indices.min() >= 0) & (indices.max() < n), f"indices must lie in [0, {n}) for this split", detail)
         return indices.long()
 
     def __call__(self, split: Split, indices: Tensor) -> Tuple[Tensor, Tensor]:
@@ -172,7 +208,7 @@ class ViewMaker:
                              f"made for {self.image_shape}")
         indices = self._check_indices(split, indices)
         source = self._source(split)
-        idx = indices.to(source.device)
+        idx = indices.to(source.device, non_blocking=True)
         if self.mode == "augment":
             batch = source[idx]
             view_a, view_b = batch, batch
@@ -181,8 +217,8 @@ class ViewMaker:
             # Two distinct realisations per sample: first uniform, second uniform among the rest.
             first = torch.randint(0, r, (idx.numel(),))
             second = (first + torch.randint(1, r, (idx.numel(),))) % r
-            view_a = source[idx, first.to(source.device)]
-            view_b = source[idx, second.to(source.device)]
+            view_a = source[idx, first.to(source.device, non_blocking=True)]
+            view_b = source[idx, second.to(source.device, non_blocking=True)]
         return self._finish(view_a, view_b)
 
     def views_of(self, images: Tensor) -> Tuple[Tensor, Tensor]:
@@ -194,12 +230,13 @@ class ViewMaker:
             raise ValueError(f"images must have shape (b, {', '.join(map(str, self.image_shape))}), "
                              f"got {tuple(images.shape)}")
         images = images.to(self.device, non_blocking=True)
-        images = unit_float(images)
         return self._finish(images, images)
 
     def _finish(self, view_a: Tensor, view_b: Tensor) -> Tuple[Tensor, Tensor]:
-        view_a = view_a.to(self.device, dtype=torch.float32, non_blocking=True)
-        view_b = view_b.to(self.device, dtype=torch.float32, non_blocking=True)
+        # uint8 (held or decoded) images to [0, 1] floats, on the device
+        same = view_b is view_a  # one batch for both views: converted once
+        view_a = unit_float(view_a.to(self.device, non_blocking=True))
+        view_b = view_a if same else unit_float(view_b.to(self.device, non_blocking=True))
         if self._augment is not None:
             # One kornia call on both views: parameters are drawn per row, so the two halves
             # are independent augmentations, and the per-call overhead is paid once. A call

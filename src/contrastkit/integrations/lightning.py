@@ -18,7 +18,15 @@ pretrain`` trains with, from the same :class:`~contrastkit.methods.PretrainConfi
   :meth:`Temperature.clamp_ <contrastkit.losses.Temperature.clamp_>` after each optimizer
   step;
 * the views of :func:`contrastkit.data.make_views` (mode ``"augment"``, batched kornia on the
-  module's device) made from the images the data loader yields.
+  module's device) made from the images the data loader yields;
+* ``config.channels_last``: the model and the views in the channels-last memory format.
+
+Mixed precision is the trainer's (``lightning.Trainer(precision="bf16-mixed")`` or
+``"16-mixed"``, which run autocast and, for float16, the gradient scaler), as the device is: a
+config that asks for ``precision="bf16"`` or ``"fp16"`` is refused under a trainer that does not
+run that precision, and under ``"fp16"`` the optimizer is the fused one
+(:func:`~contrastkit.methods.build_optimizer`). ``config.data_on_device`` is
+``contrastkit pretrain``'s: here the data module's loader brings the images (``"on"`` is refused).
 
 Under a data-parallel strategy with more than one process (``strategy="ddp"``, its spawn and
 fork variants) the loss gets ``distributed=True``: every rank's anchors are contrasted with
@@ -72,9 +80,12 @@ from contrastkit import layout
 from contrastkit.distributed import rank_seed
 from contrastkit.manifest import Manifest
 from contrastkit.methods import (MoCo, PretrainConfig, TwoViewMethod, build_lr_scheduler, build_model, build_optimizer,
-                                 default_batch_size, get_method, load_data)
+                                 channels_last_batch, default_batch_size, get_method, load_data)
 
 __all__ = ["ContrastiveModule", "ContrastiveDataModule"]
+
+#: The trainer precisions that run a config's ``precision`` (Lightning's ``Trainer(precision=...)``).
+_TRAINER_PRECISIONS = {"bf16": ("bf16-mixed",), "fp16": ("16-mixed",)}
 
 #: A loss on the two views' embeddings: ``loss(z_a, z_b, **keywords) -> Tensor``.
 LossFunction = Callable[..., Tensor]
@@ -170,6 +181,9 @@ class ContrastiveModule(lightning.LightningModule):
         if config.micro_batch is not None:
             raise ValueError("micro_batch (cached-gradient accumulation) is not available in ContrastiveModule; "
                              "use contrastkit pretrain --micro-batch, or Lightning's accumulate_grad_batches")
+        if config.data_on_device == "on":
+            raise ValueError("data_on_device='on' is contrastkit pretrain's: under Lightning the data module's loader "
+                             "brings the images (leave it 'auto' or 'off')")
         if loss is not None:
             if not callable(loss):
                 raise TypeError(f"loss must be callable as loss(z_a, z_b, **keywords), got {type(loss).__name__}")
@@ -188,6 +202,8 @@ class ContrastiveModule(lightning.LightningModule):
         self.model = build_model(config, dataset.image_shape, encoder=encoder if isinstance(encoder, nn.Module) else None)
         self.loss_function = loss  # an nn.Module loss is registered as a submodule (trained, moved)
         self._loss_keywords = _loss_keywords(loss) if loss is not None else frozenset()
+        if config.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
         self._views: Any = None
         self._total_steps: Optional[int] = None
         self.save_hyperparameters({"config": config.to_dict()})
@@ -227,6 +243,8 @@ class ContrastiveModule(lightning.LightningModule):
         """The mean loss of a batch of images: their two views, embedded, through the method's
         loss (or ``loss=``); ``labels`` ``(N,)`` (supcon's positives)."""
         batch = self.views(images)
+        if self.config.channels_last:
+            batch = channels_last_batch(batch)
         if self.loss_function is None:
             return self.method.loss(self.model, batch, labels)
         z_a, z_b = self.method.embed(self.model, batch)
@@ -240,7 +258,14 @@ class ContrastiveModule(lightning.LightningModule):
 
     # -- Lightning hooks -------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        """Under more than one process, the loss takes every rank's negatives."""
+        """Under more than one process, the loss takes every rank's negatives; a config's mixed
+        precision must be the trainer's (bf16: ``"bf16-mixed"``, fp16: ``"16-mixed"``)."""
+        wanted = _TRAINER_PRECISIONS.get(self.config.precision)
+        running = str(getattr(self.trainer, "precision", ""))
+        if wanted is not None and running not in wanted:
+            raise ValueError(f"config.precision {self.config.precision!r} asks for mixed precision, but the trainer "
+                             f"runs precision={running!r}: pass lightning.Trainer(precision={wanted[0]!r}) (Lightning "
+                             "runs autocast and the gradient scaler)")
         world_size = self.trainer.world_size
         distributed = world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
         if distributed and self.loss_function is not None:

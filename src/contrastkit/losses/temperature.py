@@ -84,8 +84,10 @@ class Temperature(nn.Module):
     def _log_cap(self) -> Tensor:
         """``log(max_scale)`` in the dtype of ``log_scale``. A float32 ``log_scale`` at the cap is
         this rounding (float32(log 100) lies above log 100); compared with the float64 bound,
-        clamp's backward (torch >= 2.14) would cut the gradient at the cap itself."""
-        return self.log_scale.detach().new_tensor(self._log_max)
+        clamp's backward (torch >= 2.14) would cut the gradient at the cap itself. Filled on
+        the device (``new_full``): ``new_tensor`` would copy a host number to the device and,
+        on a GPU, wait for the queued work at every forward pass."""
+        return self.log_scale.detach().new_full((), self._log_max)
 
     def forward(self) -> Tensor:
         # Clamping in the log domain keeps the gradient at the cap itself (clamp passes it for

@@ -7,7 +7,9 @@ own configuration options. :class:`PretrainConfig` is a run's configuration; :fu
 and :func:`build_model` build a run's data set and model from it; :func:`cached_gradient_loss`
 takes a batch larger than the encoder's activations fit, exactly, in micro-batches, in any
 training loop; :func:`build_optimizer` and :func:`build_lr_scheduler` are a run's optimizer and
-learning-rate schedule. The trainer (:mod:`contrastkit.train`) and the Lightning integration
+learning-rate schedule; :class:`StepPrecision` is a training step's arithmetic (float32, or
+autocast to bfloat16 / float16 with a gradient scaler) and :func:`channels_last_batch` its
+images' memory format. The trainer (:mod:`contrastkit.train`) and the Lightning integration
 (:mod:`contrastkit.integrations.lightning`) build on this package; it imports neither.
 
 Adding a method is one subclass, registered::
@@ -30,6 +32,7 @@ from .config import OPTIMIZERS, RESUME_MAY_CHANGE, PretrainConfig, default_batch
 from .convirt import Convirt, ConvirtModel
 from .moco import MoCo
 from .optimization import build_lr_scheduler, build_optimizer, warmup_cosine
+from .precision import StepPrecision, channels_last_batch, check_precision
 from .registry import METHOD_REGISTRY, get_method, method_names, register_method, unregister_method
 from .siglip import Siglip, SiglipModel
 from .tap import BatchTap, observe_batch
@@ -44,4 +47,5 @@ __all__ = ["Method", "TwoViewMethod", "EvalContext", "Batch", "across_ranks", "M
            "unregister_method", "get_method", "method_names", "PretrainConfig", "default_batch_size", "OPTIMIZERS", "RESUME_MAY_CHANGE",
            "load_data", "limit_data", "build_model", "ContrastiveModel", "ConvirtModel", "SiglipModel", "SimCLR",
            "MoCo", "SupCon", "DCL", "Simple", "HardNegative", "Convirt", "Siglip", "cached_gradient_loss",
-           "average_gradients", "build_optimizer", "build_lr_scheduler", "warmup_cosine", "BatchTap", "observe_batch"]
+           "average_gradients", "build_optimizer", "build_lr_scheduler", "warmup_cosine", "BatchTap", "observe_batch",
+           "StepPrecision", "channels_last_batch", "check_precision"]

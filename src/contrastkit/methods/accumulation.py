@@ -22,16 +22,18 @@ embedding of a row does not depend on the other rows of its micro-batch -- Group
 LayerNorm, BatchNorm in eval mode, no normalisation. BatchNorm in train mode normalises over
 the micro-batch instead of the batch (see ``docs/accumulation.md``).
 
-Depends on torch alone.
+Depends on torch and :func:`contrastkit.losses.validation.require` (the replay check).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
+
+from contrastkit.losses.validation import require
 
 __all__ = ["cached_gradient_loss", "check_micro_batch", "batch_rows", "slice_batch", "average_gradients",
            "replay_tolerance"]
@@ -141,24 +143,35 @@ def _replaying(state: Tuple[Tensor, List[Tensor]], devices: Sequence[int]) -> It
 
 def _check_replay(second: Tuple[Tensor, ...], first: Tuple[Tensor, ...], index: int, rows: Tuple[int, int],
                   tolerance: Optional[float]) -> None:
+    """Raise unless each replayed output is within the tolerance of its first pass. The
+    comparison stays on the device: on the CPU a difference raises at once with its size; on
+    an accelerator the check is queued (``torch._assert_async``, via
+    :func:`contrastkit.losses.validation.require`) and fails at the next synchronising
+    operation, so that a step does not wait for the device here."""
     for k, (new, old) in enumerate(zip(second, first)):
-        same_shape = new.shape == old.shape
-        if same_shape:
-            tol = replay_tolerance(old.dtype) if tolerance is None else tolerance
-            limit = tol * max(1.0, float(old.abs().nan_to_num(0.0).max()) if old.numel() else 1.0)
-            differing = ~torch.isclose(new.detach(), old, rtol=0.0, atol=limit, equal_nan=True)
-            if not differing.any():
-                continue
-            gap = float((new.detach() - old).abs().nan_to_num(float("inf")).max())
-            detail = f"differ by up to {gap:.3g} (tolerance {limit:.3g})"
-        else:
-            detail = f"changed shape from {tuple(old.shape)} to {tuple(new.shape)}"
-        raise ValueError(
-            f"the encoder is not deterministic: output {k} of micro-batch {index} (rows {rows[0]}-{rows[1] - 1}) "
-            f"{detail} between the first (no-graph) pass and its replay; cached-gradient accumulation "
-            "replays each micro-batch from torch's saved RNG state, so the embed function must not draw "
-            "from another generator (numpy, Python's random, its own torch.Generator) nor keep state "
-            "between calls")
+        what = f"output {k} of micro-batch {index} (rows {rows[0]}-{rows[1] - 1})"
+        if new.shape != old.shape:
+            raise ValueError(_not_deterministic(what, f"changed shape from {tuple(old.shape)} to {tuple(new.shape)}"))
+        if old.numel() == 0:
+            continue
+        new = new.detach()
+        tol = replay_tolerance(old.dtype) if tolerance is None else tolerance
+        limit = old.abs().nan_to_num(0.0).amax().clamp(min=1.0) * tol
+        gap = (new - old).abs()
+        close = (gap <= limit) | (new == old) | (new.isnan() & old.isnan())
+
+        def detail(new: Tensor = new, old: Tensor = old, limit: Tensor = limit, what: str = what) -> str:
+            gap = float((new - old).abs().nan_to_num(float("inf")).max())
+            return _not_deterministic(what, f"differ by up to {gap:.3g} (tolerance {float(limit):.3g})")
+
+        require(close.all(), _not_deterministic(what, "differs beyond the tolerance"), detail)
+
+
+def _not_deterministic(what: str, detail: str) -> str:
+    return (f"the encoder is not deterministic: {what} {detail} between the first (no-graph) pass and its replay; "
+            "cached-gradient accumulation replays each micro-batch from torch's saved RNG state, so the embed "
+            "function must not draw from another generator (numpy, Python's random, its own torch.Generator) nor "
+            "keep state between calls")
 
 
 def cached_gradient_loss(
@@ -169,6 +182,8 @@ def cached_gradient_loss(
     *,
     model: Optional[nn.Module] = None,
     tolerance: Optional[float] = None,
+    autocast: Optional[Callable[[], ContextManager[Any]]] = None,
+    backward: Optional[Callable[[Tensor], None]] = None,
 ) -> Tensor:
     """The loss of the whole batch, with its gradients accumulated in micro-batches.
 
@@ -194,6 +209,13 @@ def cached_gradient_loss(
             once, as in its first pass.
         tolerance: the largest difference between the two passes over a micro-batch, relative
             to ``max(1, max |embedding|)``; default ``accumulation.replay_tolerance(dtype)``.
+        autocast: the context of every forward computation (both passes of ``embed`` and the
+            ``loss``), e.g. :meth:`StepPrecision.autocast
+            <contrastkit.methods.precision.StepPrecision.autocast>`; the backward passes run
+            outside it. Default: none.
+        backward: how the whole batch's loss is back-propagated, e.g. :meth:`StepPrecision.backward
+            <contrastkit.methods.precision.StepPrecision.backward>` (fp16: the scaled loss, so that
+            every gradient is scaled alike); default ``loss.backward()``.
 
     Returns:
         Tensor: the loss of the whole batch, detached, since its graph has been used.
@@ -220,11 +242,12 @@ def cached_gradient_loss(
     starts = range(0, rows, m)
     parts = [slice_batch(batch, start, start + m) for start in starts]
     devices = _cuda_devices(batch)
+    forward = autocast if autocast is not None else contextlib.nullcontext
 
     # 1. every micro-batch without a graph, its RNG state saved first
     states, first = [], []
     bare = False  # embed returns one tensor, not a tuple: so does loss receive it
-    with torch.no_grad():
+    with torch.no_grad(), forward():
         for part in parts:
             states.append(_rng_state(devices))
             raw = embed(part)
@@ -236,19 +259,23 @@ def cached_gradient_loss(
 
     # 2. the loss of the whole batch, back to the embeddings (and the loss's own parameters)
     leaves = tuple(torch.cat([outputs[k] for outputs in first]).requires_grad_(True) for k in range(width))
-    value = loss(leaves[0] if bare else leaves)
+    with forward():
+        value = loss(leaves[0] if bare else leaves)
     if not isinstance(value, Tensor) or value.ndim != 0:
         raise TypeError(f"loss must return a scalar tensor, got "
                         f"{type(value).__name__}{tuple(value.shape) if isinstance(value, Tensor) else ''}")
     if not value.requires_grad:
         raise ValueError("the loss does not depend on the embeddings: nothing to back-propagate")
-    value.backward()
+    if backward is None:
+        value.backward()
+    else:
+        backward(value)
     grads = [leaf.grad for leaf in leaves]
 
     # 3. each micro-batch again, with a graph and its first pass's RNG state
     saved = [b.detach().clone() for b in model.buffers()] if model is not None else []
     for index, (start, part) in enumerate(zip(starts, parts)):
-        with _replaying(states[index], devices):
+        with _replaying(states[index], devices), forward():
             outputs = _as_tuple(embed(part), m)
         _check_replay(outputs, first[index], index, (start, start + m), tolerance)
         pairs = [(out, grad[start:start + m]) for out, grad in zip(outputs, grads)

@@ -159,18 +159,20 @@ class Method:
         return None
 
     def cached_gradient_loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor],
-                             micro_batch: int) -> Tensor:
+                             micro_batch: int, **precision: Any) -> Tensor:
         """The loss of one training step with its gradients accumulated in micro-batches of
         ``micro_batch`` rows (:func:`~contrastkit.methods.cached_gradient_loss`):
         the parameters' ``.grad`` are those of ``loss(model, batch, labels).backward()`` when
-        no layer has batch statistics; returns the (detached) loss."""
+        no layer has batch statistics; returns the (detached) loss. ``precision``: that
+        function's ``autocast`` and ``backward`` (:class:`~contrastkit.methods.precision.StepPrecision`)."""
         self.require_cached_gradients()
         self._check_cross_rank(model)
         def objective(embeddings: Tuple[Tensor, ...]) -> Tensor:
             observe_batch(self, model, embeddings)
             return self.objective(model, embeddings, labels)
 
-        return cached_gradient_loss(lambda part: self.embed(model, part), objective, batch, micro_batch, model=model)
+        return cached_gradient_loss(lambda part: self.embed(model, part), objective, batch, micro_batch, model=model,
+                                    **precision)
 
     def require_cached_gradients(self) -> None:
         """Raise ``ValueError`` unless the method takes ``--micro-batch`` (:attr:`cached_gradients`)."""

@@ -20,11 +20,18 @@ from .registry import get_method
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
-__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "check_positive_int",
+__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "PRECISIONS", "DATA_ON_DEVICE",
+           "check_positive_int",
            "check_positive_float", "default_batch_size", "SMALLEST_DEFAULT_BATCH", "LARGEST_DEFAULT_BATCH",
            "IMAGES_PER_BATCH_ROW"]
 
 OPTIMIZERS = ("adamw", "sgd")
+#: The training step's arithmetic: float32, or autocast to bfloat16 / float16 (float16 with a
+#: gradient scaler); :mod:`contrastkit.methods.precision`.
+PRECISIONS = ("32", "bf16", "fp16")
+#: Whether the training images are held whole on the training device (``auto``: when they fit;
+#: :mod:`contrastkit.data.on_device`).
+DATA_ON_DEVICE = ("auto", "on", "off")
 DEFAULT_LR = {"adamw": 2e-3, "sgd": 0.1}
 DEFAULT_WEIGHT_DECAY = {"adamw": 1e-4, "sgd": 5e-4}
 #: The loggers a run may write beyond metrics.jsonl (``contrastkit.train.loggers`` writes them).
@@ -38,8 +45,12 @@ TENSORBOARD_MISSING = ("--logger tensorboard needs the tensorboard package: pip 
 # kernels, another reduction order); with the same setting a resumed run is exact.
 # ``workers`` only decode images (no randomness), so any number resumes exactly.
 # ``baseline_cache`` only says where baselines are kept (their numbers are the same).
+# ``channels_last`` and ``data_on_device`` say where and how the same numbers are laid out (a
+# change may round differently, as ``device`` does); ``precision`` changes the arithmetic and
+# the checkpoint's state (the gradient scaler's), so it must stay.
 RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers",
-                               "workers", "baseline_cache", "compile"})
+                               "workers", "baseline_cache", "compile", "channels_last",
+                               "data_on_device"})
 
 
 # The batch a run takes when none is given grows with the training set (default_batch_size).
@@ -193,6 +204,9 @@ class PretrainConfig:
     # torch.compile the encoder for the training steps (inductor; the read-out runs it eagerly).
     # Speed only: the losses equal the eager run's within float rounding, not bit for bit.
     compile: bool = False
+    precision: str = "32"           # the training step's arithmetic: "32", "bf16" or "fp16" (autocast; methods.precision)
+    channels_last: bool = False     # model and input images in the channels-last memory format
+    data_on_device: str = "auto"    # hold the training images on the device: "auto" (when they fit), "on", "off"
     baseline_cache: str = "auto"    # where the read-out's baselines are kept: "auto" (train.baselines), "off", a folder
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val read-outs that pick the reported epoch (0: never)
@@ -261,6 +275,7 @@ class PretrainConfig:
         check_positive_int(c.workers, "workers", 0)
         if not isinstance(c.compile, bool):
             raise ValueError(f"compile must be true or false, got {c.compile!r}")
+        _resolve_device_options(c)
         c.baseline_cache = check_cache_setting(c.baseline_cache)
         check_positive_int(c.log_every, "log_every")
         check_positive_int(c.eval_every, "eval_every", 0)
@@ -373,6 +388,21 @@ def _check_encoder_spec(c: PretrainConfig) -> None:
         json.dumps(c.encoder_options)
     except (TypeError, ValueError) as err:
         raise ValueError(f"encoder_options must hold JSON values (they are saved with the run): {err}") from None
+
+
+def _resolve_device_options(c: PretrainConfig) -> None:
+    """``precision`` one of :data:`PRECISIONS` (a config file's number 32 is read as ``"32"``),
+    ``channels_last`` a bool, ``data_on_device`` one of :data:`DATA_ON_DEVICE`. Whether the
+    device supports the precision is checked when the run has its device
+    (:func:`contrastkit.methods.precision.check_precision`)."""
+    if c.precision == 32 and not isinstance(c.precision, bool):
+        c.precision = "32"
+    if c.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {c.precision!r}")
+    if not isinstance(c.channels_last, bool):
+        raise ValueError(f"channels_last must be true or false, got {c.channels_last!r}")
+    if c.data_on_device not in DATA_ON_DEVICE:
+        raise ValueError(f"data_on_device must be one of {', '.join(DATA_ON_DEVICE)}, got {c.data_on_device!r}")
 
 
 def _resolve_accumulation(c: PretrainConfig) -> None:

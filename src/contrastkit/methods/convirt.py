@@ -30,6 +30,7 @@ from contrastkit import layout
 from contrastkit import losses
 from contrastkit.data import DataSplit, DataSplits, PairedImages
 from contrastkit.data.paired import check_paired_source
+from contrastkit.losses import validation
 from contrastkit.losses.validation import check_probability
 from contrastkit.metrics.batch import IMAGE, TEXT, BatchProblem
 from contrastkit.metrics.readout import extract_features
@@ -144,33 +145,48 @@ class PairedBatches:
     Images: when the split has noise realisations, each pair draws one at random (torch's
     global generator, so a checkpointed RNG state reproduces it); otherwise the canonical
     image. A streamed split's images (uint8 scaled to ``[0, 1]``, or float) are those of the
-    training batch the loop hands over (:meth:`hold`), else read for the batch. Texts are
-    tokenised once per split and cached.
+    training batch the loop hands over (:meth:`hold`), else read for the batch; with
+    ``--data-on-device`` all of them held on the device (:meth:`hold_split`). Texts are
+    tokenised once per split and cached. A batch's token columns are trimmed to its longest
+    text when its indices are on the host (read there, without waiting for the device); indices
+    on an accelerator keep the split's width (the padding is masked), so that nothing is read
+    back from the device.
     """
 
     def __init__(self, tokenizer: WordTokenizer, device: torch.device) -> None:
         self.tokenizer = tokenizer
         self.device = device
-        self._cache: Dict[int, Tuple[Any, Tensor, Tensor]] = {}
+        self._cache: Dict[int, Tuple[Any, Tensor, Tensor, Tensor]] = {}
         self._images = PairedImages()
 
     def hold(self, indices: Tensor, images: Tensor) -> None:
         """The decoded ``images`` of the streamed training batch ``indices`` (from the loader)."""
         self._images.hold(indices, images)
 
-    def _tokens(self, split: DataSplit) -> Tuple[Tensor, Tensor]:
+    def device_images(self, split: DataSplit, workers: int = 0) -> Any:
+        """What :meth:`hold_split` would hold for ``split`` (:meth:`PairedImages.device_images
+        <contrastkit.data.PairedImages.device_images>`)."""
+        return self._images.device_images(split, self.device, workers)
+
+    def hold_split(self, split: DataSplit, images: Tensor) -> None:
+        """Read the images of ``split`` from ``images``, all of them held on the device."""
+        self._images.hold_split(split, images)
+
+    def _tokens(self, split: DataSplit) -> Tuple[Tensor, Tensor, Tensor]:
         key = id(split)
         if key not in self._cache or self._cache[key][0] is not split:
             ids, mask = self.tokenizer.encode(split.texts)
-            self._cache[key] = (split, ids.to(self.device), mask.to(self.device))
-        return self._cache[key][1], self._cache[key][2]
+            self._cache[key] = (split, ids.to(self.device), mask.to(self.device), mask.sum(1))  # lengths on the host
+        return self._cache[key][1:]
 
     def __call__(self, split: DataSplit, indices: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
-        ids, mask = self._tokens(split)
+        ids, mask, lengths = self._tokens(split)
         images = self._images(split, indices, self.device)
-        on = indices.to(self.device)
+        on = indices.to(self.device, non_blocking=True)
         batch_ids, batch_mask = ids[on], mask[on]
-        width = max(1, int(batch_mask.sum(1).max()))  # trim padding columns nobody uses
+        if not validation.reads_are_free(indices):
+            return images, (batch_ids, batch_mask)
+        width = max(1, int(lengths[indices].max()))  # trim padding columns nobody uses
         return images, (batch_ids[:, :width], batch_mask[:, :width])
 
 

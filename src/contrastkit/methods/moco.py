@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +85,7 @@ class MoCo(TwoViewMethod):
         return loss
 
     def cached_gradient_loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor],
-                             micro_batch: int) -> Tensor:
+                             micro_batch: int, **precision: Any) -> Tensor:
         """Only the queries are accumulated: the key side has no gradient and runs once per
         step, between the two passes (one momentum update after the queries' first pass, as
         in :meth:`embed`; the keys in micro-batches; one enqueue at the end)."""
@@ -99,7 +99,7 @@ class MoCo(TwoViewMethod):
             return self.objective(model, (embeddings[0], keys[0]), labels)
 
         loss = cached_gradient_loss(lambda part: (model.head(model.encoder(part)),), objective, view_a,
-                                    micro_batch, model=model)
+                                    micro_batch, model=model, **precision)
         if model.training:
             model.queue.enqueue(keys[0], group=model.distributed)
         return loss

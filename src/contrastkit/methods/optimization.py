@@ -38,15 +38,27 @@ def build_optimizer(model: nn.Module, config: PretrainConfig) -> torch.optim.Opt
     """AdamW, or SGD with Nesterov momentum 0.9 (``config.optimizer``), at ``config.lr`` over
     the trainable parameters of ``model``; ``config.weight_decay`` on the weight matrices and
     kernels, none on biases, norms and tau (the parameters with at most one dimension).
-    ``config`` must be resolved (:meth:`PretrainConfig.resolved`)."""
+    ``config`` must be resolved (:meth:`PretrainConfig.resolved`).
+
+    Under ``precision="fp16"`` the optimizer is the fused one (``fused=True``, built on the
+    device the model is on): it takes the gradient scaler's overflow flag on the device, so
+    the step does not wait for the device (:mod:`contrastkit.methods.precision`); where torch
+    has no fused form for that device, the ordinary one."""
     decay, no_decay = [], []
     for parameter in model.parameters():
         if parameter.requires_grad:
             (no_decay if parameter.ndim <= 1 else decay).append(parameter)
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=config.lr)
-    return torch.optim.SGD(groups, lr=config.lr, momentum=0.9, nesterov=True)
+        kind, options = torch.optim.AdamW, {"lr": config.lr}
+    else:
+        kind, options = torch.optim.SGD, {"lr": config.lr, "momentum": 0.9, "nesterov": True}
+    if config.precision == "fp16":
+        try:
+            return kind(groups, fused=True, **options)
+        except (RuntimeError, TypeError):  # no fused kernel for this device or dtype
+            pass
+    return kind(groups, **options)
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: PretrainConfig,

@@ -52,7 +52,10 @@ def observe_batch(method: Any, model: nn.Module, embeddings: Tuple[Tensor, ...])
     if tap is None or not tap.armed:
         return
     tap.armed = False  # one loss call per step: a second (an evaluation) is not the step's
-    with torch.no_grad():
+    device = embeddings[0].device.type if embeddings else "cpu"
+    # The step's forward may run under autocast (--precision): the diagnostics' similarities
+    # are computed in the dtype the method asks for, not in half precision.
+    with torch.no_grad(), torch.autocast(device_type=device, enabled=False):
         problem = method.batch_problem(model, tuple(e.detach() for e in embeddings))
         if problem is not None:
             tap.tau = model.temperature().detach()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from contrastkit import layout
+from contrastkit._io import available_memory as _available_memory  # tests replace it here
 from contrastkit._io import read_json as _read_json
 from contrastkit.manifest import Manifest, clear_folder
 
@@ -162,18 +163,6 @@ def check_jobs(jobs: Any) -> int:
     from contrastkit.data.base import check_positive_int
 
     return check_positive_int(jobs, "--jobs", minimum=0)
-
-
-def _available_memory() -> Optional[int]:
-    """Bytes of memory available to new processes (Linux ``MemAvailable``), or ``None``."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def resolve_jobs(jobs: int, specs: Sequence[RunSpec], runs_dir: str) -> int:

@@ -36,13 +36,14 @@ from contrastkit import __version__
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
-from contrastkit.data import (DataSplits, EpochBatchSampler, add_skipped, as_data, data_record, make_loader,
-                             skipped_files, skipped_reasons)
+from contrastkit.data import (DataSplits, DeviceIndexBatches, EpochBatchSampler, OnDevicePlan, add_skipped, as_data,
+                              data_record, hold_on_device, make_loader, skipped_files, skipped_reasons)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
                                  warmup_cosine)
 from contrastkit.methods.optimization import warmup_steps
+from contrastkit.methods.precision import StepPrecision, channels_last_batch
 from contrastkit.methods.tap import BatchTap
 from contrastkit.metrics.batch import batch_warnings, diagnostics_record
 from contrastkit.metrics.readout import extract_features
@@ -315,8 +316,10 @@ class _Run:
     total_steps: int
     warmup_steps: int
     started: float
+    precision: Optional[StepPrecision] = None  # the step's arithmetic (--precision), its scaler's state
     loader: Any = None      # DataLoader of the training split (index batches, or images and indices)
     sampler: Any = None     # its EpochBatchSampler (set_epoch before each epoch)
+    on_device: Optional[OnDevicePlan] = None  # whether the training images are held on the device, and why
     # The module the caller passed, when its class cannot rebuild it (the baseline then starts
     # from it); None when config.encoder rebuilds the architecture (the baseline is built from it).
     encoder: Optional[torch.nn.Module] = None
@@ -351,6 +354,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     parallel = setup(device)
     if parallel.active and device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
+    precision = StepPrecision(config.precision, device)  # an unsupported precision is refused before any work
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
     dataset = limit_data(method.load_data(config) if dataset is None else as_data(dataset), config)
@@ -382,6 +386,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         print(model.weights_report.summary(), file=sys.stderr, flush=True)
     if config.compile:  # the training steps' encoder; the read-out calls it eagerly (eager_calls)
         compile_encoder(model.encoder)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     schedule = config.schedule
     step_loss: Any = LossForward(model, method)
     if parallel.active:
@@ -400,14 +406,20 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     run = _Run(config, method, parallel, device, dataset, views, tokenizer, model, step_loss, optimizer,
                scheduler, schedule, layout.RunFolder(config.out), batch_size, rank_batch, steps_per_epoch,
                total_steps, warmup, started,
-               encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
+               encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None, precision=precision)
     model.batch_tap = run.tap  # the method's loss hands an armed step's embeddings to it
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
     # a batch maker whose views the workers make says what they read (items of two views)
     items = views.training_items(dataset.train) if hasattr(views, "training_items") else dataset.train
-    run.loader = make_loader(items, batch_sampler=run.sampler, workers=config.workers,
-                             pin_memory=device.type == "cuda", seed=config.seed)
+    run.on_device = hold_on_device(config.data_on_device, views, dataset.train, device, workers=config.workers)
+    if parallel.is_main:
+        print(run.on_device.message, file=sys.stderr, flush=True)
+    if run.on_device.hold:  # the epoch's order on the device, a batch a slice of it: no loader, no copy
+        run.loader = DeviceIndexBatches(run.sampler, device)
+    else:
+        run.loader = make_loader(items, batch_sampler=run.sampler, workers=config.workers,
+                                 pin_memory=device.type == "cuda", seed=config.seed)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
     parallel.run_on_main(lambda: _save_run_files(run))
     # What the data chose; a resumed run keeps the record of the run it continues (its saved
@@ -466,6 +478,10 @@ def _restore(run: _Run) -> None:
                          f"{str(err).splitlines()[0]}") from None
     # The schedule's functions are not in the state (only its step): a changed --epochs
     # reshapes the cosine from the resumed step on.
+    try:
+        run.precision.load_state_dict(state.get("precision"))
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise ValueError(f"checkpoint {path} does not match --precision {run.config.precision}: {err}") from None
     set_rng_state(state["rng_per_rank"][run.parallel.rank] if run.parallel.active else state["rng"])
     run.epoch, run.step = int(state["epoch"]), int(state["step"])
     run.train_seconds = float(state.get("train_seconds", 0.0))
@@ -496,6 +512,7 @@ def _derived(run: _Run, defaults: Dict[str, Any]) -> Dict[str, Any]:
     return {**({"encoder_weights": report.to_dict()} if report is not None else {}),
             "batch_size": run.batch_size, "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
             "warmup_steps": run.warmup_steps, "defaults": defaults, "device": str(run.device),
+            "data_on_device": run.on_device.record() if run.on_device is not None else None,
             "dataset": data_record(dataset),
             "views": getattr(run.batches, "config", None),
             "parameters": sum(p.numel() for p in run.model.encoder.parameters()),
@@ -579,22 +596,32 @@ def _micro_batch(configured: int, rows: int) -> int:
 
 def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor],
                 metrics: IO[str]) -> Tuple[torch.Tensor, Any]:
-    """One optimizer step on the batch of ``indices``; returns its loss (not synced) and the batch."""
+    """One optimizer step on the batch of ``indices``; returns its loss (not synced) and the batch.
+
+    Nothing in it reads a value back from the device (no ``.item()``, ``float(tensor)``, no
+    blocking copy): on a GPU the host queues the step and goes on to the next batch; the loss
+    is read at logging steps only (:func:`_log_step`). The forward pass and the loss run under
+    the run's precision (:class:`~contrastkit.methods.precision.StepPrecision`)."""
     batch = run.batches(run.dataset.train, indices)
+    if run.config.channels_last:
+        batch = channels_last_batch(batch)
     tau_now = _follow_schedule(run.model, run.schedule, run.step, run.total_steps)
     if tau_now is not None:  # a varying tau is logged at every step
         metrics.write(json.dumps({"kind": "tau", "step": run.step + 1, "tau": tau_now}) + "\n")
-    batch_labels = None if labels is None else labels[indices.to(run.device)]
+    batch_labels = None if labels is None else labels[indices.to(run.device, non_blocking=True)]
+    precision = run.precision
     if run.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
         run.optimizer.zero_grad(set_to_none=True)
         loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
-                                               _micro_batch(run.config.micro_batch, int(indices.shape[0])))
+                                               _micro_batch(run.config.micro_batch, int(indices.shape[0])),
+                                               autocast=precision.autocast, backward=precision.backward)
         average_gradients(run.model.parameters())
     else:
-        loss = run.step_loss(batch, batch_labels)
+        with precision.autocast():
+            loss = run.step_loss(batch, batch_labels)
         run.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-    run.optimizer.step()
+        precision.backward(loss)
+    precision.step(run.optimizer)
     run.model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
     run.scheduler.step()
     run.step += 1
@@ -665,6 +692,7 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
             "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
             "epoch": run.epoch, "step": run.step, "train_seconds": run.train_seconds,
             "epoch_losses": run.epoch_losses, "selection": run.selection.state_dict(),
+            "precision": run.precision.state_dict(),
         })
         manifest.record(*marked)  # hashed once, here (a digest the writer returns could be passed)
     parallel.barrier()  # the checkpoint is complete before any rank goes on
