@@ -20,7 +20,7 @@ from .registry import get_method
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
-__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "check_positive_int",
+__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "ON_NAN", "check_positive_int",
            "check_positive_float"]
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -36,8 +36,12 @@ TENSORBOARD_MISSING = ("--logger tensorboard needs the tensorboard package: pip 
 # ``threads`` and ``device`` may change too, at the price of bit-exactness (reduction order).
 # ``workers`` only decode images (no randomness), so any number resumes exactly.
 # ``baseline_cache`` only says where baselines are kept (their numbers are the same).
+# ``checkpoint_every`` only says when the state is saved; ``on_nan`` what a non-finite loss does
+# (resuming a run that stopped on one with ``on_nan="skip"`` is how to go past it).
 RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers",
-                               "workers", "baseline_cache"})
+                               "workers", "baseline_cache", "checkpoint_every", "on_nan"})
+#: What a non-finite training loss does: stop the run, or skip that step's update (``on_nan``).
+ON_NAN = ("stop", "skip")
 
 
 def check_positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
@@ -146,6 +150,8 @@ class PretrainConfig:
     baseline_cache: str = "auto"    # where the read-out's baselines are kept: "auto" (train.baselines), "off", a folder
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val read-outs that pick the reported epoch (0: never)
+    checkpoint_every: int = 0       # steps between checkpoints within an epoch (0: at epoch ends only)
+    on_nan: str = "stop"            # a non-finite loss: "stop" the run, or "skip" that step's update
     knn_k: int = 20
     knn_temperature: float = 0.07
     out: str = os.path.join("runs", "pretrain")
@@ -211,6 +217,9 @@ class PretrainConfig:
         c.baseline_cache = check_cache_setting(c.baseline_cache)
         check_positive_int(c.log_every, "log_every")
         check_positive_int(c.eval_every, "eval_every", 0)
+        check_positive_int(c.checkpoint_every, "checkpoint_every", 0)
+        if c.on_nan not in ON_NAN:
+            raise ValueError(f"on_nan must be one of {ON_NAN}, got {c.on_nan!r}")
         check_positive_int(c.knn_k, "knn_k")
         c.knn_temperature = check_positive_float(c.knn_temperature, "knn_temperature")
         _resolve_accumulation(c)
