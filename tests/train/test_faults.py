@@ -7,6 +7,7 @@ times NaN: its gradients are NaN too, as a diverged loss's are).
 import errno
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 from contrastkit import layout
 from contrastkit.cli import main
 from contrastkit.train import faults, pretrain
-from contrastkit.train.checkpoint import load_checkpoint
+from contrastkit.train.checkpoint import CheckpointWriteError, load_checkpoint
 from contrastkit.train.faults import NonFiniteLoss, RunLock
 from contrastkit.train.parallel import LossForward
 
@@ -180,6 +181,13 @@ def test_without_flock_a_stale_lock_is_taken_over_and_a_live_one_refused(tmp_pat
         RunLock.acquire(str(elsewhere))  # a process on another host cannot be judged from here
 
 
-def test_preemption_exit_status_is_documented():
-    assert faults.PREEMPTED_EXIT == 75
-    assert faults.Preempted("SIGTERM", 3, "ckpt").exit_status == 75
+def test_the_stops_carry_their_facts_across_processes():
+    # A study's worker process hands its run's error back pickled.
+    stop = pickle.loads(pickle.dumps(faults.Preempted("SIGUSR1", 3, "ckpt", rank=1)))
+    assert (stop.exit_status, stop.signal_name, stop.step, stop.rank) == (faults.PREEMPTED_EXIT, "SIGUSR1", 3, 1) \
+        and faults.PREEMPTED_EXIT == 75
+    assert "rank 1: stopped by SIGUSR1 after step 3" in str(stop)
+    diverged = pickle.loads(pickle.dumps(NonFiniteLoss("the loss became inf", 7, float("inf"))))
+    assert (str(diverged), diverged.step, diverged.loss) == ("the loss became inf", 7, float("inf"))
+    full = pickle.loads(pickle.dumps(CheckpointWriteError("ckpt", OSError(errno.ENOSPC, "No space"), False)))
+    assert full.errno == errno.ENOSPC and str(full) == "could not write the checkpoint ckpt: No space"

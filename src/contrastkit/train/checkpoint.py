@@ -63,6 +63,9 @@ class CheckpointWriteError(OSError):
     def __str__(self) -> str:
         return str(self.strerror)
 
+    def __reduce__(self) -> Any:  # picklable (a study's worker process hands it back)
+        return type(self), (self.path, self.cause, self.replaced, self.strerror)
+
 
 def rng_state() -> Dict[str, Any]:
     """torch (CPU and CUDA), numpy and python RNG states as tensors and lists."""

@@ -78,6 +78,9 @@ class Preempted(Exception):
                          f"continue with --resume (exit status {PREEMPTED_EXIT})")
         self.signal_name, self.step, self.checkpoint, self.rank = signal_name, step, checkpoint, rank
 
+    def __reduce__(self) -> Any:  # picklable (a study's worker process hands it back)
+        return type(self), (self.signal_name, self.step, self.checkpoint, self.rank)
+
 
 class NonFiniteLoss(ValueError):
     """The training loss was not finite (``on_nan="stop"``); the message names the step, the
@@ -86,6 +89,9 @@ class NonFiniteLoss(ValueError):
     def __init__(self, message: str, step: int, loss: float) -> None:
         super().__init__(message)
         self.step, self.loss = step, loss
+
+    def __reduce__(self) -> Any:
+        return type(self), (str(self), self.step, self.loss)
 
 
 # ------------------------------------------------------------------------------ signals
@@ -210,7 +216,8 @@ def _write_holder(handle: int) -> None:
     if os.environ.get(_RUN_ID):
         record["launch"] = os.environ[_RUN_ID]
     os.ftruncate(handle, 0)
-    os.pwrite(handle, (json.dumps(record) + "\n").encode("utf-8"), 0)
+    os.lseek(handle, 0, os.SEEK_SET)
+    os.write(handle, (json.dumps(record) + "\n").encode("utf-8"))
 
 
 def _read_holder(path: str) -> Dict[str, Any]:
