@@ -87,7 +87,7 @@ LAST_CHECKPOINT = "last.pt"
 PREVIOUS_CHECKPOINT = "previous.pt"
 #: A checkpoint's SHA-256 lives next to it, in ``<checkpoint><DIGEST_SUFFIX>`` (``sha256sum -c`` format).
 DIGEST_SUFFIX = ".sha256"
-#: Held by the run training in the folder (not a run output: removed when the run ends).
+#: Held by the run training in the folder, and removed when it ends (not a run output).
 LOCK = "contrastkit.lock"
 TOKENIZER = "tokenizer.json"
 PROBE = "probe.json"

@@ -7,7 +7,7 @@
   epoch too: the checkpoint holds the position in the epoch) and raises :class:`Preempted`,
   which the command line turns into exit status :data:`PREEMPTED_EXIT` (75, ``EX_TEMPFAIL``
   of ``sysexits.h``: "try again later"). Under torchrun every rank asks the others after each
-  step (:meth:`~contrastkit.train.parallel.Parallel.any`), so all ranks stop after the same
+  step (``Parallel.any`` of ``contrastkit.train.parallel``), so all ranks stop after the same
   step, whichever received the signal first. During the final evaluation the checkpoint is
   already complete: a signal raises :class:`Preempted` at once (``--resume`` evaluates again).
 * **A restarted torchrun group** (:func:`restart_resumes`). ``torchrun --max-restarts N``
@@ -29,7 +29,7 @@
   the run stops.
 * **A full disk** while writing a checkpoint: the write goes to a temporary file that is
   removed on failure, the previous checkpoint stays intact, and the run stops with one
-  :class:`~contrastkit.train.checkpoint.CheckpointWriteError` naming both (:func:`write_failed`).
+  ``CheckpointWriteError`` (an ``OSError`` keeping the ``errno``) naming both (:func:`write_failed`).
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ from contrastkit import layout
 
 from .checkpoint import CheckpointWriteError, load_checkpoint
 
-__all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "NonFiniteLoss", "StopSignals", "RunLock", "RunGuard",
-           "StepFaults", "loss_text", "launch_id", "restart_resumes", "restarts_allowed", "write_failed"]
+__all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "NonFiniteLoss", "CheckpointWriteError", "StopSignals",
+           "RunLock", "RunGuard", "StepFaults", "loss_text", "launch_id", "restart_resumes", "restarts_allowed", "write_failed"]
 
-#: The exit status of a run stopped by a preemption signal after its checkpoint: EX_TEMPFAIL
-#: (``sysexits.h``), "a temporary failure; the user is invited to retry" (with ``--resume``).
+#: The exit status of a run stopped by a preemption signal after its checkpoint, ``EX_TEMPFAIL``
+#: of ``sysexits.h`` ("a temporary failure, the user is invited to retry", with ``--resume``).
 PREEMPTED_EXIT = 75
 #: The signals that stop a run at the end of its current step.
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
