@@ -137,6 +137,18 @@ def test_force_is_refused_while_another_run_holds_the_folder(tmp_path):
     assert sorted(os.listdir(out)) == before  # nothing was deleted
 
 
+def test_a_lock_left_behind_is_neither_deleted_nor_in_the_way_of_force(tmp_path):
+    # A study makes a run's folder before its run starts; a run killed there leaves only its lock.
+    from contrastkit.manifest import plan_removal
+
+    only_lock = tmp_path / "only-lock"
+    _write_lock(only_lock, pid=1, host="elsewhere", started="then")
+    assert plan_removal(only_lock, will_write=layout.RUN_FILES).files == []
+    (only_lock / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"holds 1 entry: notes.txt\)"):
+        plan_removal(only_lock, will_write=layout.RUN_FILES)
+
+
 @pytest.fixture
 def no_flock(monkeypatch):
     """A file system without flock (some network file systems): the process id decides."""

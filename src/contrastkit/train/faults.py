@@ -52,7 +52,7 @@ from contrastkit import layout
 from .checkpoint import CheckpointWriteError, load_checkpoint
 
 __all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "NonFiniteLoss", "CheckpointWriteError", "StopSignals",
-           "RunLock", "RunGuard", "StepFaults", "loss_text", "launch_id", "restart_resumes", "restarts_allowed", "write_failed"]
+           "RunLock", "RunGuard", "StepFaults", "launch_id", "restart_resumes", "restarts_allowed", "write_failed"]
 
 #: The exit status of a run stopped by a preemption signal after its checkpoint, ``EX_TEMPFAIL``
 #: of ``sysexits.h`` ("a temporary failure, the user is invited to retry", with ``--resume``).
@@ -125,10 +125,6 @@ class StopSignals:
         if self._raise is not None:
             raise self._raise(self.received)
 
-    @property
-    def installed(self) -> bool:
-        return bool(self._previous)
-
     def raise_from_now(self, stop: Callable[[str], Preempted]) -> None:
         """From now on a signal raises ``stop(signal name)`` at once (nothing is left to
         checkpoint); if one came already, raise it now."""
@@ -160,7 +156,8 @@ class RunLock:
         for _ in range(100):  # another process may remove or replace the file between our calls
             handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                if _try_lock(handle, path) and _same_file(handle, path):
+                _lock(handle, path)
+                if _same_file(handle, path):
                     _write_holder(handle)
                     return cls(folder, handle, created)
             except BaseException:
@@ -181,9 +178,10 @@ class RunLock:
                 os.rmdir(self.folder)  # only when empty: a run refused before it wrote anything
 
 
-def _try_lock(handle: int, path: str) -> bool:
-    """Lock the open lock file ``handle``; ``FileExistsError`` naming the holder when a live
-    run holds it. ``False``: the file changed under us, try again."""
+def _lock(handle: int, path: str) -> None:
+    """Lock the open lock file ``handle`` (``FileExistsError`` naming the holder when a live run
+    holds it). Without ``flock`` the process id in the file decides; two runs started in the
+    same instant could then both pass."""
     try:
         import fcntl
     except ImportError:  # no flock (Windows): the process id alone says whether the holder lives
@@ -191,7 +189,7 @@ def _try_lock(handle: int, path: str) -> bool:
     if fcntl is not None:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
+            return
         except BlockingIOError:
             raise FileExistsError(_in_use(path, _read_holder(path))) from None
         except OSError as err:
@@ -200,7 +198,7 @@ def _try_lock(handle: int, path: str) -> bool:
     holder = _read_holder(path)
     if holder and holder.get("pid") != os.getpid() and not _holder_is_gone(holder):
         raise FileExistsError(_in_use(path, holder))
-    return True  # no holder, or a stale one: the file is ours to rewrite
+    # no holder, or a stale one: the file is ours to rewrite
 
 
 def _same_file(handle: int, path: str) -> bool:
@@ -213,8 +211,6 @@ def _same_file(handle: int, path: str) -> bool:
 
 def _write_holder(handle: int) -> None:
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    if os.environ.get(_RUN_ID):
-        record["launch"] = os.environ[_RUN_ID]
     os.ftruncate(handle, 0)
     os.lseek(handle, 0, os.SEEK_SET)
     os.write(handle, (json.dumps(record) + "\n").encode("utf-8"))
@@ -386,11 +382,6 @@ class StepFaults:
     def load_state(self, state: Dict[str, Any]) -> None:
         self.skipped = int(state.get("skipped_steps", 0))
         self.epoch_skipped = int(state.get("epoch_skipped", 0))
-
-
-def loss_text(value: float) -> str:
-    """A loss for a JSON record: the number, or ``"nan"`` / ``"inf"`` / ``"-inf"`` (valid JSON)."""
-    return value if math.isfinite(value) else str(value)  # type: ignore[return-value]
 
 
 def write_failed(err: CheckpointWriteError, step: int, last_good: Optional[Tuple[int, int]]) -> CheckpointWriteError:

@@ -49,8 +49,7 @@ from contrastkit.metrics.readout import extract_features
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .checkpoint import CheckpointWriteError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .faults import (Preempted, RunGuard, StepFaults, launch_id, loss_text, restart_resumes, restarts_allowed,
-                     write_failed)
+from .faults import Preempted, RunGuard, StepFaults, launch_id, restart_resumes, restarts_allowed, write_failed
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
@@ -568,9 +567,9 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
 def _skip_step(run: _Run, loss: torch.Tensor, metrics: IO[str], bar: "_Progress") -> None:
     """``on_nan="skip"``: the step whose loss was not finite (on some rank) kept no update; its
     record in metrics.jsonl, and a warning the first time."""
-    value = float(run.parallel.mean(loss))
+    value = float(run.parallel.mean(loss))  # not finite: written as "nan" / "inf" (valid JSON)
     metrics.write(json.dumps({"kind": "skipped", "epoch": run.epoch + 1, "step": run.step,
-                              "loss": loss_text(value)}) + "\n")
+                              "loss": str(value)}) + "\n")
     run.faults.count_skip(run.model, run.step, value)
     if run.parallel.is_main and "skipped" not in run.warned:
         run.warned["skipped"] = run.step
