@@ -123,6 +123,14 @@ def test_a_second_lock_on_a_folder_is_refused_naming_the_holder_and_released_cle
     assert sorted(os.listdir(folder)) == ["kept.txt"]
 
 
+def test_an_output_path_that_is_a_file_is_refused_and_kept(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    with pytest.raises(FileExistsError, match="exists and is not a folder"):
+        RunLock.acquire(str(path))
+    assert path.read_text() == "mine"
+
+
 def test_force_is_refused_while_another_run_holds_the_folder(tmp_path):
     out = tmp_path / "run"
     summary = pretrain(tiny_config(out, batch_size=8, threads=1), progress=False, baselines=False)

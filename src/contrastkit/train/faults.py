@@ -150,6 +150,8 @@ class RunLock:
 
     @classmethod
     def acquire(cls, folder: str) -> "RunLock":
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            raise FileExistsError(f"output path {folder} exists and is not a folder")
         created = not os.path.isdir(folder)
         os.makedirs(folder, exist_ok=True)
         path = layout.RunFolder(folder).lock

@@ -73,9 +73,7 @@ def _check_out(out: str, resume: bool, force: bool) -> Optional[RemovalPlan]:
     folder whose manifest accounts for what would be deleted (returns that plan)."""
     if resume and force:
         raise ValueError("--resume and --force exclude each other: resume continues a run, force starts over")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise FileExistsError(f"output path {out} exists and is not a folder")
-    if resume:
+    if resume:  # (an OUT that is not a folder was refused by the folder's lock, .faults.RunLock)
         checkpoint = layout.RunFolder(out).last_checkpoint
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"nothing to resume: {checkpoint} does not exist")
