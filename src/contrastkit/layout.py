@@ -23,6 +23,8 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/neighbors/<sha256>.json   and what it was built from (``contrastkit.train.neighbors``)
     RUN/explorer.html        the temperature explorer on the last batch's rows (linked from the report)
     RUN/contrastkit-manifest.json   every file above that contrastkit wrote (see below)
+    RUN/contrastkit.lock     while a run trains in RUN: its process id and host, so that a second
+                             run on RUN is refused (removed when the run ends; ``train.faults``)
 
 An *embedding export* (``contrastkit embed RUN --out FILE``)::
 
@@ -65,7 +67,7 @@ from typing import Dict, Tuple
 __all__ = [
     "DEFAULT_ROOT", "MANIFEST", "RUN_FILES", "CHECKPOINT_FILES",
     "CONFIG", "CONFIG_FILE", "METRICS", "METRICS_CSV", "TENSORBOARD", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT",
-    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "TOKENIZER", "PROBE", "REPORT", "SKIPPED", "LAST_BATCH", "EXPLORER",
+    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "LOCK", "TOKENIZER", "PROBE", "REPORT", "SKIPPED", "LAST_BATCH", "EXPLORER",
     "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EXPORT_MARKER", "EMBEDDINGS_MARKER", "embedding_files",
     "MODEL_FORMATS", "model_export_files", "model_format",
     "NEIGHBORS_PICTURE", "NEIGHBOR_INDEXES", "neighbor_index_files",
@@ -91,6 +93,8 @@ LAST_CHECKPOINT = "last.pt"
 PREVIOUS_CHECKPOINT = "previous.pt"
 #: A checkpoint's SHA-256 lives next to it, in ``<checkpoint><DIGEST_SUFFIX>`` (``sha256sum -c`` format).
 DIGEST_SUFFIX = ".sha256"
+#: Held by the run training in the folder, and removed when it ends (not a run output).
+LOCK = "contrastkit.lock"
 TOKENIZER = "tokenizer.json"
 PROBE = "probe.json"
 REPORT = "report.html"
@@ -166,6 +170,10 @@ class RunFolder:
     @property
     def previous_checkpoint(self) -> str:
         return self._path(CHECKPOINTS, PREVIOUS_CHECKPOINT)
+
+    @property
+    def lock(self) -> str:
+        return self._path(LOCK)
 
     @property
     def tokenizer(self) -> str:

@@ -10,7 +10,7 @@ from dataclasses import fields
 from contrastkit import layout
 from contrastkit.commands.common import add_config_argument, parse_data_options, parse_names, print_result_table
 from contrastkit.methods import METHOD_REGISTRY, OPTIMIZERS, PretrainConfig, method_names
-from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, PRECISIONS
+from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, ON_NAN, PRECISIONS
 from contrastkit.models import ENCODERS
 from contrastkit.models.text import TEXT_ENCODERS
 
@@ -137,6 +137,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--eval-every", type=int, default=None,
         help="epochs between val read-outs (kNN and linear probe, logged to metrics.jsonl); the "
              "epoch with the best val probe is reported as summary.json's selected block (default 0: never)")
+    add("--checkpoint-every", type=int, default=None, metavar="N",
+        help="also write the checkpoint every N steps, not only at the end of each epoch (for long epochs; "
+             "default 0: epoch ends only). On SIGTERM or SIGUSR1 a run always checkpoints the step it is in "
+             "and exits with status 75; --resume continues it")
+    add("--on-nan", choices=ON_NAN, default=None,
+        help="a non-finite training loss: stop the run naming the step and the last good checkpoint (stop), or "
+             "drop that step's update and count it in summary.json's skipped_steps (skip) (default stop)")
     add("--knn-k", type=int, default=None, help=f"neighbours of the kNN read-out (default {d.knn_k})")
     add("--knn-temperature", type=float, default=None,
         help=f"temperature of the weighted kNN read-out (default {d.knn_temperature})")

@@ -36,6 +36,8 @@ class EpochBatchSampler(Sampler):
     Under torchrun (``world_size > 1``): ``DistributedSampler``'s share of rank ``rank``
     (``shuffle=True, seed, drop_last=True``), in batches of ``batch_size`` (this rank's share
     of the global batch). The sampler runs in the main process, so workers never see it.
+    ``set_epoch(epoch, start=k)`` starts the epoch at its batch ``k`` (a run resumed from a
+    checkpoint written in the middle of the epoch): the batches before it are not drawn again.
     """
 
     def __init__(self, n: int, batch_size: int, seed: int, *, rank: int = 0, world_size: int = 1) -> None:
@@ -44,9 +46,11 @@ class EpochBatchSampler(Sampler):
         self.n, self.batch_size, self.seed = int(n), int(batch_size), int(seed)
         self.rank, self.world_size = int(rank), int(world_size)
         self.epoch = 0
+        self.start = 0
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch = int(epoch)
+        self.start = check_positive_int(start, "start", 0)
 
     def order(self) -> Tensor:
         """This process's indices of the epoch, in order."""
@@ -62,11 +66,11 @@ class EpochBatchSampler(Sampler):
 
     def __len__(self) -> int:
         share = self.n // self.world_size if self.world_size > 1 else self.n
-        return share // self.batch_size
+        return max(share // self.batch_size - self.start, 0)
 
     def __iter__(self) -> Iterator[List[int]]:
         order = self.order()
-        for step in range(len(self)):
+        for step in range(self.start, self.start + len(self)):
             yield order[step * self.batch_size:(step + 1) * self.batch_size].tolist()
 
 

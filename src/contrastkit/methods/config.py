@@ -20,7 +20,7 @@ from .registry import get_method
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
-__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "PRECISIONS", "DATA_ON_DEVICE",
+__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "PRECISIONS", "DATA_ON_DEVICE", "ON_NAN",
            "check_positive_int",
            "check_positive_float", "default_batch_size", "SMALLEST_DEFAULT_BATCH", "LARGEST_DEFAULT_BATCH",
            "IMAGES_PER_BATCH_ROW"]
@@ -45,12 +45,16 @@ TENSORBOARD_MISSING = ("--logger tensorboard needs the tensorboard package: pip 
 # kernels, another reduction order); with the same setting a resumed run is exact.
 # ``workers`` only decode images (no randomness), so any number resumes exactly.
 # ``baseline_cache`` only says where baselines are kept (their numbers are the same).
+# ``checkpoint_every`` only says when the state is saved; ``on_nan`` what a non-finite loss does
+# (resuming a run that stopped on one with ``on_nan="skip"`` is how to go past it).
 # ``channels_last`` and ``data_on_device`` say where and how the same numbers are laid out (a
 # change may round differently, as ``device`` does); ``precision`` changes the arithmetic and
 # the checkpoint's state (the gradient scaler's), so it must stay.
 RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers",
                                "workers", "baseline_cache", "compile", "channels_last",
-                               "data_on_device"})
+                               "data_on_device", "checkpoint_every", "on_nan"})
+#: What a non-finite training loss does: stop the run, or skip that step's update (``on_nan``).
+ON_NAN = ("stop", "skip")
 
 
 # The batch a run takes when none is given grows with the training set (default_batch_size).
@@ -210,6 +214,8 @@ class PretrainConfig:
     baseline_cache: str = "auto"    # where the read-out's baselines are kept: "auto" (train.baselines), "off", a folder
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val read-outs that pick the reported epoch (0: never)
+    checkpoint_every: int = 0       # steps between checkpoints within an epoch (0: at epoch ends only)
+    on_nan: str = "stop"            # a non-finite loss: "stop" the run, or "skip" that step's update
     knn_k: int = 20
     knn_temperature: float = 0.07
     out: str = os.path.join("runs", "pretrain")
@@ -279,6 +285,9 @@ class PretrainConfig:
         c.baseline_cache = check_cache_setting(c.baseline_cache)
         check_positive_int(c.log_every, "log_every")
         check_positive_int(c.eval_every, "eval_every", 0)
+        check_positive_int(c.checkpoint_every, "checkpoint_every", 0)
+        if c.on_nan not in ON_NAN:
+            raise ValueError(f"on_nan must be one of {ON_NAN}, got {c.on_nan!r}")
         check_positive_int(c.knn_k, "knn_k")
         c.knn_temperature = check_positive_float(c.knn_temperature, "knn_temperature")
         _resolve_accumulation(c)

@@ -8,11 +8,12 @@ the method's name.
 Outputs in ``config.out``: ``config.json`` (resolved configuration), ``config.yaml`` (the same
 options as a ``--config`` file), ``metrics.jsonl`` (one JSON record per logged step and per
 epoch; with ``loggers`` also ``metrics.csv`` / ``tensorboard/``, :mod:`.loggers`),
-``checkpoints/last.pt`` (written atomically each epoch) and ``summary.json`` (final numbers;
+``checkpoints/last.pt`` (written atomically each epoch, every ``checkpoint_every`` steps and at
+a preemption signal; :mod:`.faults`) and ``summary.json`` (final numbers;
 with ``eval_every`` also those of the epoch the val probe selected,
 :mod:`contrastkit.train.selection`),
 each recorded in the folder's manifest (:mod:`contrastkit.manifest`) as it is written, so that
-``--force`` deletes exactly these.
+``--force`` deletes exactly these. While it works the run holds ``contrastkit.lock`` in the folder.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from contrastkit.metrics.batch import batch_warnings, diagnostics_record
 from contrastkit.metrics.readout import extract_features
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
-from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import CheckpointWriteError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .faults import Preempted, RunGuard, StepFaults, launch_id, restart_resumes, restarts_allowed, write_failed
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
@@ -73,15 +75,13 @@ def _check_out(out: str, resume: bool, force: bool) -> Optional[RemovalPlan]:
     folder whose manifest accounts for what would be deleted (returns that plan)."""
     if resume and force:
         raise ValueError("--resume and --force exclude each other: resume continues a run, force starts over")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise FileExistsError(f"output path {out} exists and is not a folder")
-    if resume:
+    if resume:  # (an OUT that is not a folder was refused by the folder's lock, .faults.RunLock)
         checkpoint = layout.RunFolder(out).last_checkpoint
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"nothing to resume: {checkpoint} does not exist")
         Manifest(out).read()  # an unreadable manifest is refused before any work
         return None
-    if os.path.isdir(out) and os.listdir(out) and not force:
+    if os.path.isdir(out) and set(os.listdir(out)) - {layout.LOCK} and not force:
         raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the run "
                               f"in it or --force to start over (this deletes the files its {layout.MANIFEST} "
                               "lists as contrastkit's, nothing else)")
@@ -114,7 +114,8 @@ def _truncate_metrics(path: str, epoch: int, step: int) -> None:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut off by the interruption
-            if record.get("step", 0) <= step and record.get("epoch", 0) <= epoch:
+            # Up to the checkpoint's step (it may lie inside the epoch after the `epoch` done ones).
+            if record.get("step", 0) <= step and (record.get("kind") != "epoch" or record.get("epoch", 0) <= epoch):
                 kept.append(json.dumps(record) + "\n")
     tmp = f"{path}.tmp"
     with Manifest(os.path.dirname(path)).writing(os.path.basename(path)):
@@ -241,16 +242,17 @@ def pretrain(
     if encoder is not None and not isinstance(encoder, torch.nn.Module):
         raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}")
     config = config.resolved()
-    with limit_threads(config.threads):
+    with limit_threads(config.threads), RunGuard() as guard:
         return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder,
-                         transform)
+                         transform, guard)
 
 
 def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
               views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
               baselines: bool = True, encoder: Optional[torch.nn.Module] = None,
-              transform: Optional[Callable[[torch.Tensor], Any]] = None) -> Optional[Dict[str, Any]]:
-    run = _set_up(config, resume, force, dataset, views, encoder, transform)
+              transform: Optional[Callable[[torch.Tensor], Any]] = None,
+              guard: Optional[RunGuard] = None) -> Optional[Dict[str, Any]]:
+    run = _set_up(config, resume, force, dataset, views, encoder, transform, guard or RunGuard())
     if run.parallel.is_main:
         manifest = Manifest(run.folder.root)
         marked = manifest.mark_writing(layout.CONFIG_FILE)
@@ -259,9 +261,11 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         manifest.record(*marked)
         if "csv" in run.config.loggers:
             manifest.mark_writing(layout.METRICS_CSV)  # recorded when the loggers close
-        run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if resume else None)
+        run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if run.resumed else None)
     try:
         _train(run, progress, on_epoch_end)
+        # The checkpoint is complete: a preemption signal from now on stops the run at once.
+        run.guard.signals.raise_from_now(lambda name: _preempted(run, name))
         run.loader = None  # ends the persistent workers before the evaluation starts its own
         # Each rank met the damaged files of its own share of the batches: rank 0 names them all.
         met_by_rank = run.parallel.gather_objects(skipped_reasons(run.dataset))
@@ -284,6 +288,12 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     run.parallel.teardown()
     _return_encoder(run, encoder)
     return summary
+
+
+def _preempted(run: "_Run", signal_name: Optional[str] = None) -> Preempted:
+    """The stop of a run whose checkpoint holds its current step."""
+    return Preempted(signal_name or run.faults.stop or "a signal", run.step, run.folder.last_checkpoint,
+                     rank=run.parallel.rank if run.parallel.active else None)
 
 
 def _return_encoder(run: "_Run", encoder: Optional[torch.nn.Module]) -> None:
@@ -332,6 +342,12 @@ class _Run:
     tap: BatchTap = field(default_factory=BatchTap)  # what the logged steps' loss saw (rank 0)
     warned: Dict[str, int] = field(default_factory=dict)  # warning kind -> the first step it was printed
     previous_steps: List[Dict[str, Any]] = field(default_factory=list)  # the last step records written
+    guard: RunGuard = field(default_factory=RunGuard)  # the stop signals and the folder lock (.faults)
+    faults: StepFaults = None  # type: ignore[assignment]  # stop signals, non-finite losses (set by _set_up)
+    resumed: bool = False                # continues a checkpoint (--resume, or a restarted torchrun group)
+    epoch_step: int = 0                  # on resume: the batches of the epoch in progress already done
+    epoch_loss_sum: float = 0.0          # ... and this rank's sum of their losses
+    epoch_started: float = 0.0           # when this invocation started the epoch in progress
 
     @property
     def n_train(self) -> int:
@@ -345,9 +361,11 @@ class _Run:
 
 def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, views: Any,
             encoder: Optional[torch.nn.Module] = None,
-            transform: Optional[Callable[[torch.Tensor], Any]] = None) -> _Run:
-    """Everything before the first step: process group, data, model, optimizer, the run
-    folder, and on resume the checkpointed state."""
+            transform: Optional[Callable[[torch.Tensor], Any]] = None, guard: Optional[RunGuard] = None) -> _Run:
+    """Everything before the first step: process group, the folder lock, data, model,
+    optimizer, the run folder, and on resume (or on a restart of a torchrun group: the
+    checkpoint of its own launch, :func:`.faults.restart_resumes`) the checkpointed state."""
+    guard = guard or RunGuard()
     started = time.perf_counter()
     method = get_method(config.method)
     device = resolve_device(config.device)
@@ -355,6 +373,13 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     if parallel.active and device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     precision = StepPrecision(config.precision, device)  # an unsupported precision is refused before any work
+    parallel.run_on_main(lambda: guard.hold(config.out))  # a folder another run holds is refused
+    restart_state = parallel.run_on_main(lambda: restart_resumes(config.out))
+    if not resume and parallel.gather_objects(restart_state is not None)[0]:
+        resume, force = True, False
+        if parallel.is_main:
+            print(f"torchrun restarted the group: resuming from {layout.RunFolder(config.out).last_checkpoint} "
+                  f"(step {restart_state['step']})", file=sys.stderr, flush=True)
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
     dataset = limit_data(method.load_data(config) if dataset is None else as_data(dataset), config)
@@ -406,7 +431,9 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     run = _Run(config, method, parallel, device, dataset, views, tokenizer, model, step_loss, optimizer,
                scheduler, schedule, layout.RunFolder(config.out), batch_size, rank_batch, steps_per_epoch,
                total_steps, warmup, started,
-               encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None, precision=precision)
+               encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None, precision=precision, guard=guard,
+               faults=StepFaults(config.on_nan, parallel, guard.signals, layout.RunFolder(config.out).last_checkpoint),
+               resumed=resume)
     model.batch_tap = run.tap  # the method's loss hands an armed step's embeddings to it
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
@@ -426,7 +453,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     # configuration, batch size included, is the one it resumes with).
     chosen = config.data_defaults or (_recorded_defaults(config.out) if resume else {})
     if resume:
-        _restore(run)
+        _restore(run, restart_state)
     if parallel.is_main:
         told = config.describe_data_defaults()
         if told is not None:
@@ -460,10 +487,12 @@ def _record_logger_files(folder: layout.RunFolder) -> None:
     Manifest(folder.root).record(*names)
 
 
-def _restore(run: _Run) -> None:
-    """Continue from ``checkpoints/last.pt``: weights, optimizer, schedule, RNG and counters."""
+def _restore(run: _Run, state: Optional[Dict[str, Any]] = None) -> None:
+    """Continue from ``checkpoints/last.pt`` (``state``: already loaded): weights, optimizer,
+    schedule, RNG, counters and the position in the epoch in progress."""
     path = run.folder.last_checkpoint
-    state = load_checkpoint(path)  # a damaged last.pt is refused, naming previous.pt and how to use it
+    if state is None:
+        state = load_checkpoint(path)  # a damaged last.pt is refused, naming previous.pt and how to use it
     _check_resumable(state, run.config, path)
     world_size = run.parallel.world_size
     if int(state.get("world_size", 1)) != world_size:
@@ -487,6 +516,11 @@ def _restore(run: _Run) -> None:
     run.train_seconds = float(state.get("train_seconds", 0.0))
     run.epoch_losses = [float(v) for v in state.get("epoch_losses", [])]
     run.selection.load_state_dict(state.get("selection"))
+    run.epoch_step = int(state.get("epoch_step", 0))
+    sums = state.get("epoch_loss_sums", [])
+    run.epoch_loss_sum = float(sums[run.parallel.rank]) if len(sums) == world_size else 0.0
+    run.faults.load_state(state)
+    run.faults.last_checkpoint = (run.step, run.epoch)
     if run.parallel.is_main:
         _truncate_metrics(run.folder.metrics, run.epoch, run.step)
 
@@ -537,29 +571,42 @@ def _train(run: _Run, progress: Optional[bool],
     try:
         with recording, (open(run.folder.metrics, "a", encoding="utf-8") if run.parallel.is_main
                          else open(os.devnull, "w")) as metrics:
+            if restarts_allowed() and not run.resumed:  # a restart before the first checkpoint resumes too
+                _write_checkpoint(run, torch.zeros(()), 0)
             while run.epoch < run.config.epochs:
-                epoch_started = time.perf_counter()
+                run.epoch_started = time.perf_counter()
                 loss_sum = _train_epoch(run, labels, metrics, bar)
-                record = _end_epoch(run, loss_sum, time.perf_counter() - epoch_started, metrics)
+                if loss_sum is None:  # stopped by a signal in the middle of the epoch, checkpointed
+                    raise _preempted(run)
+                record = _end_epoch(run, loss_sum, time.perf_counter() - run.epoch_started, metrics)
                 if on_epoch_end is not None:
                     on_epoch_end(run.epoch, record)
+                if run.faults.agree_stop():
+                    raise _preempted(run)
     finally:
         bar.close()
 
 
-def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str], bar: "_Progress") -> torch.Tensor:
+def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
+                 bar: "_Progress") -> Optional[torch.Tensor]:
     """One pass over this rank's share of the shuffled training set (``labels``: of the whole
-    training split, on the device, or ``None``); returns the summed loss.
+    training split, on the device, or ``None``), from the batch a resumed run stopped at;
+    returns the summed loss of the steps whose update was kept, or ``None`` when a stop signal
+    ended the epoch early (after a checkpoint at that step). Every ``checkpoint_every`` steps
+    it writes a checkpoint (the epoch's end writes its own).
 
     Before a step that will be logged (and the run's last step) rank 0 arms the batch tap: that
     step's loss keeps its similarity problem and diagnostics (:mod:`contrastkit.methods.tap`),
     read back with the loss at the logging step; the last step's batch is saved for the
     report's pictures (:mod:`.last_batch`)."""
     config = run.config
-    run.sampler.set_epoch(run.epoch)  # the epoch's order: seeded by (seed, epoch), nothing else
-    loss_sum = torch.zeros((), device=run.device)
+    start, run.epoch_step = run.epoch_step, 0
+    run.sampler.set_epoch(run.epoch, start=start)  # the epoch's order: seeded by (seed, epoch), nothing else
+    loss_sum = torch.tensor(run.epoch_loss_sum if start else 0.0, device=run.device)
+    if not start:
+        run.faults.start_epoch()
     window_started, window_steps = time.perf_counter(), 0
-    for batch, item in enumerate(run.loader):
+    for batch, item in enumerate(run.loader, start):
         if isinstance(item, torch.Tensor):  # an in-memory split: the batch's indices
             indices = item
         else:  # a streamed split: the decoded images and their indices, handed to the batch maker
@@ -573,16 +620,37 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str], ba
         loss, made = _train_step(run, indices, labels, metrics)
         step_tau = run.tap.tau
         problem, diagnostics = run.tap.take()
-        loss_sum += loss.detach()
+        if run.faults.kept:
+            loss_sum += loss.detach()
+        else:
+            _skip_step(run, loss, metrics, bar)
         window_steps += 1
-        if logging:
+        if logging and run.faults.kept:
             window_started = _log_step(run, loss, window_started, window_steps, metrics, bar,
                                        diagnostics, problem.negatives if problem is not None else 0)
             window_steps = 0
         if last and problem is not None:
             save_last_batch(run.folder, problem, made, indices, run.dataset, method=config.method,
                             temperature=float(step_tau), step=run.step, epoch=run.epoch + 1)
+        if batch + 1 < run.steps_per_epoch:  # (the epoch's end writes its own checkpoint)
+            if run.faults.stop or (config.checkpoint_every and run.step % config.checkpoint_every == 0):
+                _write_checkpoint(run, loss_sum, batch + 1)
+                run.faults.agree_stop()
+            if run.faults.stop:
+                return None
     return loss_sum
+
+
+def _skip_step(run: _Run, loss: torch.Tensor, metrics: IO[str], bar: "_Progress") -> None:
+    """``on_nan="skip"``: the step whose loss was not finite (on some rank) kept no update; its
+    record in metrics.jsonl, and a warning the first time."""
+    value = float(run.parallel.mean(loss))  # not finite: written as "nan" / "inf" (valid JSON)
+    metrics.write(json.dumps({"kind": "skipped", "epoch": run.epoch + 1, "step": run.step,
+                              "loss": str(value)}) + "\n")
+    run.faults.count_skip(run.model, run.step, value)
+    if run.parallel.is_main and "skipped" not in run.warned:
+        run.warned["skipped"] = run.step
+        bar.warn(f"warning: step {run.step}: the loss was {value}; its update was skipped (--on-nan skip)")
 
 
 def _micro_batch(configured: int, rows: int) -> int:
@@ -621,7 +689,8 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
             loss = run.step_loss(batch, batch_labels)
         run.optimizer.zero_grad(set_to_none=True)
         precision.backward(loss)
-    precision.step(run.optimizer)
+    if run.faults.keep_update(loss, run.step + 1):  # (a stop signal is agreed on here too)
+        precision.step(run.optimizer)
     run.model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
     run.scheduler.step()
     run.step += 1
@@ -641,8 +710,8 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
         value, batch_numbers = numbers[0], diagnostics_record(numbers[1:], negatives)
     else:
         value, batch_numbers = float(mean_loss), {}
-    if not math.isfinite(value):
-        raise FloatingPointError(f"the loss became {value} at step {run.step}; lower --lr or raise --temperature")
+    if not math.isfinite(value):  # (a non-finite step loss stopped the run or was skipped before this)
+        raise run.faults.nonfinite(run.step, value)
     now = time.perf_counter()
     speed = window_steps * run.batch_size / max(now - window_started, 1e-9)
     tau = run.model.temperature.value
@@ -667,8 +736,11 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
 def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[str]) -> Dict[str, Any]:
     """The epoch record (with the val numbers every ``eval_every`` epochs) and the checkpoint."""
     config, parallel = run.config, run.parallel
+    kept_steps = run.steps_per_epoch - run.faults.epoch_skipped
+    if kept_steps == 0:  # --on-nan skip skipped the whole epoch: nothing trains
+        raise run.faults.all_skipped(run.epoch + 1, run.step)
     run.epoch += 1
-    epoch_loss = float(parallel.mean(loss_sum)) / run.steps_per_epoch
+    epoch_loss = float(parallel.mean(loss_sum)) / kept_steps
     run.epoch_losses.append(epoch_loss)
     run.train_seconds += seconds
     record = {"kind": "epoch", "epoch": run.epoch, "step": run.step, "loss": epoch_loss,
@@ -682,21 +754,41 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
     metrics.flush()
     run.loggers.record(record)
     run.loggers.flush()
+    _write_checkpoint(run, loss_sum, 0)
+    return record
+
+
+def _write_checkpoint(run: _Run, loss_sum: torch.Tensor, epoch_step: int) -> None:
+    """``checkpoints/last.pt`` at the current step: at the end of an epoch (``epoch_step`` 0) or
+    ``epoch_step`` batches into the epoch in progress (with each rank's ``loss_sum`` of them).
+    Every rank takes part; rank 0 writes. A write that fails stops the run with one error naming
+    the checkpoint left intact (:func:`.faults.write_failed`)."""
+    config, parallel = run.config, run.parallel
     rng_per_rank = parallel.gather_objects(rng_state())
-    if parallel.is_main:
+    loss_sums = parallel.gather_objects(float(loss_sum))
+
+    def write() -> None:
         manifest = Manifest(run.folder.root)
         marked = manifest.mark_writing(*layout.CHECKPOINT_FILES)
-        save_checkpoint(run.folder.last_checkpoint, {
-            "config": config.to_dict(), "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-            "scheduler": run.scheduler.state_dict(),
-            "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
-            "epoch": run.epoch, "step": run.step, "train_seconds": run.train_seconds,
-            "epoch_losses": run.epoch_losses, "selection": run.selection.state_dict(),
-            "precision": run.precision.state_dict(),
-        })
+        in_epoch = time.perf_counter() - run.epoch_started if epoch_step else 0.0
+        try:
+            save_checkpoint(run.folder.last_checkpoint, {
+                "config": config.to_dict(), "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(),
+                "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
+                "epoch": run.epoch, "step": run.step, "train_seconds": run.train_seconds + in_epoch,
+                "epoch_losses": run.epoch_losses, "selection": run.selection.state_dict(),
+                "precision": run.precision.state_dict(),
+                "epoch_step": epoch_step, "epoch_loss_sums": loss_sums if epoch_step else [],
+                "launch": launch_id(), **run.faults.state(),
+            })
+        except CheckpointWriteError as err:
+            raise write_failed(err, run.step, run.faults.last_checkpoint) from None
         manifest.record(*marked)  # hashed once, here (a digest the writer returns could be passed)
+
+    parallel.run_on_main(write)  # a failed write stops every rank
     parallel.barrier()  # the checkpoint is complete before any rank goes on
-    return record
+    run.faults.last_checkpoint = (run.step, run.epoch)
 
 
 # -- evaluation ---------------------------------------------------------------------------
@@ -745,6 +837,8 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
         summary["beats_baselines_view_retrieval"] = bool(
             numbers["view_retrieval_top1"] > numbers["random_init_view_retrieval_top1"]
             and numbers["view_retrieval_top1"] > numbers["raw_pixel_view_retrieval_top1"]) if baselines else None
+    if config.on_nan == "skip":
+        summary["skipped_steps"] = run.faults.skipped
     skipped = skipped_files(run.dataset)
     if skipped or getattr(run.dataset, "source", None) == "collection":
         summary["skipped_files"] = len(skipped)
