@@ -319,12 +319,24 @@ class StepFaults:
         self.skipped = 0                         # steps skipped in the whole run (on_nan="skip")
         self.epoch_skipped = 0                   # ... in the current epoch
         self.last_checkpoint: Optional[Tuple[int, int]] = None  # (step, epochs done) of the last good one
+        # on_nan="stop" in one process reads nothing back in a step (on an accelerator a read
+        # waits for the step): the first non-finite step and its loss are kept on the device and
+        # read at logging steps and before every checkpoint (:meth:`check_deferred`). Skipping a
+        # step's update, or agreeing with other ranks, needs the loss read at each step.
+        self.defers = on_nan == "stop" and not parallel.active
+        self._first_bad: Optional[torch.Tensor] = None   # step of the first non-finite loss (0: none)
+        self._bad_loss: Optional[torch.Tensor] = None
 
     def keep_update(self, loss: torch.Tensor, step: int) -> bool:
         """After the backward pass of step ``step`` (counted from 1), before its update: whether
         to apply it. A non-finite loss raises :class:`NonFiniteLoss` with ``on_nan="stop"``.
         Every rank calls it at the same point (under torchrun the ranks agree here)."""
         loss = loss.detach()
+        if self.defers:
+            self._note_nonfinite(loss, step)
+            self._agreed(self.signals.received is not None)
+            self.kept = True
+            return True
         bad = not bool(torch.isfinite(loss).all())  # the one read of the loss per step
         stop, bad = self.parallel.any(self.signals.received is not None, bad)
         self._agreed(stop)
@@ -333,6 +345,24 @@ class StepFaults:
             raise self.nonfinite(step, found[0] if found else float("nan"))
         self.kept = not bad
         return self.kept
+
+    def _note_nonfinite(self, loss: torch.Tensor, step: int) -> None:
+        if self._first_bad is None:
+            self._first_bad = torch.zeros((), dtype=torch.long, device=loss.device)
+            self._bad_loss = torch.zeros((), dtype=loss.dtype, device=loss.device)
+        first = ~torch.isfinite(loss).all() & (self._first_bad == 0)
+        self._first_bad = torch.where(first, torch.full_like(self._first_bad, step), self._first_bad)
+        self._bad_loss = torch.where(first, loss.to(self._bad_loss.dtype), self._bad_loss)
+
+    def check_deferred(self, step: int) -> None:
+        """With :attr:`defers`: raise :class:`NonFiniteLoss` if a loss up to step ``step`` was not
+        finite (one read; called at logging steps and before each checkpoint, so no checkpoint
+        holds a state a non-finite step updated)."""
+        if self._first_bad is None:
+            return
+        first = int(self._first_bad)
+        if first:
+            raise self.nonfinite(first, float(self._bad_loss), stopped_at=step)
 
     def agree_stop(self) -> bool:
         """Whether to stop now (after a checkpoint: a signal that came while it was written stops
@@ -359,9 +389,12 @@ class StepFaults:
     def start_epoch(self) -> None:
         self.epoch_skipped = 0
 
-    def nonfinite(self, step: int, loss: float) -> NonFiniteLoss:
-        """The error of a run stopped by the non-finite loss ``loss`` of step ``step``."""
-        return NonFiniteLoss(f"the training loss became {loss} at step {step}; the run stopped before its update: "
+    def nonfinite(self, step: int, loss: float, stopped_at: Optional[int] = None) -> NonFiniteLoss:
+        """The error of a run stopped by the non-finite loss ``loss`` of step ``step``
+        (``stopped_at``: the step the run stopped at, when the loss was read there)."""
+        where = ("the run stopped before its update" if stopped_at is None or stopped_at == step else
+                 f"the run stopped at step {stopped_at}, where the loss is read, writing no checkpoint after step {step}")
+        return NonFiniteLoss(f"the training loss became {loss} at step {step}; {where}: "
                              f"{self._last_good()}. Lower --lr or raise --temperature and start over, "
                              "or continue with --resume --on-nan skip to drop the updates of such steps",
                              step, loss)

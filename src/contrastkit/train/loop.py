@@ -704,6 +704,7 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
     ``diagnostics``: the step's batch diagnostics (:func:`contrastkit.metrics.batch.batch_diagnostics`,
     on the device), read back with the loss in one transfer; a failure they show is printed
     once per kind (:func:`contrastkit.metrics.batch.batch_warnings`) and listed in the record."""
+    run.faults.check_deferred(run.step)  # a non-finite loss since the last read is named by its own step
     mean_loss = run.parallel.mean(loss)
     if diagnostics is not None:  # the only host sync, at logging cadence: the loss and the diagnostics together
         numbers = torch.cat([mean_loss.reshape(1).to(diagnostics.dtype), diagnostics]).tolist()
@@ -764,6 +765,7 @@ def _write_checkpoint(run: _Run, loss_sum: torch.Tensor, epoch_step: int) -> Non
     Every rank takes part; rank 0 writes. A write that fails stops the run with one error naming
     the checkpoint left intact (:func:`.faults.write_failed`)."""
     config, parallel = run.config, run.parallel
+    run.faults.check_deferred(run.step)  # never a checkpoint of a state a non-finite step updated
     rng_per_rank = parallel.gather_objects(rng_state())
     loss_sums = parallel.gather_objects(float(loss_sum))
 
