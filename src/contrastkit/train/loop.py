@@ -617,7 +617,11 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
         last = run.step + 1 == run.total_steps
         if run.parallel.is_main and (logging or last):
             run.tap.arm()
-        loss, made = _train_step(run, indices, labels, metrics)
+        try:
+            loss, made = _train_step(run, indices, labels, metrics)
+        except ValueError:  # e.g. the losses refusing non-finite embeddings: a non-finite loss before it is the cause
+            run.faults.check_deferred(run.step)
+            raise
         step_tau = run.tap.tau
         problem, diagnostics = run.tap.take()
         if run.faults.kept:
