@@ -1,0 +1,69 @@
+"""Per-anchor temperatures across two ranks (gloo, CPU, float64): every loss, in both
+distributed modes, dense and tiled (ring in ``"local"`` mode), equals one process on the
+concatenated batch to 1e-10 -- values, per-anchor losses and the averaged parameter gradients,
+the temperature head's included (its temperatures are each rank's own anchors')."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import distributed_temperature_workers as T
+import distributed_workers as W
+
+TOL = dict(rtol=1e-10, atol=1e-10)
+SEED = 11
+SIZES = (3, 5)  # uneven: the gathered temperatures must follow the rows of each rank
+CASES = [(name, mode) for name in T.LOSSES for mode in W.MODES if (name, mode) not in T.SKIP]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return W.spawn(T.suite_worker, 2, tmp_path_factory.mktemp("per_anchor"), SEED, SIZES, ("mean", "sum", "none"))
+
+
+def reference(name: str, reduction: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return T.loss_and_grads(T.AnchorTemperatures(), T.dense_name(name),
+                                W.concatenated(W.batches(SEED, SIZES)), reduction)
+
+
+def own(name: str, per_anchor: torch.Tensor, rank: int) -> torch.Tensor:
+    start, stop, total = sum(SIZES[:rank]), sum(SIZES[:rank + 1]), sum(SIZES)
+    name = T.dense_name(name)
+    if name in ("nt_xent_views", "dcl", "hard_negative", "hcl"):
+        return torch.cat([per_anchor[start:stop], per_anchor[total + start:total + stop]])
+    if name.startswith("supcon"):
+        return per_anchor[2 * start:2 * stop]
+    return per_anchor[start:stop]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("name, mode", CASES)
+def test_value_and_gradients_equal_one_process(two_ranks, name, mode, reduction):
+    ref_value, ref_grads = reference(name, reduction)
+    values = torch.stack([r[(name, mode, reduction)][0] for r in two_ranks])
+    if mode == "global" and not name.startswith("sigmoid"):
+        for value in values:
+            torch.testing.assert_close(value, ref_value, **TOL)
+    else:  # each rank's share: their mean is the global loss
+        torch.testing.assert_close(values.mean(), ref_value, **TOL)
+    assert {"head.weight", "head.bias"} <= set(ref_grads)
+    for r in two_ranks:
+        grads = r[(name, mode, reduction)][1]
+        assert set(grads) == set(ref_grads)
+        for key, ref_grad in ref_grads.items():
+            assert float(ref_grad.abs().max()) > 1e-6, "a vanishing reference gradient would test nothing"
+            torch.testing.assert_close(grads[key], ref_grad, **TOL, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.parametrize("name, mode", CASES)
+def test_per_anchor_losses(two_ranks, name, mode):
+    ref_losses, _ = reference(name, "none")
+    for rank, r in enumerate(two_ranks):
+        got = r[(name, mode, "none")][0]
+        expected = ref_losses if mode == "global" and not name.startswith("sigmoid") else own(name, ref_losses, rank)
+        torch.testing.assert_close(got, expected, **TOL)
