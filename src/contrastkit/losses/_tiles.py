@@ -143,14 +143,21 @@ def scaled_pair_weights(tile: Tensor, work: Tensor, spare: Tensor, row_scale: Te
     ``None``). The factor ``row_scale`` rides in the exponent (``log row_scale - lse_row``).
     Overwrites all three buffers; ``tile`` holds ``S``.
     """
-    log_row, log_col = row_scale.log(), col_scale.log()
-    torch.addcmul((log_row - lse_row)[:, None], tile, row_scale[:, None], out=work).exp_().mul_(g_row[:, None])
+    log_row, log_col = row_scale.log() - lse_row, col_scale.log() - lse_col
+    # Positive upstream gradients (every reduction but a user's own weights) ride in the
+    # exponent too, which saves two passes over the tile; the check is a read, free on the CPU.
+    fold = validation.reads_are_free(tile) and bool((g_row > 0).all()) and bool((g_col > 0).all())
+    if fold:
+        log_row, log_col = log_row + g_row.log(), log_col + g_col.log()
+    torch.addcmul(log_row[:, None], tile, row_scale[:, None], out=work).exp_()
+    if not fold:
+        work.mul_(g_row[:, None])
     if d_row_scale is not None:
         d_row_scale.add_(torch.mul(work, tile, out=spare).sum(dim=1) / row_scale)
-    torch.addcmul((log_col - lse_col)[None, :], tile, col_scale[None, :], out=spare).exp_()
+    torch.addcmul(log_col[None, :], tile, col_scale[None, :], out=spare).exp_()
     if d_col_scale is not None:
-        d_col_scale.add_(tile.mul_(spare).sum(dim=0) * (g_col / col_scale))
-    return work.addcmul_(spare, g_col[None, :])
+        d_col_scale.add_(tile.mul_(spare).sum(dim=0) * ((1.0 if fold else g_col) / col_scale))
+    return work.add_(spare) if fold else work.addcmul_(spare, g_col[None, :])
 
 
 def mask_excluded_(tile: Tensor, exclude: Optional[Tensor], i0: int, i1: int, j0: int, j1: int) -> None:
