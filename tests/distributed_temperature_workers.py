@@ -99,3 +99,76 @@ def suite_worker(rank: int, world: int, seed: int, sizes: Sequence[int], reducti
                 value, grads = loss_and_grads(model, name, data, reduction, distributed=True, distributed_mode=mode)
                 results[(name, mode, reduction)] = (value, _average(grads))
     return results
+
+
+# --------------------------------------------------------------------------- temperature methods
+
+ADAPTIVE = {
+    "macl": lambda a, b, **kw: L.macl_nt_xent(a, b, temperature=0.2, alpha=0.5, threshold=0.1, **kw),
+    "dual": lambda a, b, **kw: L.dual_temperature_nt_xent(a, b, intra_temperature=0.2, inter_temperature=0.7, **kw),
+}
+STATEFUL_STEPS = 3
+
+
+def adaptive_losses(model: Encoder, name: str, data, reduction: str, **options):
+    model.zero_grad()
+    z_a, z_b, _ = model(data[0], data[1])
+    loss = ADAPTIVE[name](z_a, z_b, reduction=reduction, **options)
+    if reduction == "none":
+        return loss.detach(), {}
+    loss.backward()
+    return loss.detach(), {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def stateful_module(kind: str, samples: int):
+    torch.manual_seed(3)
+    if kind == "individual":
+        return L.IndividualTemperatures(samples, 0.2, eta=0.5)
+    return L.TemperatureNetwork(4, samples, prototypes=6).double()
+
+
+def stateful_batch(seed: int, step: int, sizes: Sequence[int], rank=None):
+    """Step ``step``'s rows and their sample indices (of 20 samples), split over ranks by ``sizes``."""
+    data = batches(seed + 100 * step, sizes)
+    g = torch.Generator().manual_seed(seed + step)
+    indices = torch.randperm(20, generator=g)[:sum(sizes)]
+    bounds = [sum(sizes[:r]) for r in range(len(sizes) + 1)]
+    if rank is None:
+        return (torch.cat([d[0] for d in data]), torch.cat([d[1] for d in data])), indices
+    return data[rank][:2], indices[bounds[rank]:bounds[rank + 1]]
+
+
+def stateful_training(kind: str, seed: int, sizes: Sequence[int], rank=None):
+    """SGD on an encoder with a temperature method keeping per-sample state; with ``rank``, this
+    rank's share of every batch (gradients averaged over ranks); without, the whole batch."""
+    model, module = Encoder(), stateful_module(kind, 20)
+    optimizer = torch.optim.SGD(list(model.parameters()) + list(module.parameters()), lr=0.3)
+    options = {} if rank is None else {"distributed": True, "distributed_mode": "local"}
+    for step in range(STATEFUL_STEPS):
+        (x_a, x_b), indices = stateful_batch(seed, step, sizes, rank)
+        optimizer.zero_grad()
+        z_a, z_b, _ = model(x_a, x_b)
+        module(z_a, z_b, indices, chunk_size=TILE, **options).backward()
+        if rank is not None:
+            _average({k: p.grad for k, p in list(model.named_parameters()) + list(module.named_parameters())
+                      if p.grad is not None})
+        optimizer.step()
+        module.step_()
+    return {**{f"state.{k}": v.clone() for k, v in module.state_dict().items()},
+            **{f"encoder.{k}": p.detach().clone() for k, p in model.named_parameters()}}
+
+
+def adaptive_worker(rank: int, world: int, seed: int, sizes: Sequence[int], reductions: Sequence[str]):
+    data = batches(seed, sizes)[rank]
+    model = Encoder()
+    results = {}
+    for name in ADAPTIVE:
+        for mode in MODES:
+            for chunk in (None, TILE):
+                for reduction in reductions:
+                    value, grads = adaptive_losses(model, name, data, reduction, distributed=True,
+                                                   distributed_mode=mode, chunk_size=chunk)
+                    results[(name, mode, chunk, reduction)] = (value, _average(grads))
+    for kind in ("individual", "network"):
+        results[kind] = stateful_training(kind, seed, sizes, rank)
+    return results

@@ -171,3 +171,96 @@ def sigmoid(image: Matrix, text: Matrix, tau, bias: float) -> List[float]:
             total += max(-margin, 0.0) + math.log1p(math.exp(-abs(margin)))  # -log sigmoid(margin)
         out.append(total)
     return out
+
+
+# ---------------------------------------------------------------- temperatures beyond one number
+# ``z`` below is SimCLR's stacked views: rows 0..n-1 the first view, n..2n-1 the second, and
+# anchor i's positive is row i +/- n (``views_index(n)``). Each returns per-anchor numbers.
+
+
+def _positive_probability(z: Matrix, i: int, tau: float) -> float:
+    """P_i: the positive's softmax probability among the 2n - 1 other rows, at ``tau``."""
+    n = len(z) // 2
+    p = views_index(n)[i]
+    logits = [dot(z[i], z[j]) / tau for j in range(len(z)) if j != i]
+    return math.exp(dot(z[i], z[p]) / tau - log_sum_exp(logits))
+
+
+def macl(z: Matrix, tau0: float, alpha: float, threshold: float):
+    """Huang et al. (ICML 2023): ``tau_A = tau_0 (1 + alpha (A - A_0))`` with ``A`` the mean
+    positive similarity; per anchor ``(w_i, -log P_i)`` with ``w_i = 1 / (1 - P_i)``; and tau_A."""
+    n = len(z) // 2
+    alignment = mean([dot(z[i], z[i + n]) for i in range(n)])
+    tau = tau0 * (1 + alpha * (alignment - threshold))
+    out = []
+    for i in range(2 * n):
+        p = _positive_probability(z, i, tau)
+        out.append((1 / (1 - p), -math.log(p)))
+    return out, tau
+
+
+def dual(z: Matrix, tau_alpha: float, tau_beta: float):
+    """Zhang et al. (CVPR 2022): per anchor ``(w_i, -log P_i(tau_alpha))`` with
+    ``w_i = (1 - P_i(tau_beta)) / (1 - P_i(tau_alpha))``."""
+    out = []
+    for i in range(len(z)):
+        p_alpha, p_beta = _positive_probability(z, i, tau_alpha), _positive_probability(z, i, tau_beta)
+        out.append(((1 - p_beta) / (1 - p_alpha), -math.log(p_alpha)))
+    return out
+
+
+def robust(z: Matrix, taus: Sequence[float], u_prior, rho: float, gamma: float):
+    """iSogCLR (Qiu et al., ICML 2023), written from the paper's objective and its SogCLR
+    update. Per anchor ``i`` (negatives: every row but ``i`` and its positive, ``M = 2n - 2``):
+    ``g_i = (1/M) sum_j exp(s_ij / tau_i)``; the pair's estimate ``u`` moves to
+    ``(1 - gamma) u + gamma g_i`` (``g_i`` itself for a pair not seen, ``u_prior[k] is None``).
+
+    Returns, per anchor, ``F_i = tau_i log g_i - s_i+ + tau_i rho`` (the objective's batch
+    estimate), the ``u_i`` used, the gradient of ``tau_i``
+    ``log u_i + rho - (1 / (M u_i)) sum_j exp(s_ij / tau_i) s_ij / tau_i``, and per pair the
+    kept estimate (the mean of its two anchors')."""
+    n = len(z) // 2
+    index = views_index(n)
+    values, estimates, tau_grads = [], [], []
+    for i in range(2 * n):
+        t = taus[i]
+        negatives = [dot(z[i], z[j]) for j in range(2 * n) if j not in (i, index[i])]
+        m = len(negatives)
+        g = sum(math.exp(s / t) for s in negatives) / m
+        prior = u_prior[i % n] if u_prior is not None else None
+        u = g if prior is None else (1 - gamma) * prior + gamma * g
+        s_pos = dot(z[i], z[index[i]])
+        values.append(t * math.log(g) - s_pos + t * rho)
+        estimates.append(u)
+        tau_grads.append(math.log(u) + rho - sum(math.exp(s / t) * s / t for s in negatives) / (m * u))
+    kept = [(estimates[k] + estimates[k + n]) / 2 for k in range(n)]
+    return values, estimates, tau_grads, kept
+
+
+def robust_encoder_objective(z: Matrix, taus: Sequence[float], estimates: Sequence[float]) -> float:
+    """The function whose gradient (``tau`` and the estimates held fixed) is SogCLR's estimator
+    of the encoder's gradient: ``mean_i [(tau_i / u_i) g_i - s_i+]``."""
+    n = len(z) // 2
+    index = views_index(n)
+    total = 0.0
+    for i in range(2 * n):
+        t = taus[i]
+        negatives = [dot(z[i], z[j]) for j in range(2 * n) if j not in (i, index[i])]
+        g = sum(math.exp(s / t) for s in negatives) / len(negatives)
+        total += t / estimates[i] * g - dot(z[i], z[index[i]])
+    return total / (2 * n)
+
+
+def numeric_gradient(function, x: Matrix, step: float = 1e-6) -> Matrix:
+    """Central differences of ``function(x)`` with respect to every entry of ``x``."""
+    grad = []
+    for r, row in enumerate(x):
+        out = []
+        for c in range(len(row)):
+            up = [list(v) for v in x]
+            down = [list(v) for v in x]
+            up[r][c] += step
+            down[r][c] -= step
+            out.append((function(up) - function(down)) / (2 * step))
+        grad.append(out)
+    return grad

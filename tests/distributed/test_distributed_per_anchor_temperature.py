@@ -67,3 +67,51 @@ def test_per_anchor_losses(two_ranks, name, mode):
         got = r[(name, mode, "none")][0]
         expected = ref_losses if mode == "global" and not name.startswith("sigmoid") else own(name, ref_losses, rank)
         torch.testing.assert_close(got, expected, **TOL)
+
+
+# ---------------------------------------------------------------- the temperature methods
+
+
+@pytest.fixture(scope="module")
+def adaptive_ranks(tmp_path_factory):
+    return W.spawn(T.adaptive_worker, 2, tmp_path_factory.mktemp("adaptive"), SEED, SIZES, ("mean", "sum", "none"))
+
+
+@pytest.mark.parametrize("chunk", [None, T.TILE], ids=["dense", "tiled"])
+@pytest.mark.parametrize("mode", W.MODES)
+@pytest.mark.parametrize("name", sorted(T.ADAPTIVE))
+def test_macl_and_dual_equal_one_process(adaptive_ranks, name, mode, chunk):
+    data = W.concatenated(W.batches(SEED, SIZES))
+    for reduction in ("mean", "sum"):
+        ref_value, ref_grads = T.adaptive_losses(W.Encoder(), name, data, reduction)
+        values = torch.stack([r[(name, mode, chunk, reduction)][0] for r in adaptive_ranks])
+        if mode == "global":
+            for value in values:
+                torch.testing.assert_close(value, ref_value, **TOL)
+        else:
+            torch.testing.assert_close(values.mean(), ref_value, **TOL)
+        for r in adaptive_ranks:
+            grads = r[(name, mode, chunk, reduction)][1]
+            for key, ref_grad in ref_grads.items():
+                torch.testing.assert_close(grads[key], ref_grad, **TOL, msg=lambda m: f"{key}: {m}")
+    ref_losses, _ = T.adaptive_losses(W.Encoder(), name, data, "none")
+    for rank, r in enumerate(adaptive_ranks):
+        got = r[(name, mode, chunk, "none")][0]
+        expected = ref_losses if mode == "global" else own("nt_xent_views", ref_losses, rank)
+        torch.testing.assert_close(got, expected, **TOL)
+
+
+@pytest.mark.parametrize("kind", ["individual", "network"])
+def test_per_sample_state_is_sharded_and_synchronised(adaptive_ranks, kind):
+    """Three training steps over two ranks (each its share of every batch's samples) leave every
+    rank with the state and the encoder of one process that saw the whole batches."""
+    expected = T.stateful_training(kind, SEED, SIZES)
+    assert bool(torch.isfinite(expected["state.log_u"]).any())
+    for r in adaptive_ranks:
+        got = r[kind]
+        assert set(got) == set(expected)
+        for key, value in expected.items():
+            torch.testing.assert_close(got[key], value.to(got[key].dtype), rtol=1e-9, atol=1e-12,
+                                       msg=lambda m: f"{kind} {key}: {m}")
+    if kind == "individual":
+        assert bool((expected["state.tau"] != 0.2).any()), "no temperature moved: the test would test nothing"
