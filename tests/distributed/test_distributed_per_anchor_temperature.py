@@ -115,3 +115,21 @@ def test_per_sample_state_is_sharded_and_synchronised(adaptive_ranks, kind):
                                        msg=lambda m: f"{kind} {key}: {m}")
     if kind == "individual":
         assert bool((expected["state.tau"] != 0.2).any()), "no temperature moved: the test would test nothing"
+
+
+def test_data_parallel_training_keeps_every_ranks_per_sample_state(tmp_path):
+    """Two ranks pretrain with iSogCLR's individual temperatures: rank 0's checkpoint holds the
+    estimates of every training sample (each rank saw half of them), and a run stopped after
+    its first epoch and resumed ends with the uninterrupted run's state and weights."""
+    options = dict(data="glyphlab", data_options={"train_scenes": 16, "val_scenes": 9, "test_scenes": 12, "size": 28},
+                   method="simclr", temperature_schedule="individual", epochs=2, batch_size=8, device="cpu",
+                   log_every=1)
+    straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")
+    results = W.spawn(W.pretrain_worker, 2, tmp_path, options, straight, interrupted)
+    assert results[0]["straight"]["epochs"] == 2 and all(r["stopped"] for r in results)
+    load = lambda out: torch.load(f"{out}/checkpoints/last.pt", map_location="cpu", weights_only=False)["model"]
+    a, b = load(straight), load(interrupted)
+    assert bool(torch.isfinite(a["temperature_method.log_u"]).all()), "samples of rank 1 missing from the state"
+    assert bool((a["temperature_method.tau"] != 0.1).all())
+    for key, value in a.items():
+        assert torch.equal(value, b[key]), key

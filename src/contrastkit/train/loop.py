@@ -523,6 +523,7 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     if tau_now is not None:  # a varying tau is logged at every step
         metrics.write(json.dumps({"kind": "tau", "step": run.step + 1, "tau": tau_now}) + "\n")
     batch_labels = None if labels is None else labels[indices.to(run.device)]
+    run.method.begin_step(run.model, indices.to(run.device))  # a temperature method's per-sample state
     if run.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
         run.optimizer.zero_grad(set_to_none=True)
         loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
@@ -534,6 +535,7 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
         loss.backward()
     run.optimizer.step()
     run.model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
+    run.method.end_step(run.model)  # a temperature method's own update (iSogCLR's temperatures)
     run.scheduler.step()
     run.step += 1
     return loss, batch
