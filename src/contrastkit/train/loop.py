@@ -45,6 +45,7 @@ from contrastkit.methods.optimization import warmup_steps
 from contrastkit.methods.tap import BatchTap
 from contrastkit.metrics.batch import batch_warnings, diagnostics_record
 from contrastkit.metrics.readout import extract_features
+from contrastkit.metrics.temperatures import TemperatureHistogram
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -309,6 +310,8 @@ class _Run:
     loggers: Loggers = field(default_factory=Loggers)  # --logger (rank 0); metrics.jsonl is separate
     selection: EpochSelection = field(default_factory=EpochSelection)  # the val read-out picks the epoch
     tap: BatchTap = field(default_factory=BatchTap)  # what the logged steps' loss saw (rank 0)
+    # A temperature method's per-anchor temperatures over the epoch (None: one tau for all anchors).
+    tau_histogram: Optional[TemperatureHistogram] = None
     warned: Dict[str, int] = field(default_factory=dict)  # warning kind -> the first step it was printed
     previous_steps: List[Dict[str, Any]] = field(default_factory=list)  # the last step records written
 
@@ -375,6 +378,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                total_steps, warmup, started,
                encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
     model.batch_tap = run.tap  # the method's loss hands an armed step's embeddings to it
+    if getattr(model, "temperature_method", None) is not None:
+        run.tau_histogram = TemperatureHistogram(device)
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
     run.loader = make_loader(dataset.train, batch_sampler=run.sampler, workers=config.workers,
@@ -536,6 +541,8 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     run.optimizer.step()
     run.model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
     run.method.end_step(run.model)  # a temperature method's own update (iSogCLR's temperatures)
+    if run.tau_histogram is not None and run.model.temperature_method.last_temperatures is not None:
+        run.tau_histogram.add(run.model.temperature_method.last_temperatures)
     run.scheduler.step()
     run.step += 1
     return loss, batch
@@ -600,6 +607,9 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
             run.selection.observe(run.epoch, score, run.model)
         record.update(run.method.val_metrics(run.eval_context()))
     metrics.write(json.dumps(record) + "\n")
+    if run.tau_histogram is not None:  # the distribution of the per-anchor temperatures of the epoch
+        run.tau_histogram.merged(parallel.reduce)
+        metrics.write(json.dumps(run.tau_histogram.record(run.epoch, run.step)) + "\n")
     metrics.flush()
     run.loggers.record(record)
     run.loggers.flush()
