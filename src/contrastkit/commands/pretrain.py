@@ -79,9 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                               for name, method in METHOD_REGISTRY.items()) + ")")
     add("--learnable-temperature", action="store_true", default=None, help="train tau (CLIP parameterisation)")
     add("--temperature-schedule", default=None, metavar="SCHEDULE",
-        help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], linear:START,END, "
-             "step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; siglip: learnable, "
-             "constant fixes its tau; see docs/temperature-study.md)")
+        help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], kukleva[:MIN,MAX[,T_EPOCHS]], "
+             "linear:START,END, step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; siglip: "
+             "learnable, constant fixes its tau); or a temperature method of simclr: macl[:TAU0,ALPHA,A0], "
+             "dual[:TAU_ALPHA,TAU_BETA], individual[:INIT,RHO,MIN,MAX], network[:INIT,RHO,MIN,MAX] "
+             "(see docs/temperature-methods.md)")
     add("--epochs", type=int, default=None, help=f"(default {d.epochs})")
     add("--batch-size", type=int, default=None,
         help="source images per step (default: sized to the training set and printed at the start: 60 up to "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from contrastkit.data.base import check_positive_int
 from contrastkit.layout import check_cache_setting
 
-from .registry import get_method
+from .registry import METHOD_REGISTRY, get_method
 
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
@@ -132,7 +132,16 @@ def _resolve_schedule(c: "PretrainConfig") -> "TemperatureSchedule":
     from contrastkit.losses import MIN_TEMPERATURE
     from contrastkit.temperature import LearnableSchedule, parse_schedule
 
-    schedule = parse_schedule(c.temperature_schedule, c.temperature)
+    schedule = parse_schedule(c.temperature_schedule, c.temperature).bind(epochs=c.epochs)
+    if schedule.adaptive:
+        # A temperature method computes its own temperatures inside the method's loss.
+        if not get_method(c.method).temperature_methods:
+            takers = ", ".join(name for name, m in METHOD_REGISTRY.items() if m.temperature_methods)
+            raise ValueError(f"the temperature method {schedule.kind!r} applies to the methods whose loss is "
+                             f"NT-Xent on two views ({takers}), not {c.method!r}")
+        if c.learnable_temperature:
+            raise ValueError(f"the temperature method {schedule.kind!r} sets its own temperatures: drop "
+                             "learnable_temperature")
     learnable = schedule.kind == "learnable" or bool(c.learnable_temperature)
     if learnable and schedule.kind not in ("constant", "learnable"):
         raise ValueError(f"a learnable temperature cannot follow the schedule {c.temperature_schedule!r}")
@@ -257,8 +266,8 @@ class PretrainConfig:
             method.default_temperature if c.temperature is None else c.temperature, "temperature")
         if c.temperature_schedule is None:
             c.temperature_schedule = method.default_schedule
-        c._schedule = _resolve_schedule(c)
         check_positive_int(c.epochs, "epochs")
+        c._schedule = _resolve_schedule(c)
         if c.batch_size is not None:
             check_positive_int(c.batch_size, "batch_size", 2)
         c.lr = check_positive_float(DEFAULT_LR[c.optimizer] if c.lr is None else c.lr, "lr")
@@ -343,18 +352,22 @@ class PretrainConfig:
         """A copy that keeps what :meth:`resolved` and :meth:`fit_to_data` worked out beyond the
         fields (the parsed schedule, the record of the data-sized defaults)."""
         c = PretrainConfig(**asdict(self))
-        for name in ("_schedule", "_data_defaults"):
+        for name in ("_schedule", "_data_defaults", "_train_size"):
             if name in self.__dict__:
                 setattr(c, name, self.__dict__[name])
         return c
 
     def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
-        """Fill in the MoCo queue size (a multiple of the effective batch size).
+        """Fill in the MoCo queue size (a multiple of the effective batch size), and keep the
+        training set's size for a temperature method's per-sample state.
 
         Default: up to 16 batches, but fewer than the training set holds, so that the queue
         does not mostly hold older keys of the very images in the batch.
         """
         c = self._copy()
+        # The size a temperature method's per-sample state needs (not saved: a run rebuilt
+        # without its data takes it from the checkpoint).
+        c._train_size = int(train_size)
         if c.method != "moco":
             c.queue_size = None
             return c

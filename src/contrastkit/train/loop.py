@@ -48,6 +48,7 @@ from contrastkit.methods.precision import StepPrecision, channels_last_batch
 from contrastkit.methods.tap import BatchTap
 from contrastkit.metrics.batch import batch_warnings, diagnostics_record
 from contrastkit.metrics.readout import extract_features
+from contrastkit.metrics.temperatures import TemperatureHistogram
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .checkpoint import CheckpointWriteError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -340,6 +341,8 @@ class _Run:
     loggers: Loggers = field(default_factory=Loggers)  # --logger (rank 0); metrics.jsonl is separate
     selection: EpochSelection = field(default_factory=EpochSelection)  # the val read-out picks the epoch
     tap: BatchTap = field(default_factory=BatchTap)  # what the logged steps' loss saw (rank 0)
+    # A temperature method's per-anchor temperatures over the epoch (None: one tau for all anchors).
+    tau_histogram: Optional[TemperatureHistogram] = None
     warned: Dict[str, int] = field(default_factory=dict)  # warning kind -> the first step it was printed
     previous_steps: List[Dict[str, Any]] = field(default_factory=list)  # the last step records written
     guard: RunGuard = field(default_factory=RunGuard)  # the stop signals and the folder lock (.faults)
@@ -435,6 +438,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                faults=StepFaults(config.on_nan, parallel, guard.signals, layout.RunFolder(config.out).last_checkpoint),
                resumed=resume)
     model.batch_tap = run.tap  # the method's loss hands an armed step's embeddings to it
+    if getattr(model, "temperature_method", None) is not None:
+        run.tau_histogram = TemperatureHistogram(device)
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
     # a batch maker whose views the workers make says what they read (items of two views)
@@ -681,6 +686,7 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     if tau_now is not None:  # a varying tau is logged at every step
         metrics.write(json.dumps({"kind": "tau", "step": run.step + 1, "tau": tau_now}) + "\n")
     batch_labels = None if labels is None else labels[indices.to(run.device, non_blocking=True)]
+    run.method.begin_step(run.model, indices.to(run.device, non_blocking=True))  # a temperature method's per-sample state
     precision = run.precision
     if run.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
         run.optimizer.zero_grad(set_to_none=True)
@@ -696,6 +702,9 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     if run.faults.keep_update(loss, run.step + 1):  # (a stop signal is agreed on here too)
         precision.step(run.optimizer)
     run.model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
+    run.method.end_step(run.model)  # a temperature method's own update (iSogCLR's temperatures)
+    if run.tau_histogram is not None and run.model.temperature_method.last_temperatures is not None:
+        run.tau_histogram.add(run.model.temperature_method.last_temperatures)
     run.scheduler.step()
     run.step += 1
     return loss, batch
@@ -756,6 +765,9 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
         with eager_calls(config.compile):  # the read-out's calls run eagerly (no compilation per batch size)
             _evaluate_epoch(run, record)
     metrics.write(json.dumps(record) + "\n")
+    if run.tau_histogram is not None:  # the distribution of the per-anchor temperatures of the epoch
+        run.tau_histogram.merged(parallel.reduce)
+        metrics.write(json.dumps(run.tau_histogram.record(run.epoch, run.step)) + "\n")
     metrics.flush()
     run.loggers.record(record)
     run.loggers.flush()

@@ -65,6 +65,15 @@ class Parallel:
         dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.cpu_group)
         return tuple(bool(value) for value in values.tolist())
 
+    def reduce(self, value: torch.Tensor, op: str) -> torch.Tensor:
+        """Combine a tensor over ranks by ``op`` (``"sum"``, ``"min"`` or ``"max"``; a copy,
+        the same on every rank)."""
+        value = value.detach().clone()
+        if self.active:
+            dist.all_reduce(value, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
+                                       "max": dist.ReduceOp.MAX}[op])
+        return value
+
     def gather_objects(self, obj: Any) -> List[Any]:
         if not self.active:
             return [obj]
