@@ -56,6 +56,7 @@ from .modules import (
 )
 from .sigmoid import SIGLIP_BIAS, SIGLIP_TEMPERATURE, SigmoidLoss, sigmoid_loss
 from .temperature import MIN_TEMPERATURE, Temperature
+from .validation import value_checks
 
 __all__ = [
     "contrastive_loss", "info_nce", "nt_xent", "nt_xent_views", "bidirectional_info_nce", "supcon",
@@ -65,5 +66,5 @@ __all__ = [
     "SimilarityLoss", "DCL", "SimpleLoss", "HardNegativeNTXent", "DebiasedNTXent", "HCL", "Temperature",
     "MIN_TEMPERATURE", "SigmoidLoss", "SIGLIP_TEMPERATURE", "SIGLIP_BIAS",
     "macl_nt_xent", "macl_temperature", "dual_temperature_nt_xent", "robust_nt_xent", "AdaptiveTemperature", "MACL",
-    "DualTemperature", "IndividualTemperatures", "TemperatureNetwork",
+    "DualTemperature", "IndividualTemperatures", "TemperatureNetwork", "value_checks",
 ]

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from contrastkit import layout
+from contrastkit.losses import value_checks
 from contrastkit import __version__
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
@@ -688,14 +689,19 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     batch_labels = None if labels is None else labels[indices.to(run.device, non_blocking=True)]
     run.method.begin_step(run.model, indices.to(run.device, non_blocking=True))  # a temperature method's per-sample state
     precision = run.precision
+    # On an accelerator a run that reads its loss only at logging steps (faults.defers) lets a
+    # non-finite value through the losses' input checks, which would otherwise end the run in a
+    # device-side assertion before the loss is read and the step that went wrong is named.
+    checked = not run.faults.defers or run.device.type == "cpu"
     if run.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
         run.optimizer.zero_grad(set_to_none=True)
-        loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
-                                               _micro_batch(run.config.micro_batch, int(indices.shape[0])),
-                                               autocast=precision.autocast, backward=precision.backward)
+        with value_checks(checked):
+            loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
+                                                   _micro_batch(run.config.micro_batch, int(indices.shape[0])),
+                                                   autocast=precision.autocast, backward=precision.backward)
         average_gradients(run.model.parameters())
     else:
-        with precision.autocast():
+        with precision.autocast(), value_checks(checked):
             loss = run.step_loss(batch, batch_labels)
         run.optimizer.zero_grad(set_to_none=True)
         precision.backward(loss)
