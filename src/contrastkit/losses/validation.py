@@ -12,7 +12,7 @@ is refused with the same words wherever it is given.
   :func:`check_nonnegative`, :func:`optional_int`, :func:`check_reduction`.
 * Preparation: :func:`compute_dtype`, :func:`prepare` (upcast, L2-normalise).
 * :func:`warn_few_rows`: the warning for a batch too small to have negatives.
-* :func:`require` and :func:`value_checks`: the checks that need the values of a tensor
+* ``require`` and :func:`value_checks`: the checks that need the values of a tensor
   (finite entries, zero-norm rows, index ranges). On the CPU they raise the detailed error at
   once; on an accelerator they are queued on the device with ``torch._assert_async`` (the
   kernel fails with the short message), so a loss call never waits for the device. Inside
@@ -47,7 +47,7 @@ _CHECK_VALUES: ContextVar[bool] = ContextVar("contrastkit_check_values", default
 
 @contextmanager
 def value_checks(enabled: bool) -> Iterator[None]:
-    """Turn the value checks (:func:`require`) on or off inside the block (they are on by
+    """Turn the value checks (``require``) on or off inside the block (they are on by
     default); a loss's ``validate=False`` runs its call inside ``value_checks(False)``."""
     if not isinstance(enabled, bool):
         raise TypeError(f"validate must be True or False, got {type(enabled).__name__}")

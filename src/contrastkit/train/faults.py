@@ -355,7 +355,7 @@ class StepFaults:
         self._bad_loss = torch.where(first, loss.to(self._bad_loss.dtype), self._bad_loss)
 
     def check_deferred(self, step: int) -> None:
-        """With :attr:`defers`: raise :class:`NonFiniteLoss` if a loss up to step ``step`` was not
+        """With ``defers``: raise :class:`NonFiniteLoss` if a loss up to step ``step`` was not
         finite (one read; called at logging steps and before each checkpoint, so no checkpoint
         holds a state a non-finite step updated)."""
         if self._first_bad is None:
