@@ -15,6 +15,9 @@ Data too large to hold are streamed (:mod:`contrastkit.data.streaming`): :func:`
 keeps only the file index of a class-folder tree and decodes images in ``DataLoader`` workers;
 :func:`as_streaming` wraps any map-style ``torch.utils.data.Dataset`` of ``(image, label)``,
 :func:`as_streaming_pairs` one of ``(image, text)`` pairs (for ``convirt`` and ``siglip``).
+Views are made by kornia on the training device (:func:`make_views`), or by a per-image
+transform such as a torchvision ``transforms.v2`` pipeline in the ``DataLoader`` workers
+(:class:`TransformViews`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFol
 from contrastkit.data.loading import BUILTIN, load_dataset, load_paired
 from contrastkit.data.paired import PairedDataset, PairedSplit
 from contrastkit.data.views import MODES, ViewMaker, make_views
+from contrastkit.data.transform_views import TransformViews
 
 __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_views", "Dataset", "Split", "ViewMaker", "MODES", "BUILTIN",
            "download_mnist", "download_cifar10", "ImageFolderDataset", "StreamingDataset", "UnreadableImageError",
@@ -48,4 +52,4 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "PairedImages", "indexed_image_batches", "data_record", "call_with_options", "check_positive_int", "unit_float",
            "NO_LABEL", "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files", "DamagedItem", "SkippingItems",
            "collate_skipping", "record_damaged", "DeviceIndexBatches",
-           "DeviceImages", "OnDevicePlan", "choose_on_device", "device_free_bytes", "hold_on_device"]
+           "DeviceImages", "OnDevicePlan", "choose_on_device", "device_free_bytes", "hold_on_device", "TransformViews"]

@@ -240,7 +240,7 @@ def training_views(dataset: Any, mode: str = "augment", device: Union[torch.devi
     With ``transform`` (a ``torchvision.transforms.v2`` pipeline, or any callable from a
     ``(C, H, W)`` image tensor to a view), the views are that transform applied twice per
     image in the ``DataLoader`` workers instead, drawn under ``seed``
-    (``contrastkit.data.transform_views.TransformViews``: the training loader reads its
+    (:class:`~contrastkit.data.TransformViews`: the training loader reads its
     ``training_items``); ``mode`` must then be ``"augment"`` and ``strength`` ``None``."""
     if transform is not None:
         from .transform_views import TransformViews

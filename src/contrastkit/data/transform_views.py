@@ -138,7 +138,7 @@ class TransformViews:
 
     The training loader reads :meth:`training_items` (the views made in its workers) and hands
     each batch over with :meth:`hold`; any other batch (the held-out geometry's) is made here,
-    item by item, with the same transform (epoch key :data:`HELD_OUT_EPOCH`).
+    item by item, with the same transform (under the epoch key 0, the same at every evaluation).
     """
 
     def __init__(self, transform: Callable[[Tensor], Any], *, seed: int = 0,
@@ -156,7 +156,7 @@ class TransformViews:
         return {"mode": "transform", "transform": _describe(self.transform), "made_in": "DataLoader workers",
                 "device": str(self.device)}
 
-    def training_items(self, split: Any) -> ViewItems:
+    def training_items(self, split: Any) -> torch.utils.data.Dataset:
         """``split`` as the training loader reads it: items ``(views, label)``."""
         cached = self._items.get(id(split))
         if cached is None or cached[0] is not split:
