@@ -96,7 +96,7 @@ def choose_on_device(setting: str, nbytes: Optional[int], device: Union[torch.de
     """The decision of ``--data-on-device`` ``setting`` for training images of ``nbytes`` on
     ``device`` with ``free_bytes`` free (``None``: unknown). ``on`` is refused with a
     ``ValueError`` when the images do not fit in the free memory; ``auto`` then streams.
-    ``nbytes`` may be ``None`` where ``needs_size`` says so."""
+    ``nbytes`` may be ``None`` for ``off``, and for ``auto`` on the CPU (nothing is measured)."""
     device = torch.device(device)
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"data_on_device must be auto, on or off, got {setting!r}")
@@ -142,7 +142,7 @@ def compact_images(images: Tensor) -> Tensor:
 
 class DeviceImages:
     """What a batch maker would hold on ``device`` for one split: ``source`` is the split's held
-    images or noise realisations (a tensor, kept compact by ``compact_images``) or a streamed
+    images or noise realisations (a tensor, kept compact: uint8 where lossless) or a streamed
     split (decoded through :func:`~contrastkit.data.make_loader` with ``workers`` processes when
     loaded). ``nbytes`` is known before anything is moved; :meth:`load` moves or decodes."""
 
