@@ -404,3 +404,42 @@ def test_a_collection_that_fails_on_damaged_files_stops_naming_the_file(tmp_path
     module = ContrastiveModule(PretrainConfig(method="simclr", batch_size=8, seed=0), data)
     with pytest.raises(UnreadableImageError, match="zero.jpg"):
         _trainer(tmp_path, max_epochs=1).fit(module, data)
+
+
+_DDP_COLLECTION_SCRIPT = '''
+"""One epoch of a ContrastiveModule on a collection with damaged files, on 2 CPU processes."""
+import sys
+
+import lightning
+import torch
+
+from contrastkit.data import open_data
+from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+from contrastkit.train import PretrainConfig
+
+photos, logs = sys.argv[1], sys.argv[2]
+torch.set_num_threads(1)
+data = ContrastiveDataModule(open_data(photos), batch_size=8)
+module = ContrastiveModule(PretrainConfig(method="simclr", batch_size=8, norm="group", seed=0), data)
+trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            limit_val_batches=0, default_root_dir=logs)
+trainer.fit(module, data)
+print("rank", trainer.global_rank, "steps", trainer.global_step, "named", len(data.skipped_files()))
+'''
+
+
+@needs_lightning
+def test_under_ddp_rank_zero_names_the_damaged_files_every_rank_skipped(tmp_path):
+    from _data_fixtures import write_collection
+
+    # 40 training files, 4 of them empty: each of the 2 processes reads 20 (5 steps of 4).
+    damaged = ["zero.jpg", "zero1.jpg", "zero2.jpg", "zero3.jpg"]
+    write_collection(tmp_path / "photos", 60, damaged)
+    script = tmp_path / "ddp_collection.py"
+    script.write_text(_DDP_COLLECTION_SCRIPT, encoding="utf-8")
+    result = _python(str(script), str(tmp_path / "photos"), str(tmp_path / "logs"), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0 steps 5 named 4" in result.stdout
+    named = [line.split("\t")[0] for line in (tmp_path / "logs" / "skipped.txt").read_text().splitlines()]
+    assert sorted(os.path.basename(path) for path in named) == sorted(damaged)

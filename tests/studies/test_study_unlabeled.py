@@ -28,7 +28,8 @@ def test_a_sweep_on_unlabeled_images_reports_what_needs_labels(tmp_path, capsys)
     assert code == 0, captured.err
     verdicts = _statuses(tmp_path / "sweep")
     assert verdicts["Probe accuracy is reverse-U shaped in tau (the best tau is interior)"]["status"] == NEEDS_LABELS
-    assert verdicts["Smaller tau makes the embedding more uniform (uniformity rises with tau)"]["status"] != NEEDS_LABELS
+    uniformity = "Smaller tau makes the embedding more uniform (uniformity rises with tau)"
+    assert verdicts[uniformity]["status"] != NEEDS_LABELS
     assert "needs labels" in captured.out
     assert "done view top-1 0." in captured.out + captured.err  # each run's label-free number in the grid
 

@@ -280,7 +280,8 @@ def add_skipped(dataset: Any, found: Dict[str, str]) -> None:
         return
     base = _base_split(dataset.train)
     if not hasattr(base, "skipped"):
-        raise ValueError(f"{getattr(dataset, 'name', 'the data set')} is not an unlabeled collection: it skips no files")
+        raise ValueError(f"{getattr(dataset, 'name', 'the data set')} is not an unlabeled collection: it skips no "
+                         "files")
     known = skipped_reasons(dataset)
     base.skipped.update((path, reason) for path, reason in found.items() if path not in known)
 

@@ -191,7 +191,8 @@ def plot_schedules(rows: Sequence[dict], out: str) -> List[str]:
     return [_bars(rows, "schedule", schedules, "linear-probe test accuracy (selected epoch)" if labelled
                   else "held-out view retrieval top-1 (no labels)",
                   "Temperature schedules, same budget: mean +/- std over seeds",
-                  os.path.join(out, layout.SCHEDULES_PLOT), key="probe_accuracy" if labelled else "view_retrieval_top1")]
+                  os.path.join(out, layout.SCHEDULES_PLOT),
+                  key="probe_accuracy" if labelled else "view_retrieval_top1")]
 
 
 # ------------------------------------------------------------------------------ ConVIRT ablation

@@ -14,8 +14,8 @@ from contrastkit.train.selection import selected_numbers
 
 from .stats import finite
 
-__all__ = ["values", "headline", "by_tau", "cell_means", "retrieval", "selected_columns", "selected_numbers", "RETRIEVAL_K",
-           "PROFILE_LENGTH"]
+__all__ = ["values", "headline", "by_tau", "cell_means", "retrieval", "selected_columns", "selected_numbers",
+           "RETRIEVAL_K", "PROFILE_LENGTH"]
 
 #: How many nearest negatives a sweep row keeps (``z_top_negative_1..10``, the similarity profile).
 PROFILE_LENGTH = 10
