@@ -437,10 +437,13 @@ class ContrastiveDataModule(lightning.LightningDataModule):
             torch.distributed.all_gather_object(found, skipped_reasons(self.dataset))
             for other in found:
                 add_skipped(self.dataset, other)
-        skipped = self.skipped_files()
-        if not skipped or (self.trainer is not None and self.trainer.global_rank != 0):
+        skipped = self.skipped_files()  # the same on every rank now
+        if not skipped:
             return
-        folder = self.trainer.log_dir if self.trainer is not None and self.trainer.log_dir else os.getcwd()
+        folder = self.trainer.log_dir if self.trainer is not None else None  # a broadcast: every rank asks
+        if self.trainer is not None and self.trainer.global_rank != 0:
+            return
+        folder = folder or os.getcwd()
         where = _write_skipped(folder, skipped)
         warnings.warn(f"skipped {len(skipped)} damaged image file(s); " + (
             f"they are named in {where}" if where else
