@@ -1,7 +1,9 @@
 """`contrastkit pretrain` against lightly's SimCLR, one training recipe run both ways (CPU).
 
-    PYTHONPATH=src python benchmarks/bench_lightly.py --tarball ../shared/data/cifar10-jpeg.tar.gz \\
-        --train-per-class 39 --epochs 2 --batch-size 128 --seeds 0 1 --threads 1 --lightly-workers 2 --profile
+    PYTHONPATH=src python benchmarks/bench_lightly.py --tarball cifar10-jpeg.tar.gz \\
+        --train-per-class 52 --val-per-class 5 --test-per-class 30 --epochs 2 --batch-size 128 \\
+        --seeds 0 1 --threads 1 --lightly-workers 2 --profile --json benchmarks/results/lightly.json
+    PYTHONPATH=src python benchmarks/bench_lightly.py forward-split --batch-size 128 --threads 1 --repeats 3
 
 The recipe: a torchvision ResNet-18 with the CIFAR stem (3x3 stride-1 first convolution, no
 max-pool; Chen et al. 2020, appendix B.9) and a 2-layer projection head 512 -> 512 -> 64, NT-Xent
@@ -364,6 +366,51 @@ def profile_steps(tree: Path, batch_size: int, threads: int) -> str:
     return "\n".join(lines)
 
 
+def forward_split(argv: List[str]) -> int:
+    """One forward and backward pass over both views together (``2B`` images, contrastkit's
+    step) against two passes of ``B`` (lightly's example), alternated ``--repeats`` times on
+    the same network and data: the median seconds of each and their ratio."""
+    parser = argparse.ArgumentParser(prog="bench_lightly.py forward-split")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from contrastkit.methods import ContrastiveModel
+    from contrastkit.models.external import torchvision_encoder
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    encoder = torchvision_encoder("resnet18", 3, cifar_stem=True)
+    encoder.out_dim = 512
+    model = ContrastiveModel("simclr", encoder, 3, temperature=TAU, projection_dim=PROJECTION_DIM)
+    views = torch.rand(2 * args.batch_size, 3, 32, 32)
+
+    def together() -> None:
+        model.head(model.encoder(views)).sum().backward()
+
+    def apart() -> None:
+        (model.head(model.encoder(views[:args.batch_size])).sum()
+         + model.head(model.encoder(views[args.batch_size:])).sum()).backward()
+
+    times: Dict[str, List[float]] = {"together": [], "apart": []}
+    for name, step in (("together", together), ("apart", apart)):  # warm-up
+        step()
+    for _ in range(args.repeats):
+        for name, step in (("together", together), ("apart", apart)):
+            model.zero_grad(set_to_none=True)
+            started = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - started)
+    print(f"uptime: {_uptime()}")
+    for name, values in times.items():
+        print(f"{name}: median {statistics.median(values):.2f} s ({', '.join(f'{v:.2f}' for v in values)})")
+    print(f"together / apart: {statistics.median(times['together']) / statistics.median(times['apart']):.2f}")
+    return 0
+
+
 # ------------------------------------------------------------------------------ the shared kNN
 
 def knn_accuracies(tree: Path, runs: List[Dict[str, Any]], threads: int) -> Dict[str, float]:
@@ -454,9 +501,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["lightly-train"]:
         return lightly_train(argv[1:])
+    if argv[:1] == ["forward-split"]:
+        return forward_split(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tarball", required=True, help="the CIFAR-10 JPEG tarball (train/ and test/ class folders)")
-    parser.add_argument("--train-per-class", type=int, default=39)
+    parser.add_argument("--train-per-class", type=int, default=52)
     parser.add_argument("--val-per-class", type=int, default=5, help="contrastkit's val split (its read-out only)")
     parser.add_argument("--test-per-class", type=int, default=30)
     parser.add_argument("--epochs", type=int, default=2)
