@@ -35,12 +35,18 @@ METHODS: Dict[str, str] = {
     "views/contrastkit-dense": "contrastkit nt_xent_views, dense path",
     "views/contrastkit-tiled": "contrastkit nt_xent_views, tiled path",
     "views/contrastkit-auto": "contrastkit nt_xent_views, automatic choice",
+    "views/contrastkit-tiled-per-anchor": "contrastkit nt_xent_views, tiled, one learnable tau per anchor",
+    "views/contrastkit-tiled-per-anchor-fixed": "contrastkit nt_xent_views, tiled, one fixed tau per anchor",
     "views/pytorch-metric-learning": "pytorch-metric-learning NTXentLoss",
     "views/lightly": "lightly NTXentLoss",
     "views/gemm-bound": "3 products of (2N x d)(d x 2N) size",
     # two modalities, both directions
     "bidirectional/contrastkit-dense": "contrastkit bidirectional_info_nce, dense path",
     "bidirectional/contrastkit-tiled": "contrastkit bidirectional_info_nce, tiled path",
+    "bidirectional/contrastkit-tiled-per-anchor": "contrastkit bidirectional_info_nce, tiled, one learnable tau "
+                                                  "per anchor",
+    "bidirectional/contrastkit-tiled-per-anchor-fixed": "contrastkit bidirectional_info_nce, tiled, one fixed tau "
+                                                        "per anchor",
     "bidirectional/open_clip": "open_clip ClipLoss",
     "bidirectional/gemm-bound": "3 products of (N x d)(d x N) size",
     # two modalities, one direction, in-batch negatives
@@ -121,10 +127,23 @@ def build(method: str, n: int, dim: int, tau: float, device: str = "cpu",
         if name == "contrastkit-dense":
             tiled.DENSE_MAX_ENTRIES = 2**62  # force the dense path
             chunk = None
-        elif name == "contrastkit-tiled":
+        elif name.startswith("contrastkit-tiled"):
             chunk = tiled.DEFAULT_CHUNK_SIZE
         else:
             chunk = None
+        if name.startswith("contrastkit-tiled-per-anchor"):
+            # One tau per anchor (2N of them), spread by a factor of e around --temperature; a
+            # learnable one is a leaf that needs its gradient (iSogCLR's individual temperatures).
+            spread = torch.rand(2 * n, generator=generator) - 0.5
+            tau = (tau * torch.exp(spread)).to(device, dtype)
+            if not name.endswith("-fixed"):
+                tau.requires_grad_()
+                inputs = [a, b, tau]
+            else:
+                inputs = [a, b]
+            if group == "views":
+                return (lambda: ck.nt_xent_views(a, b, temperature=tau, chunk_size=chunk)), inputs
+            return (lambda: ck.bidirectional_info_nce(a, b, temperature=tau, chunk_size=chunk)), inputs
         if group == "views":
             return (lambda: ck.nt_xent_views(a, b, temperature=tau, chunk_size=chunk)), [a, b]
         if group == "bidirectional":

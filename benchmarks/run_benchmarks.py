@@ -28,9 +28,11 @@ BENCH = HERE / "bench_losses.py"
 
 GROUPS = {
     "views": ("SimCLR NT-Xent, one modality (2N x 2N)", [
-        "contrastkit-dense", "contrastkit-tiled", "pytorch-metric-learning", "lightly", "gemm-bound"]),
+        "contrastkit-dense", "contrastkit-tiled", "contrastkit-tiled-per-anchor", "contrastkit-tiled-per-anchor-fixed",
+        "pytorch-metric-learning", "lightly", "gemm-bound"]),
     "bidirectional": ("CLIP / ConVIRT bidirectional InfoNCE, weight 0.5 (N x N)", [
-        "contrastkit-dense", "contrastkit-tiled", "open_clip", "gemm-bound"]),
+        "contrastkit-dense", "contrastkit-tiled", "contrastkit-tiled-per-anchor", "contrastkit-tiled-per-anchor-fixed",
+        "open_clip", "gemm-bound"]),
     "info_nce": ("InfoNCE with in-batch negatives, one direction (N x N)", [
         "contrastkit-dense", "contrastkit-tiled", "info-nce-pytorch", "gemm-bound"]),
     "sigmoid": ("SigLIP sigmoid loss, t = 1/tau, b = -10 (N x N)", [

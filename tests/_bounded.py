@@ -1,15 +1,24 @@
-"""A child Python process under an address-space limit, for tests that feed contrastkit hostile
-input: an unbounded read then fails the test (a MemoryError, a dead child or no answer in
-time) instead of exhausting the machine.
+"""A child Python process under a memory limit, for tests that feed contrastkit hostile input:
+an unbounded read then fails the test (a MemoryError, a dead child or no answer in time)
+instead of exhausting the machine.
 
-The child sets ``RLIMIT_AS`` before importing anything. A bare ``import torch`` maps about
-0.6 GiB of address space, and torch with numpy, PIL, scikit-learn and contrastkit about
-0.8 GiB (measured as VmPeak with one thread), so :data:`ADDRESS_SPACE` = 2 GiB leaves over
-1 GiB for the work, while a loader that believed a header claiming gigabytes would fail. The
-input ceiling in the child is :data:`CEILING`, so that what contrastkit legitimately reads
+The child first imports what every call needs (torch, numpy, PIL, contrastkit's readers, CLI
+and trainer), measures its private data size (``VmData``: heap, anonymous mappings, the
+writable data of loaded libraries) and only then sets ``RLIMIT_DATA`` to that baseline plus
+:data:`DATA_BUDGET` = 1 GiB. The limit is relative because the baseline depends on the torch
+build: a CPU build maps about 0.8 GiB of address space at import, a CUDA-enabled one (PyPI's
+Linux wheel) over 3 GiB, of which about 0.7 GiB is private data, so a fixed address-space
+limit (``RLIMIT_AS``) of 2 GiB starves one build and is loose for the other.
+``RLIMIT_DATA`` counts what a parser allocates (malloc, numpy and torch buffers, Python
+objects), touched or not, so a loader that believed a header claiming gigabytes fails at the
+allocation, as it did under an address-space limit; it does not count file-backed shared
+mappings (bounded by the file, which :data:`CEILING` bounds) or code.
+``tests/test_bounded_child.py`` shows that an unbounded allocation is caught.
+
+The input ceiling in the child is :data:`CEILING`, so that what contrastkit legitimately reads
 always fits under the limit.
 
-The child answers calls (one JSON line each) of the functions in ``_CALLS`` below; each
+The child answers calls (one JSON line each) of the functions in ``calls`` below; each
 answer says whether the call returned or which exception it raised, with its message.
 """
 
@@ -27,18 +36,31 @@ import pytest
 
 import contrastkit
 
-ADDRESS_SPACE = 2 * 2**30
+DATA_BUDGET = 2**30
 CEILING = 256 * 2**20
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(contrastkit.__file__)))
 
 _CHILD = textwrap.dedent('''
     import resource, sys, os
-    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # whatever the code under test prints goes to stderr, not into the answers
     import contextlib, io, json, traceback, warnings
-    import torch
+    import numpy, PIL.Image, torch
     torch.set_num_threads(1)
+    import contrastkit.cli, contrastkit.commands.explain_input, contrastkit.data.files
+    import contrastkit.data.paired_csv, contrastkit.train, contrastkit.train.checkpoint
+
+    def status(key):
+        with open("/proc/self/status") as lines:
+            for line in lines:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no {key} in /proc/self/status")
+
+    # the limit counts from what the imports left: the same budget whatever the torch build maps
+    limit = status("VmData") + int(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    resident_at_start = status("VmRSS")
 
     def cli(*argv):
         from contrastkit.cli import main
@@ -75,13 +97,30 @@ _CHILD = textwrap.dedent('''
         return pretrain(PretrainConfig(**config), progress=False)["epochs"]
 
     def peak():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmPeak"):
-                return int(line.split()[1]) * 1024
-        return None
+        """How far the resident memory rose above the child's start, at most (bytes)."""
+        return status("VmHWM") - resident_at_start
+
+    def hog(kind, step, stop):
+        """Allocate without bound, as a careless parser would, until the limit stops it; stops
+        itself (returns the bytes held) at ``stop`` bytes so a missing limit fails the test, not
+        the machine."""
+        held = []
+        while sum(len(chunk) for chunk in held) < stop:
+            if kind == "bytearray":
+                held.append(bytearray(step))
+            elif kind == "numpy":
+                held.append(numpy.zeros(step, dtype=numpy.uint8))
+            else:
+                held.append(torch.empty(step, dtype=torch.uint8).numpy())
+        return sum(len(chunk) for chunk in held)
+
+    def budget():
+        """Bytes the child may still allocate: the limit minus its data size now."""
+        return resource.getrlimit(resource.RLIMIT_DATA)[0] - status("VmData")
 
     calls = dict(cli=cli, load_path=load_path, load_pair_csv=load_pair_csv, read_idx=read_idx,
-                 load_matrix=load_matrix, load_checkpoint=load_checkpoint, pretrain=pretrain, peak=peak)
+                 load_matrix=load_matrix, load_checkpoint=load_checkpoint, pretrain=pretrain, peak=peak,
+                 hog=hog, budget=budget)
     answers.write("ready\\n")
     for line in sys.stdin:
         name, args = json.loads(line)
@@ -107,7 +146,7 @@ class BoundedWorker:
         self._start()
 
     def _start(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", _CHILD, str(ADDRESS_SPACE)], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-c", _CHILD, str(DATA_BUDGET)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                         env=self.env)
         assert self._read_line(120) == "ready", "the bounded child did not start"
@@ -141,6 +180,8 @@ class BoundedWorker:
 @pytest.fixture(scope="module")
 def worker():
     """A :class:`BoundedWorker` shared by the tests of a module (import this fixture)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the bounded child needs Linux (/proc/self/status, RLIMIT_DATA on every mapping)")
     child = BoundedWorker()
     yield child
     child.close()

@@ -118,3 +118,28 @@ def cifar_subset(folder, per_class):
             target.write_bytes(archive.extractfile(member).read())
     assert len(counts) == 10, f"expected the 10 CIFAR-10 classes in the tarball's test/ part, found {sorted(counts)}"
     return folder
+
+
+# ------------------------------------------------------------------------------ unlabeled collections
+
+def write_collection(root, count=48, damaged=("zero.jpg", "fake.png")):
+    """A folder of ``count`` RGB images without class structure (every fifth in ``nested/``, JPEG
+    and PNG in turn, 24 x 28..32 pixels, three colour groups by ``i % 3``) and the ``damaged``
+    files beside them: zero bytes when the name starts with ``zero``, else text under an image
+    extension. Returns ``root``."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        array = (rng.random((24, 28 + i % 5, 3)) * 60).astype(np.uint8)
+        array[:, : array.shape[1] // 2] = (200 * (i % 3 == 0), 200 * (i % 3 == 1), 200 * (i % 3 == 2))
+        folder = root / "nested" if i % 5 == 0 else root
+        folder.mkdir(exist_ok=True)
+        Image.fromarray(array).save(folder / f"p{i:03d}.{'jpg' if i % 2 else 'png'}")
+    for name in damaged:
+        if name.startswith("zero"):
+            (root / name).write_bytes(b"")
+        else:
+            (root / name).write_text("text, not pixels")
+    return root

@@ -52,11 +52,46 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
 
 
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a shared, busy machine thread
-    contention makes kornia calls several times slower; restored after the module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tests that start processes of their own (a process group, torchrun, Lightning's ddp): under
+# pytest-xdist they run one at a time, in one worker, so that no two of them compete for the
+# cores (their gloo and subprocess time-outs assume a machine they share with one test). A
+# nodeid prefix: a whole module, or one test of it. They get the ``serial`` mark (``-m serial``).
+SERIAL = (
+    "tests/distributed/test_distributed.py::",
+    "tests/distributed/test_distributed_accumulation.py::",
+    "tests/distributed/test_distributed_scaleout.py::",
+    "tests/distributed/test_distributed_torchrun.py::",
+    "tests/losses/test_losses_sigmoid.py::",
+    "tests/losses/test_tiled_variants.py::test_two_processes_equal_one_on_the_global_batch",
+    "tests/train/test_siglip_train.py::test_two_processes_give_the_gradients_of_one",
+    "tests/integrations/test_lightning.py::test_ddp_on_two_processes_equals_one_process_on_the_global_batch",
+)
+
+
+def _work_unit(nodeid):
+    """What a test runs with under pytest-xdist: the serial group, else its module (so that a
+    module's fixtures, a spawned process group or a tiny run several tests read, are built
+    once, not once per worker)."""
+    return "serial" if nodeid.startswith(SERIAL) else nodeid.split("::", 1)[0]
+
+
+def pytest_itemcollected(item):
+    if _work_unit(item.nodeid) == "serial":
+        item.add_marker(pytest.mark.serial)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n auto`` (the README's test command) hands out work units of
+    :func:`_work_unit`. Its own ``--dist loadgroup`` would do that with ``xdist_group`` marks,
+    but with pytest 9.2 it ignores them (pytest-xdist issue 1386), so the grouping is done
+    here, from the test ids; ``--dist`` each, loadfile or worksteal are left to pytest-xdist."""
+    if config.getvalue("dist") not in ("load", "loadgroup", "loadscope"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return _work_unit(nodeid)
+
+    return ByWorkUnit(config, log)

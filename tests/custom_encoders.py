@@ -48,3 +48,11 @@ class Noisy(TinyConv):
 
     def forward(self, x):
         return nn.functional.dropout(super().forward(x), 0.5, training=True)
+
+
+class BatchSizeDependent(TinyConv):
+    """Scales its output by the batch size, a Python number: a trace bakes in the size it saw, so
+    the traced module disagrees with this one at any other size."""
+
+    def forward(self, x):
+        return super().forward(x) * float(x.shape[0])

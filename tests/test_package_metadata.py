@@ -43,6 +43,8 @@ def test_every_extra_is_in_the_readme_dependency_table():
 def test_the_readme_test_command_is_what_ci_runs():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    command = re.search(r"^python3 -m venv .*pytest -q$", ci, re.M).group(0)
+    command = re.search(r"^python3 -m venv .* -m pytest .*$", ci, re.M).group(0)
     assert f"```bash\n{command}\n```" in readme
     assert '".[all,test,browser,docs]"' in command
+    # In parallel (pytest-xdist, in the test extra), in the work units of tests/conftest.py.
+    assert command.endswith("-m pytest -q -n auto")

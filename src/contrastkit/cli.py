@@ -4,8 +4,10 @@ Each subcommand lives in ``contrastkit.commands.<name>`` with two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``; what they share is in
 :mod:`contrastkit.commands.common`, and the study commands call :mod:`contrastkit.studies`.
 Modules are imported only when their command runs, so ``contrastkit --help`` stays fast.
-Errors a user can fix (bad numbers, missing files, invalid options; see
-:mod:`contrastkit.commands.errors`) print one line and exit with status 2. Any other exception
+Errors a user can fix (bad numbers, missing files, invalid options, a full disk; see
+:mod:`contrastkit.commands.errors`) print one line and exit with status 2; a run stopped by a
+preemption signal (SIGTERM, SIGUSR1) after checkpointing prints one line and exits with status
+75 (``contrastkit.train.faults.PREEMPTED_EXIT``). Any other exception
 is a bug and keeps its Python traceback. ``contrastkit --traceback COMMAND ...`` (or
 ``CONTRASTKIT_TRACEBACK=1``) prints the traceback of a user error too, before its line.
 
@@ -44,6 +46,8 @@ COMMANDS = {
     "sweep": ("contrastkit.commands.sweep", "pretrain over a grid of temperatures and seeds; metrics, plots, verdicts"),
     "experiment": ("contrastkit.commands.experiment", "run an experiment of the source texts (positive-pairs, convirt-ablation)"),
     "embed": ("contrastkit.commands.embed", "write a run's embeddings (h, optionally z) of a data set to .npy/.csv or .npz"),
+    "export": ("contrastkit.commands.export",
+               "write a run's encoder (optionally its projection head) as safetensors, ONNX or TorchScript"),
     "neighbors": ("contrastkit.commands.neighbors",
                   "print and draw the images of a run's data set nearest to query images (cosine of h; exact or FAISS)"),
     "explore": ("contrastkit.commands.explore", "write (or serve) the interactive temperature explorer page and open it"),
@@ -85,6 +89,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             args = sub.parse_args(argv[1:])
             return int(module.run(args) or 0)
         except Exception as err:
+            status = getattr(err, "exit_status", None)
+            if isinstance(status, int) and not isinstance(status, bool):
+                # A run that stopped on purpose (a preempted run: status 75) says why and how to go on.
+                print(f"contrastkit {name}: {first_line(err)}", file=sys.stderr)
+                return status
             if not is_user_error(err):
                 raise  # a bug: Python prints the traceback
             if show_traceback:

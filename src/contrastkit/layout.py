@@ -23,6 +23,8 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/neighbors/<sha256>.json   and what it was built from (``contrastkit.train.neighbors``)
     RUN/explorer.html        the temperature explorer on the last batch's rows (linked from the report)
     RUN/contrastkit-manifest.json   every file above that contrastkit wrote (see below)
+    RUN/contrastkit.lock     while a run trains in RUN: its process id and host, so that a second
+                             run on RUN is refused (removed when the run ends; ``train.faults``)
 
 An *embedding export* (``contrastkit embed RUN --out FILE``)::
 
@@ -30,6 +32,11 @@ An *embedding export* (``contrastkit embed RUN --out FILE``)::
     FILE.npy, FILE_z.npy     h (and z with --projection), one row per sample
     FILE.csv                 split, index, label and name of each row
     FILE.npz|FILE.npy.contrastkit.json   what the export wrote (a later --force replaces only these)
+
+A *model export* (``contrastkit export RUN --format F --out FILE``)::
+
+    FILE.safetensors | FILE.onnx | FILE.pt   the encoder (with --projection, and its head)
+    FILE.<suffix>.contrastkit.json           its input contract and what was written
 
 A *study* folder (``contrastkit sweep`` / ``contrastkit experiment``)::
 
@@ -60,8 +67,9 @@ from typing import Dict, Tuple
 __all__ = [
     "DEFAULT_ROOT", "MANIFEST", "RUN_FILES", "CHECKPOINT_FILES",
     "CONFIG", "CONFIG_FILE", "METRICS", "METRICS_CSV", "TENSORBOARD", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT",
-    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "TOKENIZER", "PROBE", "REPORT", "SKIPPED", "LAST_BATCH", "EXPLORER",
-    "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EMBEDDINGS_MARKER", "embedding_files",
+    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "LOCK", "TOKENIZER", "PROBE", "REPORT", "SKIPPED", "LAST_BATCH", "EXPLORER",
+    "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EXPORT_MARKER", "EMBEDDINGS_MARKER", "embedding_files",
+    "MODEL_FORMATS", "model_export_files", "model_format",
     "NEIGHBORS_PICTURE", "NEIGHBOR_INDEXES", "neighbor_index_files",
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT",
@@ -85,6 +93,8 @@ LAST_CHECKPOINT = "last.pt"
 PREVIOUS_CHECKPOINT = "previous.pt"
 #: A checkpoint's SHA-256 lives next to it, in ``<checkpoint><DIGEST_SUFFIX>`` (``sha256sum -c`` format).
 DIGEST_SUFFIX = ".sha256"
+#: Held by the run training in the folder, and removed when it ends (not a run output).
+LOCK = "contrastkit.lock"
 TOKENIZER = "tokenizer.json"
 PROBE = "probe.json"
 REPORT = "report.html"
@@ -162,6 +172,10 @@ class RunFolder:
         return self._path(CHECKPOINTS, PREVIOUS_CHECKPOINT)
 
     @property
+    def lock(self) -> str:
+        return self._path(LOCK)
+
+    @property
     def tokenizer(self) -> str:
         return self._path(TOKENIZER)
 
@@ -198,8 +212,10 @@ class RunFolder:
 
 
 # ------------------------------------------------------------------------------ an embedding export
-#: Suffix of the marker an embedding export writes next to its files.
-EMBEDDINGS_MARKER = ".contrastkit.json"
+#: Suffix of the marker an export (embeddings or a model) writes next to its files.
+EXPORT_MARKER = ".contrastkit.json"
+#: The embedding export's marker suffix (:data:`EXPORT_MARKER`).
+EMBEDDINGS_MARKER = EXPORT_MARKER
 
 
 def embedding_files(out: "str | os.PathLike[str]", projection: bool) -> Dict[str, str]:
@@ -214,8 +230,38 @@ def embedding_files(out: "str | os.PathLike[str]", projection: bool) -> Dict[str
         if suffix.lower() != ".npy":
             stem = out
         files = {"h": f"{stem}.npy", **({"z": f"{stem}_z.npy"} if projection else {}), "rows": f"{stem}.csv"}
-    files["marker"] = f"{files.get('archive') or files['h']}{EMBEDDINGS_MARKER}"
+    files["marker"] = f"{files.get('archive') or files['h']}{EXPORT_MARKER}"
     return files
+
+
+# ------------------------------------------------------------------------------ a model export
+#: ``contrastkit export --format``: each format's file suffix.
+MODEL_FORMATS: Dict[str, str] = {"safetensors": ".safetensors", "onnx": ".onnx", "torchscript": ".pt"}
+
+
+def model_export_files(out: "str | os.PathLike[str]", fmt: str) -> Dict[str, str]:
+    """The files ``contrastkit export --format FMT --out OUT`` writes, by role: ``model``
+    (``OUT``, given the format's suffix when it has none) and ``marker`` (the input contract,
+    ``<model>.contrastkit.json``). ``ValueError`` for an unknown format, or an ``OUT`` whose
+    suffix is another format's."""
+    if fmt not in MODEL_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(MODEL_FORMATS)}, got {fmt!r}")
+    out = os.fspath(out)
+    suffix = os.path.splitext(out)[1].lower()
+    other = next((name for name, known in MODEL_FORMATS.items() if known == suffix and name != fmt), None)
+    if other is not None:
+        raise ValueError(f"{out} has the suffix of the {other} format, not {fmt}'s ({MODEL_FORMATS[fmt]})")
+    model = out if suffix == MODEL_FORMATS[fmt] else f"{out}{MODEL_FORMATS[fmt]}"
+    return {"model": model, "marker": f"{model}{EXPORT_MARKER}"}
+
+
+def model_format(out: "str | os.PathLike[str]") -> str:
+    """The format whose suffix ``out`` has (``ValueError`` when none has it)."""
+    suffix = os.path.splitext(os.fspath(out))[1].lower()
+    for name, known in MODEL_FORMATS.items():
+        if known == suffix:
+            return name
+    raise ValueError(f"give --format ({', '.join(MODEL_FORMATS)}): the suffix of {os.fspath(out)} names none of them")
 
 
 def neighbor_index_files(key: str) -> Tuple[str, str]:

@@ -23,7 +23,8 @@ What ``--force`` deletes (:func:`plan_removal`, then :meth:`RemovalPlan.apply`):
   ``writing``), and, in each nested folder, the same through its own manifest, then the
   nested manifest; then every folder that became empty (never the folder itself);
 * nothing else: not a file the manifest does not list, not a folder wholesale, never anything
-  reached through a symbolic link.
+  reached through a symbolic link. A run's lock file (:data:`contrastkit.layout.LOCK`) is not
+  deleted either, and does not make a folder without a manifest count as the user's.
 
 It deletes nothing at all and raises ``FileExistsError`` naming what is in the way when the
 folder is not empty but has no manifest (a folder written by an older contrastkit, or not by
@@ -400,7 +401,8 @@ def _plan_into(plan: RemovalPlan, folder: str, problems: List[str], top: bool) -
     manifest = Manifest(folder)
     data = manifest._load()
     if data is None:
-        entries = sorted(os.listdir(folder))
+        # A run's lock (held, or left by a killed run) is neither the user's nor deleted here.
+        entries = sorted(set(os.listdir(folder)) - {layout.LOCK})
         if not entries:
             return
         if top:

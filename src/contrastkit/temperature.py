@@ -10,11 +10,17 @@ Kinds:
 
 ``constant``
     ``tau`` throughout.
-``cosine`` (Kukleva et al., ICLR 2023)
+``cosine`` (after Kukleva et al., ICLR 2023)
     ``tau = tau_min + 0.5 (tau_max - tau_min) (1 + cos(pi * e / T))``, starting at ``tau_max``.
     By default ``T`` spans the run (``e / T`` = progress), so ``tau`` falls once from
     ``tau_max`` to ``tau_min``; with ``period`` (in steps) it oscillates, ``T = period / 2``
-    (the paper's cyclic form ``cos(2 pi e / period)``).
+    (lightly's ``cosine_schedule`` with a period).
+``kukleva`` (Kukleva et al., ICLR 2023, "Temperature Schedules for Self-Supervised
+Contrastive Methods on Long-Tail Data")
+    The paper's periodic schedule as its authors define it: the same cosine of the *epoch*
+    ``e`` (0 for the first), ``tau`` constant within an epoch, ``T`` in epochs (their
+    ``tau- = 0.1``, ``tau+ = 1.0``; their code's ``T = 200``), so ``tau`` falls from ``tau+``
+    to ``tau-`` in ``T`` epochs and rises back in ``T`` more.
 ``linear``
     A ramp from ``start`` to ``end`` (``start < end`` raises ``tau`` during training, the
     suggestion of Wang & Liu, CVPR 2021, Understanding the Behaviour of Contrastive Loss).
@@ -25,6 +31,25 @@ Kinds:
     CLIP's parameterisation through :class:`contrastkit.losses.Temperature`; the schedule
     returns the module itself, whose parameter the trainer must give to its optimizer
     (:attr:`TemperatureSchedule.module`).
+
+Temperature methods (:class:`TemperatureMethod`, :data:`METHODS`): the loss itself decides
+its temperatures (:mod:`contrastkit.losses.adaptive`); the form says which method and its
+settings, :meth:`TemperatureMethod.build` makes the module the two-view loss runs through.
+
+``macl`` (Huang et al., ICML 2023)
+    ``macl``, ``macl:TAU0``, ``macl:TAU0,ALPHA`` or ``macl:TAU0,ALPHA,A0``: the temperature
+    follows the alignment of the positives, ``tau_A = tau_0 (1 + alpha (A - A_0))``, with
+    MACL's reweighting (defaults 0.1, 0.5, 0).
+``dual`` (Zhang et al., CVPR 2022)
+    ``dual`` or ``dual:TAU_ALPHA,TAU_BETA``: intra-anchor ``tau_alpha`` and inter-anchor
+    ``tau_beta`` (defaults 0.1, 1.0).
+``individual`` (iSogCLR, Qiu et al., ICML 2023)
+    ``individual``, ``individual:INITIAL``, ``individual:INITIAL,RHO`` or
+    ``individual:INITIAL,RHO,TAU_MIN,TAU_MAX``: one learnt temperature per training sample
+    (defaults 0.1, 0.4, 0.05, 1.0).
+``network`` (TempNet, Qiu et al., ICML 2024)
+    ``network`` with the same optional values: a head on the embedding predicts each anchor's
+    temperature within ``[TAU_MIN, TAU_MAX]``.
 
 A trainer parses the schedule once and, at every step, calls :meth:`TemperatureSchedule.apply`
 on its model's :class:`~contrastkit.losses.Temperature`: a varying schedule sets ``tau`` there
@@ -49,11 +74,16 @@ __all__ = [
     "LinearSchedule",
     "StepSchedule",
     "LearnableSchedule",
+    "KuklevaSchedule",
+    "TemperatureMethod",
     "parse_schedule",
     "SCHEDULES",
+    "METHODS",
 ]
 
-SCHEDULES = ("constant", "cosine", "linear", "step", "learnable")
+#: The temperature methods: the loss computes its temperatures (:class:`TemperatureMethod`).
+METHODS = ("macl", "dual", "individual", "network")
+SCHEDULES = ("constant", "cosine", "kukleva", "linear", "step", "learnable") + METHODS
 
 
 def _tau(value: object, name: str) -> float:
@@ -90,6 +120,13 @@ class TemperatureSchedule:
     kind = ""
     module: Optional[Temperature] = None
     varies = True  # tau is a function of the step, set on the model's Temperature by apply()
+    #: Whether the loss computes its own temperatures (a :class:`TemperatureMethod`).
+    adaptive = False
+
+    def bind(self, *, epochs: int) -> "TemperatureSchedule":
+        """Tell the schedule how many epochs the run has (a schedule that counts epochs needs
+        it); returns ``self``."""
+        return self
 
     @property
     def learnable(self) -> bool:
@@ -276,12 +313,155 @@ class LearnableSchedule(TemperatureSchedule):
         return {"kind": self.kind, "initial": self.initial, "max_scale": self.max_scale}
 
 
+class KuklevaSchedule(TemperatureSchedule):
+    """Kukleva et al.'s periodic cosine of the epoch (module docstring):
+    ``tau = tau_min + 0.5 (tau_max - tau_min) (1 + cos(pi e / T))`` with ``e`` the epoch
+    (0-based) and ``T`` in epochs; ``tau_max`` in the first epoch. The same as lightly's
+    ``cosine_schedule(e, ..., start_value=tau_max, end_value=tau_min, period=2 T)``.
+
+    The run's number of epochs is given by :meth:`bind` (the trainer does); step ``s`` of
+    ``total_steps`` lies in epoch ``floor(s * epochs / total_steps)``.
+    """
+
+    kind = "kukleva"
+
+    def __init__(self, tau_min: float = 0.1, tau_max: float = 1.0, half_period: float = 200) -> None:
+        self.tau_min = _tau(tau_min, "tau_min")
+        self.tau_max = _tau(tau_max, "tau_max")
+        if self.tau_min > self.tau_max:
+            raise ValueError(f"tau_min must be <= tau_max, got tau_min={self.tau_min}, tau_max={self.tau_max}")
+        self.half_period = _tau(half_period, "T (epochs)")
+        self.epochs: Optional[int] = None
+
+    def bind(self, *, epochs: int) -> "KuklevaSchedule":
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
+        self.epochs = epochs
+        return self
+
+    def epoch(self, step: int, total_steps: int) -> int:
+        """The (0-based) epoch of ``step``."""
+        _check_step(step, total_steps)
+        if self.epochs is None:
+            raise ValueError("the kukleva schedule counts epochs: bind(epochs=...) the run's number of epochs first")
+        return (step * self.epochs) // total_steps
+
+    def value(self, step: int, total_steps: int) -> float:
+        e = self.epoch(step, total_steps)
+        return self.tau_min + 0.5 * (self.tau_max - self.tau_min) * (1.0 + math.cos(math.pi * e / self.half_period))
+
+    @property
+    def lowest(self) -> float:
+        return self.tau_min
+
+    def config(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "tau_min": self.tau_min, "tau_max": self.tau_max, "half_period": self.half_period}
+
+
+class TemperatureMethod(TemperatureSchedule):
+    """A temperature method (module docstring): no schedule sets ``tau``; :meth:`build` makes
+    the module (:class:`contrastkit.losses.AdaptiveTemperature`) that computes the two-view
+    loss with its own temperatures. :meth:`value` is the temperature it starts from (what a
+    run reports before its first step). :attr:`needs_indices`: whether it keeps per-sample
+    state (the trainer then passes each batch's sample indices)."""
+
+    varies = False
+    adaptive = True
+    needs_indices = False
+
+    def __init__(self, **settings: float) -> None:
+        self.settings = {name: float(value) for name, value in settings.items()}
+        self.build(0, 1)  # the settings are checked once, here
+
+    def build(self, num_samples: int, dim: int) -> Any:
+        """The method's module for a training set of ``num_samples`` and embeddings of ``dim``."""
+        raise NotImplementedError
+
+    def value(self, step: int, total_steps: int) -> float:
+        _check_step(step, total_steps)
+        return self.initial
+
+    @property
+    def initial(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def lowest(self) -> float:
+        return min(self.initial, self.settings.get("tau_min", self.initial))
+
+    def config(self) -> Dict[str, Any]:
+        return {"kind": self.kind, **self.settings}
+
+
+class MACLMethod(TemperatureMethod):
+    kind = "macl"
+    _names = ("temperature", "alpha", "threshold")
+    _defaults = (0.1, 0.5, 0.0)
+
+    def build(self, num_samples: int, dim: int) -> Any:
+        from contrastkit.losses import MACL
+
+        return MACL(**self.settings)
+
+    @property
+    def initial(self) -> float:
+        return self.settings["temperature"]
+
+
+class DualMethod(TemperatureMethod):
+    kind = "dual"
+    _names = ("intra_temperature", "inter_temperature")
+    _defaults = (0.1, 1.0)
+
+    def build(self, num_samples: int, dim: int) -> Any:
+        from contrastkit.losses import DualTemperature
+
+        return DualTemperature(**self.settings)
+
+    @property
+    def initial(self) -> float:
+        return self.settings["intra_temperature"]
+
+
+class IndividualMethod(TemperatureMethod):
+    kind = "individual"
+    needs_indices = True
+    _names = ("initial", "rho", "tau_min", "tau_max")
+    _defaults = (0.1, 0.4, 0.05, 1.0)
+
+    def build(self, num_samples: int, dim: int) -> Any:
+        from contrastkit.losses import IndividualTemperatures
+
+        return IndividualTemperatures(num_samples, **self.settings)
+
+    @property
+    def initial(self) -> float:
+        return self.settings["initial"]
+
+
+class NetworkMethod(IndividualMethod):
+    kind = "network"
+
+    def build(self, num_samples: int, dim: int) -> Any:
+        from contrastkit.losses import TemperatureNetwork
+
+        return TemperatureNetwork(dim, num_samples, **self.settings)
+
+
+_METHOD_CLASSES = {cls.kind: cls for cls in (MACLMethod, DualMethod, IndividualMethod, NetworkMethod)}
+
+
 _FORMS = {
     "constant": "constant or constant:TAU",
     "cosine": "cosine:TAU_MIN,TAU_MAX or cosine:TAU_MIN,TAU_MAX,PERIOD_STEPS",
     "linear": "linear:START,END",
     "step": "step:V1,V2,... or step:V1,V2,...@F1,... (fractions of the run)",
     "learnable": "learnable or learnable:INITIAL",
+    "kukleva": "kukleva, kukleva:TAU_MIN,TAU_MAX or kukleva:TAU_MIN,TAU_MAX,T_EPOCHS",
+    "macl": "macl or macl:TAU0[,ALPHA[,A0]]",
+    "dual": "dual or dual:TAU_ALPHA,TAU_BETA",
+    "individual": "individual or individual:INITIAL[,RHO[,TAU_MIN,TAU_MAX]]",
+    "network": "network or network:INITIAL[,RHO[,TAU_MIN,TAU_MAX]]",
 }
 
 
@@ -289,8 +469,11 @@ def parse_schedule(spec: str, temperature: Optional[float] = None) -> Temperatur
     """Build a schedule from its command-line form.
 
     ``constant`` / ``learnable`` use ``temperature`` unless a value follows the colon;
-    ``cosine:0.05,0.5`` (``tau_min, tau_max[, period]``), ``linear:0.05,0.5``
-    (``start, end``), ``step:0.05,0.1,0.2`` or ``step:0.05,0.5@0.3`` (values @ milestones).
+    ``cosine:0.05,0.5`` (``tau_min, tau_max[, period]``), ``kukleva:0.1,1.0,200``
+    (``tau-, tau+, T`` in epochs), ``linear:0.05,0.5`` (``start, end``),
+    ``step:0.05,0.1,0.2`` or ``step:0.05,0.5@0.3`` (values @ milestones); the temperature
+    methods ``macl``, ``dual``, ``individual``, ``network`` with their papers' defaults unless
+    values follow (module docstring).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"temperature schedule must be one of {', '.join(SCHEDULES)}, got {spec!r}")
@@ -310,6 +493,20 @@ def parse_schedule(spec: str, temperature: Optional[float] = None) -> Temperatur
     if kind == "step" and "@" in rest:
         rest, milestones_text = rest.split("@", 1)
     args = numbers(rest)
+    if kind in _METHOD_CLASSES:
+        cls = _METHOD_CLASSES[kind]
+        allowed = {"macl": (0, 1, 2, 3), "dual": (0, 2)}.get(kind, (0, 1, 2, 4))
+        if len(args) not in allowed:
+            raise ValueError(f"temperature schedule {spec!r}: expected {form}")
+        values = list(args) + list(cls._defaults[len(args):])
+        try:
+            return cls(**dict(zip(cls._names, values)))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"temperature schedule {spec!r}: {err}") from None
+    if kind == "kukleva":
+        if len(args) not in (0, 2, 3):
+            raise ValueError(f"temperature schedule {spec!r}: expected {form}")
+        return KuklevaSchedule(*args)
     if kind in ("constant", "learnable"):
         if len(args) > 1:
             raise ValueError(f"temperature schedule {spec!r}: expected {form}")

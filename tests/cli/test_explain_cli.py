@@ -262,3 +262,34 @@ def test_bad_input_in_a_subprocess_has_no_traceback():
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == ["contrastkit explain: error: similarity 'abc' is not a number"]
     assert done.stdout == ""
+
+
+def test_methods_table_shows_each_method_next_to_the_fixed_tau(capsys):
+    from contrastkit.analysis import explain_methods
+
+    assert main(["explain", "0.8", "0.4", "0.2", "0.55", "--tau", "0.5", "--methods", "--plain"]) == 0
+    out = capsys.readouterr().out
+    comparison = explain_methods([0.8, 0.4, 0.2, 0.55], temperature=0.5)
+    for name, view in zip(["fixed tau", "MACL", "dual temperature", "iSogCLR (individual)", "TempNet (network)"],
+                          comparison):
+        line = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert six(view.temperatures[0]) in line and six(view.positive_pull[0]) in line
+        assert six(view.explanation.effective_negatives[0]) in line
+
+
+def test_one_method_as_json(capsys):
+    assert main(["explain", "0.8", "0.4", "0.2", "--tau", "0.3", "--method", "dual:0.1,0.5", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [m["method"] for m in data["methods"]] == ["dual"]
+    assert data["methods"][0]["settings"] == {"intra_temperature": 0.1, "inter_temperature": 0.5}
+    assert data["fixed"]["temperatures"] == [0.3]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["0.8", "0.4", "--methods", "--tau", "0.1,0.5"], "give one --tau"),
+    (["0.8", "0.4", "--methods", "--sigmoid"], "leave out --sigmoid"),
+    (["0.8", "0.4", "--method", "cosine:0.1,1"], "not a temperature method"),
+])
+def test_methods_errors_are_one_line(argv, message):
+    result = run_cli(*argv)
+    assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr

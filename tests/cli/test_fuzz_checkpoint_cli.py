@@ -3,7 +3,8 @@ a header field overwritten, grown, over the input ceiling) is always refused whi
 recorded SHA-256 stands; with the digest rewritten to match the damage (or removed) what
 torch and the content checks see is fuzzed too. ``contrastkit probe`` on a damaged run and
 ``contrastkit explain --matrix`` on damaged matrices exit 0, or 2 after one error line, and
-write nothing. Everything runs in a child under a 2 GiB address-space limit (``_bounded.py``).
+write nothing. Everything runs in a child limited to 1 GiB of memory above its start
+(``_bounded.py``).
 ``CONTRASTKIT_FUZZ_EXAMPLES=500`` runs a deeper search than the default."""
 
 import hashlib

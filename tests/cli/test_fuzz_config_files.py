@@ -1,7 +1,7 @@
 """Fuzzing the config-file parser: a ``--config`` file damaged (truncated, bit-flipped, a field
 overwritten, garbage appended, grown past the input ceiling) or made of arbitrary bytes is
-read by ``pretrain``, ``sweep`` and ``experiment`` under a 2 GiB address-space limit
-(``_bounded.py``) and ends, like any bad input, in exit status 2 after one error line, with
+read by ``pretrain``, ``sweep`` and ``experiment`` in a child limited to 1 GiB of memory
+above its start (``_bounded.py``) and ends, like any bad input, in exit status 2 after one error line, with
 nothing written. The runs are asked to ``--resume`` a folder that does not exist, so a file
 that happens to parse stops right after it is read instead of training."""
 

@@ -171,3 +171,35 @@ def test_bad_options_are_one_clear_error(tmp_path):
     (tmp_path / "none").mkdir()
     with pytest.raises(ValueError, match="cannot recognise"):
         open_data(tmp_path / "none")
+
+
+def test_item_dataset_gives_unlabeled_items_the_no_label_whether_held_or_streamed(tmp_path):
+    # The contract (contrastkit.data.item_dataset): items (image, label); a split without labels
+    # gives every item NO_LABEL (-1), never a class id, held images as streamed ones.
+    from contrastkit.data import NO_LABEL, Split, item_dataset
+    from contrastkit.data.paired import PairedSplit
+
+    images = torch.rand(5, 3, 8, 8)
+    held = item_dataset(PairedSplit(images=images, texts=[f"text {i}" for i in range(5)]))  # pairs without labels
+    streamed = item_dataset(open_collection(_tree(tmp_path / "photos", 12)[0].parent).train)
+    labelled = item_dataset(Split(images=images, labels=torch.tensor([2, 0, 1, 1, 0])))
+    assert len(held) == 5 and torch.equal(held[3][0], images[3])
+    for items in (held, streamed):
+        batch_images, batch_labels = next(iter(torch.utils.data.DataLoader(items, batch_size=4)))
+        assert batch_images.shape[0] == 4 and batch_labels.tolist() == [NO_LABEL] * 4
+        assert batch_labels.dtype == torch.int64
+    assert [int(labelled[i][1]) for i in range(5)] == [2, 0, 1, 1, 0]
+
+
+def test_a_damaged_file_read_for_a_picture_is_left_out_and_named(tmp_path):
+    from contrastkit.data.loader import read_present_images
+
+    _tree(tmp_path / "photos", 12)
+    data = open_collection(tmp_path / "photos")
+    split = data.train
+    broken = 1
+    with open(split.path(broken), "wb"):
+        pass  # emptied after the index was read, as a file damaged on disk
+    images, read = read_present_images(split, torch.tensor([0, broken, 2]))
+    assert read.tolist() == [0, 2] and images.shape[0] == 2
+    assert [line.split("\t")[0] for line in skipped_files(data)] == [split.path(broken)]

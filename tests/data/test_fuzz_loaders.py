@@ -1,6 +1,6 @@
 """Fuzzing the data loaders: every format, one file of it truncated, bit-flipped, with a header
-field overwritten, grown or over the input ceiling, read in a child under a 2 GiB
-address-space limit (``_bounded.py``). The load either works or ends in one ValueError /
+field overwritten, grown or over the input ceiling, read in a child limited to 1 GiB
+of memory above its start (``_bounded.py``). The load either works or ends in one ValueError /
 FileNotFoundError naming the data; never a traceback of another kind, a MemoryError, a
 crash or a hang. ``CONTRASTKIT_FUZZ_EXAMPLES=500`` runs a deeper search than the default."""
 

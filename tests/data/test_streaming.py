@@ -81,6 +81,19 @@ def test_epoch_batches_are_the_in_memory_order():
     assert [b.tolist() for b in batches] == list(sampler)
 
 
+def test_an_epoch_started_in_its_middle_yields_the_rest_of_its_batches():
+    for world_size, rank in ((1, 0), (2, 1)):
+        sampler = EpochBatchSampler(50, 4, seed=5, rank=rank, world_size=world_size)
+        sampler.set_epoch(3)
+        whole = list(sampler)
+        sampler.set_epoch(3, start=4)  # a run resumed 4 batches into epoch 3
+        assert list(sampler) == whole[4:] and len(sampler) == len(whole) - 4
+        sampler.set_epoch(4)  # the next epoch starts at its beginning again
+        assert len(sampler) == len(whole)
+    with pytest.raises(ValueError, match="start"):
+        sampler.set_epoch(1, start=-1)
+
+
 def test_resume_with_workers_ends_with_the_uninterrupted_weights(tmp_path, folder):
     full = pretrain(config(tmp_path / "full", folder, workers=2), progress=False, baselines=False)
     out = tmp_path / "resumed"

@@ -67,6 +67,32 @@ def test_two_process_torchrun_pretrain_writes_one_run_folder_and_resumes(tmp_pat
     assert checkpoint["world_size"] == 2 and len(checkpoint["rng_per_rank"]) == 2
 
 
+def test_two_process_torchrun_trains_on_an_unlabeled_collection_and_names_every_damaged_file(tmp_path):
+    from _data_fixtures import write_collection
+
+    # 60 images and four empty .jpg files: a training split of 40 files (4 damaged), so that each
+    # rank reads 20 of them (5 steps of 4) and every damaged one is met by one rank or the other;
+    # fake.png lies in the test split, which rank 0's read-out and report read.
+    damaged = ["zero.jpg", "zero1.jpg", "zero2.jpg", "zero3.jpg", "fake.png"]
+    data = write_collection(tmp_path / "photos", 60, damaged)
+    out = tmp_path / "run"
+    result = torchrun("--data", str(data), "--batch-size", "8", "--device", "cpu", "--log-every", "1", "--quiet",
+                      "--json", "--epochs", "1", "--out", str(out))
+    summary = _summary(result)
+    with open(out / "config.json", encoding="utf-8") as handle:
+        derived = json.load(handle)["derived"]
+    assert derived["world_size"] == 2 and derived["dataset"]["num_classes"] == 0
+    assert derived["dataset"]["sizes"]["train"] == 40
+    for prefix in ("", "random_init_", "raw_pixel_"):
+        assert 0 <= summary[prefix + "view_retrieval_top1"] <= 1
+    assert "probe_accuracy" not in summary and summary["steps"] == 5
+    # Each rank skipped the damaged files of its own batches; rank 0 names them all, once.
+    named = [line.split("\t")[0] for line in (out / "skipped.txt").read_text().splitlines()]
+    assert sorted(os.path.basename(path) for path in named) == sorted(damaged)
+    assert summary["skipped_files"] == len(damaged)
+    assert "no report written" not in result.stderr and (out / "report.html").is_file()
+
+
 def test_resumed_data_parallel_run_ends_with_the_uninterrupted_weights(tmp_path):
     import distributed_workers as W
 

@@ -265,6 +265,28 @@ def test_bad_input_gets_one_clear_error(tiny):
         ContrastiveDataModule(too_few, batch_size=4).val_dataloader()
 
 
+@needs_lightning
+def test_without_a_batch_size_the_modules_size_it_as_pretrain_does(tiny):
+    """The data module and the module take pretrain's data-sized batch when none is given, and
+    the module the data module's own batch (the one it trains at) before the data's."""
+    from contrastkit.data.base import Dataset, Split
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.methods import default_batch_size
+    from contrastkit.train import PretrainConfig
+
+    labels = torch.arange(60_000) % 2
+    big = Dataset("big", ["0", "1"], Split(torch.zeros(60_000, 1, 8, 8), labels),
+                  Split(torch.zeros(4, 1, 8, 8), labels[:4]), Split(torch.zeros(4, 1, 8, 8), labels[:4]))
+    assert ContrastiveDataModule(big).batch_size == 256 == default_batch_size(60_000)[0]
+    assert ContrastiveDataModule(tiny).batch_size == 48  # 48 training scenes: the whole split, below 60
+    assert ContrastiveModule(PretrainConfig(), ContrastiveDataModule(big)).config.batch_size == 256
+    assert ContrastiveModule(PretrainConfig(), ContrastiveDataModule(big, batch_size=32)).config.batch_size == 32
+    assert ContrastiveModule(PretrainConfig(), big).config.batch_size == 256
+    assert ContrastiveModule(PretrainConfig(batch_size=128), ContrastiveDataModule(big)).config.batch_size == 128
+    config = PretrainConfig(data="glyphlab", data_options={"train_scenes": 48, "val_scenes": 16, "test_scenes": 8})
+    assert ContrastiveDataModule.from_config(config).batch_size == 48
+
+
 _DDP_SCRIPT = '''
 """Train a ContrastiveModule a few steps on DEVICES CPU processes; rank 0 saves the model."""
 import sys
@@ -326,25 +348,98 @@ def test_ddp_on_two_processes_equals_one_process_on_the_global_batch(tmp_path):
 
 
 @needs_lightning
-def test_the_data_module_trains_on_an_unlabeled_collection(tmp_path):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_data_module_skips_and_names_the_damaged_files_of_a_collection(tmp_path, workers):
     """An unlabeled image collection goes through Lightning's loaders as it goes through
-    ``contrastkit pretrain`` (items ``(image, -1)``: no label reaches the loss)."""
-    import numpy as np
-    from PIL import Image
+    ``contrastkit pretrain`` (items ``(image, -1)``: no label reaches the loss), and its damaged
+    files, read in a worker or here, leave their batch and are named, never stopping the run."""
+    import json
+    import warnings
 
+    from _data_fixtures import write_collection
     from contrastkit.data import open_data
     from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
     from contrastkit.train import PretrainConfig
 
-    rng = np.random.default_rng(0)
-    (tmp_path / "photos").mkdir()
-    for i in range(40):
-        Image.fromarray((rng.random((20, 26, 3)) * 255).astype(np.uint8)).save(tmp_path / "photos" / f"{i}.png")
-    collection = open_data(tmp_path / "photos", bad_files="fail")
-    assert collection.num_classes == 0
+    # A training split of 40 files, 4 of them empty: one epoch of 5 batches of 8 reads them all.
+    damaged = ["zero.jpg", "zero1.jpg", "zero2.jpg", "zero3.jpg", "fake.png"]  # fake.png: the test split
+    collection = open_data(write_collection(tmp_path / "photos", 60, damaged))  # bad_files: skip, the default
+    assert collection.num_classes == 0 and len(collection.train) == 40
     config = PretrainConfig(method="simclr", batch_size=8, temperature=0.2, seed=0)
-    data = ContrastiveDataModule(collection, batch_size=8, workers=0)
+    data = ContrastiveDataModule(collection, batch_size=8, workers=workers)
     module = ContrastiveModule(config, data)
-    trainer = _trainer(tmp_path, max_steps=3)
-    trainer.fit(module, data)
-    assert trainer.global_step == 3
+    logs = tmp_path / "logs"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _trainer(logs, max_epochs=1)
+        trainer.fit(module, data)
+    assert trainer.global_step == 5
+    named = sorted(os.path.basename(line.split("\t")[0]) for line in data.skipped_files())
+    assert named == sorted(damaged[:4])
+    assert all("cannot read image" in line for line in data.skipped_files())
+    written = (logs / "skipped.txt").read_text().splitlines()
+    assert written == data.skipped_files()
+    assert "skipped.txt" in json.loads((logs / "contrastkit-manifest.json").read_text())["files"]
+    assert any("skipped 4 damaged image file(s)" in str(w.message) for w in caught)
+
+    # A skipped.txt of the user's is never replaced: the names go in the warning instead.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "skipped.txt").write_text("my own notes")
+    data = ContrastiveDataModule(open_data(tmp_path / "photos"), batch_size=8, workers=workers)
+    with pytest.warns(UserWarning, match="is not contrastkit's, so not replaced: .*zero"):
+        _trainer(mine, max_epochs=1).fit(ContrastiveModule(config, data), data)
+    assert (mine / "skipped.txt").read_text() == "my own notes"
+
+
+@needs_lightning
+def test_a_collection_that_fails_on_damaged_files_stops_naming_the_file(tmp_path):
+    from _data_fixtures import write_collection
+    from contrastkit.data import UnreadableImageError, open_data
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+
+    collection = open_data(write_collection(tmp_path / "photos", 60, ["zero.jpg"]), bad_files="fail")
+    data = ContrastiveDataModule(collection, batch_size=8)
+    module = ContrastiveModule(PretrainConfig(method="simclr", batch_size=8, seed=0), data)
+    with pytest.raises(UnreadableImageError, match="zero.jpg"):
+        _trainer(tmp_path, max_epochs=1).fit(module, data)
+
+
+_DDP_COLLECTION_SCRIPT = '''
+"""One epoch of a ContrastiveModule on a collection with damaged files, on 2 CPU processes."""
+import sys
+
+import lightning
+import torch
+
+from contrastkit.data import open_data
+from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+from contrastkit.train import PretrainConfig
+
+photos, logs = sys.argv[1], sys.argv[2]
+torch.set_num_threads(1)
+data = ContrastiveDataModule(open_data(photos), batch_size=8)
+module = ContrastiveModule(PretrainConfig(method="simclr", batch_size=8, norm="group", seed=0), data)
+trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            limit_val_batches=0, default_root_dir=logs)
+trainer.fit(module, data)
+print("rank", trainer.global_rank, "steps", trainer.global_step, "named", len(data.skipped_files()))
+'''
+
+
+@needs_lightning
+def test_under_ddp_rank_zero_names_the_damaged_files_every_rank_skipped(tmp_path):
+    from _data_fixtures import write_collection
+
+    # 40 training files, 4 of them empty: each of the 2 processes reads 20 (5 steps of 4).
+    damaged = ["zero.jpg", "zero1.jpg", "zero2.jpg", "zero3.jpg"]
+    write_collection(tmp_path / "photos", 60, damaged)
+    script = tmp_path / "ddp_collection.py"
+    script.write_text(_DDP_COLLECTION_SCRIPT, encoding="utf-8")
+    result = _python(str(script), str(tmp_path / "photos"), str(tmp_path / "logs"), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0 steps 5 named 4" in result.stdout
+    named = [line.split("\t")[0] for line in (tmp_path / "logs" / "skipped.txt").read_text().splitlines()]
+    assert sorted(os.path.basename(path) for path in named) == sorted(damaged)

@@ -99,3 +99,29 @@ def test_module_twin_takes_validate(monkeypatch):
     with counted_reads() as reads:
         L.NTXentViews(temperature=0.1, validate=False)(a, b).backward()
     assert reads == []
+
+
+#: Each call with one learnable temperature per anchor row (2N for two views, N for one direction).
+PER_ANCHOR = {
+    "nt_xent_views": (lambda a, b, t, **k: L.nt_xent_views(a, b, temperature=t, **k), 2),
+    "bidirectional": (lambda a, b, t, **k: L.bidirectional_info_nce(a, b, temperature=t, **k), 2),
+    "info_nce": (lambda a, b, t, **k: L.info_nce(a, b, temperature=t, **k), 1),
+    "supcon_in": (lambda a, b, t, **k: L.supcon(a, torch.arange(a.shape[0]) % 3, temperature=t, variant="in", **k),
+                  1),
+    "dcl": (lambda a, b, t, **k: L.dcl(a, b, temperature=t, **k), 2),
+    "sigmoid": (lambda a, b, t, **k: L.sigmoid_loss(a, b, t, **k), 1),
+}
+
+
+@pytest.mark.parametrize("validate", [False, True])
+@pytest.mark.parametrize("chunk", [None, 5])
+@pytest.mark.parametrize("name", sorted(PER_ANCHOR))
+def test_no_host_sync_with_a_temperature_per_anchor(name, chunk, validate, monkeypatch):
+    monkeypatch.setattr(validation, "reads_are_free", lambda x: False)
+    a, b = _pair()
+    call, per_row = PER_ANCHOR[name]
+    tau = (0.05 + torch.rand(per_row * a.shape[0], generator=torch.Generator().manual_seed(1))).requires_grad_()
+    with counted_reads() as reads:
+        call(a, b, tau, chunk_size=chunk, validate=validate).backward()
+    assert reads == [], f"{name} (chunk_size={chunk}, validate={validate}) read tensor values: {reads}"
+    assert tau.grad is not None and bool(torch.isfinite(tau.grad).all())

@@ -215,8 +215,8 @@ def test_the_temperature_is_the_module_s_own(name):
 
 
 def test_bad_temperatures_are_refused_at_construction():
-    with pytest.raises(ValueError, match="temperature must be a scalar"):
-        L.NTXentViews(temperature=torch.nn.Parameter(torch.ones(2)))
+    with pytest.raises(ValueError, match="one value per anchor row"):
+        L.NTXentViews(temperature=torch.nn.Parameter(torch.ones(2, 2)))
     with pytest.raises(ValueError, match="temperature must be positive"):
         L.NTXentViews(temperature=torch.nn.Parameter(torch.tensor(-0.1)))
     with pytest.raises(TypeError, match="temperature must be a number"):

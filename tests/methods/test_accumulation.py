@@ -255,14 +255,22 @@ def test_a_non_deterministic_encoder_is_detected_before_its_gradient_is_applied(
 
 def test_config_refuses_bad_micro_batches_and_methods_that_do_not_opt_in(monkeypatch):
     with pytest.raises(ValueError, match=r"micro_batch \(7\) must divide the batch size \(60\)"):
-        PretrainConfig(micro_batch=7).resolved()
+        PretrainConfig(micro_batch=7, batch_size=60).resolved()
     with pytest.raises(ValueError, match=r"micro_batch \(120\) must be at most the batch size \(60\)"):
-        PretrainConfig(micro_batch=120).resolved()
+        PretrainConfig(micro_batch=120, batch_size=60).resolved()
     monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun: this process's share of the batch
     with pytest.raises(ValueError, match=r"divide this process's share of the batch under torchrun \(30 of 60\)"):
-        PretrainConfig(micro_batch=20).resolved()
+        PretrainConfig(micro_batch=20, batch_size=60).resolved()
     monkeypatch.delenv("WORLD_SIZE")
-    assert PretrainConfig(micro_batch=20).resolved().micro_batch == 20
+    assert PretrainConfig(micro_batch=20, batch_size=60).resolved().micro_batch == 20
+    # Without a batch size the data choose it: the micro-batch is checked against that choice.
+    unsized = PretrainConfig(micro_batch=7).resolved()
+    with pytest.raises(ValueError, match=r"micro_batch \(7\) must divide the batch size \(60\), chosen for 120 "
+                                         r"training images.*--batch-size sets it"):
+        unsized.fit_to_data(120)
+    with pytest.raises(ValueError, match=r"torchrun \(30 of 60\), chosen for 120 training images"):
+        PretrainConfig(micro_batch=20).resolved().fit_to_data(120, world_size=2)
+    assert PretrainConfig(micro_batch=32).resolved().fit_to_data(60_000).batch_size == 256
     assert PretrainConfig(norm="batch").resolved().norm is None  # what runs before the option stored
     monkeypatch.setattr(type(get_method("simclr")), "cached_gradients", False)
     with pytest.raises(ValueError, match="method 'simclr' does not take --micro-batch"):

@@ -205,3 +205,43 @@ def test_flattening_and_the_fan_out():
                               ("summary", {"probe_accuracy": 0.75}, 8, 2), ("table", 8), "closed"]
     assert "| linear probe accuracy | 0.750 | - | - |" in probe_table_markdown({"probe_accuracy": 0.75})
     assert probe_table_markdown({}) == ""
+
+
+def test_a_collection_run_logs_its_label_free_read_out(tmp_path, capsys, one_torch_thread):
+    from _data_fixtures import write_collection
+
+    data = write_collection(tmp_path / "photos", 40, damaged=("zero.jpg",))
+    out = tmp_path / "run"
+    loggers = "csv,tensorboard" if _has_tensorboard() else "csv"
+    assert main(["pretrain", "--data", str(data), "--epochs", "2", "--eval-every", "1", "--batch-size", "8",
+                 "--device", "cpu", "--log-every", "1", "--quiet", "--no-report", "--json", "--logger", loggers,
+                 "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    rows = _csv_rows(out)
+    final = {r["name"]: float(r["value"]) for r in rows if r["group"] == "summary"}
+    names = ("view_retrieval_top1", "view_retrieval_top5", "alignment", "uniformity", "effective_rank", "heldout_loss")
+    for prefix in ("", "random_init_", "raw_pixel_"):
+        for name in names:
+            assert final[prefix + name] == summary[prefix + name], prefix + name
+    assert final["skipped_files"] == 1 and "probe_accuracy" not in final
+    val = {(int(r["epoch"]), r["name"]) for r in rows if r["group"] == "val"}
+    assert {(1, "geometry/h/uniformity"), (2, "geometry/z/alignment")} <= val  # every evaluation epoch
+    assert len([r for r in rows if r["group"] == "train" and r["name"] == "loss"]) == summary["steps"]
+    if _has_tensorboard():
+        events = _events(out / "tensorboard")
+        (top1,) = events.Scalars("summary/view_retrieval_top1")
+        assert top1.value == pytest.approx(summary["view_retrieval_top1"], rel=1e-6)
+        (base,) = events.Scalars("summary/random_init_heldout_loss")
+        assert base.value == pytest.approx(summary["random_init_heldout_loss"], rel=1e-6)
+        tensors = events.Tags()["tensors"]
+        assert "summary/label_free_table/text_summary" in tensors and "summary/probe_table/text_summary" not in tensors
+
+
+def test_the_label_free_table_shows_each_encoder():
+    from contrastkit.train.loggers import label_free_table_markdown
+
+    assert label_free_table_markdown({"probe_accuracy": 0.5}) == ""
+    table = label_free_table_markdown({"view_retrieval_top1": 0.25, "random_init_view_retrieval_top1": 0.125,
+                                       "raw_pixel_view_retrieval_top1": 0.5})
+    assert "| view retrieval top-1 | 0.250 | 0.125 | 0.500 |" in table
+    assert "| held-out loss | - | - | - |" in table

@@ -10,27 +10,18 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
+from _data_fixtures import write_collection, write_image_folder
 from contrastkit.cli import main
 
 LABEL_FREE = ("view_retrieval_top1", "view_retrieval_top5", "alignment", "uniformity", "effective_rank",
               "heldout_loss")
 
 
-def _collection(root, count=48, damaged=True):
-    rng = np.random.default_rng(0)
-    root.mkdir(parents=True)
-    for i in range(count):
-        array = (rng.random((24, 28 + i % 5, 3)) * 60).astype(np.uint8)
-        array[:, : array.shape[1] // 2] = (200 * (i % 3 == 0), 200 * (i % 3 == 1), 200 * (i % 3 == 2))
-        folder = root / "nested" if i % 5 == 0 else root
-        folder.mkdir(exist_ok=True)
-        Image.fromarray(array).save(folder / f"p{i:03d}.{'jpg' if i % 2 else 'png'}")
-    if damaged:
-        (root / "zero.jpg").write_bytes(b"")
-        (root / "fake.png").write_text("text, not pixels")
-    return root
+def _collection(root, damaged=True):
+    return write_collection(root, 48, ("zero.jpg", "fake.png") if damaged else ())  # zero.jpg: train; fake.png: test
 
 
 def _args(data, out, *extra):
@@ -46,8 +37,11 @@ def _run(capsys, args):
 
 def test_a_flat_folder_pretrains_with_the_label_free_read_out(tmp_path, capsys):
     data = _collection(tmp_path / "photos")
-    code, out = _run(capsys, _args(data, tmp_path / "run", "--workers", "2"))
+    args = [arg for arg in _args(data, tmp_path / "run", "--workers", "2") if arg != "--no-report"]
+    code, out = _run(capsys, args)
     assert code == 0, out.err
+    # The report's pictures read the held-out split, where fake.png lies: skipped there too.
+    assert "no report written" not in out.err and (tmp_path / "run" / "report.html").is_file()
     summary = json.loads(out.out)
     for key in LABEL_FREE:
         for prefix in ("", "random_init_", "raw_pixel_"):
@@ -89,20 +83,90 @@ def test_eval_data_adds_the_probe_and_knn_on_a_labelled_set(tmp_path, capsys):
     assert "view_retrieval_top1" in summary
 
 
-def test_resume_force_config_and_micro_batches_work_on_a_collection(tmp_path, capsys):
+def _weights(out):
+    return torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)["model"]
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_resumed_collection_run_ends_with_the_uninterrupted_weights(tmp_path, capsys):
+    from contrastkit.train import PretrainConfig, pretrain
+
+    data = _collection(tmp_path / "photos")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    options = dict(data=str(data), epochs=2, batch_size=8, device="cpu", workers=1, log_every=1)
+    reference = pretrain(PretrainConfig(out=str(straight), **options), progress=False)
+
+    def stop_after_epoch_one(epoch, record):
+        raise _Stop
+
+    with pytest.raises(_Stop):  # interrupted after epoch 1's checkpoint (the same 2-epoch schedule)
+        pretrain(PretrainConfig(out=str(resumed), **options), progress=False, on_epoch_end=stop_after_epoch_one)
+    code, out = _run(capsys, ["pretrain", "--out", str(resumed), "--resume", "--quiet", "--no-report", "--json"])
+    assert code == 0, out.err
+    summary = json.loads(out.out)
+    assert summary["epochs"] == 2 and summary["skipped_files"] == 2  # zero.jpg met again in epoch 2
+    a, b = _weights(straight), _weights(resumed)
+    assert all(torch.equal(a[key], b[key]) for key in a)
+    assert summary["final_loss"] == reference["final_loss"]
+    assert summary["view_retrieval_top1"] == reference["view_retrieval_top1"]
+
+
+def test_force_removes_the_skipped_list_of_the_run_it_replaces(tmp_path, capsys):
     data = _collection(tmp_path / "photos")
     out_dir = tmp_path / "run"
     assert _run(capsys, _args(data, out_dir))[0] == 0
-    code, out = _run(capsys, ["pretrain", "--out", str(out_dir), "--resume", "--epochs", "2", "--quiet",
-                              "--no-report", "--json"])
+    assert (out_dir / "skipped.txt").is_file()
+    (out_dir / "my_notes.txt").write_text("mine")
+    for name in ("zero.jpg", "fake.png"):  # the user repaired the collection
+        (data / name).unlink()
+    code, out = _run(capsys, _args(data, out_dir, "--force"))
     assert code == 0, out.err
-    assert json.loads(out.out)["epochs"] == 2
-    code, out = _run(capsys, _args(data, out_dir, "--force", "--micro-batch", "4"))
+    assert json.loads(out.out)["skipped_files"] == 0
+    assert not (out_dir / "skipped.txt").exists()  # listed in the manifest: the earlier run's, removed
+    assert (out_dir / "my_notes.txt").read_text() == "mine"  # never the user's
+    assert "skipped.txt" not in json.dumps(json.loads((out_dir / "contrastkit-manifest.json").read_text()))
+
+
+def test_a_config_file_reruns_the_collection_with_its_data_settings(tmp_path, capsys):
+    # A class tree read as unlabeled, resized to 16 pixels, stopping at a damaged file.
+    write_image_folder(tmp_path / "tree", classes=("a", "b"), per_class=20, mode="RGB", sizes=((20, 24),))
+    first = tmp_path / "first"
+    code, out = _run(capsys, _args(tmp_path / "tree", first, "--unlabeled", "--image-size", "16", "--bad-files",
+                                   "fail"))
     assert code == 0, out.err
-    code, out = _run(capsys, ["pretrain", "--config", str(out_dir / "config.yaml"), "--out", str(tmp_path / "again"),
+    code, out = _run(capsys, ["pretrain", "--config", str(first / "config.yaml"), "--out", str(tmp_path / "again"),
                               "--quiet", "--no-report", "--json"])
     assert code == 0, out.err
-    assert json.loads(out.out)["skipped_files"] == 2
+    records = [json.loads((folder / "config.json").read_text()) for folder in (first, tmp_path / "again")]
+    assert records[0]["derived"]["dataset"] == records[1]["derived"]["dataset"]
+    assert records[1]["derived"]["dataset"]["num_classes"] == 0
+    assert records[1]["derived"]["dataset"]["image_shape"] == [3, 16, 16]
+    config = records[1]["config"]
+    assert config["unlabeled"] is True and config["bad_files"] == "fail"
+    assert json.loads(out.out)["final_loss"] == json.loads((first / "summary.json").read_text())["final_loss"]
+
+
+def test_micro_batches_on_a_collection_train_like_the_full_batch(tmp_path, capsys):
+    # GroupNorm: no batch statistics, so cached-gradient micro-batches must give the full batch's
+    # steps, also for the batch that lost zero.jpg (7 rows: micro-batches of 1, the divisor of 7).
+    data = _collection(tmp_path / "photos")
+    runs = {}
+    for micro in (None, "4"):
+        out_dir = tmp_path / f"micro{micro}"
+        extra = ("--norm", "group", "--log-every", "1") + (("--micro-batch", micro) if micro else ())
+        code, out = _run(capsys, _args(data, out_dir, *extra))
+        assert code == 0, out.err
+        with open(out_dir / "metrics.jsonl", encoding="utf-8") as handle:
+            losses = [r["loss"] for r in map(json.loads, handle) if r["kind"] == "step"]
+        runs[micro] = losses, _weights(out_dir)
+        assert "zero.jpg" in (out_dir / "skipped.txt").read_text()  # met in training: a batch lost it
+    (losses, weights), (micro_losses, micro_weights) = runs[None], runs["4"]
+    assert len(losses) >= 3 and micro_losses == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    for key in weights:  # float32 rounding, amplified by Adam on near-zero gradients (as in test_accumulation)
+        torch.testing.assert_close(micro_weights[key], weights[key], rtol=1e-4, atol=2e-4, msg=key)
 
 
 def test_a_method_that_needs_labels_is_refused(tmp_path, capsys):

@@ -345,11 +345,15 @@ def _write_csv(records: List[Dict[str, Any]], path, overwrite: bool) -> Optional
 # --------------------------------------------------------------------------- computation
 
 
-def _explain(problem: _Problem, tau: float) -> Explanation:
+def _explain(problem: _Problem, tau: Union[float, Tensor]) -> Explanation:
+    """One explanation at ``tau``: a float, or ``(N,)`` float64 with one per anchor (a
+    temperature method's view; ``Explanation.temperature`` is then their mean)."""
     s, positive, mask = problem.similarities, problem.positive, problem.in_denominator
     n, k = s.shape
     rows = torch.arange(n)
-    logits = s / tau
+    per_row = isinstance(tau, Tensor)
+    scale = tau[:, None] if per_row else tau
+    logits = s / scale
     if not bool(torch.isfinite(logits).all()):
         raise ValueError(f"temperature {tau!r} is too small for these similarities: s / tau overflows float64")
 
@@ -365,7 +369,7 @@ def _explain(problem: _Problem, tau: float) -> Explanation:
     negative[rows, positive] = False
     # 1 - p_+ as the sum of the negatives' probabilities, each accurate to a few ulps: 1 - exp(-loss)
     # would inherit the loss's absolute rounding (ulp of log Z) and lose digits when p_+ is near 1.
-    gradients = probabilities / tau
+    gradients = probabilities / scale
     gradients[rows, positive] = -torch.where(negative, probabilities, torch.zeros(())).sum(dim=1) / tau
 
     # Relative penalty over negatives: the core's loss with the positive dropped from the
@@ -396,7 +400,7 @@ def _explain(problem: _Problem, tau: float) -> Explanation:
         return t.detach().numpy().copy()
 
     return Explanation(
-        temperature=tau,
+        temperature=float(tau.mean()) if per_row else tau,
         similarities=arr(s),
         positive=arr(positive),
         in_denominator=arr(mask),

@@ -226,10 +226,9 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
     table.add_column("raw pixels", justify="right")
     rows = [("linear probe accuracy", "probe_accuracy"), ("kNN accuracy (k=20)", "knn_accuracy")]
     if "view_retrieval_top1" in summary:  # an unlabeled collection: the label-free read-out first
-        rows = [("view retrieval top-1", "view_retrieval_top1"), ("view retrieval top-5", "view_retrieval_top5"),
-                ("alignment (lower better)", "alignment"), ("uniformity (lower better)", "uniformity"),
-                ("effective rank", "effective_rank"), ("held-out loss", "heldout_loss")] + \
-            (rows if "probe_accuracy" in summary else [])
+        from contrastkit.metrics.readout import LABEL_FREE_ROWS
+
+        rows = list(LABEL_FREE_ROWS) + (rows if "probe_accuracy" in summary else [])
     for label, key in rows:
         table.add_row(label, *(_fmt(summary.get(prefix + key)) for prefix in ("", "random_init_", "raw_pixel_")))
     console = Console()

@@ -7,6 +7,8 @@
     contrastkit explain 1 0.5 0 --json                   # machine-readable
     contrastkit explain 1 0.5 0 --plot temperature.png   # three panels
     contrastkit explain 1 0.5 0 --sigmoid --tau 0.1 --bias -10   # SigLIP's sigmoid loss next to the softmax
+    contrastkit explain 0.8 0.4 0.2 --methods            # MACL, dual, iSogCLR, TempNet next to the fixed tau
+    contrastkit explain 0.8 0.4 0.2 --method macl:0.1,1 --method individual:0.1,0.2
 
 The arguments are parsed by :mod:`contrastkit.commands.explain_input` (before torch is imported,
 so that a mistake is reported at once) and the tables printed by
@@ -21,7 +23,7 @@ import sys
 from typing import Optional
 
 from .explain_input import DEFAULT_TAU, Request, parse_bias, request_from_args
-from .explain_output import Printer, print_sigmoid, print_softmax
+from .explain_output import Printer, print_methods, print_sigmoid, print_softmax
 
 __all__ = ["add_arguments", "run"]
 
@@ -64,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sigmoid", action="store_true",
                         help="the sigmoid (SigLIP) loss: each pair's probability, loss term and gradients "
                              "(w.r.t. s, the scale t = 1/tau and the bias b) next to the softmax view")
+    parser.add_argument("--methods", action="store_true",
+                        help="what each temperature method (macl, dual, individual, network, with their papers' "
+                             "defaults) does to the probabilities, gradients and penalty, next to the fixed --tau")
+    parser.add_argument("--method", action="append", metavar="FORM",
+                        help="one temperature method in its --temperature-schedule form (repeat for several), "
+                             "e.g. macl:0.1,1 or dual:0.1,0.5; implies --methods")
     # No number here: the default is contrastkit.losses.sigmoid.SIGLIP_BIAS, read when the command
     # runs (importing it loads torch, which --help and a mistyped argument should not wait for).
     parser.add_argument("--bias", metavar="B",
@@ -92,9 +100,28 @@ def _run_sigmoid(args: argparse.Namespace, request: Request, bias: Optional[floa
     return 0
 
 
+def _run_methods(args: argparse.Namespace, request: Request) -> int:
+    if len(request.taus) != 1:
+        raise ValueError("--methods compares the methods with one fixed temperature: give one --tau")
+    if args.sigmoid or args.plot:
+        raise ValueError("--methods shows the softmax methods as tables: leave out --sigmoid and --plot")
+    from contrastkit.analysis import explain_methods
+    from contrastkit.temperature import METHODS
+
+    comparison = explain_methods(request.similarities, temperature=request.taus[0], positive=request.positive,
+                                 exclude_diagonal=request.exclude_diagonal, methods=args.method or METHODS)
+    if args.json:
+        print(comparison.to_json(indent=2))
+    else:
+        print_methods(Printer(not args.plain and sys.stdout.isatty()), comparison, request)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     request = request_from_args(args)  # before importing torch, so a typo is reported at once
     bias = parse_bias(args)
+    if args.methods or args.method:
+        return _run_methods(args, request)
     if args.sigmoid:
         if args.plot:
             raise ValueError("--plot draws the softmax view only; leave it out with --sigmoid")

@@ -1,5 +1,6 @@
 """What ``contrastkit explain`` prints: the candidate table of one anchor, a matrix's table of
-anchors, a temperature sweep and the sigmoid (SigLIP) view next to the softmax, with the loss,
+anchors, a temperature sweep, the sigmoid (SigLIP) view next to the softmax and the temperature
+methods next to a fixed tau, with the loss,
 gradients, hardness and limits under each table; plain aligned text, or rich tables on a
 terminal. Every number is shown in full (:func:`fmt`)."""
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from .explain_input import Request
 
-__all__ = ["fmt", "Printer", "print_anchor", "print_softmax", "print_sigmoid"]
+__all__ = ["fmt", "Printer", "print_anchor", "print_softmax", "print_sigmoid", "print_methods"]
 
 _MAX_PROBABILITY_COLUMNS = 6
 
@@ -301,3 +302,45 @@ def print_sigmoid(printer: Printer, e, request: Request) -> None:
                    f"mean dL/dt = {fmt(float(e.scale_gradient.mean()))}, "
                    f"mean dL/db = {fmt(float(e.bias_gradient.mean()))}"],
                   request.row, lambda row, header: _sigmoid_one(printer, e, row, header))
+
+
+_METHOD_NAMES = {"fixed": "fixed tau", "macl": "MACL", "dual": "dual temperature", "individual": "iSogCLR (individual)",
+                 "network": "TempNet (network)"}
+
+
+def _method_candidates(view, anchor: int) -> Table:
+    e = view.explanation
+    table = Table(["candidate", "similarity", "probability", "gradient", "penalty share"])
+    for j in range(e.similarities.shape[1]):
+        if not e.in_denominator[anchor, j]:
+            table.rows.append([f"{j} (self)", fmt(e.similarities[anchor, j]), "excluded", "-", "-"])
+            continue
+        positive = j == e.positive[anchor]
+        table.rows.append([f"{j} +" if positive else str(j), fmt(e.similarities[anchor, j]),
+                           fmt(e.probabilities[anchor, j]), fmt(view.gradients[anchor, j]),
+                           "-" if positive else fmt(e.penalty[anchor, j])])
+    return table
+
+
+def print_methods(printer: Printer, comparison, request: Request) -> None:
+    """The temperature methods next to a fixed tau (:func:`contrastkit.analysis.explain_methods`):
+    a summary of every method for the anchor (its tau, gradient weight, positive's probability and
+    pull, penalty spread), then each method's candidate table."""
+    anchor = request.row or 0
+    what = f"anchor {anchor}" if comparison.fixed.explanation.similarities.shape[0] > 1 else "the row"
+    printer.line(f"temperature methods on {what}, next to tau = {fmt(comparison.fixed.temperatures[0])}")
+    summary = Table(["method", "tau", "gradient weight", "P(positive)", "pull on positive", "effective negatives"])
+    for view in comparison:
+        e = view.explanation
+        summary.rows.append([_METHOD_NAMES[view.method], fmt(view.temperatures[anchor]), fmt(view.weights[anchor]),
+                             fmt(e.positive_probability[anchor]), fmt(view.positive_pull[anchor]),
+                             fmt(e.effective_negatives[anchor])])
+    printer.table(summary)
+    for view in comparison:
+        printer.line()
+        printer.line(f"{_METHOD_NAMES[view.method]}: {view.source}")
+        printer.table(_method_candidates(view, anchor))
+    printer.line()
+    printer.line("gradient: what the method's loss sends to each similarity (MACL and dual: the softmax gradient "
+                 "times their stop-gradient weight; iSogCLR and TempNet: the robust objective's, dF/ds_+ = -1 and "
+                 "the penalty share on each negative, at the temperature that minimises it for this row)")

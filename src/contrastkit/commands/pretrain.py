@@ -10,7 +10,7 @@ from dataclasses import fields
 from contrastkit import layout
 from contrastkit.commands.common import add_config_argument, parse_data_options, parse_names, print_result_table
 from contrastkit.methods import METHOD_REGISTRY, OPTIMIZERS, PretrainConfig, method_names
-from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, PRECISIONS
+from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, ON_NAN, PRECISIONS
 from contrastkit.models import ENCODERS
 from contrastkit.models.text import TEXT_ENCODERS
 
@@ -55,12 +55,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--subset-seed", type=int, default=None, help="seed of the subsets, the same for every --seed (default 0)")
     add("--method", choices=method_names(), default=None, help=f"(default {d.method})")
     add("--encoder", default=None, metavar="NAME",
-        help=f"a built-in ({', '.join(ENCODERS)}; resnet18/resnet50 want a GPU, vit is for 32x32 "
-             f"images) or package.module:factory, a callable returning any nn.Module from images "
-             f"(N, C, H, W) to (N, D) or (N, D, ...) (default {d.encoder})")
+        help=f"a built-in ({', '.join(ENCODERS)}: plain torch; resnet18/resnet50 want a GPU, vit is for 32x32 "
+             f"images), timm:NAME (timm.create_model(NAME, num_classes=0); needs contrastkit[timm]), "
+             f"torchvision:NAME (its classification layer removed; needs contrastkit[torchvision]) or "
+             f"package.module:factory, a callable returning any nn.Module from images (N, C, H, W) to (N, D) "
+             f"or (N, D, ...) (default {d.encoder})")
     add("--encoder-option", action="append", default=None, metavar="KEY=VALUE",
-        help="keyword argument of the encoder's factory, repeatable, e.g. width=32 (VALUE parsed as JSON if it "
-             "can be); recorded with the run, so probe rebuilds the encoder without them")
+        help="keyword argument of the encoder's factory or model, repeatable, e.g. width=32 or drop_path_rate=0.1 "
+             "(VALUE parsed as JSON if it can be); cifar_stem=true gives a timm or torchvision ResNet the 32x32 "
+             "stem (3x3 conv, stride 1, no max-pool); recorded with the run, so probe rebuilds the encoder "
+             "without them")
+    add("--encoder-weights", default=None, metavar="FILE",
+        help="start the encoder from local weights: a state dict saved by torch.save (.pt/.pth, possibly under "
+             "'state_dict' or 'model') or a .safetensors file; missing and unexpected keys are reported, a "
+             "shape mismatch is refused naming the key")
     add("--views", choices=("augment", "A", "B", "paired"), default=None,
         help="augment: two SimCLR augmentations; A/B: glyphlab noise-realisation pairs (B rotates one "
              f"view by 90 degrees); paired: convirt's image-text pairs (default {d.views})")
@@ -71,11 +79,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                               for name, method in METHOD_REGISTRY.items()) + ")")
     add("--learnable-temperature", action="store_true", default=None, help="train tau (CLIP parameterisation)")
     add("--temperature-schedule", default=None, metavar="SCHEDULE",
-        help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], linear:START,END, "
-             "step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; siglip: learnable, "
-             "constant fixes its tau; see docs/temperature-study.md)")
+        help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], kukleva[:MIN,MAX[,T_EPOCHS]], "
+             "linear:START,END, step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; siglip: "
+             "learnable, constant fixes its tau); or a temperature method of simclr: macl[:TAU0,ALPHA,A0], "
+             "dual[:TAU_ALPHA,TAU_BETA], individual[:INIT,RHO,MIN,MAX], network[:INIT,RHO,MIN,MAX] "
+             "(see docs/temperature-methods.md)")
     add("--epochs", type=int, default=None, help=f"(default {d.epochs})")
-    add("--batch-size", type=int, default=None, help=f"source images per step (default {d.batch_size})")
+    add("--batch-size", type=int, default=None,
+        help="source images per step (default: sized to the training set and printed at the start: 60 up to "
+             "2,047 images, then one per 32 images, 256 from 8,192 on; recorded in OUT/config.json)")
     add("--optimizer", choices=OPTIMIZERS, default=None, help=f"(default {d.optimizer})")
     add("--lr", type=float, default=None, help="peak learning rate (default adamw 2e-3, sgd 0.1)")
     add("--weight-decay", type=float, default=None, help="(default adamw 1e-4, sgd 5e-4)")
@@ -104,6 +116,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--workers", type=int, default=None,
         help="DataLoader worker processes decoding images; an image folder with --workers > 0 (or "
              "--data-option stream=true) is streamed, only its file index held in memory (default 0)")
+    add("--compile", action="store_true", default=None,
+        help="torch.compile the encoder for the training steps (inductor, on CPU and CUDA; needs a C++ compiler); "
+             "the first step pays the compilation; the losses equal the eager run's within float rounding "
+             "(speed on this machine: benchmarks/results/compile.md)")
     add("--precision", choices=PRECISIONS, default=None,
         help="the training step's arithmetic: 32 (float32), bf16 (autocast to bfloat16) or fp16 (autocast to float16 "
              "with a gradient scaler); the losses keep their log-sum-exp in float32, the read-out runs in float32 "
@@ -123,6 +139,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--eval-every", type=int, default=None,
         help="epochs between val read-outs (kNN and linear probe, logged to metrics.jsonl); the "
              "epoch with the best val probe is reported as summary.json's selected block (default 0: never)")
+    add("--checkpoint-every", type=int, default=None, metavar="N",
+        help="also write the checkpoint every N steps, not only at the end of each epoch (for long epochs; "
+             "default 0: epoch ends only). On SIGTERM or SIGUSR1 a run always checkpoints the step it is in "
+             "and exits with status 75; --resume continues it")
+    add("--on-nan", choices=ON_NAN, default=None,
+        help="a non-finite training loss: stop the run naming the step and the last good checkpoint (stop), or "
+             "drop that step's update and count it in summary.json's skipped_steps (skip) (default stop)")
     add("--knn-k", type=int, default=None, help=f"neighbours of the kNN read-out (default {d.knn_k})")
     add("--knn-temperature", type=float, default=None,
         help=f"temperature of the weighted kNN read-out (default {d.knn_temperature})")

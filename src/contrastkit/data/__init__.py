@@ -15,20 +15,25 @@ Data too large to hold are streamed (:mod:`contrastkit.data.streaming`): :func:`
 keeps only the file index of a class-folder tree and decodes images in ``DataLoader`` workers;
 :func:`as_streaming` wraps any map-style ``torch.utils.data.Dataset`` of ``(image, label)``,
 :func:`as_streaming_pairs` one of ``(image, text)`` pairs (for ``convirt`` and ``siglip``).
+Views are made by kornia on the training device (:func:`make_views`), or by a per-image
+transform such as a torchvision ``transforms.v2`` pipeline in the ``DataLoader`` workers
+(:class:`TransformViews`).
 """
 
 from __future__ import annotations
 
 
-from contrastkit.data.base import (Dataset, Split, call_with_options, check_positive_int, stratified_subset,
+from contrastkit.data.base import (NO_LABEL, Dataset, Split, call_with_options, check_positive_int, stratified_subset,
                                    stratified_subset_indices)
 from contrastkit.data.batches import PairedImages
-from contrastkit.data.collection import CollectionDataset, ImageCollection, open_collection, skipped_files
+from contrastkit.data.collection import (CollectionDataset, ImageCollection, add_skipped, open_collection,
+                                         skipped_files, skipped_reasons, skips_bad_files)
 from contrastkit.data.contract import (DataSplit, DataSplits, as_data, data_record, image_batches, indexed_image_batches,
                                        item_dataset, limit_split, limit_splits, open_data, reads_files,
                                        training_views)
 from contrastkit.data.download import download_cifar10, download_mnist
-from contrastkit.data.loader import DeviceIndexBatches, EpochBatchSampler, make_loader
+from contrastkit.data.loader import (DamagedItem, DeviceIndexBatches, EpochBatchSampler, SkippingItems, collate_skipping,
+                                     make_loader, record_damaged)
 from contrastkit.data.on_device import DeviceImages, OnDevicePlan, choose_on_device, device_free_bytes, hold_on_device
 from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFolderDataset, StreamingDataset,
                                         UnreadableImageError, as_streaming, as_streaming_pairs, stream_image_folder,
@@ -36,6 +41,7 @@ from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFol
 from contrastkit.data.loading import BUILTIN, load_dataset, load_paired
 from contrastkit.data.paired import PairedDataset, PairedSplit
 from contrastkit.data.views import MODES, ViewMaker, make_views
+from contrastkit.data.transform_views import TransformViews
 
 __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_views", "Dataset", "Split", "ViewMaker", "MODES", "BUILTIN",
            "download_mnist", "download_cifar10", "ImageFolderDataset", "StreamingDataset", "UnreadableImageError",
@@ -44,5 +50,6 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "stratified_subset", "stratified_subset_indices", "DataSplit", "DataSplits", "open_data", "as_data",
            "image_batches", "limit_split", "limit_splits", "item_dataset", "reads_files", "training_views",
            "PairedImages", "indexed_image_batches", "data_record", "call_with_options", "check_positive_int", "unit_float",
-           "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "DeviceIndexBatches",
-           "DeviceImages", "OnDevicePlan", "choose_on_device", "device_free_bytes", "hold_on_device"]
+           "NO_LABEL", "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files", "DamagedItem", "SkippingItems",
+           "collate_skipping", "record_damaged", "DeviceIndexBatches",
+           "DeviceImages", "OnDevicePlan", "choose_on_device", "device_free_bytes", "hold_on_device", "TransformViews"]

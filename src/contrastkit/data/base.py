@@ -19,6 +19,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+#: The label of an item of a split without labels (an unlabeled collection's items; held images
+#: without labels as :func:`~contrastkit.data.item_dataset` gives them): never a class id.
+NO_LABEL = -1
+
 
 def _check_unit_range(x: Tensor, name: str) -> None:
     if x.numel() == 0:

@@ -5,7 +5,7 @@ they lie. With ``--data-on-device`` the whole training split's images are held o
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -19,13 +19,15 @@ __all__ = ["HeldImages", "StreamedViews", "PairedImages"]
 class HeldImages:
     """The images of a streamed batch for a batch maker: those of the training batch handed
     over by the loop (:meth:`hold`), instead of read again; any other batch (a held-out one)
-    read by :func:`read_images`. ``images(split, indices)`` -> ``(b, C, H, W)`` as decoded
-    (uint8 or float)."""
+    read by ``read`` (default :func:`read_images`). ``images(split, indices)`` -> ``(b, C, H, W)``
+    as decoded (uint8 or float), or whatever the loader's items are (``(b, 2, C, H, W)`` views
+    made in the workers, :mod:`contrastkit.data.transform_views`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read: Callable[[Any, Tensor], Tensor] = read_images) -> None:
         self._held: Optional[Tuple[Tensor, Tensor]] = None
         self._rows: Optional[Dict[int, int]] = None
         self._split: Optional[Tuple[Any, Tensor]] = None
+        self._read = read
 
     def hold(self, indices: Tensor, images: Tensor) -> None:
         """The decoded ``images`` of the training batch ``indices`` (from the loader)."""
@@ -51,7 +53,7 @@ class HeldImages:
             wanted = indices.tolist()
             if all(i in self._rows for i in wanted):  # the batch or a part of it (micro-batches)
                 return held[torch.tensor([self._rows[i] for i in wanted], dtype=torch.long, device=held.device)]
-        return read_images(split, indices)
+        return self._read(split, indices)
 
 
 class StreamedViews:

@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contrastkit.data.base import check_fraction, check_positive_int
+from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
 from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
 __all__ = ["ImageCollection", "CollectionDataset", "open_collection", "collection_files", "is_collection_source",
-           "BAD_FILES", "DEFAULT_SIZE", "skipped_files"]
+           "BAD_FILES", "DEFAULT_SIZE", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files"]
 
 #: What a damaged file does: dropped from its batch and named, or the run stops.
 BAD_FILES = ("skip", "fail")
@@ -97,7 +97,7 @@ def _hash_fraction(relative: str) -> float:
 
 
 class ImageCollection(torch.utils.data.Dataset):
-    """One split of an unlabeled collection: item ``i`` is ``(image, -1)``, ``image``
+    """One split of an unlabeled collection: item ``i`` is ``(image, NO_LABEL)`` (-1), ``image``
     ``(C, size, size)`` uint8 (the rules of :mod:`contrastkit.data.collection`); ``labels`` is
     ``None``. Only the paths are held."""
 
@@ -133,7 +133,7 @@ class ImageCollection(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Tuple[Tensor, int]:
         path = self.path(index)
         try:
-            return torch.from_numpy(fit_image(Path(path), self.color, self.size)), -1
+            return torch.from_numpy(fit_image(Path(path), self.color, self.size)), NO_LABEL
         except ValueError as err:
             raise UnreadableImageError(str(err)) from None
 
@@ -264,9 +264,28 @@ def skip_item(split: Any, index: int, error: BadItemError) -> None:
     _base_split(split).record_skipped(_base_index(split, index), str(error))
 
 
-def skipped_files(dataset: Any) -> List[str]:
-    """``"path: reason"`` of every damaged file a run met in ``dataset``'s splits, sorted."""
+def skipped_reasons(dataset: Any) -> Dict[str, str]:
+    """``{path: reason}`` of every damaged file met in ``dataset``'s splits in this process."""
     found: Dict[str, str] = {}
     for _, split in dataset.splits():
         found.update(getattr(_base_split(split), "skipped", {}) or {})
-    return [f"{path}\t{reason}" for path, reason in sorted(found.items())]
+    return found
+
+
+def add_skipped(dataset: Any, found: Dict[str, str]) -> None:
+    """Add to ``dataset``'s record the damaged files another process met (``{path: reason}``,
+    e.g. :func:`skipped_reasons` of the other ranks under torchrun, which each read their own
+    share of the training split); a file already recorded keeps its reason."""
+    if not found:
+        return
+    base = _base_split(dataset.train)
+    if not hasattr(base, "skipped"):
+        raise ValueError(f"{getattr(dataset, 'name', 'the data set')} is not an unlabeled collection: it skips no "
+                         "files")
+    known = skipped_reasons(dataset)
+    base.skipped.update((path, reason) for path, reason in found.items() if path not in known)
+
+
+def skipped_files(dataset: Any) -> List[str]:
+    """``"path<TAB>reason"`` of every damaged file a run met in ``dataset``'s splits, sorted."""
+    return [f"{path}\t{reason}" for path, reason in sorted(skipped_reasons(dataset).items())]

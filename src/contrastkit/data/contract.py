@@ -12,12 +12,12 @@ nowhere else: a new storage kind is added in :mod:`contrastkit.data` alone.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterator, Optional, Protocol, Tuple, Union, runtime_checkable
+from typing import Any, Callable, Dict, Iterator, Optional, Protocol, Tuple, Union, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from .base import stratified_subset, stratified_subset_indices
+from .base import NO_LABEL, stratified_subset, stratified_subset_indices
 from .batches import StreamedViews
 from .loader import make_loader
 from .streaming import as_streaming, in_memory, is_streaming, subset_split, unit_float
@@ -116,8 +116,12 @@ def _is_image_folder(data: Any) -> bool:
 
 def as_data(dataset: Any) -> Any:
     """A data set as a run reads it: a contrastkit data set (any storage) as it is; a user's
-    map-style ``torch.utils.data.Dataset`` of ``(image, label)``, or a dict of them with the key
-    ``train`` (and ``val``, ``test``), streamed (:func:`~contrastkit.data.as_streaming`)."""
+    map-style ``torch.utils.data.Dataset`` of ``(image, label)`` (a torchvision data set such
+    as ``ImageFolder``, ``CIFAR10``, ``STL10``, ``FakeData``: PIL images or tensors, labels
+    from its ``targets`` / ``labels``, class names from its ``classes``), or a dict of them with
+    the key ``train`` (and ``val``, ``test``: e.g. ``CIFAR10(root, train=False)`` as ``test``),
+    streamed (:func:`~contrastkit.data.as_streaming`: items read in the ``DataLoader``
+    workers). Anything else is a ``TypeError`` saying what is accepted."""
     if hasattr(dataset, "train") and hasattr(dataset, "image_shape"):
         return dataset
     if isinstance(dataset, dict):
@@ -125,8 +129,30 @@ def as_data(dataset: Any) -> Any:
         if unknown or "train" not in dataset:
             raise ValueError(f"a dict of data sets needs the key 'train' (and optionally 'val', 'test'), got "
                              f"{sorted(dataset)}")
+        for key, value in dataset.items():
+            _check_data_object(value, f"dataset[{key!r}]")
         return as_streaming(**dataset)
+    _check_data_object(dataset, "dataset")
     return as_streaming(dataset)
+
+
+def _check_data_object(dataset: Any, what: str) -> None:
+    """``TypeError`` naming ``what`` for an object that is not a map-style data set (a path, an
+    array, a data set class instead of an instance, an iterable-style data set)."""
+    accepted = ("a contrastkit data set, a map-style torch.utils.data.Dataset of (image, label) (e.g. a "
+                "torchvision data set object) or a dict of them with keys 'train', 'val', 'test'")
+    if isinstance(dataset, (str, bytes, os.PathLike)):
+        raise TypeError(f"{what} takes a data set object; {dataset!r} is a path: give it as the data (config.data, "
+                        f"--data) instead, or pass {accepted}")
+    if isinstance(dataset, type):
+        raise TypeError(f"{what} is the class {dataset.__name__}, not a data set: pass an instance (e.g. "
+                        f"{dataset.__name__}(root, ...))")
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        raise TypeError(f"{what} is an iterable-style data set ({type(dataset).__name__}); contrastkit reads items "
+                        "by index (map-style, with __getitem__ and __len__), to shuffle, split and resume")
+    if isinstance(dataset, Tensor) or hasattr(dataset, "__array_interface__") or \
+            not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise TypeError(f"{what} must be {accepted}; got {type(dataset).__name__} (not a map-style data set)")
 
 
 def image_batches(images: Any, batch_size: int = 256, workers: int = 0) -> Iterator[Tensor]:
@@ -184,9 +210,17 @@ def limit_splits(dataset: Any, *, train: Optional[int] = None, val: Optional[int
 
 def item_dataset(split: Any) -> torch.utils.data.Dataset:
     """``split`` as a map-style ``torch.utils.data.Dataset`` of ``(image, label)`` items (held
-    images as float tensors, streamed ones as decoded), for a ``DataLoader`` of one's own."""
+    images as float tensors, streamed ones as decoded), for a ``DataLoader`` of one's own.
+
+    A split without labels (``labels`` is ``None``: an unlabeled collection, held images
+    without labels such as image-text pairs without a ``label`` column) gives every item the
+    label :data:`NO_LABEL` (-1), never a class id: the same items whether the images are held
+    or streamed, so a loader of either batches ``(images, labels)`` alike."""
     if in_memory(split):
-        return torch.utils.data.TensorDataset(split.images, split.labels)
+        labels = getattr(split, "labels", None)
+        if labels is None:
+            labels = torch.full((len(split),), NO_LABEL, dtype=torch.int64)
+        return torch.utils.data.TensorDataset(split.images, labels)
     return split
 
 
@@ -197,10 +231,27 @@ def reads_files(split: Any) -> bool:
 
 
 def training_views(dataset: Any, mode: str = "augment", device: Union[torch.device, str, None] = None,
-                   strength: Optional[float] = None) -> Any:
-    """The batch maker of a run's two views: :func:`~contrastkit.data.make_views`, reading a
-    streamed batch's images from the loader (``contrastkit.data.batches.StreamedViews``:
-    the loop hands them over with ``hold``)."""
+                   strength: Optional[float] = None, *, transform: Optional[Callable[[Tensor], Any]] = None,
+                   seed: int = 0) -> Any:
+    """The batch maker of a run's two views: :func:`~contrastkit.data.make_views` (batched
+    kornia on ``device``), reading a streamed batch's images from the loader
+    (``contrastkit.data.batches.StreamedViews``: the loop hands them over with ``hold``).
+
+    With ``transform`` (a ``torchvision.transforms.v2`` pipeline, or any callable from a
+    ``(C, H, W)`` image tensor to a view), the views are that transform applied twice per
+    image in the ``DataLoader`` workers instead, drawn under ``seed``
+    (:class:`~contrastkit.data.TransformViews`: the training loader reads its
+    ``training_items``); ``mode`` must then be ``"augment"`` and ``strength`` ``None``."""
+    if transform is not None:
+        from .transform_views import TransformViews
+
+        if mode != "augment":
+            raise ValueError(f"views {mode!r} pair noise realisations; a transform makes two augmentations of "
+                             "each image (views 'augment')")
+        if strength is not None:
+            raise ValueError("the view strength tunes the kornia views; with a transform, set the augmentation "
+                             "in the transform itself")
+        return TransformViews(transform, seed=seed, device=None if device is None else torch.device(device))
     from .views import make_views
 
     views = make_views(dataset, mode=mode, device=device, strength=strength)

@@ -424,7 +424,9 @@ def open_image(path: Path, where: Optional[str] = None) -> Iterator[Any]:
         try:
             image = Image.open(handle)
         except Exception as err:  # PIL raises many kinds (UnidentifiedImageError, OSError, SyntaxError...)
-            raise ValueError(f"{_unreadable(path, where)} ({type(err).__name__}: {one_line(err)})") from None
+            # PIL names the open handle (its descriptor number), not the file, which is named before.
+            detail = "cannot identify image file" if isinstance(err, Image.UnidentifiedImageError) else one_line(err)
+            raise ValueError(f"{_unreadable(path, where)} ({type(err).__name__}: {detail})") from None
         with image:
             yield image
 

@@ -13,7 +13,7 @@ there are, and a resumed run needs no worker state.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -23,7 +23,8 @@ from contrastkit.data.base import check_positive_int
 from contrastkit.data.collection import skip_item, skips_bad_files
 from contrastkit.data.streaming import BadItemError, in_memory
 
-__all__ = ["EpochBatchSampler", "DeviceIndexBatches", "make_loader", "read_images"]
+__all__ = ["EpochBatchSampler", "EpochKeys", "DeviceIndexBatches", "make_loader", "read_images", "read_present_images",
+           "DamagedItem", "SkippingItems", "collate_skipping", "record_damaged"]
 
 
 class EpochBatchSampler(Sampler):
@@ -35,6 +36,8 @@ class EpochBatchSampler(Sampler):
     Under torchrun (``world_size > 1``): ``DistributedSampler``'s share of rank ``rank``
     (``shuffle=True, seed, drop_last=True``), in batches of ``batch_size`` (this rank's share
     of the global batch). The sampler runs in the main process, so workers never see it.
+    ``set_epoch(epoch, start=k)`` starts the epoch at its batch ``k`` (a run resumed from a
+    checkpoint written in the middle of the epoch): the batches before it are not drawn again.
     """
 
     def __init__(self, n: int, batch_size: int, seed: int, *, rank: int = 0, world_size: int = 1) -> None:
@@ -43,9 +46,11 @@ class EpochBatchSampler(Sampler):
         self.n, self.batch_size, self.seed = int(n), int(batch_size), int(seed)
         self.rank, self.world_size = int(rank), int(world_size)
         self.epoch = 0
+        self.start = 0
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch = int(epoch)
+        self.start = check_positive_int(start, "start", 0)
 
     def order(self) -> Tensor:
         """This process's indices of the epoch, in order."""
@@ -61,11 +66,11 @@ class EpochBatchSampler(Sampler):
 
     def __len__(self) -> int:
         share = self.n // self.world_size if self.world_size > 1 else self.n
-        return share // self.batch_size
+        return max(share // self.batch_size - self.start, 0)
 
     def __iter__(self) -> Iterator[List[int]]:
         order = self.order()
-        for step in range(len(self)):
+        for step in range(self.start, self.start + len(self)):
             yield order[step * self.batch_size:(step + 1) * self.batch_size].tolist()
 
 
@@ -101,21 +106,45 @@ class _Indices(torch.utils.data.Dataset):
         return index
 
 
+class EpochKeys(Sampler):
+    """The batches of ``sampler`` with each index ``i`` as the key ``(i, epoch)``, ``epoch`` the
+    sampler's (its ``epoch`` attribute when the epoch's batches are drawn; 0 without one): for
+    a split whose items depend on the epoch (``keyed_by_epoch``: views drawn in the workers,
+    :mod:`contrastkit.data.transform_views`), which persistent workers could not learn otherwise."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    @property
+    def epoch(self) -> int:
+        return int(getattr(self.sampler, "epoch", 0))
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[List[Tuple[int, int]]]:
+        epoch = self.epoch
+        for batch in self.sampler:
+            yield [(int(i), epoch) for i in batch]
+
+
 class _WithIndex(torch.utils.data.Dataset):
-    """Item ``i`` of a streamed split is ``(image, i)`` (its label is in ``split.labels``, its
-    text in ``split.texts``); a bad item (:class:`BadItemError`) is ``(zeros, -1 - i)``, for
-    the main process to raise."""
+    """Item ``i`` (or key ``(i, epoch)``) of a streamed split is ``(image, i)`` (its label is in
+    ``split.labels``, its text in ``split.texts``); a bad item (:class:`BadItemError`) is
+    ``(zeros, -1 - i)``, for the main process to raise."""
 
     def __init__(self, split: Any) -> None:
         self.split = split
-        self.blank = torch.zeros(tuple(split.image_shape), dtype=torch.uint8)
+        self.blank = torch.zeros(tuple(getattr(split, "item_shape", split.image_shape)),
+                                 dtype=getattr(split, "item_dtype", torch.uint8))
 
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, index: int) -> Tuple[Tensor, int]:
+    def __getitem__(self, key: Any) -> Tuple[Tensor, int]:
+        index = key[0] if isinstance(key, tuple) else key
         try:
-            return self.split[index][0], index
+            return self.split[key][0], index
         except BadItemError:
             return self.blank, -1 - index
 
@@ -138,13 +167,19 @@ class _StreamLoader:
             bad = indices < 0
             if bool(bad.any()):
                 if not self.skip:
-                    self.split[-1 - int(indices[bad][0])]  # raises the BadItemError naming it
+                    self.split[self._key(-1 - int(indices[bad][0]))]  # raises the BadItemError naming it
                 for marked in indices[bad].tolist():
                     _skip(self.split, -1 - int(marked))
                 images, indices = images[~bad], indices[~bad]
                 if indices.numel() == 0:
                     continue
             yield images, indices
+
+
+    def _key(self, index: int) -> Any:
+        """The key the workers read item ``index`` by (with the epoch for a keyed split)."""
+        sampler = self.loader.batch_sampler
+        return (index, sampler.epoch) if isinstance(sampler, EpochKeys) else index
 
 
 def _skip(split: Any, index: int) -> None:
@@ -180,6 +215,8 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
     if workers:
         options.update(persistent_workers=True, prefetch_factor=2)
     if batch_sampler is not None:
+        if getattr(split, "keyed_by_epoch", False):
+            batch_sampler = EpochKeys(batch_sampler)
         loader = DataLoader(dataset, batch_sampler=batch_sampler, **options)
     else:
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=False, **options)
@@ -188,15 +225,77 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
 
 def read_images(split: Any, indices: Tensor) -> Tensor:
     """The images of ``indices`` of a split, stacked ``(b, C, H, W)``: read in this process
-    (for the few held-out batches an evaluation draws; training reads through the loader)."""
+    (for the few held-out batches an evaluation draws; training reads through the loader). A
+    damaged file a collection skips is left out (:func:`read_present_images` says which came)."""
+    return read_present_images(split, indices)[0]
+
+
+def read_present_images(split: Any, indices: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(images, read)``: :func:`read_images` and the indices ``(b,)`` int64 it read, in order:
+    all of ``indices`` except the damaged files an unlabeled collection skips (dropped and
+    named, as the loader does)."""
+    indices = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
     if in_memory(split):
-        return split.images[indices.to(split.images.device)]
+        return split.images[indices.to(split.images.device)], indices
     if not skips_bad_files(split):
-        return torch.stack([split[int(i)][0] for i in indices.tolist()])
-    images = []
+        return torch.stack([split[int(i)][0] for i in indices.tolist()]), indices
+    images, read = [], []
     for i in indices.tolist():
         try:
             images.append(split[int(i)][0])
-        except BadItemError as error:  # dropped and named, as the loader does
+            read.append(int(i))
+        except BadItemError as error:
             skip_item(split, int(i), error)
-    return torch.stack(images)
+    if not images:
+        raise ValueError(f"every one of the {indices.numel()} image file(s) asked for is damaged (skipped)")
+    return torch.stack(images), torch.tensor(read, dtype=torch.long)
+
+
+# -- items of a loader of one's own (the Lightning data module) ---------------------------
+
+class DamagedItem(NamedTuple):
+    """An item a worker could not read: its ``split`` (name), ``index`` and why (the file named)."""
+
+    split: str
+    index: int
+    reason: str
+
+
+class SkippingItems(torch.utils.data.Dataset):
+    """The items ``(image, label)`` of ``items`` (:func:`~contrastkit.data.item_dataset` of the
+    split called ``name``), or a :class:`DamagedItem` where an item cannot be read
+    (:class:`BadItemError`), for :func:`collate_skipping` to leave out of its batch."""
+
+    def __init__(self, items: Any, name: str) -> None:
+        self.items, self.name = items, name
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.items[index]
+        except BadItemError as error:
+            return DamagedItem(self.name, int(index), str(error))
+
+
+def collate_skipping(items: Sequence[Any]) -> Tuple[Tensor, Tensor, List[DamagedItem]]:
+    """``(images, labels, damaged)``: the readable items of :class:`SkippingItems` batched as
+    ``default_collate`` does (``(b, C, H, W)``, ``(b,)``; ``b`` may be 0) and the damaged ones,
+    to be recorded in the main process (:func:`record_damaged`)."""
+    from torch.utils.data import default_collate
+
+    damaged = [item for item in items if isinstance(item, DamagedItem)]
+    good = [item for item in items if not isinstance(item, DamagedItem)]
+    if good:
+        images, labels = default_collate(good)
+    else:
+        images, labels = torch.zeros((0,), dtype=torch.uint8), torch.zeros((0,), dtype=torch.int64)
+    return images, labels, damaged
+
+
+def record_damaged(splits: Dict[str, Any], damaged: Sequence[DamagedItem]) -> None:
+    """Record the :class:`DamagedItem` s of a batch as skipped in their split (of ``splits``,
+    by name): named by :func:`~contrastkit.data.skipped_files` as the loader of a run names them."""
+    for item in damaged:
+        skip_item(splits[item.split], item.index, BadItemError(item.reason))

@@ -125,9 +125,16 @@ class LabelledDataset(torch.utils.data.Dataset):
         if known is None:
             known = [dataset[i][1] for i in range(len(dataset))]
         self.labels = torch.as_tensor(np.asarray(known), dtype=torch.int64).reshape(-1)
-        if self.labels.shape[0] != len(dataset) or int(self.labels.min()) < 0:
-            raise ValueError(f"{what}: needs one non-negative integer label per item")
-        self.image_shape = tuple(int(s) for s in self[0][0].shape)
+        if self.labels.shape[0] != len(dataset):
+            raise ValueError(f"{what}: needs one non-negative integer label per item, got {self.labels.shape[0]} "
+                             f"labels for {len(dataset)} items")
+        if int(self.labels.min()) < 0:
+            raise ValueError(f"{what}: needs one non-negative integer label per item, got {int(self.labels.min())} "
+                             "(an unlabeled split, such as STL10's 'unlabeled', marks its items -1: give the "
+                             "images as a folder with --unlabeled, or a labelled split)")
+        first = self[0][0]
+        self.image_shape = tuple(int(s) for s in first.shape)
+        self.item_dtype = first.dtype  # the loader's blank for a bad item matches the others
         if len(self.image_shape) != 3:
             raise ValueError(f"{what}: item 0's image has shape {self.image_shape}; expected (C, H, W)")
 
@@ -195,6 +202,15 @@ def _check_map_style(dataset: Any, what: str) -> int:
     if n == 0:
         raise ValueError(f"{what} is empty")
     return n
+
+
+def _class_names(dataset: Any, needed: int) -> Optional[List[str]]:
+    """A data set's ``classes`` attribute as names (a torchvision data set's: ``ImageFolder``'s
+    folder names, ``CIFAR10``'s ``airplane`` ...), when it names at least ``needed`` classes."""
+    names = getattr(dataset, "classes", None)
+    if isinstance(names, (list, tuple)) and len(names) >= needed and all(isinstance(n, str) for n in names):
+        return list(names)
+    return None
 
 
 def _labels_attribute(dataset: Any) -> Any:
@@ -382,8 +398,8 @@ def as_streaming(train: Any, val: Any = None, test: Any = None, *, class_names: 
     """A :class:`StreamingDataset` of a user's map-style data sets of ``(image, label)``.
 
     Without ``val`` (and ``test``), they are carved out of ``train`` (stratified by label,
-    ``split_seed``). ``class_names`` default to ``"0"`` ... up to the largest label.
-    Data sets of ``(image, text)`` pairs (a ``texts`` attribute, or item 0's second element a
+    ``split_seed``). ``class_names`` default to ``train``'s ``classes`` attribute (a torchvision
+    data set's), else ``"0"`` ... up to the largest label. Data sets of ``(image, text)`` pairs (a ``texts`` attribute, or item 0's second element a
     ``str``) go to :func:`as_streaming_pairs`, with the same options.
     """
     if _has_texts(train):
@@ -391,9 +407,10 @@ def as_streaming(train: Any, val: Any = None, test: Any = None, *, class_names: 
                                   val_fraction=val_fraction, test_fraction=test_fraction, split_seed=split_seed)
     splits = _three_splits({"train": LabelledDataset(train, "train")}, val, test, LabelledDataset,
                            val_fraction, test_fraction, split_seed)
-    if class_names is None:
-        top = max(int(s.labels.max()) for s in splits.values())
-        class_names = [str(i) for i in range(top + 1)]
+    top = max(int(s.labels.max()) for s in splits.values())
+    if class_names is None:  # the training set's own names (torchvision's classes), else the label numbers
+        own = _class_names(train, top + 1)
+        class_names = own if own is not None else [str(i) for i in range(top + 1)]
     return StreamingDataset(name, class_names, splits["train"], splits["val"], splits["test"], source=name)
 
 

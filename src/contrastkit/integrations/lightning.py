@@ -59,7 +59,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+import os
+import warnings
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 try:
     import lightning
@@ -72,10 +74,13 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from contrastkit.data import unit_float
-from contrastkit.data import as_data, check_positive_int, item_dataset, reads_files
+from contrastkit.data import (SkippingItems, add_skipped, as_data, check_positive_int, collate_skipping, item_dataset,
+                              reads_files, record_damaged, skipped_files, skipped_reasons, skips_bad_files)
+from contrastkit import layout
 from contrastkit.distributed import rank_seed
+from contrastkit.manifest import Manifest
 from contrastkit.methods import (MoCo, PretrainConfig, TwoViewMethod, build_lr_scheduler, build_model, build_optimizer,
-                                 channels_last_batch, get_method, load_data)
+                                 channels_last_batch, default_batch_size, get_method, load_data)
 
 __all__ = ["ContrastiveModule", "ContrastiveDataModule"]
 
@@ -163,6 +168,8 @@ class ContrastiveModule(lightning.LightningModule):
         elif encoder is not None and not isinstance(encoder, nn.Module):
             raise TypeError(f"encoder must be a built-in name, a 'package.module:factory' spec or a torch.nn.Module, "
                             f"got {type(encoder).__name__}")
+        if config.batch_size is None and isinstance(data, ContrastiveDataModule):
+            config = dataclasses.replace(config, batch_size=data.batch_size)  # the batch it trains at
         config = config.resolved()
         method = get_method(config.method)
         if not isinstance(method, TwoViewMethod):
@@ -183,6 +190,7 @@ class ContrastiveModule(lightning.LightningModule):
             if isinstance(method, MoCo):
                 raise ValueError("loss= replaces a two-view loss; moco's loss is the InfoNCE of its key queue")
         dataset = _data_set(data)
+        config = config.fit_to_data(len(dataset.train))  # no batch size given: the data's, as pretrain's
         config = config.with_queue(min(config.batch_size, len(dataset.train)), len(dataset.train))
         if isinstance(encoder, nn.Module):
             from contrastkit.models import describe_encoder
@@ -288,8 +296,10 @@ class ContrastiveModule(lightning.LightningModule):
         # A varying temperature schedule sets this step's tau (constant and learnable ones: no-op).
         self.config.schedule.apply(self.model.temperature, self.global_step, self._total_steps or 1)
 
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+    def training_step(self, batch: Any, batch_idx: int) -> Optional[Tensor]:
         images, labels = _unpack(batch)
+        if images.shape[0] < 2:  # damaged files skipped left no negatives: no step (Lightning skips None)
+            return None
         loss = self.loss(images, labels)
         rows = images.shape[0]
         self.log("loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=rows)
@@ -307,8 +317,10 @@ class ContrastiveModule(lightning.LightningModule):
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         self.model.temperature.clamp_()
 
-    def validation_step(self, batch: Any, batch_idx: int) -> Tensor:
+    def validation_step(self, batch: Any, batch_idx: int) -> Optional[Tensor]:
         images, labels = _unpack(batch)
+        if images.shape[0] < 2:
+            return None
         loss = self.loss(images, labels)
         self.log("val_loss", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True,
                  batch_size=images.shape[0])
@@ -339,34 +351,51 @@ class ContrastiveDataModule(lightning.LightningDataModule):
             :func:`contrastkit.data.as_data`.
         batch_size: the global batch: each of the trainer's processes loads
             ``batch_size / world_size`` images per step (it must divide); the last partial
-            batch is dropped, as in ``contrastkit pretrain``.
+            batch is dropped, as in ``contrastkit pretrain``. ``None``: sized to the training
+            split as ``contrastkit pretrain`` sizes it
+            (:func:`contrastkit.methods.default_batch_size`: 60 up to 2,047 images, growing
+            to 256 from 8,192).
         workers: ``DataLoader`` worker processes (persistent), decoding streamed images.
         shuffle: shuffle the training split each epoch.
         seed: the seed of the shuffle (with the epoch: ``DistributedSampler``'s order).
 
     The val loader holds the val split (``val_loss``); :meth:`test_dataloader` and
     :meth:`predict_dataloader` the test split, in order.
+
+    Damaged image files of an unlabeled collection opened with ``bad_files="skip"`` (its
+    default; :func:`contrastkit.data.open_data`) are left out of their batch, as ``contrastkit
+    pretrain`` leaves them out, never stopping the run: :meth:`skipped_files` names each (file
+    and reason, one ``path<TAB>reason`` line), and when a stage ends with any, rank 0 writes them
+    to ``skipped.txt`` in the trainer's ``log_dir`` (listed in that folder's
+    ``contrastkit-manifest.json``; a ``skipped.txt`` of the user's is never replaced) and warns
+    with the count. Under several processes each rank meets its own share; the list holds all.
+    A batch left with fewer than 2 readable images is skipped by :class:`ContrastiveModule`.
     """
 
-    def __init__(self, dataset: Any, *, batch_size: int = 60, workers: int = 0, shuffle: bool = True,
+    def __init__(self, dataset: Any, *, batch_size: Optional[int] = None, workers: int = 0, shuffle: bool = True,
                  seed: int = 0) -> None:
         super().__init__()
-        check_positive_int(batch_size, "batch_size", 2)  # a contrastive batch needs negatives
+        if batch_size is not None:
+            check_positive_int(batch_size, "batch_size", 2)  # a contrastive batch needs negatives
         check_positive_int(workers, "workers", 0)
         self.dataset = as_data(dataset)
         if hasattr(self.dataset.train, "texts"):
             raise ValueError("ContrastiveDataModule loads images with labels; image-text pairs train with "
                              "contrastkit pretrain")
+        if batch_size is None:
+            batch_size = default_batch_size(len(self.dataset.train))[0]
         self.batch_size, self.workers, self.shuffle, self.seed = batch_size, workers, bool(shuffle), int(seed)
 
     @classmethod
     def from_config(cls, config: PretrainConfig, *, shuffle: bool = True) -> "ContrastiveDataModule":
         """``config.data`` loaded as ``contrastkit pretrain`` loads it (its data options and
-        subsets, :func:`contrastkit.methods.load_data`), with ``config.batch_size``,
+        subsets, :func:`contrastkit.methods.load_data`), with ``config.batch_size`` (``None``:
+        sized to the training split, :meth:`~contrastkit.methods.PretrainConfig.fit_to_data`),
         ``config.workers`` and ``config.seed``."""
         config = config.resolved()
-        return cls(load_data(config), batch_size=config.batch_size, workers=config.workers, shuffle=shuffle,
-                   seed=config.seed)
+        dataset = load_data(config)
+        return cls(dataset, batch_size=config.fit_to_data(len(dataset.train)).batch_size, workers=config.workers,
+                   shuffle=shuffle, seed=config.seed)
 
     def _rank_batch(self, split: Any, what: str) -> int:
         """This process's batch: its share of the global batch, at most its share of ``split``."""
@@ -379,11 +408,47 @@ class ContrastiveDataModule(lightning.LightningDataModule):
                              "2 images: a contrastive batch needs negatives")
         return batch
 
-    def _loader(self, split: Any, batch: int, *, sampler: Any = None, drop_last: bool = False) -> DataLoader:
+    def _loader(self, name: str, batch: int, *, sampler: Any = None, drop_last: bool = False) -> DataLoader:
+        split = getattr(self.dataset, name)
         on_cuda = self.trainer is not None and getattr(self.trainer.strategy.root_device, "type", "cpu") == "cuda"
-        return DataLoader(item_dataset(split), batch_size=batch, sampler=sampler, drop_last=drop_last,
+        items, skipping = item_dataset(split), {}
+        if skips_bad_files(split):  # damaged files leave their batch (recorded in on_before_batch_transfer)
+            items, skipping = SkippingItems(items, name), {"collate_fn": collate_skipping}
+        return DataLoader(items, batch_size=batch, sampler=sampler, drop_last=drop_last,
                           num_workers=self.workers, persistent_workers=self.workers > 0,
-                          pin_memory=on_cuda and reads_files(split))
+                          pin_memory=on_cuda and reads_files(split), **skipping)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """A batch of a collection that skips damaged files: its damaged items recorded (in this
+        process, whatever worker met them), the batch ``(images, labels)``."""
+        if isinstance(batch, (tuple, list)) and len(batch) == 3 and isinstance(batch[2], list):
+            record_damaged({name: split for name, split in self.dataset.splits()}, batch[2])
+            return batch[0], batch[1]
+        return batch
+
+    def skipped_files(self) -> List[str]:
+        """``path<TAB>reason`` of every damaged file skipped so far (all ranks' after a stage ends)."""
+        return skipped_files(self.dataset)
+
+    def teardown(self, stage: str) -> None:
+        """Gather the damaged files every rank skipped; rank 0 writes and reports them."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            found: List[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(found, skipped_reasons(self.dataset))
+            for other in found:
+                add_skipped(self.dataset, other)
+        skipped = self.skipped_files()  # the same on every rank now
+        if not skipped:
+            return
+        folder = self.trainer.log_dir if self.trainer is not None else None  # a broadcast: every rank asks
+        if self.trainer is not None and self.trainer.global_rank != 0:
+            return
+        folder = folder or os.getcwd()
+        where = _write_skipped(folder, skipped)
+        warnings.warn(f"skipped {len(skipped)} damaged image file(s); " + (
+            f"they are named in {where}" if where else
+            f"{os.path.join(folder, layout.SKIPPED)} is not contrastkit's, so not replaced: "
+            + "; ".join(line.split("\t")[0] for line in skipped)), stacklevel=2)
 
     def train_dataloader(self) -> DataLoader:
         """This process's batches of the training split. The sampler is a
@@ -396,15 +461,28 @@ class ContrastiveDataModule(lightning.LightningDataModule):
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
         sampler = DistributedSampler(range(len(split)), num_replicas=world, rank=rank, shuffle=self.shuffle,
                                      seed=self.seed, drop_last=True)
-        return self._loader(split, self._rank_batch(split, "train"), sampler=sampler, drop_last=True)
+        return self._loader("train", self._rank_batch(split, "train"), sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
         # Full batches only: a val batch is a contrastive batch too.
-        split = self.dataset.val
-        return self._loader(split, self._rank_batch(split, "val"), drop_last=True)
+        return self._loader("val", self._rank_batch(self.dataset.val, "val"), drop_last=True)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.dataset.test, min(self.batch_size, len(self.dataset.test)))
+        return self._loader("test", min(self.batch_size, len(self.dataset.test)))
 
     def predict_dataloader(self) -> DataLoader:
         return self.test_dataloader()
+
+
+def _write_skipped(folder: str, lines: List[str]) -> Optional[str]:
+    """``folder/skipped.txt`` holding ``lines``, listed in the folder's manifest; ``None`` (nothing
+    written) where a file of that name is there and not one contrastkit wrote."""
+    path = os.path.join(folder, layout.SKIPPED)
+    os.makedirs(folder, exist_ok=True)
+    manifest = Manifest(folder)
+    if os.path.lexists(path) and layout.SKIPPED not in manifest.files:
+        return None
+    with manifest.writing(layout.SKIPPED):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.writelines(line + "\n" for line in lines)
+    return path

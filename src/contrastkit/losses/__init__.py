@@ -9,9 +9,22 @@ family, all re-exported by :mod:`.functional`); :mod:`.core` (the dense primitiv
 ring); :mod:`.sigmoid` (SigLIP's pairwise sigmoid loss, dense, tiled and ring); :mod:`.tiled` and :mod:`.ring` (the memory-linear kernels, over the online
 log-sum-exp of ``._tiles``); ``._sharding`` (the ``distributed=`` option);
 :mod:`.validation` (input checks, also used by other layers); :mod:`.modules` (the
-``nn.Module`` twins); :mod:`.temperature` (:class:`Temperature`).
+``nn.Module`` twins); :mod:`.temperature` (:class:`Temperature`); :mod:`.adaptive` (the
+temperatures beyond one number: MACL, dual temperature, iSogCLR's individual temperatures,
+TempNet).
 """
 
+from .adaptive import (
+    MACL,
+    AdaptiveTemperature,
+    DualTemperature,
+    IndividualTemperatures,
+    TemperatureNetwork,
+    dual_temperature_nt_xent,
+    macl_nt_xent,
+    macl_temperature,
+    robust_nt_xent,
+)
 from .core import contrastive_loss
 from .functional import (
     bidirectional_info_nce,
@@ -43,6 +56,7 @@ from .modules import (
 )
 from .sigmoid import SIGLIP_BIAS, SIGLIP_TEMPERATURE, SigmoidLoss, sigmoid_loss
 from .temperature import MIN_TEMPERATURE, Temperature
+from .validation import value_checks
 
 __all__ = [
     "contrastive_loss", "info_nce", "nt_xent", "nt_xent_views", "bidirectional_info_nce", "supcon",
@@ -51,4 +65,6 @@ __all__ = [
     "ContrastiveLoss", "InfoNCE", "NTXent", "NTXentViews", "BidirectionalInfoNCE", "SupCon",
     "SimilarityLoss", "DCL", "SimpleLoss", "HardNegativeNTXent", "DebiasedNTXent", "HCL", "Temperature",
     "MIN_TEMPERATURE", "SigmoidLoss", "SIGLIP_TEMPERATURE", "SIGLIP_BIAS",
+    "macl_nt_xent", "macl_temperature", "dual_temperature_nt_xent", "robust_nt_xent", "AdaptiveTemperature", "MACL",
+    "DualTemperature", "IndividualTemperatures", "TemperatureNetwork", "value_checks",
 ]

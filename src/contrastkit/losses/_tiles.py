@@ -8,7 +8,10 @@ its positive, or every column of another class) are set to ``-inf`` in the tile
 row-only passes over such tiles are :func:`merge_masked_rows_` and
 :func:`add_masked_row_grads_`). :func:`both_stats` reduces a tile for its rows and its
 columns with one shared shift when that is safe; :func:`pair_weights` and :func:`shifted_tile`
-rebuild ``exp(S - lse)`` in the backward pass; :func:`top_k_mask` selects each row's hardest
+rebuild ``exp(S - lse)`` in the backward pass. With one temperature per anchor row the rows
+and the columns of a shared tile see different scales (``beta_i S_ij`` for row ``i``,
+``beta_j S_ij`` for column ``j``): :func:`scaled_both_stats` (over :func:`scaled_row_stats`
+and :func:`scaled_col_stats`) and :func:`scaled_pair_weights` are their forms. :func:`top_k_mask` selects each row's hardest
 candidates (one tie rule for the dense and the tiled hard-negative loss). The buffers are flat and
 reused for every tile (:func:`tile_buffers`, :func:`tile_view`), so a kernel never holds more
 than two ``chunk x chunk`` tiles.
@@ -87,6 +90,74 @@ def both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m: 
     merge_(row_m, row_s, *row_stats(tile, work))
     merge_(col_m, col_s, *col_stats(tile, work))
     return shift, False
+
+
+def scaled_row_stats(tile: Tensor, work: Tensor, scale: Tensor) -> Tuple[Tensor, Tensor]:
+    """:func:`row_stats` of ``scale[:, None] * tile`` (``scale > 0``, one per row), the
+    scaling done in the same pass as the shift."""
+    row_max = tile.amax(dim=1) * scale
+    torch.addcmul(_finite_or_zero(row_max).neg()[:, None], tile, scale[:, None], out=work).exp_()
+    return row_max, work.sum(dim=1)
+
+
+def scaled_col_stats(tile: Tensor, work: Tensor, scale: Tensor) -> Tuple[Tensor, Tensor]:
+    """:func:`col_stats` of ``tile * scale[None, :]`` (one scale per column)."""
+    col_max = tile.amax(dim=0) * scale
+    torch.addcmul(_finite_or_zero(col_max).neg()[None, :], tile, scale[None, :], out=work).exp_()
+    return col_max, work.sum(dim=0)
+
+
+def scaled_both_stats(tile: Tensor, work: Tensor, row_scale: Tensor, col_scale: Tensor, row_m: Tensor,
+                      row_s: Tensor, col_m: Tensor, col_s: Tensor) -> None:
+    """Merge a tile's statistics into its rows (at ``row_scale``) and its columns (at
+    ``col_scale``). On the CPU one scalar, the tile maximum ``c``, shifts both: row ``i`` sums
+    ``exp(row_scale_i (S_ij - c))`` (no per-row maximum pass), kept when every row's and
+    column's sum stays above ``exp(-margin)`` as for :func:`both_stats`; otherwise, and on an
+    accelerator (where the check would stop the host), exact per-row and per-column maxima."""
+    if validation.reads_are_free(tile):
+        shift = tile.max()
+        row_shift, col_shift = row_scale * shift, col_scale * shift
+        torch.addcmul(row_shift.neg()[:, None], tile, row_scale[:, None], out=work).exp_()
+        rows = work.sum(dim=1)
+        torch.addcmul(col_shift.neg()[None, :], tile, col_scale[None, :], out=work).exp_()
+        cols = work.sum(dim=0)
+        if float(torch.minimum(rows.min(), cols.min())) >= _MIN_SHIFTED_SUM:
+            merge_(row_m, row_s, row_shift, rows)
+            merge_(col_m, col_s, col_shift, cols)
+            return
+    merge_(row_m, row_s, *scaled_row_stats(tile, work, row_scale))
+    merge_(col_m, col_s, *scaled_col_stats(tile, work, col_scale))
+
+
+def scaled_pair_weights(tile: Tensor, work: Tensor, spare: Tensor, row_scale: Tensor, g_row: Tensor,
+                        lse_row: Tensor, col_scale: Tensor, g_col: Tensor, lse_col: Tensor,
+                        d_row_scale: Optional[Tensor], d_col_scale: Optional[Tensor]) -> Tensor:
+    """The backward of a tile ``S`` whose rows are anchors at ``row_scale`` and whose columns
+    are anchors at ``col_scale`` (``S_ij`` enters row ``i``'s log-sum-exp as
+    ``row_scale_i S_ij`` and column ``j``'s as ``col_scale_j S_ij``).
+
+    With ``P = exp(row_scale S - lse_row)`` and ``Q = exp(S col_scale - lse_col)`` returns
+    ``W = g_row row_scale P + Q g_col col_scale``, the gradient with respect to ``S`` (in
+    ``work``), and adds ``g_row sum_j P_ij S_ij`` to ``d_row_scale`` and
+    ``g_col sum_i Q_ij S_ij`` to ``d_col_scale`` (the gradients of the scales; skipped where
+    ``None``). The factor ``row_scale`` rides in the exponent (``log row_scale - lse_row``).
+    Overwrites all three buffers; ``tile`` holds ``S``.
+    """
+    log_row, log_col = row_scale.log() - lse_row, col_scale.log() - lse_col
+    # Positive upstream gradients (every reduction but a user's own weights) ride in the
+    # exponent too, which saves two passes over the tile; the check is a read, free on the CPU.
+    fold = validation.reads_are_free(tile) and bool((g_row > 0).all()) and bool((g_col > 0).all())
+    if fold:
+        log_row, log_col = log_row + g_row.log(), log_col + g_col.log()
+    torch.addcmul(log_row[:, None], tile, row_scale[:, None], out=work).exp_()
+    if not fold:
+        work.mul_(g_row[:, None])
+    if d_row_scale is not None:
+        d_row_scale.add_(torch.mul(work, tile, out=spare).sum(dim=1) / row_scale)
+    torch.addcmul(log_col[None, :], tile, col_scale[None, :], out=spare).exp_()
+    if d_col_scale is not None:
+        d_col_scale.add_(tile.mul_(spare).sum(dim=0) * ((1.0 if fold else g_col) / col_scale))
+    return work.add_(spare) if fold else work.addcmul_(spare, g_col[None, :])
 
 
 def mask_excluded_(tile: Tensor, exclude: Optional[Tensor], i0: int, i1: int, j0: int, j1: int) -> None:

@@ -35,6 +35,7 @@ from .validation import (
     check_index,
     check_reduction,
     compute_dtype,
+    per_anchor,
     require,
     resolve_temperature,
     value_checks,
@@ -69,6 +70,15 @@ def reduce(losses: Tensor, reduction: str, valid: Optional[Tensor] = None) -> Te
     count = valid.sum()
     require(count > 0, "no anchor has a positive: the mean loss is undefined")
     return losses.sum() / count
+
+
+def divide_rows(values: Tensor, tau) -> Tensor:
+    """``values / tau``: a vector of per-anchor values, or a matrix whose row ``i`` is anchor
+    ``i``'s (divided by ``tau_i`` for a per-anchor ``tau``, ``(N,)``)."""
+    if per_anchor(tau):
+        tau = tau.to(values.dtype)
+        return values / (tau if values.dim() == 1 else tau[:, None])
+    return values / tau
 
 
 def per_anchor_nll(
@@ -117,7 +127,8 @@ def contrastive_loss(
         positives: ``(N,)`` integer index of each anchor's positive candidate, or a boolean
             ``(N, K)`` mask of positives (several per anchor; anchors with none are left out
             of the mean and reported as 0 with ``reduction="none"``).
-        temperature: ``tau > 0``; logits are ``similarities / tau``.
+        temperature: ``tau > 0``; logits are ``similarities / tau``. Or ``(N,)``, one per
+            anchor row: row ``i``'s logits are ``similarities[i] / tau[i]``.
         denominator_mask: boolean ``(N, K)``; ``True`` marks candidates that enter the
             log-sum-exp. ``None`` means all of them. The positive is in the denominator only
             if the mask keeps it.
@@ -136,8 +147,8 @@ def contrastive_loss(
         check_reduction(reduction)
         check_choice(multi_positive, "multi_positive", MULTI_POSITIVE)
         check_embeddings(similarities, "similarities")
-        tau = resolve_temperature(temperature)
         n, k = similarities.shape
+        tau = resolve_temperature(temperature, anchors=n, device=similarities.device)
         if isinstance(positives, Tensor) and positives.dtype == torch.bool:
             if positives.shape != (n, k):
                 raise ValueError(f"positives mask must have shape {(n, k)}, got {tuple(positives.shape)}")
@@ -153,6 +164,6 @@ def contrastive_loss(
             require(denominator_mask.any(dim=1).all(),
                     "denominator_mask has a row with no candidate: that anchor's loss is undefined")
         with full_precision(similarities.device):
-            logits = similarities.to(compute_dtype(similarities.dtype)) / tau
+            logits = divide_rows(similarities.to(compute_dtype(similarities.dtype)), tau)
             losses, valid = per_anchor_nll(logits, positives, denominator_mask, multi_positive)
             return reduce(losses, reduction, valid)

@@ -27,6 +27,14 @@ and is described by its anchors, candidates, positives and exclusions:
   :mod:`contrastkit.losses.tiled`, with the temperature folded into their inputs.
 * **dense** -- otherwise: the similarity matrix and :func:`contrastkit.losses.core.per_anchor_nll`.
 
+The temperature is one ``tau`` for every anchor, or a ``(A,)`` tensor with one per anchor
+row (:func:`~contrastkit.losses.validation.resolve_temperature`), in the order of the rows a
+loss returns with ``reduction="none"``: anchor ``i``'s logits are ``s_ij / tau_i``. Every
+backend computes it exactly: the dense logits divide each row by its own ``tau``, the kernels
+that compute a tile for its rows only take the anchors multiplied by ``1 / tau_i``, and the
+kernels whose tiles serve rows and columns take the inverse temperatures themselves. A rank
+passes the temperatures of its own anchors; ``"global"`` mode gathers them with the rows.
+
 :class:`LossCall` validates the arguments every loss shares (reduction, temperature,
 ``chunk_size``, ``distributed=``) around the loss's own checks, and owns ``validate``: with
 ``validate=False`` the checks that read tensor values (finite entries, zero-norm rows, index
@@ -48,11 +56,12 @@ from contrastkit.distributed.gather import DistributedArg
 
 from . import ring, tiled
 from ._sharding import Shard, select
-from .core import full_precision, per_anchor_nll, reduce
+from .core import divide_rows, full_precision, per_anchor_nll, reduce
 from .validation import (
     TemperatureLike,
     check_reduction,
     optional_int,
+    per_anchor,
     prepare,
     resolve_temperature,
     value_checks,
@@ -65,10 +74,12 @@ __all__ = ["LossCall", "SelfContrast", "CrossContrast", "contrast", "views_posit
 class LossCall:
     """The arguments every loss shares, validated once (see :meth:`checking`).
 
-    After the checks: :attr:`tau` (float or 0-dim tensor), :attr:`chunk_size` (``None`` or a
-    validated int), :attr:`reduction` and :attr:`shard` (the distributed batch; inactive
-    unless ``distributed=`` is given). :attr:`validate` says whether the value checks run
-    (:meth:`values`: around the checks and the computation, which prepares the inputs).
+    After the checks: :attr:`tau` (float, 0-dim tensor, or ``(A,)`` with one per anchor row
+    of this rank: the loss's body says how many with :meth:`set_anchors`), :attr:`chunk_size`
+    (``None`` or a validated int), :attr:`reduction` and :attr:`shard` (the distributed
+    batch; inactive unless ``distributed=`` is given). :attr:`validate` says whether the
+    value checks run (:meth:`values`: around the checks and the computation, which prepares
+    the inputs).
     """
 
     def __init__(self, *, temperature: TemperatureLike, reduction: str, chunk_size: Optional[int] = None,
@@ -80,6 +91,13 @@ class LossCall:
         self.validate = validate
         self.tau: Union[float, Tensor, None] = None
         self._temperature = temperature
+        self._anchors: Optional[int] = None
+        self._device: Optional[torch.device] = None
+
+    def set_anchors(self, count: int, device: torch.device) -> None:
+        """How many anchor rows this call has on this rank, and their device: a per-anchor
+        temperature must have that many entries, there."""
+        self._anchors, self._device = int(count), device
 
     def values(self):
         """The value checks of this call on or off (``validate``), for a block of its work."""
@@ -93,7 +111,7 @@ class LossCall:
         with self.values(), self.shard.checking():
             check_reduction(self.reduction)
             yield self
-            self.tau = resolve_temperature(self._temperature)
+            self.tau = resolve_temperature(self._temperature, anchors=self._anchors, device=self._device)
             self.chunk_size = optional_int(self.chunk_size, "chunk_size", minimum=1)
 
 
@@ -119,11 +137,28 @@ def _temperature_power(tau, power: float):
 
 
 def _divide_by_temperature(x: Tensor, tau, power: float) -> Tensor:
-    """``x / tau**power``: the tiled kernels see the temperature folded into their inputs, so
-    a learnable temperature gets its gradient through this product."""
+    """``x / tau**power``, row ``i`` by ``tau_i**power`` for a per-anchor ``tau``: the tiled
+    kernels see the temperature folded into their inputs, so a learnable temperature gets its
+    gradient through this product."""
     if isinstance(tau, Tensor):
-        return x * tau.to(x.dtype).pow(-power)
+        factor = tau.to(x.dtype).pow(-power)
+        return x * (factor[:, None] if per_anchor(tau) else factor)
     return x / tau ** power
+
+
+def _inverse(tau: Tensor, dtype: torch.dtype) -> Tensor:
+    """``1 / tau_i`` in ``dtype``: the scales the tiled kernels take (gradient kept)."""
+    return tau.to(dtype).reciprocal()
+
+
+def _gather_anchor_rows(shard: Shard, tau: Tensor, groups: int, per_row: int = 1) -> Tensor:
+    """The per-anchor temperatures of every rank, in the order of the gathered anchors (with
+    the ``"replicated"`` gradient, as the rows): ``tau`` holds this rank's ``groups`` blocks of
+    ``n`` rows, each with ``per_row`` anchors."""
+    n = tau.shape[0] // (groups * per_row)
+    local = tau.reshape(groups, n, per_row).permute(1, 0, 2).reshape(n, groups * per_row)
+    (everyone,) = shard.gather(local)
+    return everyone.reshape(everyone.shape[0], groups, per_row).permute(1, 0, 2).reshape(-1)
 
 
 def _ring_lse(shard: Shard, anchors: Tensor, candidates: Tensor, chunk: int, blocks: int = 1,
@@ -190,17 +225,31 @@ class SelfContrast:
         """The columns left out of each anchor's denominator: itself (and its positive)."""
         return torch.stack([own, positive], dim=1) if self.exclude_positive else own[:, None]
 
+
+    def gather_temperature(self, shard: Shard, tau: Tensor) -> Tensor:
+        return _gather_anchor_rows(shard, tau, len(self.blocks), self._per_row)
+
+    def _anchor_side(self, call: LossCall, blocks: Tuple[Tensor, ...], normalize: bool) -> Tuple[Tensor, Tensor]:
+        """``(anchors, candidates)`` for the kernels that compute a tile for its rows only: the
+        prepared rows, the anchors divided by ``tau`` (by ``sqrt(tau)`` on both sides, in one
+        buffer, for a scalar ``tau``)."""
+        if per_anchor(call.tau):
+            x = self._prepared(blocks, normalize)
+            return _divide_by_temperature(x, call.tau, 1.0), x
+        x = self._prepared(blocks, normalize, _temperature_power(call.tau, 0.5))  # x / sqrt(tau), in one pass
+        return x, x
+
     def ring(self, call: LossCall, chunk: int, normalize: bool, total: int) -> Tensor:
         # Every anchor's positives are found among the rows travelling round the ring: the
         # other view of its own row is one of this rank's rows, SupCon L_in's are its class.
         shard = call.shard
-        x = self._prepared(self.blocks, normalize, _temperature_power(call.tau, 0.5))
+        anchors, x = self._anchor_side(call, self.blocks, normalize)
         own = torch.arange(x.shape[0], device=x.device)
         blocks = len(self.blocks) * self._per_row
         if self.labels is not None:
             labels = self.labels.to(torch.int64).repeat_interleave(self._per_row)  # travels the ring
-            lse = _ring_lse(shard, x, x, chunk, blocks=blocks, exclude_own=own[:, None])
-            positive_lse = _ring_lse(shard, x, x, chunk, blocks=blocks, exclude_own=own[:, None],
+            lse = _ring_lse(shard, anchors, x, chunk, blocks=blocks, exclude_own=own[:, None])
+            positive_lse = _ring_lse(shard, anchors, x, chunk, blocks=blocks, exclude_own=own[:, None],
                                      labels=(labels, labels))
             everyone = shard.gather_labels(self.labels).repeat_interleave(self._per_row)
             counts = _positive_counts(labels, everyone)
@@ -208,8 +257,8 @@ class SelfContrast:
             losses = lse - positive_lse + counts.clamp(min=1).to(x.dtype).log()
             return shard.reduce(losses, call.reduction, valid, anchors_total=_anchors_with_positive(everyone))
         positive = views_positive_index(self.blocks[0].shape[0], x.device)
-        lse = _ring_lse(shard, x, x, chunk, blocks=blocks, exclude_own=self._exclusions(own, positive))
-        losses = lse - _positive_logits(x, positive, views=True)
+        lse = _ring_lse(shard, anchors, x, chunk, blocks=blocks, exclude_own=self._exclusions(own, positive))
+        losses = lse - _anchor_logits(x, positive, True, call.tau)
         return shard.reduce(losses, call.reduction, anchors_total=self._rows(total))
 
     def gather(self, shard: Shard) -> Tuple[Tensor, ...]:
@@ -224,14 +273,16 @@ class SelfContrast:
         if labels is not None:
             tiled_supcon = _tiled_supcon_out if self.multi_positive == "out" else _tiled_supcon_in
             return tiled_supcon(self._prepared(blocks, normalize), labels, call.tau, chunk, call.reduction)
-        x = self._prepared(blocks, normalize, _temperature_power(call.tau, 0.5))  # x / sqrt(tau), in one pass
+        anchors, x = self._anchor_side(call, blocks, normalize)
         index = self._positive_index(total, x.device)
         if self.exclude_positive:
             own = torch.arange(x.shape[0], device=x.device)
-            lse = tiled.masked_logsumexp(x, x, chunk, exclude=self._exclusions(own, index))
+            lse = tiled.masked_logsumexp(anchors, x, chunk, exclude=self._exclusions(own, index))
+        elif per_anchor(call.tau):
+            lse = tiled.self_logsumexp(x, chunk, scale=_inverse(call.tau, x.dtype))
         else:
             lse = tiled.self_logsumexp(x, chunk)
-        return reduce(lse - _positive_logits(x, index, views=self.positive_index is None), call.reduction)
+        return reduce(lse - _anchor_logits(x, index, self.positive_index is None, call.tau), call.reduction)
 
     def dense(self, call: LossCall, gathered, normalize: bool, total: int) -> Tensor:
         blocks, labels = gathered
@@ -248,7 +299,7 @@ class SelfContrast:
             anchors_total = x.shape[0]
             if self.exclude_positive:
                 mask[torch.arange(positives.shape[0], device=device), positives] = False
-        logits = (select(x, rows) @ x.T) / call.tau
+        logits = divide_rows(select(x, rows) @ x.T, call.tau)
         losses, valid = per_anchor_nll(logits, positives, mask, self.multi_positive)
         return shard.reduce(losses, call.reduction, valid, anchors_total=anchors_total)
 
@@ -265,6 +316,14 @@ def _positive_logits(x: Tensor, index: Tensor, views: bool) -> Tensor:
     return (x * x[index]).sum(dim=1)
 
 
+def _anchor_logits(x: Tensor, index: Tensor, views: bool, tau) -> Tensor:
+    """Each anchor's positive logit: :func:`_positive_logits` of the prepared rows ``x``,
+    divided by the anchor's ``tau`` (per-anchor); for a scalar ``tau`` the rows are already
+    scaled (``x / sqrt(tau)`` on both sides)."""
+    products = _positive_logits(x, index, views)
+    return divide_rows(products, tau) if per_anchor(tau) else products
+
+
 def _positive_counts(labels: Tensor, everyone: Tensor) -> Tensor:
     """How many rows of ``everyone`` (which holds ``labels``' rows too) share each row's label,
     the row itself not counted."""
@@ -276,11 +335,16 @@ def _tiled_supcon_in(x: Tensor, labels: Tensor, tau, chunk: int, reduction: str)
     """SupCon L_in in tiles: ``loss_i = lse_{j != i} l_ij - lse_{p in P(i)} l_ip + log |P(i)|``;
     the positives' log-sum-exp is a second pass over the tiles that keeps only the columns of
     the anchor's class."""
-    x = _divide_by_temperature(x, tau, 0.5)
     own = torch.arange(x.shape[0], device=x.device)[:, None]
-    positive_lse = tiled.masked_logsumexp(x, x, chunk, exclude=own, labels=(labels, labels))
+    if per_anchor(tau):
+        anchors = _divide_by_temperature(x, tau, 1.0)
+        lse = tiled.self_logsumexp(x, chunk, scale=_inverse(tau, x.dtype))
+    else:
+        x = anchors = _divide_by_temperature(x, tau, 0.5)
+        lse = tiled.self_logsumexp(x, chunk)
+    positive_lse = tiled.masked_logsumexp(anchors, x, chunk, exclude=own, labels=(labels, labels))
     counts = _positive_counts(labels, labels)
-    losses = tiled.self_logsumexp(x, chunk) - positive_lse + counts.clamp(min=1).to(x.dtype).log()
+    losses = lse - positive_lse + counts.clamp(min=1).to(x.dtype).log()
     return reduce(losses, reduction, counts > 0)
 
 
@@ -293,13 +357,17 @@ def _anchors_with_positive(labels: Tensor) -> int:
 def _tiled_supcon_out(x: Tensor, labels: Tensor, tau, chunk: int, reduction: str) -> Tensor:
     """SupCon L_out in tiles: the mean positive logit of anchor ``i`` is
     ``x_i . (sum of its class - x_i) / (class size - 1)``, so only the denominator needs tiles."""
-    x = _divide_by_temperature(x, tau, 0.5)
+    if per_anchor(tau):
+        lse = tiled.self_logsumexp(x, chunk, scale=_inverse(tau, x.dtype))
+    else:
+        x = _divide_by_temperature(x, tau, 0.5)
+        lse = tiled.self_logsumexp(x, chunk)
     _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
     class_sums = x.new_zeros(counts.shape[0], x.shape[1]).index_add(0, inverse, x)
     positive_counts = counts[inverse] - 1
     valid = positive_counts > 0
     positive_mean = (x * (class_sums[inverse] - x)).sum(dim=1) / positive_counts.clamp(min=1).to(x.dtype)
-    losses = tiled.self_logsumexp(x, chunk) - positive_mean
+    losses = lse - (divide_rows(positive_mean, tau) if per_anchor(tau) else positive_mean)
     return reduce(losses, reduction, valid)
 
 
@@ -334,6 +402,14 @@ class CrossContrast:
     def tileable(self, shard: Shard) -> bool:
         return not self.paired_bank
 
+    def gather_temperature(self, shard: Shard, tau: Tensor) -> Tensor:
+        return _gather_anchor_rows(shard, tau, 1 if self.weight is None else 2)
+
+    def _directions(self, tau, rows: int):
+        """The temperatures of the two directions' anchors: ``(tau_a, tau_b)``, each a scalar or
+        ``(rows,)`` (a per-anchor ``tau`` holds the anchors of ``a -> b``, then of ``b -> a``)."""
+        return (tau[:rows], tau[rows:]) if per_anchor(tau) else (tau, tau)
+
     def _prepared(self, anchors: Tensor, candidates: Tensor, normalize: bool,
                   divisor=None) -> Tuple[Tensor, Tensor]:
         """Both sides prepared; the anchors divided by ``divisor`` too (the tiled kernels' tau)."""
@@ -342,15 +418,21 @@ class CrossContrast:
 
     def ring(self, call: LossCall, chunk: int, normalize: bool, total: int) -> Tensor:
         shard = call.shard
-        a, b = self._prepared(self.anchors, self.candidates, normalize, call.tau)
-        diagonal = (a * b).sum(dim=1)
         if self.weight is None:
-            losses = _ring_lse(shard, a, b, chunk) - diagonal
-        else:  # once per direction
-            weight = self.weight
-            losses = weight * (_ring_lse(shard, a, b, chunk) - diagonal) if weight > 0 else 0.0
-            if weight < 1:
-                losses = losses + (1.0 - weight) * (_ring_lse(shard, b, a, chunk) - diagonal)
+            a, b = self._prepared(self.anchors, self.candidates, normalize, call.tau)
+            losses = _ring_lse(shard, a, b, chunk) - (a * b).sum(dim=1)
+            return shard.reduce(losses, call.reduction, anchors_total=total)
+        a, b = self._prepared(self.anchors, self.candidates, normalize)
+        tau_a, tau_b = self._directions(call.tau, a.shape[0])
+        diagonal = (a * b).sum(dim=1)
+        weight = self.weight
+        losses = 0.0
+        if weight > 0:  # once per direction, the anchors divided by their tau
+            losses = weight * (_ring_lse(shard, _divide_by_temperature(a, tau_a, 1.0), b, chunk)
+                               - divide_rows(diagonal, tau_a))
+        if weight < 1:
+            losses = losses + (1.0 - weight) * (_ring_lse(shard, _divide_by_temperature(b, tau_b, 1.0), a, chunk)
+                                                - divide_rows(diagonal, tau_b))
         return shard.reduce(losses, call.reduction, anchors_total=total)
 
     def gather(self, shard: Shard) -> Tuple[Tensor, Tensor]:
@@ -360,9 +442,11 @@ class CrossContrast:
         return shard.gather(self.anchors, self.candidates)
 
     def tiled(self, call: LossCall, gathered, chunk: int, normalize: bool, total: int) -> Tensor:
+        weight = self.weight
+        if weight is not None and per_anchor(call.tau):
+            return self._tiled_per_anchor(call, gathered, chunk, normalize)
         a, b = self._prepared(*gathered, normalize, call.tau)
         diagonal = (a * b).sum(dim=1)
-        weight = self.weight
         if weight is None and self.bank is not None:
             bank_lse, _ = tiled.cross_logsumexp(a, prepare(self.bank, normalize, "negatives"), chunk, columns=False)
             losses = torch.logaddexp(diagonal, bank_lse) - diagonal
@@ -375,6 +459,27 @@ class CrossContrast:
             losses = weight * (a_lse - diagonal) + (1.0 - weight) * (b_lse - diagonal)
         return reduce(losses, call.reduction)
 
+    def _tiled_per_anchor(self, call: LossCall, gathered, chunk: int, normalize: bool) -> Tensor:
+        """Both directions with a temperature per anchor: one direction alone takes its anchors
+        divided by their tau; both take the inverse temperatures of the rows (``a -> b``) and of
+        the columns (``b -> a``) into the same tiles."""
+        a, b = self._prepared(*gathered, normalize)
+        tau_a, tau_b = self._directions(call.tau, a.shape[0])
+        diagonal = (a * b).sum(dim=1)
+        weight = self.weight
+        if weight == 1.0:
+            a_lse = tiled.cross_logsumexp(_divide_by_temperature(a, tau_a, 1.0), b, chunk, columns=False)[0]
+            losses = a_lse - divide_rows(diagonal, tau_a)
+        elif weight == 0.0:
+            b_lse = tiled.cross_logsumexp(_divide_by_temperature(b, tau_b, 1.0), a, chunk, columns=False)[0]
+            losses = b_lse - divide_rows(diagonal, tau_b)
+        else:
+            a_lse, b_lse = tiled.cross_logsumexp(a, b, chunk, row_scale=_inverse(tau_a, a.dtype),
+                                                 col_scale=_inverse(tau_b, a.dtype))
+            losses = (weight * (a_lse - divide_rows(diagonal, tau_a))
+                      + (1.0 - weight) * (b_lse - divide_rows(diagonal, tau_b)))
+        return reduce(losses, call.reduction)
+
     def dense(self, call: LossCall, gathered, normalize: bool, total: int) -> Tensor:
         shard, tau = call.shard, call.tau
         a, b = self._prepared(*gathered, normalize)
@@ -382,7 +487,7 @@ class CrossContrast:
         if self.weight is not None:
             return shard.reduce(self._both_directions(a, b, tau, own), call.reduction, anchors_total=total)
         if self.bank is None:
-            logits = (a @ b.T) / tau
+            logits = divide_rows(a @ b.T, tau)
             index = torch.arange(a.shape[0], device=a.device) if own is None else own
         else:
             bank = prepare(self.bank, normalize, "negatives")
@@ -391,23 +496,26 @@ class CrossContrast:
                 negative_logits = torch.bmm(bank, a[:, :, None]).squeeze(2)
             else:
                 negative_logits = a @ bank.T
-            logits = torch.cat([positive_logit, negative_logits], dim=1) / tau
+            logits = divide_rows(torch.cat([positive_logit, negative_logits], dim=1), tau)
             index = torch.zeros(a.shape[0], dtype=torch.long, device=a.device)
         losses, _ = per_anchor_nll(logits, index)
         return shard.reduce(losses, call.reduction, anchors_total=total)
 
     def _both_directions(self, a: Tensor, b: Tensor, tau, own: Optional[Tensor]) -> Tensor:
+        rows = a.shape[0] if own is None else own.shape[0]
+        tau_a, tau_b = self._directions(tau, rows)
         if own is None:
-            logits = (a @ b.T) / tau
-            diagonal = logits.diagonal()
-            a_to_b = torch.logsumexp(logits, dim=1) - diagonal
-            b_to_a = torch.logsumexp(logits, dim=0) - diagonal
+            products = a @ b.T
+            a_logits = divide_rows(products, tau_a)
+            # Column j is anchor j of b -> a: divided by its own tau.
+            b_logits = a_logits if not per_anchor(tau) else products / tau_b.to(products.dtype)[None, :]
+            a_to_b = torch.logsumexp(a_logits, dim=1) - a_logits.diagonal()
+            b_to_a = torch.logsumexp(b_logits, dim=0) - b_logits.diagonal()
         else:  # rows and columns of this rank's pairs only
-            a_rows = (a[own] @ b.T) / tau
-            b_rows = (b[own] @ a.T) / tau
-            diagonal = a_rows.gather(1, own[:, None]).squeeze(1)
-            a_to_b = torch.logsumexp(a_rows, dim=1) - diagonal
-            b_to_a = torch.logsumexp(b_rows, dim=1) - diagonal
+            a_rows = divide_rows(a[own] @ b.T, tau_a)
+            b_rows = divide_rows(b[own] @ a.T, tau_b)
+            a_to_b = torch.logsumexp(a_rows, dim=1) - a_rows.gather(1, own[:, None]).squeeze(1)
+            b_to_a = torch.logsumexp(b_rows, dim=1) - b_rows.gather(1, own[:, None]).squeeze(1)
         return self.weight * a_to_b + (1.0 - self.weight) * b_to_a
 
 
@@ -426,6 +534,8 @@ def contrast(call: LossCall, spec: Contrast, *, normalize: bool) -> Tensor:
         with full_precision(device), call.values():
             return spec.ring(call, chunk, normalize, total)
     gathered = spec.gather(shard)
+    if shard.active and not shard.local and per_anchor(call.tau):  # every rank computes every anchor
+        call.tau = spec.gather_temperature(shard, call.tau)
     with full_precision(device), call.values():
         if chunk is not None:
             return spec.tiled(call, gathered, chunk, normalize, total)

@@ -11,7 +11,10 @@ Conventions shared by every loss function:
 * Embeddings are ``(N, d)`` rows; with ``normalize=True`` (the default) rows are
   L2-normalised, so similarities are cosines. Zero-norm rows raise ``ValueError``.
 * ``temperature`` is ``tau > 0`` (a float, a scalar tensor, or a
-  :class:`~contrastkit.losses.Temperature` module); logits are ``s / tau``.
+  :class:`~contrastkit.losses.Temperature` module); logits are ``s / tau``. It may also be a
+  ``(A,)`` tensor with one ``tau`` per anchor row, in the order of the rows the loss returns
+  with ``reduction="none"`` (each function says what its anchors are): anchor ``i``'s logits
+  are ``s_ij / tau_i``, on every path, with gradients to every entry.
 * ``reduction`` is ``"mean"`` (over anchors), ``"sum"`` or ``"none"`` (one loss per anchor).
 * Half-precision inputs are computed in float32 with autocast switched off; the result has
   the compute dtype (float32 for fp16/bf16 inputs, else the input dtype).

@@ -51,7 +51,7 @@ def similarity_loss(
     Args:
         similarities: ``(N, K)``; row ``i`` is anchor ``i``'s scores against ``K`` candidates.
         positive_index: ``(N,)`` column of each anchor's positive.
-        temperature: ``tau > 0``.
+        temperature: ``tau > 0``, or ``(N,)``: one per row.
         exclude_diagonal: ``True`` for a self-similarity matrix (``K == N``, one modality):
             candidate ``i`` is anchor ``i`` itself and is removed from the denominator.
             ``False`` for a cross-modal matrix whose diagonal holds the positives.
@@ -109,7 +109,7 @@ def info_nce(
             ``positive``, the other rows acting as negatives); ``(M, d)`` with
             ``negative_mode="unpaired"`` for a bank shared by all queries (a MoCo queue);
             ``(N, M, d)`` with ``negative_mode="paired"`` for per-query negatives.
-        temperature: ``tau > 0``.
+        temperature: ``tau > 0``, or ``(N,)``: one per query.
         negative_mode: ``"unpaired"`` or ``"paired"`` (see ``negatives``).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` for ``(N,)``.
         normalize: L2-normalise every input first (cosine similarity).
@@ -137,6 +137,7 @@ def info_nce(
                     distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(query, positive, ("query", "positive"))
+        call.set_anchors(query.shape[0], query.device)
         check_choice(negative_mode, "negative_mode", ("unpaired", "paired"))
         if negatives is not None:
             if call.shard.active:
@@ -170,7 +171,7 @@ def nt_xent(
     Args:
         z: ``(N, d)``; every row is an anchor and a candidate for the others.
         positive_index: ``(N,)`` positive map with ``p(i) != i`` and ``p(p(i)) = i``.
-        temperature: ``tau > 0``.
+        temperature: ``tau > 0``, or ``(N,)``: one per anchor row, ``l_ij = S_ij / tau_i``.
         reduction: ``"mean"`` over all ``N`` anchors, ``"sum"``, or ``"none"`` for ``(N,)``.
         normalize: L2-normalise rows first.
         chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
@@ -194,6 +195,7 @@ def nt_xent(
     call = LossCall(temperature=temperature, reduction=reduction, chunk_size=chunk_size, validate=validate)
     with call.checking():
         check_embeddings(z, "z")
+        call.set_anchors(z.shape[0], z.device)
         index = check_positive_map(positive_index, z.shape[0], z.device)
     return contrast(call, SelfContrast((z,), ("z",), positive_index=index), normalize=normalize)
 
@@ -215,7 +217,8 @@ def nt_xent_views(
     Args:
         z_a: ``(N, d)`` first view; ``z_b``: ``(N, d)`` second view, row ``i`` pairs with
             ``z_a[i]``.
-        temperature: ``tau > 0``.
+        temperature: ``tau > 0``, or ``(2N,)``: one per anchor, those of ``z_a`` first, then
+            of ``z_b`` (under ``distributed=``, this rank's own anchors in that order).
         reduction: ``"mean"`` over all ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``
             (anchors of ``z_a`` first, then ``z_b``).
         normalize: L2-normalise rows first.
@@ -239,6 +242,7 @@ def nt_xent_views(
                     distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(z_a, z_b)
+        call.set_anchors(2 * z_a.shape[0], z_a.device)
     return contrast(call, SelfContrast((z_a, z_b), ("z_a", "z_b")), normalize=normalize)
 
 
@@ -265,7 +269,10 @@ def bidirectional_info_nce(
     Args:
         v: ``(N, d)`` first modality (images); ``u``: ``(N, d)`` second modality (texts),
             row ``i`` of each forming pair ``i``.
-        temperature: ``tau > 0`` (ConVIRT: 0.1; CLIP: learnable, init 0.07).
+        temperature: ``tau > 0`` (ConVIRT: 0.1; CLIP: learnable, init 0.07), or ``(2N,)``: one
+            per anchor, the rows of ``v`` (anchors of ``v -> u``) first, then those of ``u``
+            (anchors of ``u -> v``); row ``i`` of ``S`` is divided by ``tau[i]``, column ``i``
+            by ``tau[N + i]``.
         weight: lambda in ``[0, 1]`` on the ``v -> u`` direction. 0.75 is ConVIRT, 0.5 CLIP.
         reduction: ``"mean"`` over the ``N`` pairs, ``"sum"``, or ``"none"`` for ``(N,)``.
         normalize: L2-normalise rows first.
@@ -288,5 +295,6 @@ def bidirectional_info_nce(
                     distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(v, u, ("v", "u"))
+        call.set_anchors(2 * v.shape[0], v.device)
         weight = check_probability(weight, "weight")
     return contrast(call, CrossContrast(v, u, ("v", "u"), weight=weight), normalize=normalize)

@@ -48,7 +48,8 @@ __all__ = [
 
 _TEMPERATURE_DOC = """\
 ``temperature`` (required): ``tau > 0``, checked here. A number is kept as a float, a 0-dim
-tensor as it is (graph included, as a buffer that is not saved in the state dict), an
+tensor as it is (graph included, as a buffer that is not saved in the state dict; a ``(A,)``
+tensor gives each of the ``A`` anchor rows its own ``tau``, for batches of that size), an
 ``nn.Parameter`` becomes a parameter of this module and a module returning ``tau`` (such as
 :class:`~contrastkit.losses.Temperature`) a submodule, trained with the model that owns the loss."""
 
@@ -112,7 +113,9 @@ class _LossModule(nn.Module):
         if self._has_temperature and isinstance(self.temperature, float):
             parts.append(f"temperature={self.temperature:g}")
         elif self._has_temperature and not isinstance(self.temperature, nn.Module):
-            parts.append(f"temperature={float(self.temperature.detach()):g}")
+            tau = self.temperature.detach()
+            parts.append(f"temperature={float(tau):g}" if tau.numel() == 1
+                         else f"temperature=<one per anchor, {tau.shape[0]} rows>")
         return ", ".join(parts + _changed_options(self))
 
 

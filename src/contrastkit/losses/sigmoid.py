@@ -52,7 +52,7 @@ from .validation import (
     value_checks,
 )
 from ._sharding import Shard
-from .core import full_precision
+from .core import divide_rows, full_precision
 from .modules import _changed_options
 from .ring import _start_shift, _wait
 from ._tiles import no_autocast, refuse_double_backward, tile_buffers, tile_ranges, tile_view
@@ -224,7 +224,9 @@ def sigmoid_loss(
         text: ``(N, d)``.
         temperature: ``tau > 0`` (a float, a 0-dim tensor with gradient, or a
             :class:`~contrastkit.losses.Temperature` module); SigLIP's scale is ``t = 1 / tau``.
-            Default 0.1, SigLIP's initialisation ``t = 10``.
+            Default 0.1, SigLIP's initialisation ``t = 10``. Or ``(N,)``, one per image row
+            (this rank's images under ``distributed=``): row ``i``'s logits are
+            ``s_ij / tau_i + b``.
         bias: ``b``, a finite float or a 0-dim tensor with gradient. Default -10, SigLIP's
             initialisation.
         normalize: L2-normalise rows first (cosine similarity, as in SigLIP).
@@ -267,7 +269,7 @@ def sigmoid_loss(
             check_embeddings(image, "image")
             check_embeddings(text, "text")
             check_same(image, "image", text, "text", dims=((0, 0), (1, 1)))
-            tau = resolve_temperature(temperature)
+            tau = resolve_temperature(temperature, anchors=image.shape[0], device=image.device)
             bias = check_bias(bias)
             chunk_size = optional_int(chunk_size, "chunk_size", minimum=1)
             with full_precision(image.device):  # zero-norm rows, too, must fail on every rank
@@ -275,7 +277,7 @@ def sigmoid_loss(
         total = shard.exchange(image, text)
         chunk = use_tiled(image.shape[0], total, chunk_size)
         with full_precision(image.device):
-            a = x / tau
+            a = divide_rows(x, tau)  # each image row by its own tau when there is one per row
             bias = bias.to(device=a.device, dtype=a.dtype) if isinstance(bias, Tensor) else a.new_tensor(bias)
             if shard.active or chunk is not None:
                 sizes = tuple(shard.layout.sizes) if shard.active else (total,)

@@ -39,7 +39,8 @@ def supcon(
         z: ``(N, d)`` embeddings, or ``(N, V, d)`` with ``V`` views per sample (flattened to
             ``N * V`` anchors, view-major within a sample, labels repeated).
         labels: ``(N,)`` integer class labels; rows with equal labels are positives.
-        temperature: ``tau > 0``.
+        temperature: ``tau > 0``, or one per anchor: ``(N,)``, or ``(N * V,)`` in the
+            flattened order (sample-major, its views in order).
         variant: ``"out"`` (average of log-probabilities over positives, the paper's
             recommendation) or ``"in"`` (log of the average probability).
         reduction: ``"mean"`` over anchors that have at least one positive, ``"sum"``, or
@@ -73,6 +74,7 @@ def supcon(
         check_choice(variant, "variant", MULTI_POSITIVE)
         check_embeddings(z, "z", ndim=3 if isinstance(z, Tensor) and z.dim() == 3 else 2)
         labels = check_labels(labels, z.shape[0], z.device)
+        call.set_anchors(z.shape[0] * (z.shape[1] if z.dim() == 3 else 1), z.device)
         if call.shard.local and chunk_size is not None and variant == "out":
             raise ValueError("chunk_size is not available with distributed_mode='local' for supcon "
                              "variant='out'; use distributed_mode='global' for the tiled computation")

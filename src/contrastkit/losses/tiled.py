@@ -20,7 +20,14 @@ tile by tile and never hold more than two ``chunk x chunk`` tiles:
   in blocks of whole rows holding about ``chunk_size^2`` entries.
 
 The temperature is folded into the inputs by the callers (``x = z / sqrt(tau)``, or
-``a = v / tau``), so its gradient, learnable or not, flows through ordinary autograd.
+``a = v / tau``), so its gradient, learnable or not, flows through ordinary autograd. With
+one temperature per anchor row a kernel whose tiles serve both their rows and their columns
+(:func:`self_logsumexp`, :func:`cross_logsumexp` with ``columns``) cannot fold it into one
+input: it takes the inverse temperatures ``scale`` (``beta_i = 1 / tau_i``) itself, scales
+each tile by ``beta_i`` for its rows and by ``beta_j`` for its columns (one more
+exponential per entry than a shared scalar shift), and returns their gradient
+``sum_j p_ij S_ij`` (the anchor's expected similarity under its own softmax) from the same
+backward pass. The kernels that compute a tile for its rows only take ``a = beta * z``.
 
 Forward: running per-row (and per-column) maximum and scaled sum, merged online (the tile
 machinery of :mod:`contrastkit.losses._tiles`, shared with the ring exchange). A tile whose
@@ -52,6 +59,9 @@ from ._tiles import (
     pair_weights,
     refuse_double_backward,
     row_stats,
+    scaled_both_stats,
+    scaled_pair_weights,
+    scaled_row_stats,
     shifted_tile,
     tile_buffers,
     tile_ranges,
@@ -140,13 +150,85 @@ class _SelfLogSumExp(torch.autograd.Function):
         return dx, None
 
 
-def self_logsumexp(x: Tensor, chunk_size: int) -> Tensor:
+class _ScaledSelfLogSumExp(torch.autograd.Function):
+    """``lse_i = log sum_{j != i} exp(beta_i x_i . x_j)``: each symmetric tile once, scaled by
+    ``beta`` of its rows for the rows and of its columns for the columns."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, scale: Tensor, chunk: int) -> Tensor:  # type: ignore[override]
+        n = x.shape[0]
+        m = x.new_full((n,), float("-inf"))
+        s = x.new_zeros(n)
+        blocks = tile_ranges(n, chunk)
+        tile_buf, work_buf = tile_buffers(x, min(chunk, n))
+        with torch.no_grad(), no_autocast(x):
+            for bi, (i0, i1) in enumerate(blocks):
+                xi = x[i0:i1]
+                tile = torch.mm(xi, xi.T, out=tile_view(tile_buf, i1 - i0, i1 - i0))
+                tile.fill_diagonal_(float("-inf"))
+                merge_(m[i0:i1], s[i0:i1], *scaled_row_stats(tile, tile_view(work_buf, i1 - i0, i1 - i0),
+                                                             scale[i0:i1]))
+                for j0, j1 in blocks[bi + 1:]:
+                    tile = torch.mm(xi, x[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
+                    scaled_both_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0), scale[i0:i1], scale[j0:j1],
+                                      m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1])
+            lse = m + s.log()
+        ctx.chunk = chunk
+        ctx.save_for_backward(x, scale, lse)
+        return lse
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        refuse_double_backward()
+        x, scale, lse = ctx.saved_tensors
+        n = x.shape[0]
+        dx = torch.zeros_like(x)
+        d_scale = torch.zeros_like(scale) if ctx.needs_input_grad[1] else None
+        if n < 2:  # no candidate at all: lse = -inf does not depend on x
+            return dx, d_scale, None
+        grad = grad.to(x.dtype)
+        blocks = tile_ranges(n, ctx.chunk)
+        side = min(ctx.chunk, n)
+        tile_buf, work_buf = tile_buffers(x, side)
+        spare_buf = x.new_empty(side * side)
+        with torch.no_grad(), no_autocast(x):
+            for bi, (i0, i1) in enumerate(blocks):
+                xi = x[i0:i1]
+                r = i1 - i0
+                tile = torch.mm(xi, xi.T, out=tile_view(tile_buf, r, r))
+                work = tile_view(work_buf, r, r)
+                torch.addcmul((scale[i0:i1].log() - lse[i0:i1])[:, None], tile, scale[i0:i1, None], out=work)
+                work.fill_diagonal_(float("-inf"))
+                work.exp_().mul_(grad[i0:i1, None])  # g scale P: the diagonal (itself) weighs 0
+                if d_scale is not None:
+                    d_scale[i0:i1] += tile.mul_(work).sum(dim=1) / scale[i0:i1]
+                dx[i0:i1].addmm_(work, xi).addmm_(work.T, xi)
+                for j0, j1 in blocks[bi + 1:]:
+                    xj = x[j0:j1]
+                    tile = torch.mm(xi, xj.T, out=tile_view(tile_buf, r, j1 - j0))
+                    weights = scaled_pair_weights(
+                        tile, tile_view(work_buf, r, j1 - j0), tile_view(spare_buf, r, j1 - j0),
+                        scale[i0:i1], grad[i0:i1], lse[i0:i1], scale[j0:j1], grad[j0:j1], lse[j0:j1],
+                        None if d_scale is None else d_scale[i0:i1], None if d_scale is None else d_scale[j0:j1])
+                    dx[i0:i1].addmm_(weights, xj)
+                    dx[j0:j1].addmm_(weights.T, xi)
+        return dx, d_scale, None
+
+
+def self_logsumexp(x: Tensor, chunk_size: int, *, scale: Optional[Tensor] = None) -> Tensor:
     """``lse_i = log sum_{j != i} exp(x_i . x_j)`` for ``x`` of shape ``(N, d)``, in tiles.
 
     Exact (same value as the dense ``logsumexp`` of ``X X^T`` with the diagonal masked, up
     to rounding) and differentiable; memory ``O(N d + chunk_size^2)``. With ``N = 1`` the sum
     is empty and the result is ``-inf``.
+
+    ``scale``: ``(N,)`` positive factors, one per row (inverse temperatures ``1 / tau_i``):
+    ``lse_i = log sum_{j != i} exp(scale_i x_i . x_j)``, differentiable in ``scale`` too;
+    each tile is still computed once for its rows and its columns (three tile buffers in the
+    backward pass instead of two).
     """
+    if scale is not None:
+        return _ScaledSelfLogSumExp.apply(x, scale, int(chunk_size))
     return _SelfLogSumExp.apply(x, int(chunk_size))
 
 
@@ -221,13 +303,86 @@ class _CrossLogSumExp(torch.autograd.Function):
         return da, db, None, None
 
 
-def cross_logsumexp(a: Tensor, b: Tensor, chunk_size: int, *, columns: bool = True) -> Tuple[Tensor, Tensor]:
+class _ScaledCrossLogSumExp(torch.autograd.Function):
+    """Row-wise ``log sum_j exp(row_scale_i a_i . b_j)`` and column-wise
+    ``log sum_i exp(col_scale_j a_i . b_j)`` from the same tiles."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, row_scale: Tensor, col_scale: Tensor,  # type: ignore[override]
+                chunk: int):
+        n, k = a.shape[0], b.shape[0]
+        row_m, row_s = a.new_full((n,), float("-inf")), a.new_zeros(n)
+        col_m, col_s = a.new_full((k,), float("-inf")), a.new_zeros(k)
+        tile_buf, work_buf = tile_buffers(a, max(min(chunk, n), min(chunk, k)))
+        with torch.no_grad(), no_autocast(a):
+            for i0, i1 in tile_ranges(n, chunk):
+                ai = a[i0:i1]
+                for j0, j1 in tile_ranges(k, chunk):
+                    tile = torch.mm(ai, b[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
+                    scaled_both_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0), row_scale[i0:i1],
+                                      col_scale[j0:j1], row_m[i0:i1], row_s[i0:i1], col_m[j0:j1], col_s[j0:j1])
+            row_lse, col_lse = row_m + row_s.log(), col_m + col_s.log()
+        ctx.chunk = chunk
+        ctx.save_for_backward(a, b, row_scale, col_scale, row_lse, col_lse)
+        ctx.set_materialize_grads(False)
+        return row_lse, col_lse
+
+    @staticmethod
+    def backward(ctx, grad_row: Optional[Tensor], grad_col: Optional[Tensor]):  # type: ignore[override]
+        refuse_double_backward()
+        a, b, row_scale, col_scale, row_lse, col_lse = ctx.saved_tensors
+        need_a, need_b, need_row, need_col = ctx.needs_input_grad[:4]
+        da = torch.zeros_like(a) if need_a else None
+        db = torch.zeros_like(b) if need_b else None
+        d_row = torch.zeros_like(row_scale) if need_row else None
+        d_col = torch.zeros_like(col_scale) if need_col else None
+        if grad_row is None and grad_col is None:
+            return da, db, d_row, d_col, None
+        n, k = a.shape[0], b.shape[0]
+        grad_row = a.new_zeros(n) if grad_row is None else grad_row.to(a.dtype)
+        grad_col = a.new_zeros(k) if grad_col is None else grad_col.to(a.dtype)
+        side = max(min(ctx.chunk, n), min(ctx.chunk, k))
+        tile_buf, work_buf = tile_buffers(a, side)
+        spare_buf = a.new_empty(side * side)
+        with torch.no_grad(), no_autocast(a):
+            for i0, i1 in tile_ranges(n, ctx.chunk):
+                ai = a[i0:i1]
+                for j0, j1 in tile_ranges(k, ctx.chunk):
+                    bj = b[j0:j1]
+                    shape = (i1 - i0, j1 - j0)
+                    tile = torch.mm(ai, bj.T, out=tile_view(tile_buf, *shape))
+                    weights = scaled_pair_weights(
+                        tile, tile_view(work_buf, *shape), tile_view(spare_buf, *shape),
+                        row_scale[i0:i1], grad_row[i0:i1], row_lse[i0:i1],
+                        col_scale[j0:j1], grad_col[j0:j1], col_lse[j0:j1],
+                        None if d_row is None else d_row[i0:i1], None if d_col is None else d_col[j0:j1])
+                    if need_a:
+                        da[i0:i1].addmm_(weights, bj)
+                    if need_b:
+                        db[j0:j1].addmm_(weights.T, ai)
+        return da, db, d_row, d_col, None
+
+
+def cross_logsumexp(a: Tensor, b: Tensor, chunk_size: int, *, columns: bool = True,
+                    row_scale: Optional[Tensor] = None, col_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Row-wise and column-wise log-sum-exp of ``A B^T`` for ``a`` ``(N, d)``, ``b`` ``(K, d)``.
 
     Returns ``(row_lse (N,), col_lse (K,))``; with ``columns=False`` only the rows are
     computed (``col_lse`` is empty) and each tile is exponentiated with a per-row shift.
     Exact and differentiable in both inputs; memory ``O((N + K) d + chunk_size^2)``.
+
+    ``row_scale`` ``(N,)`` and ``col_scale`` ``(K,)`` (both or neither, with ``columns``):
+    positive factors, one per row of ``a`` and one per row of ``b`` (inverse temperatures of
+    the two directions' anchors): ``row_lse_i = log sum_j exp(row_scale_i a_i . b_j)``,
+    ``col_lse_j = log sum_i exp(col_scale_j a_i . b_j)``, differentiable in the scales too.
     """
+    if (row_scale is None) != (col_scale is None):
+        raise ValueError("give both row_scale and col_scale, or neither")
+    if row_scale is not None:
+        if not columns:
+            raise ValueError("row_scale and col_scale apply to both directions (columns=True); for the rows "
+                             "alone multiply each row of a by its scale")
+        return _ScaledCrossLogSumExp.apply(a, b, row_scale, col_scale, int(chunk_size))
     return _CrossLogSumExp.apply(a, b, int(chunk_size), bool(columns))
 
 

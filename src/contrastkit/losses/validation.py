@@ -7,11 +7,12 @@ is refused with the same words wherever it is given.
 
 * Tensors: :func:`check_embeddings`, :func:`check_same`, :func:`check_pair`,
   :func:`check_index`, :func:`check_positive_map`, :func:`check_labels`.
-* Numbers: :func:`resolve_temperature`, :func:`check_probability`,
+* Numbers: :func:`resolve_temperature` (a scalar ``tau`` or one per anchor row),
+  :func:`check_probability`,
   :func:`check_nonnegative`, :func:`optional_int`, :func:`check_reduction`.
 * Preparation: :func:`compute_dtype`, :func:`prepare` (upcast, L2-normalise).
 * :func:`warn_few_rows`: the warning for a batch too small to have negatives.
-* :func:`require` and :func:`value_checks`: the checks that need the values of a tensor
+* ``require`` and :func:`value_checks`: the checks that need the values of a tensor
   (finite entries, zero-norm rows, index ranges). On the CPU they raise the detailed error at
   once; on an accelerator they are queued on the device with ``torch._assert_async`` (the
   kernel fails with the short message), so a loss call never waits for the device. Inside
@@ -35,7 +36,7 @@ __all__ = [
     "TemperatureLike", "REDUCTIONS", "check_choice", "check_scalar", "check_embeddings", "check_same", "check_pair", "check_reduction",
     "resolve_temperature", "compute_dtype", "prepare", "check_index", "check_positive_map", "check_labels",
     "check_probability", "check_nonnegative", "optional_int", "warn_few_rows", "require", "value_checks",
-    "reads_are_free",
+    "reads_are_free", "per_anchor",
 ]
 
 #: The values of every loss's ``reduction`` argument.
@@ -46,7 +47,7 @@ _CHECK_VALUES: ContextVar[bool] = ContextVar("contrastkit_check_values", default
 
 @contextmanager
 def value_checks(enabled: bool) -> Iterator[None]:
-    """Turn the value checks (:func:`require`) on or off inside the block (they are on by
+    """Turn the value checks (``require``) on or off inside the block (they are on by
     default); a loss's ``validate=False`` runs its call inside ``value_checks(False)``."""
     if not isinstance(enabled, bool):
         raise TypeError(f"validate must be True or False, got {type(enabled).__name__}")
@@ -161,15 +162,44 @@ def check_scalar(value: object, name: str, *, positive: bool = False,
     return value
 
 
-def resolve_temperature(temperature: TemperatureLike, *, name: str = "temperature") -> Union[float, Tensor]:
-    """Return the temperature as a positive finite float or a 0-dim tensor.
+def per_anchor(tau: object) -> bool:
+    """Whether ``tau`` (as :func:`resolve_temperature` returns it) holds one temperature per
+    anchor row, a ``(A,)`` tensor, rather than one for all."""
+    return isinstance(tau, Tensor) and tau.dim() == 1
+
+
+def resolve_temperature(temperature: TemperatureLike, *, name: str = "temperature",
+                        anchors: Optional[int] = None, device: Optional[torch.device] = None) -> Union[float, Tensor]:
+    """Return the temperature as a positive finite float, a 0-dim tensor, or a ``(A,)``
+    tensor with one temperature per anchor row.
 
     A ``torch.nn.Module`` (such as :class:`contrastkit.losses.Temperature`) is called to get
     its current value, so learnable temperatures pass straight through with their gradient.
+    A tensor of more than one element must be one-dimensional and floating, every entry
+    positive and finite; with ``anchors`` given its length must be ``anchors`` (each loss
+    says which rows are its anchors) and with ``device`` it must live there (the device of
+    the embeddings). A one-element tensor is a scalar ``tau``.
     """
     if isinstance(temperature, torch.nn.Module):
         temperature = temperature()
-    return check_scalar(temperature, name, positive=True)
+    if not isinstance(temperature, Tensor) or temperature.numel() == 1:
+        return check_scalar(temperature, name, positive=True)
+    if not temperature.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {temperature.dtype}")
+    if temperature.dim() != 1:
+        raise ValueError(f"{name} must be a number, a scalar tensor or one value per anchor row (A,), "
+                         f"got a tensor of shape {tuple(temperature.shape)}")
+    if anchors is not None and temperature.shape[0] != anchors:
+        raise ValueError(f"{name} has {temperature.shape[0]} values but the loss has {anchors} anchor rows: "
+                         f"give one temperature per anchor row, shape ({anchors},)")
+    if device is not None and temperature.device != torch.device(device):
+        raise ValueError(f"{name} is on {temperature.device} but the embeddings are on {device}")
+    detached = temperature.detach()
+    ok = (torch.isfinite(detached) & (detached > 0)).all()
+    require(ok, f"{name} must be positive and finite in every entry",
+            lambda: f"{name} must be positive and finite in every entry, got "
+                    f"{detached[~(torch.isfinite(detached) & (detached > 0))][:5].tolist()}")
+    return temperature
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -179,8 +209,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def prepare(x: Tensor, normalize: bool, name: str, *, divisor: Union[float, Tensor, None] = None) -> Tensor:
     """Cast to the compute dtype and, if asked, L2-normalise the last dimension; with
-    ``divisor`` (a float or a 0-dim tensor, e.g. a temperature) also divide by it, in the same
-    pass (one ``(N, d)`` result, not two: the tiled losses' memory is a few such buffers).
+    ``divisor`` (a float, a 0-dim tensor, e.g. a temperature, or ``(N,)``, one per row) also
+    divide by it, in the same pass (one ``(N, d)`` result, not two: the tiled losses' memory
+    is a few such buffers).
 
     Zero-norm rows raise instead of being silently mapped to zero (``F.normalize`` would
     clamp the norm and hide the problem).
@@ -188,6 +219,8 @@ def prepare(x: Tensor, normalize: bool, name: str, *, divisor: Union[float, Tens
     x = x.to(compute_dtype(x.dtype))
     if isinstance(divisor, Tensor):
         divisor = divisor.to(x.dtype)
+        if divisor.dim() == 1:  # one per row
+            divisor = divisor[:, None]
     if not normalize:
         return x if divisor is None else x / divisor
     norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)

@@ -43,11 +43,12 @@ from contrastkit.distributed.gather import DistributedArg, RowLayout, all_gather
 from . import tiled
 from ._sharding import Shard, select
 from ._tiles import top_k_mask
-from .core import per_anchor_nll
+from .core import divide_rows, per_anchor_nll
 from .dispatch import (
     LossCall,
     SelfContrast,
     _divide_by_temperature,
+    _gather_anchor_rows,
     _ring_lse,
     contrast,
     self_mask,
@@ -78,7 +79,7 @@ def _views(shard: Shard, blocks: Tuple[Tensor, Tensor], tau, normalize: bool) ->
     index = select(views_positive_index(total, z.device), rows)
     negatives = self_mask(2 * total, z.device, rows)
     negatives[torch.arange(own.shape[0], device=z.device), index] = False
-    return (select(z, rows) @ z.T) / tau, index, negatives, own
+    return divide_rows(select(z, rows) @ z.T, tau), index, negatives, own
 
 
 @dataclass
@@ -106,6 +107,9 @@ class _TwoViewVariant:
 
     def gather(self, shard: Shard) -> Tuple[Tensor, ...]:
         return shard.gather(*self.blocks)
+
+    def gather_temperature(self, shard: Shard, tau: Tensor) -> Tensor:
+        return _gather_anchor_rows(shard, tau, 2)
 
     def _stacked(self, blocks: Tuple[Tensor, ...], normalize: bool) -> Tensor:
         return torch.cat([prepare(b, normalize, name) for b, name in zip(blocks, self.names)])
@@ -263,7 +267,7 @@ def dcl(
     Args:
         z_a, z_b: ``(N, d)`` views, row ``i`` of each forming a positive pair; ``N >= 2``
             (with ``N = 1`` the denominator would be empty).
-        temperature: ``tau > 0``.
+        temperature: ``tau > 0``, or ``(2N,)``: one per anchor (``z_a``'s, then ``z_b``'s).
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first.
         chunk_size: ``None`` (automatic dense/tiled choice) or a tile size forcing the
@@ -285,6 +289,7 @@ def dcl(
                     distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(z_a, z_b)
+        call.set_anchors(2 * z_a.shape[0], z_a.device)
     _at_least_two_pairs(call.shard.exchange(z_a, z_b), "dcl", "the denominator is empty")
     return contrast(call, SelfContrast((z_a, z_b), ("z_a", "z_b"), exclude_positive=True), normalize=normalize)
 
@@ -333,6 +338,7 @@ def simple_loss(
                     distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(z_a, z_b)
+        call.set_anchors(2 * z_a.shape[0], z_a.device)
         negative_weight = check_nonnegative(negative_weight, "negative_weight")
     _at_least_two_pairs(call.shard.exchange(z_a, z_b), "simple_loss", "there are no negatives")
     return contrast(call, _Simple((z_a, z_b), negative_weight=negative_weight), normalize=normalize)
@@ -357,7 +363,7 @@ def hard_negative_nt_xent(
 
     Args:
         z_a, z_b: ``(N, d)`` views, rows paired.
-        temperature: ``tau > 0``.
+        temperature: ``tau > 0``, or ``(2N,)``: one per anchor (``z_a``'s, then ``z_b``'s).
         top_k: keep the ``top_k`` most similar negatives per anchor (all if larger than
             ``2N - 2``). Exactly one of ``top_k`` and ``quantile`` must be given.
         quantile: keep the negatives at or above this quantile of the anchor's negative
@@ -393,6 +399,7 @@ def hard_negative_nt_xent(
                     distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(z_a, z_b)
+        call.set_anchors(2 * z_a.shape[0], z_a.device)
         if (top_k is None) == (quantile is None):
             raise ValueError("give exactly one of top_k and quantile")
         if top_k is not None:
@@ -458,7 +465,7 @@ def debiased_nt_xent(
 
     Args:
         z_a, z_b: ``(N, d)`` views, rows paired; ``N >= 2``.
-        temperature: ``tau > 0``.
+        temperature: ``tau > 0``, or ``(2N,)``: one per anchor (``z_a``'s, then ``z_b``'s).
         tau_plus: class prior in ``[0, 1)``.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
         normalize: L2-normalise rows first (the floor assumes cosine similarities).
@@ -507,7 +514,7 @@ def hcl(
 
     Args:
         z_a, z_b: ``(N, d)`` views, rows paired; ``N >= 2``.
-        temperature: ``tau > 0``.
+        temperature: ``tau > 0``, or ``(2N,)``: one per anchor (``z_a``'s, then ``z_b``'s).
         tau_plus: class prior in ``[0, 1)``.
         beta: concentration ``>= 0``.
         reduction: ``"mean"`` over ``2N`` anchors, ``"sum"``, or ``"none"`` for ``(2N,)``.
@@ -539,6 +546,7 @@ def _debiased(z_a: Tensor, z_b: Tensor, name: str, *, temperature: TemperatureLi
                     distributed=distributed, distributed_mode=distributed_mode, validate=validate)
     with call.checking():
         check_pair(z_a, z_b)
+        call.set_anchors(2 * z_a.shape[0], z_a.device)
         tau_plus = check_probability(tau_plus, "tau_plus", open_high=True)
         beta = check_nonnegative(beta, "beta")
     _at_least_two_pairs(call.shard.exchange(z_a, z_b), name, "there are no negatives")

@@ -92,6 +92,10 @@ class Method:
     #: per-row and :meth:`objective` takes the whole batch's embeddings (its in-batch
     #: negatives). A new method opts in.
     cached_gradients: ClassVar[bool] = False
+    #: Whether the method's loss is NT-Xent on two views, so that a temperature method
+    #: (:class:`contrastkit.temperature.TemperatureMethod`: MACL, dual, individual, network)
+    #: can take its place; the model then holds it as ``temperature_method``.
+    temperature_methods: ClassVar[bool] = False
 
     # -- data ---------------------------------------------------------------------------
     def load_data(self, config: PretrainConfig) -> DataSplits:
@@ -113,8 +117,11 @@ class Method:
         """Write the method's own files into the run folder (once, on rank 0)."""
 
     def batches(self, dataset: DataSplits, config: PretrainConfig, device: torch.device,
-                tokenizer: Any = None) -> Callable[[Any, Tensor], Batch]:
-        """The batch maker: ``batches(split, indices)`` -> a training batch on ``device``."""
+                tokenizer: Any = None, *, transform: Optional[Callable[[Tensor], Any]] = None
+                ) -> Callable[[Any, Tensor], Batch]:
+        """The batch maker: ``batches(split, indices)`` -> a training batch on ``device``.
+        ``transform``: a per-image view transform made in the loader's workers (the two-view
+        methods, :func:`~contrastkit.data.training_views`); a method without two views refuses it."""
         raise NotImplementedError
 
     # -- model and loss -----------------------------------------------------------------
@@ -154,6 +161,21 @@ class Method:
         the report's pictures of one real batch are read from it. ``None`` (the default, for a
         method that does not say): no diagnostics."""
         return None
+
+    def begin_step(self, model: nn.Module, indices: Tensor) -> None:
+        """Before a training step's loss: the sample indices ``(N,)`` of its batch (in the
+        training split), for a temperature method that keeps per-sample state."""
+        if getattr(model, "temperature_method", None) is not None:
+            model.batch_indices = indices
+
+    def end_step(self, model: nn.Module) -> None:
+        """After the optimizer's step: a temperature method updates the state it keeps
+        outside the optimizer (:meth:`contrastkit.losses.AdaptiveTemperature.step_`), and the
+        model's reported ``tau`` becomes the mean of the temperatures its anchors used."""
+        method = getattr(model, "temperature_method", None)
+        if method is not None:
+            method.step_()
+            model.temperature.set_(max(method.value, model.temperature.min_value))
 
     def cached_gradient_loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor],
                              micro_batch: int, **precision: Any) -> Tensor:

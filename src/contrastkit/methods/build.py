@@ -33,7 +33,7 @@ def limit_data(dataset: DataSplits, config: PretrainConfig) -> DataSplits:
 
 
 def build_model(config: PretrainConfig, image_shape: Union[int, Sequence[int]], tokenizer: Any = None, *,
-                encoder: Optional[nn.Module] = None) -> Any:
+                encoder: Optional[nn.Module] = None, initial_weights: bool = True) -> Any:
     """The model at its initialisation for ``config.seed``: the one place a run's model, its
     random-init baseline, and the model of a finished run (``probe``, ``embed``) are built.
 
@@ -45,12 +45,16 @@ def build_model(config: PretrainConfig, image_shape: Union[int, Sequence[int]], 
         tokenizer: the run's text tokenizer (convirt).
         encoder: a module to use instead of ``config.encoder`` (copied, never modified: the
             copy is trained, so the baseline built from the same module is its initialisation).
+        initial_weights: read ``config.encoder_weights`` (when set) into the encoder
+            (:func:`~contrastkit.models.load_encoder_weights`); ``False`` where a checkpoint's
+            weights replace them anyway, so that the file is not needed.
 
-    The encoder is checked by one dry forward (:func:`~contrastkit.models.prepare_encoder`),
-    and the projection head is built on the feature size it finds. The global RNG is left
+    With ``config.encoder_weights`` read, the model's ``weights_report`` attribute is the
+    :class:`~contrastkit.models.WeightsReport` of what was loaded (else ``None``). The encoder
+    is checked by one dry forward (:func:`~contrastkit.models.prepare_encoder`), and the projection head is built on the feature size it finds. The global RNG is left
     untouched, so the random-init baseline can be rebuilt at any time with identical weights.
     """
-    from contrastkit.models import encoder_from_spec, prepare_encoder
+    from contrastkit.models import encoder_from_spec, load_encoder_weights, prepare_encoder
 
     shape = (int(image_shape), 32, 32) if isinstance(image_shape, int) else tuple(int(s) for s in image_shape)
     with torch.random.fork_rng(devices=[]):
@@ -62,6 +66,11 @@ def build_model(config: PretrainConfig, image_shape: Union[int, Sequence[int]], 
             if config.norm is not None and ":" not in config.encoder:  # --norm of the built-in networks
                 options.setdefault("norm", config.norm)
             module, name = encoder_from_spec(config.encoder, shape[0], options), config.encoder
+        # Read before the dry forward, into the module as built: the file's keys are its own.
+        report = load_encoder_weights(module, config.encoder_weights) if (
+            config.encoder_weights is not None and initial_weights) else None
         if not isinstance(image_shape, int) or getattr(module, "out_dim", None) is None:
             module = prepare_encoder(module, shape, name=repr(name))
-        return get_method(config.method).build_model(config, shape[0], tokenizer, encoder=module)
+        model = get_method(config.method).build_model(config, shape[0], tokenizer, encoder=module)
+    model.weights_report = report
+    return model

@@ -10,18 +10,20 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from contrastkit.data.base import check_positive_int
 from contrastkit.layout import check_cache_setting
 
-from .registry import get_method
+from .registry import METHOD_REGISTRY, get_method
 
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
-__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "PRECISIONS", "DATA_ON_DEVICE",
-           "check_positive_int", "check_positive_float"]
+__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "PRECISIONS", "DATA_ON_DEVICE", "ON_NAN",
+           "check_positive_int",
+           "check_positive_float", "default_batch_size", "SMALLEST_DEFAULT_BATCH", "LARGEST_DEFAULT_BATCH",
+           "IMAGES_PER_BATCH_ROW"]
 
 OPTIMIZERS = ("adamw", "sgd")
 #: The training step's arithmetic: float32, or autocast to bfloat16 / float16 (float16 with a
@@ -39,14 +41,60 @@ TENSORBOARD_MISSING = ("--logger tensorboard needs the tensorboard package: pip 
 
 # Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
 # stretches the cosine schedule from the resumed step on.
-# ``threads`` and ``device`` may change too, at the price of bit-exactness (reduction order).
+# ``threads``, ``device`` and ``compile`` may change too, at the price of bit-exactness (other
+# kernels, another reduction order); with the same setting a resumed run is exact.
 # ``workers`` only decode images (no randomness), so any number resumes exactly.
 # ``baseline_cache`` only says where baselines are kept (their numbers are the same).
+# ``checkpoint_every`` only says when the state is saved; ``on_nan`` what a non-finite loss does
+# (resuming a run that stopped on one with ``on_nan="skip"`` is how to go past it).
 # ``channels_last`` and ``data_on_device`` say where and how the same numbers are laid out (a
 # change may round differently, as ``device`` does); ``precision`` changes the arithmetic and
 # the checkpoint's state (the gradient scaler's), so it must stay.
 RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers",
-                               "workers", "baseline_cache", "channels_last", "data_on_device"})
+                               "workers", "baseline_cache", "compile", "channels_last",
+                               "data_on_device", "checkpoint_every", "on_nan"})
+#: What a non-finite training loss does: stop the run, or skip that step's update (``on_nan``).
+ON_NAN = ("stop", "skip")
+
+
+# The batch a run takes when none is given grows with the training set (default_batch_size).
+#: The floor: divides GlyphLab's 120 training scenes (two steps an epoch), and digits' 1,078
+#: training images keep it too.
+SMALLEST_DEFAULT_BATCH = 60
+#: The ceiling: SimCLR's smallest recipe batch (Chen et al. 2020), 510 negatives an anchor.
+LARGEST_DEFAULT_BATCH = 256
+#: Between the two, one pair for every this many training images (an epoch keeps >= 32 steps).
+IMAGES_PER_BATCH_ROW = 32
+
+
+def default_batch_size(train_size: int, *, world_size: int = 1) -> Tuple[int, str]:
+    """The batch (source images a step) of a run on ``train_size`` training images when none is
+    given, and why, in words: ``train_size / 32`` rounded down to a multiple of 8, at least
+    ``SMALLEST_DEFAULT_BATCH`` (60) and at most ``LARGEST_DEFAULT_BATCH`` (256), never more
+    than the training set; under ``world_size`` processes a multiple of it.
+
+    Small sets keep 60 (GlyphLab's 120 scenes, digits' 1,078 images); from about 2,000 images
+    the batch grows, so that each anchor meets more negatives and a step costs less per image,
+    while an epoch keeps at least 32 optimizer steps; from 8,192 images it is 256, SimCLR's
+    batch (a 60,000-image set trains 234 steps an epoch)."""
+    n = check_positive_int(train_size, "train_size")
+    world = check_positive_int(world_size, "world_size")
+    grown = 8 * (n // (8 * IMAGES_PER_BATCH_ROW))
+    batch = min(LARGEST_DEFAULT_BATCH, max(SMALLEST_DEFAULT_BATCH, grown))
+    if batch == LARGEST_DEFAULT_BATCH:
+        why = f"{n:,} training images: the largest default batch, SimCLR's {LARGEST_DEFAULT_BATCH}"
+    elif batch == SMALLEST_DEFAULT_BATCH:
+        why = (f"{n:,} training images: the smallest default batch, which sets of fewer than "
+               f"{8 * IMAGES_PER_BATCH_ROW * (SMALLEST_DEFAULT_BATCH // 8 + 1):,} images keep")
+    else:
+        why = (f"{n:,} training images: one pair per {IMAGES_PER_BATCH_ROW} images, rounded down to a multiple of "
+               f"8, between {SMALLEST_DEFAULT_BATCH} and {LARGEST_DEFAULT_BATCH}")
+    if batch > n:
+        batch, why = n, f"{n:,} training images: the whole training set, fewer than {batch}"
+    if world > 1 and batch % world:
+        batch = max(world, batch - batch % world)
+        why += f", rounded down to a multiple of the {world} processes"
+    return batch, why
 
 
 def check_positive_float(value: Any, name: str, *, allow_zero: bool = False) -> float:
@@ -84,7 +132,16 @@ def _resolve_schedule(c: "PretrainConfig") -> "TemperatureSchedule":
     from contrastkit.losses import MIN_TEMPERATURE
     from contrastkit.temperature import LearnableSchedule, parse_schedule
 
-    schedule = parse_schedule(c.temperature_schedule, c.temperature)
+    schedule = parse_schedule(c.temperature_schedule, c.temperature).bind(epochs=c.epochs)
+    if schedule.adaptive:
+        # A temperature method computes its own temperatures inside the method's loss.
+        if not get_method(c.method).temperature_methods:
+            takers = ", ".join(name for name, m in METHOD_REGISTRY.items() if m.temperature_methods)
+            raise ValueError(f"the temperature method {schedule.kind!r} applies to the methods whose loss is "
+                             f"NT-Xent on two views ({takers}), not {c.method!r}")
+        if c.learnable_temperature:
+            raise ValueError(f"the temperature method {schedule.kind!r} sets its own temperatures: drop "
+                             "learnable_temperature")
     learnable = schedule.kind == "learnable" or bool(c.learnable_temperature)
     if learnable and schedule.kind not in ("constant", "learnable"):
         raise ValueError(f"a learnable temperature cannot follow the schedule {c.temperature_schedule!r}")
@@ -126,8 +183,11 @@ class PretrainConfig:
     bad_files: Optional[str] = None
     eval_data: Optional[str] = None
     method: str = "simclr"
-    encoder: str = "small"          # a built-in name, "package.module:factory" or "object:..." (models.encoders)
+    # a built-in name, "timm:NAME", "torchvision:NAME", "package.module:factory" or "object:..." (models.encoders)
+    encoder: str = "small"
     encoder_options: Dict[str, Any] = field(default_factory=dict)  # the factory's keyword arguments
+    # A local weights file the encoder starts from (models.weights; None: its initialisation).
+    encoder_weights: Optional[str] = None
     views: str = "augment"
     view_strength: Optional[float] = None  # make_views strength; None: its per-mode default
     temperature: Optional[float] = None
@@ -136,7 +196,9 @@ class PretrainConfig:
     # (SigLIP trains its scale; "constant" fixes it).
     temperature_schedule: Optional[str] = None
     epochs: int = 60
-    batch_size: int = 60             # divides glyphlab's 120 training scenes (the last partial batch is dropped)
+    # Source images a step (the global batch under torchrun; the last partial batch is dropped).
+    # None: chosen from the training set's size (default_batch_size) by fit_to_data.
+    batch_size: Optional[int] = None
     optimizer: str = "adamw"
     lr: Optional[float] = None
     weight_decay: Optional[float] = None
@@ -152,20 +214,25 @@ class PretrainConfig:
     device: str = "auto"
     threads: int = 0                # CPU threads; 0: the cores this process may use (setup.resolve_threads)
     workers: int = 0                # DataLoader worker processes decoding streamed images (0: in this process)
+    # torch.compile the encoder for the training steps (inductor; the read-out runs it eagerly).
+    # Speed only: the losses equal the eager run's within float rounding, not bit for bit.
+    compile: bool = False
     precision: str = "32"           # the training step's arithmetic: "32", "bf16" or "fp16" (autocast; methods.precision)
     channels_last: bool = False     # model and input images in the channels-last memory format
     data_on_device: str = "auto"    # hold the training images on the device: "auto" (when they fit), "on", "off"
     baseline_cache: str = "auto"    # where the read-out's baselines are kept: "auto" (train.baselines), "off", a folder
     log_every: int = 10             # steps between step records / progress updates
     eval_every: int = 0             # epochs between val read-outs that pick the reported epoch (0: never)
+    checkpoint_every: int = 0       # steps between checkpoints within an epoch (0: at epoch ends only)
+    on_nan: str = "stop"            # a non-finite loss: "stop" the run, or "skip" that step's update
     knn_k: int = 20
     knn_temperature: float = 0.07
     out: str = os.path.join("runs", "pretrain")
     loggers: List[str] = field(default_factory=list)  # beyond metrics.jsonl: "csv", "tensorboard"
 
     def resolved(self) -> "PretrainConfig":
-        """A validated copy with every default filled in (queue size needs the data: see
-        :meth:`with_queue`)."""
+        """A validated copy with every default filled in but those that need the data: the
+        batch size (:meth:`fit_to_data`) and the queue size (:meth:`with_queue`)."""
         c = PretrainConfig(**asdict(self))
         method = get_method(c.method)
         if c.optimizer not in OPTIMIZERS:
@@ -199,9 +266,10 @@ class PretrainConfig:
             method.default_temperature if c.temperature is None else c.temperature, "temperature")
         if c.temperature_schedule is None:
             c.temperature_schedule = method.default_schedule
-        c._schedule = _resolve_schedule(c)
         check_positive_int(c.epochs, "epochs")
-        check_positive_int(c.batch_size, "batch_size", 2)
+        c._schedule = _resolve_schedule(c)
+        if c.batch_size is not None:
+            check_positive_int(c.batch_size, "batch_size", 2)
         c.lr = check_positive_float(DEFAULT_LR[c.optimizer] if c.lr is None else c.lr, "lr")
         c.weight_decay = check_positive_float(
             DEFAULT_WEIGHT_DECAY[c.optimizer] if c.weight_decay is None else c.weight_decay,
@@ -220,10 +288,15 @@ class PretrainConfig:
             raise ValueError(f"seed must be a non-negative integer, got {c.seed!r}")
         check_positive_int(c.threads, "threads", 0)
         check_positive_int(c.workers, "workers", 0)
+        if not isinstance(c.compile, bool):
+            raise ValueError(f"compile must be true or false, got {c.compile!r}")
         _resolve_device_options(c)
         c.baseline_cache = check_cache_setting(c.baseline_cache)
         check_positive_int(c.log_every, "log_every")
         check_positive_int(c.eval_every, "eval_every", 0)
+        check_positive_int(c.checkpoint_every, "checkpoint_every", 0)
+        if c.on_nan not in ON_NAN:
+            raise ValueError(f"on_nan must be one of {ON_NAN}, got {c.on_nan!r}")
         check_positive_int(c.knn_k, "knn_k")
         c.knn_temperature = check_positive_float(c.knn_temperature, "knn_temperature")
         _resolve_accumulation(c)
@@ -245,15 +318,56 @@ class PretrainConfig:
         """Whether the run trains on image-text pairs (its method's :attr:`~contrastkit.methods.base.Method.paired`)."""
         return get_method(self.method).paired
 
+    @property
+    def data_defaults(self) -> Dict[str, Any]:
+        """What :meth:`fit_to_data` chose from the data, for the run's record (``config.json``'s
+        ``derived.defaults``): ``{"train_size": n, "batch_size": {"value": b, "reason": ...}}``,
+        or ``{}`` when every such option was given."""
+        return dict(self.__dict__.get("_data_defaults") or {})
+
+    def fit_to_data(self, train_size: int, *, world_size: int = 1) -> "PretrainConfig":
+        """A copy with the defaults that depend on the data filled in, for a training split of
+        ``train_size`` images and ``world_size`` processes: a ``batch_size`` of ``None`` becomes
+        :func:`default_batch_size`'s (recorded with its reason in :attr:`data_defaults`); a
+        given one is kept. Then ``micro_batch`` is checked against the batch. Call it on the
+        resolved configuration once the data are loaded (``pretrain`` and the Lightning
+        module and data module do)."""
+        c = self._copy()
+        if c.batch_size is None:
+            c.batch_size, reason = default_batch_size(train_size, world_size=world_size)
+            c._data_defaults = {"train_size": int(train_size),
+                                "batch_size": {"value": c.batch_size, "reason": reason}}
+            _check_micro_batch(c, f"chosen for {reason}; --batch-size sets it", world_size)
+        return c
+
+    def describe_data_defaults(self) -> Optional[str]:
+        """One line saying what :meth:`fit_to_data` chose from the data and why (``None`` when
+        nothing was chosen): what a run prints at its start."""
+        chosen = self.data_defaults.get("batch_size")
+        if chosen is None:
+            return None
+        return f"batch size {chosen['value']}, chosen for {chosen['reason']}; --batch-size sets it"
+
+    def _copy(self) -> "PretrainConfig":
+        """A copy that keeps what :meth:`resolved` and :meth:`fit_to_data` worked out beyond the
+        fields (the parsed schedule, the record of the data-sized defaults)."""
+        c = PretrainConfig(**asdict(self))
+        for name in ("_schedule", "_data_defaults", "_train_size"):
+            if name in self.__dict__:
+                setattr(c, name, self.__dict__[name])
+        return c
+
     def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
-        """Fill in the MoCo queue size (a multiple of the effective batch size).
+        """Fill in the MoCo queue size (a multiple of the effective batch size), and keep the
+        training set's size for a temperature method's per-sample state.
 
         Default: up to 16 batches, but fewer than the training set holds, so that the queue
         does not mostly hold older keys of the very images in the batch.
         """
-        c = PretrainConfig(**asdict(self))
-        if "_schedule" in self.__dict__:
-            c._schedule = self._schedule
+        c = self._copy()
+        # The size a temperature method's per-sample state needs (not saved: a run rebuilt
+        # without its data takes it from the checkpoint).
+        c._train_size = int(train_size)
         if c.method != "moco":
             c.queue_size = None
             return c
@@ -276,12 +390,20 @@ class PretrainConfig:
 
 
 def _check_encoder_spec(c: PretrainConfig) -> None:
-    """``encoder`` is a built-in name or a factory path (whether the factory exists is checked
-    when the model is built); ``encoder_options`` a dict of JSON values (saved in config.json)."""
-    from contrastkit.models import ENCODERS
+    """``encoder`` is a built-in name, a timm or torchvision model or a factory path (whether it
+    exists is checked when the model is built); ``encoder_options`` a dict of JSON values (saved
+    in config.json); ``encoder_weights`` a path, made absolute (read when the model is built)."""
+    from contrastkit.models import ENCODERS, EXTERNAL_PREFIXES
 
     if not isinstance(c.encoder, str) or not (c.encoder in ENCODERS or ":" in c.encoder):
-        raise ValueError(f"encoder must be one of {tuple(ENCODERS)} or 'package.module:factory', got {c.encoder!r}")
+        raise ValueError(f"encoder must be one of {tuple(ENCODERS)}, timm:NAME, torchvision:NAME or "
+                         f"'package.module:factory', got {c.encoder!r}")
+    if c.encoder in EXTERNAL_PREFIXES:
+        raise ValueError(f"encoder {c.encoder!r} needs a model name, e.g. {c.encoder}resnet18")
+    if c.encoder_weights is not None:
+        if not isinstance(c.encoder_weights, str) or not c.encoder_weights:
+            raise ValueError(f"encoder_weights must be the path of a weights file, got {c.encoder_weights!r}")
+        c.encoder_weights = os.path.abspath(c.encoder_weights)  # so `contrastkit probe` finds it from any folder
     if not isinstance(c.encoder_options, dict):
         raise TypeError(f"encoder_options must be a dict, got {type(c.encoder_options).__name__}")
     try:
@@ -316,11 +438,21 @@ def _resolve_accumulation(c: PretrainConfig) -> None:
         c.norm = None
     if c.micro_batch is None:
         return
+    get_method(c.method).require_cached_gradients()
+    if c.batch_size is None:  # checked once the data have sized the batch (PretrainConfig.fit_to_data)
+        check_positive_int(c.micro_batch, "micro_batch")
+        return
+    _check_micro_batch(c, "", int(os.environ.get("WORLD_SIZE", "1") or 1))  # torchrun: the check is per process
+
+
+def _check_micro_batch(c: PretrainConfig, chosen: str, world: int) -> None:
+    """``micro_batch`` divides this process's share of the batch (``chosen``: why the batch is
+    what it is, when the data chose it)."""
+    if c.micro_batch is None:
+        return
     from .accumulation import check_micro_batch
 
-    get_method(c.method).require_cached_gradients()
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun: the check is per process
     share = c.batch_size // world if world > 1 and c.batch_size % world == 0 else c.batch_size
     where = f"this process's share of the batch under torchrun ({share} of {c.batch_size})" if share != c.batch_size \
         else f"the batch size ({c.batch_size})"
-    check_micro_batch(c.micro_batch, share, batch=where)
+    check_micro_batch(c.micro_batch, share, batch=f"{where}, {chosen}" if chosen else where)

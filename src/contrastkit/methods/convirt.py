@@ -338,7 +338,11 @@ class Convirt(Method):
         model.tokenizer.save(folder.tokenizer)
 
     def batches(self, dataset: DataSplits, config: "PretrainConfig", device: torch.device,
-                tokenizer: Any = None) -> Callable[[Any, Tensor], Batch]:
+                tokenizer: Any = None, *, transform: Optional[Callable[[Tensor], Any]] = None
+                ) -> Callable[[Any, Tensor], Batch]:
+        if transform is not None:
+            raise ValueError(f"{self.name} trains on (image, text) pairs, one image each; a transform makes two "
+                             "views of each image (the two-view methods: simclr, moco, supcon, ...)")
         return PairedBatches(tokenizer, device)
 
     def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,

@@ -46,16 +46,24 @@ class TwoViewMethod(Method):
             raise ValueError(f"views must be one of {MODES}, got {config.views!r}")
 
     def batches(self, dataset: DataSplits, config: "PretrainConfig", device: torch.device,
-                tokenizer: Any = None) -> Callable[[Any, Tensor], Batch]:
-        return training_views(dataset, mode=config.views, device=device, strength=config.view_strength)
+                tokenizer: Any = None, *, transform: Optional[Callable[[Tensor], Any]] = None
+                ) -> Callable[[Any, Tensor], Batch]:
+        return training_views(dataset, mode=config.views, device=device, strength=config.view_strength,
+                              transform=transform, seed=config.seed)
 
     def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,
                     encoder: Optional[nn.Module] = None) -> nn.Module:
+        from contrastkit.temperature import parse_schedule
+
+        schedule = parse_schedule(config.temperature_schedule or "constant", config.temperature)
+        temperature_method = None
+        if schedule.adaptive:  # a run rebuilt without its data gets the size from its checkpoint
+            temperature_method = schedule.build(config.__dict__.get("_train_size", 0), config.projection_dim)
         return ContrastiveModel(
             self, config.encoder if encoder is None else encoder, in_channels,
             temperature=config.temperature, learnable_temperature=config.learnable_temperature,
             projection_dim=config.projection_dim, momentum=config.momentum, queue_size=config.queue_size,
-            norm=config.norm,
+            norm=config.norm, temperature_method=temperature_method,
         )
 
     def extend_model(self, model: "ContrastiveModel", queue_size: Optional[int]) -> None:
@@ -93,12 +101,21 @@ class TwoViewMethod(Method):
 
 
 class SimCLR(TwoViewMethod):
-    """:func:`~contrastkit.losses.nt_xent_views` on the ``2N`` anchors of both views."""
+    """:func:`~contrastkit.losses.nt_xent_views` on the ``2N`` anchors of both views; with a
+    temperature method (``--temperature-schedule macl|dual|individual|network``), that method's
+    loss on the same anchors (:mod:`contrastkit.losses.adaptive`)."""
 
     name = "simclr"
+    temperature_methods = True
 
     def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
         z_a, z_b = embeddings
+        method = getattr(model, "temperature_method", None)
+        if method is not None:
+            indices = getattr(model, "batch_indices", None) if method.needs_indices else None
+            if indices is not None:
+                indices = indices.to(z_a.device)
+            return method(z_a, z_b, indices, **across_ranks(model))
         return losses.nt_xent_views(z_a, z_b, temperature=model.temperature, **across_ranks(model))
 
 
@@ -166,11 +183,16 @@ class ContrastiveModel(nn.Module):
         queue_size: MoCo's number of stored keys (required for ``"moco"``).
         norm: the encoder's and head's normalisation, ``None``/``"batch"`` (BatchNorm) or
             ``"group"`` (GroupNorm, LayerNorm in the head; :func:`~contrastkit.models.build_encoder`).
+        temperature_method: a :class:`~contrastkit.losses.AdaptiveTemperature` (MACL, dual,
+            individual, network) whose loss replaces the method's own (``simclr`` only); its
+            state is the model's (saved with it). ``temperature`` then reports the mean of the
+            temperatures its anchors used at the last step.
     """
 
     def __init__(self, method: Union[str, TwoViewMethod], encoder: Union[str, nn.Module], in_channels: int, *, temperature: float,
                  learnable_temperature: bool = False, projection_dim: int = 64,
-                 momentum: float = 0.99, queue_size: Optional[int] = None, norm: Optional[str] = None) -> None:
+                 momentum: float = 0.99, queue_size: Optional[int] = None, norm: Optional[str] = None,
+                 temperature_method: Optional[nn.Module] = None) -> None:
         super().__init__()
         two_view = METHOD_REGISTRY.get(method) if isinstance(method, str) else method
         if not isinstance(two_view, TwoViewMethod):
@@ -186,6 +208,11 @@ class ContrastiveModel(nn.Module):
         self.head = ProjectionHead(self.encoder.out_dim, hidden_dim=max(self.encoder.out_dim, projection_dim),
                                    out_dim=projection_dim, norm=norm)
         self.temperature = losses.Temperature(temperature, learnable=learnable_temperature)
+        if temperature_method is not None and not two_view.temperature_methods:
+            raise ValueError(f"a temperature method replaces NT-Xent on two views; method {two_view.name!r} "
+                             "has another loss")
+        self.temperature_method = temperature_method
+        self.batch_indices: Optional[Tensor] = None
         self.momentum = momentum
         two_view.extend_model(self, queue_size)
         self.register_load_state_dict_pre_hook(_rename_old_queue)

@@ -9,6 +9,8 @@
 * A training batch's diagnostics: each anchor's ``p+`` and effective number of negatives, the
   similarities of its positive and negatives, and the failures they show
   (:mod:`contrastkit.metrics.batch`; the trainer records them at every logged step).
+* The distribution of the per-anchor temperatures of a temperature method, one histogram per
+  epoch (:mod:`contrastkit.metrics.temperatures`).
 """
 
 from .batch import DIAGNOSTICS, WARNINGS, BatchProblem, batch_diagnostics, batch_warnings
@@ -23,6 +25,7 @@ from .representation import (
     tolerance,
     uniformity,
 )
+from .temperatures import TAU_EDGES, TemperatureHistogram
 from .readout import BaselineStore, evaluate_encoders, evaluate_features, extract_features, pixel_features
 
 __all__ = [
@@ -31,4 +34,5 @@ __all__ = [
     "penalty_entropy", "effective_rank", "representation_metrics",
     "extract_features", "pixel_features", "evaluate_features", "evaluate_encoders", "BaselineStore",
     "BatchProblem", "batch_diagnostics", "batch_warnings", "DIAGNOSTICS", "WARNINGS",
+    "TemperatureHistogram", "TAU_EDGES",
 ]

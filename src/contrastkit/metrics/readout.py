@@ -20,7 +20,8 @@ from contrastkit.data import DataSplits, image_batches
 from .probe import knn_accuracy, linear_probe
 
 __all__ = ["extract_features", "pixel_features", "evaluate_features", "evaluate_encoders", "BaselineStore",
-           "held_out_views", "view_retrieval", "label_free_numbers", "evaluate_without_labels", "LABEL_FREE_SAMPLES"]
+           "held_out_views", "view_retrieval", "label_free_numbers", "evaluate_without_labels", "LABEL_FREE_SAMPLES",
+           "LABEL_FREE_ROWS"]
 
 
 class BaselineStore(Protocol):
@@ -104,6 +105,12 @@ def evaluate_encoders(dataset: DataSplits, encoder: nn.Module, device: torch.dev
 
 
 # -- without labels -----------------------------------------------------------------------
+
+#: The label-free read-out as a results table shows it: ``(row title, summary key)``, each key
+#: also with the prefixes ``random_init_`` and ``raw_pixel_`` (the baselines).
+LABEL_FREE_ROWS = (("view retrieval top-1", "view_retrieval_top1"), ("view retrieval top-5", "view_retrieval_top5"),
+                   ("alignment (lower better)", "alignment"), ("uniformity (lower better)", "uniformity"),
+                   ("effective rank", "effective_rank"), ("held-out loss", "heldout_loss"))
 
 #: Held-out images the label-free read-out uses at most (its metrics are O(N^2 d); 2,000 give
 #: means and top-5 retrieval rates to about a percent).

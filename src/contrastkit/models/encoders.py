@@ -4,9 +4,15 @@ small ViT), an MLP projection head, and the loading and checking of any other en
 An encoder is any ``nn.Module`` mapping images ``(N, C, H, W)`` to ``h`` of shape ``(N, D)``,
 or ``(N, D, ...)`` which is pooled (global average over the trailing dimensions). Its ``D`` is
 found by one dry forward (:func:`prepare_encoder`). A run names its encoder by a *spec*
-(:func:`encoder_from_spec`): a built-in name of :data:`ENCODERS`, ``"package.module:factory"``
-(called with the run's ``encoder_options``), or ``"object:<class path>"`` for a module handed
-over as a Python object whose class cannot be imported again.
+(:func:`encoder_from_spec`): a built-in name of :data:`ENCODERS`, ``"timm:NAME"`` or
+``"torchvision:NAME"`` (a model of those libraries without its classifier,
+:mod:`contrastkit.models.external`), ``"package.module:factory"`` (called with the run's
+``encoder_options``), or ``"object:<class path>"`` for a module handed over as a Python object
+whose class cannot be imported again.
+
+The built-ins need nothing beyond torch: they are what runs where timm and torchvision are not
+installed (the small CNN is also the CPU default, and ``resnet18`` is the same network as
+``torchvision:resnet18`` with ``cifar_stem=true``, with other parameter names).
 
 The small CNN and ResNet-18 normalise with BatchNorm by default, or, with ``norm="group"``,
 without batch statistics: GroupNorm (up to 32 groups, Wu & He 2018) in the convolutional
@@ -24,6 +30,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from .external import external_encoder, is_external_spec
 
 __all__ = ["SmallCNN", "ResNet18", "ResNet50", "SmallViT", "ProjectionHead", "PooledEncoder", "build_encoder",
            "ENCODERS", "NORMS", "norm_layer", "load_factory", "encoder_from_spec", "describe_encoder",
@@ -302,7 +310,8 @@ def load_factory(path: str) -> Callable[..., Any]:
 def encoder_from_spec(spec: str, in_channels: int, options: Optional[Mapping[str, Any]] = None) -> nn.Module:
     """Build the encoder a run's ``encoder`` / ``encoder_options`` describe.
 
-    A built-in name goes to :func:`build_encoder`; ``"package.module:factory"`` is imported and
+    A built-in name goes to :func:`build_encoder`; ``"timm:NAME"`` / ``"torchvision:NAME"`` to
+    :func:`~contrastkit.models.external.external_encoder`; ``"package.module:factory"`` is imported and
     called with ``options``, plus ``in_channels=`` when its signature takes that argument and
     ``options`` do not set it. ``"object:..."`` (a module given as an object) cannot be rebuilt:
     ``ValueError`` asks for the module again.
@@ -313,6 +322,8 @@ def encoder_from_spec(spec: str, in_channels: int, options: Optional[Mapping[str
                          "class cannot be imported; pass the module again (encoder=...)")
     if ":" not in spec:
         return build_encoder(spec, in_channels, **options)
+    if is_external_spec(spec):
+        return external_encoder(spec, in_channels, options)
     factory = load_factory(spec)
     try:
         parameters = inspect.signature(factory).parameters

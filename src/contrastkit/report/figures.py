@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .reading import BASELINES, READOUTS, REPRESENTATION_KEYS, mean_std, number
 
 __all__ = ["training_figure", "readout_figure", "profile_figure", "geometry_figure", "accuracy_vs_tau_figure",
-           "batch_figure", "map_figure", "diagnostics_by_tau_figure", "CLASS_COLORS"]
+           "batch_figure", "map_figure", "diagnostics_by_tau_figure", "tau_histogram_figure", "CLASS_COLORS"]
 
 #: One colour per class (matplotlib's tab10, then tab20's light tones).
 CLASS_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -363,4 +363,40 @@ def diagnostics_by_tau_figure(series: Dict[float, Sequence[Dict[str, Any]]]) -> 
         ax.set_ylabel(label)
         ax.legend(frameon=False, fontsize=8)
     left.set_ylim(0, 1.02)
+    return figure
+
+
+def tau_histogram_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
+    """The per-anchor temperatures of a temperature method over training: one column per epoch
+    (its ``tau_histogram`` record), the share of the epoch's anchors in each temperature bin
+    (log scale) as a colour, and the epoch's mean, minimum and maximum as lines."""
+    histograms = [r for r in records if r.get("kind") == "tau_histogram" and isinstance(r.get("counts"), list)
+                  and isinstance(r.get("edges"), list) and len(r["edges"]) == len(r["counts"]) + 1
+                  and number(r.get("epoch")) is not None and sum(r["counts"]) > 0]
+    if not histograms:
+        return None
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
+
+    edges = np.asarray(histograms[0]["edges"], dtype=float)
+    epochs = np.asarray([r["epoch"] for r in histograms], dtype=float)
+    shares = np.stack([np.asarray(r["counts"], dtype=float) / sum(r["counts"]) for r in histograms], axis=1)
+    figure = _figure(7.5, 3.2, left=1.0, right=1.2)
+    ax = figure.subplots()
+    epoch_edges = np.concatenate([epochs - 0.5, epochs[-1:] + 0.5])
+    mesh = ax.pcolormesh(epoch_edges, edges, shares, cmap="Blues", vmin=0.0, vmax=max(float(shares.max()), 1e-12),
+                         shading="flat")
+    for key, style, label in (("mean", "-", "mean"), ("min", ":", "min / max"), ("max", ":", None)):
+        values = [(r["epoch"], number(r.get(key))) for r in histograms if number(r.get(key)) is not None]
+        if values:
+            ax.plot([e for e, _ in values], [v for _, v in values], style, color="#d9480f", linewidth=1.6,
+                    marker="o" if key == "mean" else None, markersize=3, label=label)
+    ax.set_yscale("log")
+    used = np.nonzero(shares.sum(axis=1))[0]
+    ax.set_ylim(edges[max(used[0] - 1, 0)], edges[min(used[-1] + 2, len(edges) - 1)])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("temperature τ of an anchor")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.colorbar(mesh, ax=ax, label="share of the epoch's anchors", pad=0.02)
+    ax.legend(frameon=False, fontsize=8, loc="upper left")
     return figure

@@ -166,7 +166,7 @@ def held_out_pictures(run_dir: str, *, sample: int = PICTURE_SAMPLE, with_map: b
     random-init one, ``untrained``), the queries and, ``with_map``, the t-SNE map of the trained
     ``h``. ``saved`` / ``dataset``: the run and its data, if already read."""
     from contrastkit.data import stratified_subset_indices, unit_float
-    from contrastkit.data.loader import read_images
+    from contrastkit.data.loader import read_present_images
     from contrastkit.train.runs import load_run
     from contrastkit.train.setup import limit_threads, resolve_device
 
@@ -184,7 +184,12 @@ def held_out_pictures(run_dir: str, *, sample: int = PICTURE_SAMPLE, with_map: b
         indices = stratified_subset_indices(None if labels_np is None else labels_np.tolist(), len(split), sample,
                                             SAMPLE_SEED)
         step = time.perf_counter()
-        images = unit_float(read_images(split, torch.from_numpy(indices)))
+        images, read = read_present_images(split, torch.from_numpy(indices))
+        indices = read.numpy()  # without the damaged files an unlabeled collection skips
+        if len(indices) < 2:
+            raise ValueError(f"the held-out split of {saved.config.data} has {len(indices)} readable image(s); the "
+                             "pictures need 2")
+        images = unit_float(images)
         seconds["read"] = time.perf_counter() - step
         torch_device = resolve_device(device)
         shape = tuple(dataset.image_shape)

@@ -17,7 +17,7 @@ from contrastkit._io import read_json
 
 from .document import Page, fmt
 from .images import PICTURE_CSS
-from .figures import geometry_figure, profile_figure, readout_figure, training_figure
+from .figures import geometry_figure, profile_figure, readout_figure, tau_histogram_figure, training_figure
 from .reading import BASELINES, READOUTS, REPRESENTATION_KEYS, number, read_metrics
 from .run_pictures import batch_section, map_section, neighbours_section, views_section, warnings_section
 from .sections import MAX_TABLE_ROWS, report_page, settings_pairs
@@ -189,6 +189,12 @@ def _training_section(page: Page, run: RunFiles) -> None:
     if run.unreadable_lines:
         parts.append(page.paragraph(f"{run.unreadable_lines} unreadable line(s) in metrics.jsonl were skipped "
                                     "(an interrupted run can leave a partial last line).", "warning"))
+    figure = tau_histogram_figure(run.records)
+    if figure is not None:
+        parts.append(page.figure(figure, "The temperature method's per-anchor temperatures over training: for each "
+                                         "epoch, the share of its anchors (every anchor of every step) in each "
+                                         "temperature bin, and their mean, minimum and maximum (tau_histogram "
+                                         "records of metrics.jsonl).", "per-anchor temperatures over epochs"))
     epochs = [r for r in run.records if r.get("kind") == "epoch"]
     figure = geometry_figure(epochs)
     if figure is not None:

@@ -221,5 +221,7 @@ CONVIRT_ABLATION = Study(
     verdicts=ablation_verdicts, table=ablation_table, plot=plot_convirt_ablation,
     cell=lambda s: f"{s.get(f'retrieval_i2t_recall@{K}', float('nan')):.2f}"
                    f"/{s.get(f'retrieval_t2i_recall@{K}', float('nan')):.2f}",
-    hints={"temperature": "convirt-ablation sweeps the temperature: use --temperatures, not --temperature"},
+    hints={"temperature": "convirt-ablation sweeps the temperature: use --temperatures, not --temperature",
+           "data": "convirt-ablation trains on GlyphLab's image-text pairs (its retrieval needs the texts); for "
+                   "your own images use contrastkit experiment schedules --data or contrastkit sweep --data"},
 )

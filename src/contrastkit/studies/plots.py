@@ -44,7 +44,11 @@ def _finish(ax: Any, xlabel: str, ylabel: str, title: str, **legend: Any) -> Non
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(**{"fontsize": 8, **legend})
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**{"fontsize": 8, **legend})
+    else:  # e.g. probe accuracy or tolerance of a study on unlabeled data
+        ax.text(0.5, 0.5, "nothing to draw: no run has this number\n(probe accuracy and tolerance need class labels)",
+                ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
 
 
 # ------------------------------------------------------------------------------ sweep
@@ -149,16 +153,16 @@ def plot_sweep(rows: Sequence[dict], out: str) -> List[str]:
 # ------------------------------------------------------------------------------ positive pairs
 
 def _bars(rows: Sequence[dict], field: str, settings: Sequence[str], ylabel: str, title: str, path: str,
-          chance: float = 0.0) -> str:
-    """One bar per setting (the rows' ``field``): mean probe accuracy, error bar std, dots seeds."""
+          chance: float = 0.0, key: str = "probe_accuracy") -> str:
+    """One bar per setting (the rows' ``field``): mean of ``key``, error bar std, dots seeds."""
     plt = _pyplot()
-    settings = [s for s in settings if values(rows, "probe_accuracy", **{field: s})]
+    settings = [s for s in settings if values(rows, key, **{field: s})]
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, setting in enumerate(settings):
-        accuracies = values(rows, "probe_accuracy", **{field: setting})
-        mean, std = mean_std(accuracies)
+        scores = values(rows, key, **{field: setting})
+        mean, std = mean_std(scores)
         ax.bar(i, mean, yerr=std, capsize=5, color=f"C{i}", alpha=0.8)
-        ax.scatter([i] * len(accuracies), accuracies, color="black", s=12, zorder=3)
+        ax.scatter([i] * len(scores), scores, color="black", s=12, zorder=3)
         ax.text(i, mean + std + 0.01, f"{mean:.3f}", ha="center", fontsize=9)
     ax.set_xticks(range(len(settings)))
     ax.set_xticklabels(settings, fontsize=8)
@@ -181,11 +185,14 @@ def plot_positive_pairs(rows: Sequence[dict], out: str) -> List[str]:
 
 def plot_schedules(rows: Sequence[dict], out: str) -> List[str]:
     """Bar plot of the mean probe accuracy (selected epoch) per temperature schedule in
-    ``out/schedules.png``; its path in a list."""
+    ``out/schedules.png`` (without labels: the held-out view retrieval top-1); its path in a list."""
     schedules = list(dict.fromkeys(str(row["schedule"]) for row in rows))
-    return [_bars(rows, "schedule", schedules, "linear-probe test accuracy (selected epoch)",
+    labelled = bool(values(rows, "probe_accuracy"))  # else unlabeled data: the label-free read-out
+    return [_bars(rows, "schedule", schedules, "linear-probe test accuracy (selected epoch)" if labelled
+                  else "held-out view retrieval top-1 (no labels)",
                   "Temperature schedules, same budget: mean +/- std over seeds",
-                  os.path.join(out, layout.SCHEDULES_PLOT))]
+                  os.path.join(out, layout.SCHEDULES_PLOT),
+                  key="probe_accuracy" if labelled else "view_retrieval_top1")]
 
 
 # ------------------------------------------------------------------------------ ConVIRT ablation

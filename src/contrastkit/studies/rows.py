@@ -14,8 +14,8 @@ from contrastkit.train.selection import selected_numbers
 
 from .stats import finite
 
-__all__ = ["values", "by_tau", "cell_means", "retrieval", "selected_columns", "selected_numbers", "RETRIEVAL_K",
-           "PROFILE_LENGTH"]
+__all__ = ["values", "headline", "by_tau", "cell_means", "retrieval", "selected_columns", "selected_numbers",
+           "RETRIEVAL_K", "PROFILE_LENGTH"]
 
 #: How many nearest negatives a sweep row keeps (``z_top_negative_1..10``, the similarity profile).
 PROFILE_LENGTH = 10
@@ -33,6 +33,14 @@ def selected_columns(summary: Dict[str, Any]) -> Row:
     return {"probe_accuracy": selected.get("probe_accuracy"), "knn_accuracy": selected.get("knn_accuracy"),
             "epoch": summary.get("selected_epoch", summary.get("epochs")),
             "last_probe_accuracy": summary.get("probe_accuracy")}
+
+
+def headline(numbers: Dict[str, Any]) -> str:
+    """A run's number in a study's live grid: its probe accuracy, or on data without labels its
+    held-out view retrieval top-1."""
+    if "probe_accuracy" not in numbers and "view_retrieval_top1" in numbers:
+        return f"view top-1 {numbers['view_retrieval_top1']:.3f}"
+    return f"{numbers.get('probe_accuracy', float('nan')):.3f}"
 
 
 def values(rows: Sequence[Row], key: str, **match: Any) -> List[float]:

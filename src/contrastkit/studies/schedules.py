@@ -27,10 +27,10 @@ from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import plot_schedules
-from .rows import selected_columns, values
+from .rows import headline, selected_columns, selected_numbers, values
 from .stats import mean_std, standard_error
 from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
-from .verdicts import Verdict, margin_status
+from .verdicts import NEEDS_LABELS, Verdict, margin_status
 
 __all__ = ["SCHEDULES", "DEFAULT_COSINE", "DEFAULT_LINEAR", "schedules_rows", "schedules_verdicts",
            "schedules_table"]
@@ -93,6 +93,7 @@ def schedules_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
         s = spec.summary or {}
         schedule = spec.config.get("temperature_schedule", f"constant {spec.config['temperature']:g}")
         rows.append({"schedule": spec.row, "tau": schedule, "seed": spec.config["seed"], **selected_columns(s),
+                     "view_retrieval_top1": selected_numbers(s).get("view_retrieval_top1", ""),
                      "final_temperature": s.get("final_temperature"),
                      "random_init_probe_accuracy": s.get("random_init_probe_accuracy", ""),
                      "raw_pixel_probe_accuracy": s.get("raw_pixel_probe_accuracy", ""),
@@ -124,12 +125,32 @@ def schedule_verdict(rows: Sequence[Dict[str, Any]], kind: str) -> Verdict:
 
 
 def schedules_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
-    """Kukleva et al.'s cosine schedule and Wang & Liu's rising tau, each against the fixed tau."""
+    """Kukleva et al.'s cosine schedule and Wang & Liu's rising tau, each against the fixed tau.
+    On data without labels (no probe accuracy) neither is judged: both say they need labels."""
+    if not values(rows, "probe_accuracy"):
+        return [_needs_labels(rows, kind) for kind in ("cosine", "linear")]
     return [schedule_verdict(rows, kind) for kind in ("cosine", "linear")]
 
 
+def _needs_labels(rows: Sequence[Dict[str, Any]], kind: str) -> Verdict:
+    """Both claims are about the representation a classifier reads (probe accuracy): without
+    labels they are not judged. The label-free view retrieval of each schedule is shown, not
+    used: it scores the pretext task the loss itself optimises, which a schedule can win
+    without a better representation."""
+    shown = ", ".join(f"{schedule} {mean_std(found)[0]:.4f}" for schedule in (FIXED, kind)
+                      if (found := values(rows, "view_retrieval_top1", schedule=schedule)))
+    evidence = "no probe accuracy without labels" + (f"; held-out view retrieval top-1 (label-free, not the "
+                                                     f"claim's measure): {shown}" if shown else "")
+    rule = ("the claim is about probe accuracy, which needs class labels: run the experiment on labelled data "
+            "(class folders), or judge the schedules with --eval-data on a labelled set in contrastkit pretrain")
+    return Verdict(_CLAIMS[kind], NEEDS_LABELS, evidence, rule)
+
+
 def schedules_table(rows: Sequence[Dict[str, Any]]) -> str:
-    """Mean +/- std over seeds of the selected and last epochs' probe accuracy per schedule."""
+    """Mean +/- std over seeds of the selected and last epochs' probe accuracy per schedule
+    (without labels: of the held-out view retrieval top-1)."""
+    if not values(rows, "probe_accuracy"):
+        return _label_free_table(rows)
     header = (f"{'schedule':<8} {'tau':<18} {'runs':>4} {'probe acc (selected)':>22} {'probe acc (last)':>18} "
               f"{'epoch':>6}")
     lines = [header, "-" * len(header)]
@@ -146,6 +167,17 @@ def schedules_table(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _label_free_table(rows: Sequence[Dict[str, Any]]) -> str:
+    header = f"{'schedule':<8} {'tau':<18} {'runs':>4} {'view retrieval top-1 (held out)':>32}"
+    lines = [header, "-" * len(header)]
+    for schedule in list(dict.fromkeys(row["schedule"] for row in rows)):
+        group = [row for row in rows if row["schedule"] == schedule]
+        mean, std = mean_std(values(group, "view_retrieval_top1"))
+        lines.append(f"{schedule:<8} {str(group[0]['tau']):<18} {len(group):>4} {mean:>23.4f} +/- {std:.4f}")
+    lines.append("no labels: probe accuracy and the verdicts need labelled data")
+    return "\n".join(lines)
+
+
 #: Fixed tau vs cosine vs rising tau (``contrastkit experiment schedules``).
 SCHEDULES = Study(
     name="schedules",
@@ -155,5 +187,5 @@ SCHEDULES = Study(
     settings_file=layout.EXPERIMENT_SETTINGS, table_file=layout.EXPERIMENT_TABLE,
     plot_files=(layout.SCHEDULES_PLOT,), defaults=DEFAULTS, check=_check, specs=_specs, rows=schedules_rows,
     verdicts=schedules_verdicts, table=schedules_table, plot=plot_schedules,
-    cell=lambda s: f"{s.get('selected', s).get('probe_accuracy', float('nan')):.3f}",
+    cell=lambda s: headline(s.get("selected", s)),
 )

@@ -21,7 +21,7 @@ from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import plot_sweep
-from .rows import PROFILE_LENGTH, by_tau, selected_columns, selected_numbers, values
+from .rows import PROFILE_LENGTH, by_tau, headline, selected_columns, selected_numbers, values
 from .stats import mean_std, spearman
 from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
 from .verdicts import NEEDS_LABELS, UNDECIDED, Verdict, correlation_status, gap_verdict, margin_status
@@ -241,5 +241,5 @@ SWEEP = Study(
     label="sweep", title="temperature sweep", folder="sweep",
     settings_file=layout.SWEEP_SETTINGS, table_file=layout.SWEEP_TABLE, plot_files=layout.SWEEP_PLOTS,
     defaults=DEFAULTS, check=_check, specs=_specs, rows=sweep_rows, verdicts=sweep_verdicts, table=sweep_table,
-    plot=plot_sweep, cell=lambda s: f"{s.get('probe_accuracy', float('nan')):.3f}",
+    plot=plot_sweep, cell=headline,
 )

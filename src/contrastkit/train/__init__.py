@@ -1,5 +1,6 @@
 """The trainer: :func:`pretrain` (train + evaluate, writes a run folder), :func:`evaluate_run`
-(re-evaluate a run folder's checkpoint), checkpoints, run folders, loggers and the baseline
+(re-evaluate a run folder's checkpoint), :func:`export_model` (its encoder as safetensors, ONNX or
+TorchScript), checkpoints, run folders, loggers and the baseline
 cache. It builds on the library of methods (:mod:`contrastkit.methods`: the methods, models,
 configuration, accumulation and optimizer) and the read-out (:mod:`contrastkit.metrics.readout`),
 which import nothing of it; their names that scripts train with
@@ -16,9 +17,11 @@ from contrastkit.methods import (METHOD_REGISTRY, ContrastiveModel, EvalContext,
 from contrastkit.metrics.readout import evaluate_encoders, evaluate_features, extract_features
 
 from .evaluate import evaluate_run
+from .export_model import ModelExport, export_model
 from .last_batch import LastBatch, read_last_batch
 from .loop import pretrain
 from .selection import EpochSelection, selected_numbers
 
 # The trainer's own names; the library's handed on above are documented where they live.
-__all__ = ["pretrain", "evaluate_run", "EpochSelection", "selected_numbers", "LastBatch", "read_last_batch"]
+__all__ = ["pretrain", "evaluate_run", "EpochSelection", "selected_numbers", "LastBatch", "read_last_batch",
+           "export_model", "ModelExport"]

@@ -9,7 +9,8 @@ written before it is kept: ``last.pt`` is preceded by ``previous.pt`` (file name
 Writing (:func:`save_checkpoint`) goes through a temporary file and a sequence of
 ``os.replace`` calls ordered so that, whenever the process dies (kill -9, power cut), the
 checkpoint file matches a digest recorded next to it and a resume finds the last completed
-checkpoint or the one being written. Loading (:func:`load_checkpoint`) refuses, with one
+checkpoint or the one being written. A write that fails (a full disk, a quota) removes its
+temporary file and raises :class:`CheckpointWriteError`, the checkpoint before it untouched. Loading (:func:`load_checkpoint`) refuses, with one
 ``ValueError`` naming the file, a file whose digest does not match, a symbolic link, a file
 over the input ceiling (:func:`contrastkit._io.max_input_bytes`), and content that is not a
 complete checkpoint: format tags, non-negative integer epoch and step, RNG states that the
@@ -18,6 +19,7 @@ generators accept.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -32,7 +34,7 @@ import torch
 from contrastkit import layout
 from contrastkit._io import file_digest, memory_guard, one_line, open_input, read_exactly, stream_digest
 
-__all__ = ["FORMAT", "VERSION", "save_checkpoint", "load_checkpoint", "previous_checkpoint", "digest_file",
+__all__ = ["FORMAT", "VERSION", "CheckpointWriteError", "save_checkpoint", "load_checkpoint", "previous_checkpoint", "digest_file",
            "rng_state", "set_rng_state"]
 
 FORMAT = "contrastkit-pretrain"
@@ -45,6 +47,24 @@ _MT_WORDS = 624  # the Mersenne Twister's state words (numpy's keys, python's st
 
 class _CheckpointError(ValueError):
     """A checkpoint file that cannot be used (a previous one may still be)."""
+
+
+class CheckpointWriteError(OSError):
+    """Writing the checkpoint ``path`` failed with the ``OSError`` ``cause`` (its ``errno`` is
+    kept: ``ENOSPC`` for a full disk). ``replaced``: the new checkpoint had already taken the
+    old one's place (it loads); otherwise the old one is untouched and the partial file removed.
+    ``message`` replaces the default one-line description."""
+
+    def __init__(self, path: str, cause: OSError, replaced: bool, message: Optional[str] = None) -> None:
+        reason = cause.strerror or str(cause)
+        super().__init__(cause.errno, message or f"could not write the checkpoint {path}: {reason}")
+        self.path, self.cause, self.replaced = path, cause, replaced
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> Any:  # picklable (a study's worker process hands it back)
+        return type(self), (self.path, self.cause, self.replaced, self.strerror)
 
 
 def rng_state() -> Dict[str, Any]:
@@ -232,23 +252,31 @@ def save_checkpoint(path: str, payload: Dict[str, Any]) -> None:
     os.makedirs(folder, exist_ok=True)
     data = {"format": FORMAT, "version": VERSION, **payload}
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as handle:
-        torch.save(data, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    new = file_digest(tmp)
-    old = _intact_digest(path)
-    if old is not None:
-        previous = previous_checkpoint(path)
-        _write_digests(previous, [old])
-        _keep_as_previous(path, previous)
-        _write_digests(path, [new, old])  # either file is `path` while it is being replaced
-    else:
-        _write_digests(path, [new])
-    os.replace(tmp, path)
-    if old is not None:
-        _write_digests(path, [new])
-    _sync_folder(folder)
+    replaced = False
+    try:
+        with open(tmp, "wb") as handle:
+            torch.save(data, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        new = file_digest(tmp)
+        old = _intact_digest(path)
+        if old is not None:
+            previous = previous_checkpoint(path)
+            _write_digests(previous, [old])
+            _keep_as_previous(path, previous)
+            _write_digests(path, [new, old])  # either file is `path` while it is being replaced
+        else:
+            _write_digests(path, [new])
+        os.replace(tmp, path)
+        replaced = True
+        if old is not None:
+            _write_digests(path, [new])
+        _sync_folder(folder)
+    except OSError as err:
+        if not replaced:  # the partial file goes (on a full disk it holds the space the user needs)
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        raise CheckpointWriteError(path, err, replaced) from err
 
 
 # ------------------------------------------------------------------------------ loading
@@ -300,6 +328,11 @@ def _check_content(data: Any, path: str) -> Dict[str, Any]:
     _check_number(data, "step", path, int)
     _check_number(data, "world_size", path, int, optional=True)
     _check_number(data, "train_seconds", path, float, optional=True)
+    _check_number(data, "epoch_step", path, int, optional=True)
+    _check_number(data, "skipped_steps", path, int, optional=True)
+    sums = data.get("epoch_loss_sums", [])
+    if not isinstance(sums, list) or not all(type(v) in (int, float) for v in sums):
+        raise _CheckpointError(f"checkpoint {path} is damaged: epoch_loss_sums is not a list of numbers")
     losses = data.get("epoch_losses", [])
     if not isinstance(losses, list) or not all(type(v) in (int, float) for v in losses):
         raise _CheckpointError(f"checkpoint {path} is damaged: epoch_losses is not a list of numbers")

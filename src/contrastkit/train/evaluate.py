@@ -42,8 +42,9 @@ def evaluate_model(config: PretrainConfig, model: nn.Module, dataset: DataSplits
                                    workers=config.workers, baselines=baselines)
     elif not get_method(config.method).paired:  # images without labels
         views = make_views(dataset, mode="augment", device=device, strength=config.view_strength)
+        batch_size = config.fit_to_data(len(dataset.train)).batch_size  # the run's (a run records it)
         result = evaluate_without_labels(dataset.test, model.encoder, device, views,
-                                         temperature=float(model.temperature.value), batch_size=config.batch_size,
+                                         temperature=float(model.temperature.value), batch_size=batch_size,
                                          baseline_encoder=baseline_encoder, raw_pixels=raw_pixels, seed=config.seed,
                                          workers=config.workers)
         if config.eval_data is not None:

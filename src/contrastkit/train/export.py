@@ -21,7 +21,6 @@ still has.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import shutil
 import sys
@@ -35,13 +34,12 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from contrastkit import __version__, layout
-from contrastkit._io import write_json
-from contrastkit.manifest import Manifest, file_sha256
+from contrastkit import layout
 
 from contrastkit.data import check_positive_int, indexed_image_batches
 from contrastkit.metrics.readout import extract_features
 
+from .export_files import check_targets, finish_export, mark_export, projection_head, remove_earlier_export
 from .runs import load_run
 from .setup import limit_threads, resolve_device
 
@@ -96,7 +94,7 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
     if workers is not None:
         check_positive_int(workers, "workers", 0)
     files = layout.embedding_files(out, projection)
-    _check_targets(files, force)
+    check_targets(files, force, "contrastkit embed")
     saved = load_run(run_dir, checkpoint=checkpoint)
     with limit_threads(saved.config.threads if threads is None else threads):
         torch_device = resolve_device(device)
@@ -106,67 +104,11 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
             raise ValueError(f"{data or saved.config.data} has {dataset.image_shape[0]}-channel images; the run "
                              f"in {run_dir} was trained on {saved.image_shape[0]} channels")
         names = ("train", "val", "test") if split == "all" else (split,)
-        head = _projection_head(model) if projection else None
+        head = projection_head(model) if projection else None
         read = _Reading(batch_size, saved.config.workers if workers is None else workers)
         return _write(files, dataset, names, model.encoder, head, torch_device, read, progress,
                       {"run": os.path.abspath(run_dir), "checkpoint": os.path.abspath(saved.checkpoint),
                        "data": data or saved.config.data, "split": split})
-
-
-def _check_targets(files: Dict[str, str], force: bool) -> None:
-    """Refuse before any work: a missing output folder, or an existing file that ``force`` may
-    not replace (one the folder's manifest does not list as it is now)."""
-    folder = os.path.dirname(os.path.abspath(files["marker"]))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"output folder {folder} does not exist")
-    existing = [path for path in files.values() if os.path.lexists(path)]
-    if not existing:
-        return
-    if not force:
-        raise FileExistsError(f"{existing[0]} exists; pass --force to replace an earlier contrastkit embed output")
-    listed = _listed_files(files)
-    for path in existing:
-        if path != files["marker"] and os.path.basename(path) not in listed:
-            raise FileExistsError(f"{path} exists and was not written by contrastkit (the folder's manifest "
-                                  f"{layout.MANIFEST} does not list it as it is now); not replacing it")
-
-
-def _listed_files(files: Dict[str, str]) -> List[str]:
-    """This export's files -- ``files``, and those its earlier marker names (an earlier export
-    to the same name with ``--projection`` also wrote ``z``) -- that the folder's manifest
-    (:mod:`contrastkit.manifest`) lists and that are still as contrastkit wrote them (same size
-    and SHA-256): a file a user put there since under the same name is not one of them, and
-    nothing else the manifest lists (a run's files, another export's) is."""
-    folder = os.path.dirname(os.path.abspath(files["marker"]))
-    mine = {os.path.basename(path) for path in files.values()}
-    try:
-        with open(files["marker"], encoding="utf-8") as handle:
-            earlier = json.load(handle).get("files", [])
-        mine.update(name for name in earlier if isinstance(name, str))
-    except (OSError, ValueError, AttributeError, TypeError):
-        pass  # no earlier marker, or not one of ours: only ``files`` are candidates
-    try:
-        listed = Manifest(folder).files
-    except ValueError:  # an unreadable manifest vouches for nothing
-        return []
-    unchanged = []
-    for name, entry in listed.items():
-        if name not in mine:
-            continue
-        path = os.path.join(folder, name)
-        if ("/" in name or not isinstance(entry, dict) or "sha256" not in entry or not os.path.isfile(path)
-                or os.path.islink(path)):
-            continue
-        if os.path.getsize(path) == entry.get("size") and file_sha256(path) == entry["sha256"]:
-            unchanged.append(name)
-    return unchanged
-
-
-def _projection_head(model: nn.Module) -> nn.Module:
-    head = getattr(model, "head", None) or getattr(model, "image_head", None)
-    if head is None:
-        raise ValueError(f"the run's model ({type(model).__name__}) has no projection head to export")
-    return head
 
 
 @dataclass(frozen=True)
@@ -263,10 +205,8 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
         h.close()
         if z is not None:
             z.close()
-        _previous_outputs_removed(files)
-        # Marked before the files appear: a crash from here on leaves them contrastkit's.
-        marked = Manifest(os.path.dirname(os.path.abspath(files["marker"]))).mark_writing(
-            *(os.path.basename(path) for path in files.values()))
+        remove_earlier_export(files)
+        marked = mark_export(files)
         if "archive" in files:
             _zip(files["archive"], {"h": h.path, **({"z": z.path} if z is not None else {})},
                  {"labels": np.concatenate(labels), "splits": np.array(row_splits), "names": np.array(row_names)})
@@ -277,16 +217,10 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
             os.replace(rows_path, files["rows"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    written = {role: path for role, path in files.items() if role != "marker"}
-    digests = {os.path.basename(path): file_sha256(path) for path in written.values()}
-    write_json(files["marker"], {
-        "written_by": "contrastkit embed", "version": __version__, **facts, "rows": total,
+    finish_export(files, marked, {
+        "written_by": "contrastkit embed", **facts, "rows": total,
         "h_dim": h.width, "z_dim": z.width if z is not None else None,
-        "files": sorted(os.path.basename(path) for path in written.values()),
-        "sizes": {os.path.basename(path): os.path.getsize(path) for path in written.values()},
-        "sha256": digests,
     })
-    Manifest(os.path.dirname(os.path.abspath(files["marker"]))).record(*marked, sha256=digests)
     return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names))
 
 
@@ -308,13 +242,6 @@ def _project(head: nn.Module, features: np.ndarray, device: torch.device) -> np.
         return head(torch.from_numpy(features).float().to(device)).cpu().numpy().astype(np.float32)
     finally:
         head.train(was_training)
-
-
-def _previous_outputs_removed(files: Dict[str, str]) -> None:
-    """With ``force``: an earlier export's files (only those the manifest lists unchanged) go first."""
-    folder = os.path.dirname(os.path.abspath(files["marker"]))
-    for name in _listed_files(files):
-        os.remove(os.path.join(folder, name))
 
 
 def _zip(path: str, npy_files: Dict[str, str], arrays: Dict[str, np.ndarray]) -> None:

@@ -9,7 +9,9 @@ and passes them to each :class:`Logger`:
   ``val/geometry/h/uniformity``, ...) on the epochs with a val evaluation;
 * ``summary/...`` at the end: the probe table (``summary/probe_accuracy``,
   ``summary/random_init_probe_accuracy``, ``summary/raw_pixel_knn_accuracy``, ...) and the
-  geometry of the test split (``summary/representation/h/alignment``, ...).
+  geometry of the test split (``summary/representation/h/alignment``, ...); for an unlabeled
+  collection the label-free read-out instead of the probe table (``summary/view_retrieval_top1``,
+  ``summary/random_init_heldout_loss``, ...), and ``summary/skipped_files``.
 
 The x-axis is the optimizer step. :class:`CSVLogger` writes ``metrics.csv`` (one scalar per
 row: ``group,name,step,epoch,value``); :class:`TensorBoardLogger` writes event files under
@@ -26,9 +28,10 @@ import os
 from typing import Any, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from contrastkit import layout
+from contrastkit.metrics.readout import LABEL_FREE_ROWS
 
 __all__ = ["LOGGER_NAMES", "Logger", "CSVLogger", "TensorBoardLogger", "Loggers", "open_loggers",
-           "check_loggers", "flatten_scalars", "probe_table_markdown"]
+           "check_loggers", "flatten_scalars", "probe_table_markdown", "label_free_table_markdown"]
 
 #: The names ``--logger`` accepts.
 LOGGER_NAMES: Tuple[str, ...] = ("csv", "tensorboard")
@@ -127,9 +130,10 @@ class TensorBoardLogger:
             self._writer.add_scalar(f"{group}/{name}", value, global_step=step)
 
     def log_summary(self, summary: Mapping[str, Any], *, step: int) -> None:
-        table = probe_table_markdown(summary)
-        if table:
-            self._writer.add_text("summary/probe_table", table, global_step=step)
+        for tag, table in (("summary/probe_table", probe_table_markdown(summary)),
+                           ("summary/label_free_table", label_free_table_markdown(summary))):
+            if table:
+                self._writer.add_text(tag, table, global_step=step)
 
     def flush(self) -> None:
         self._writer.flush()
@@ -140,10 +144,20 @@ class TensorBoardLogger:
 
 def probe_table_markdown(summary: Mapping[str, Any]) -> str:
     """The probe table of a summary (pretrained vs random init vs raw pixels) as Markdown."""
-    lines = ["| test split | " + " | ".join(title for title, _ in _PROBE_COLUMNS) + " |",
+    return _table_markdown(summary, _PROBE_ROWS, "test split")
+
+
+def label_free_table_markdown(summary: Mapping[str, Any]) -> str:
+    """The label-free read-out of a summary (an unlabeled collection's run: pretrained vs random
+    init vs raw pixels on the held-out split) as Markdown; ``""`` when it has none."""
+    return _table_markdown(summary, LABEL_FREE_ROWS, "held-out split")
+
+
+def _table_markdown(summary: Mapping[str, Any], rows: Sequence[Tuple[str, str]], corner: str) -> str:
+    lines = [f"| {corner} | " + " | ".join(title for title, _ in _PROBE_COLUMNS) + " |",
              "|---" * (len(_PROBE_COLUMNS) + 1) + "|"]
     found = False
-    for title, key in _PROBE_ROWS:
+    for title, key in rows:
         cells = []
         for _, prefix in _PROBE_COLUMNS:
             value = summary.get(prefix + key)

@@ -8,11 +8,12 @@ the method's name.
 Outputs in ``config.out``: ``config.json`` (resolved configuration), ``config.yaml`` (the same
 options as a ``--config`` file), ``metrics.jsonl`` (one JSON record per logged step and per
 epoch; with ``loggers`` also ``metrics.csv`` / ``tensorboard/``, :mod:`.loggers`),
-``checkpoints/last.pt`` (written atomically each epoch) and ``summary.json`` (final numbers;
+``checkpoints/last.pt`` (written atomically each epoch, every ``checkpoint_every`` steps and at
+a preemption signal; :mod:`.faults`) and ``summary.json`` (final numbers;
 with ``eval_every`` also those of the epoch the val probe selected,
 :mod:`contrastkit.train.selection`),
 each recorded in the folder's manifest (:mod:`contrastkit.manifest`) as it is written, so that
-``--force`` deletes exactly these.
+``--force`` deletes exactly these. While it works the run holds ``contrastkit.lock`` in the folder.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ import numpy as np
 import torch
 
 from contrastkit import layout
+from contrastkit.losses import value_checks
 from contrastkit import __version__
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
-from contrastkit.data import (DataSplits, DeviceIndexBatches, EpochBatchSampler, OnDevicePlan, as_data, data_record,
-                              hold_on_device, make_loader, skipped_files)
+from contrastkit.data import (DataSplits, DeviceIndexBatches, EpochBatchSampler, OnDevicePlan, add_skipped, as_data,
+                              data_record, hold_on_device, make_loader, skipped_files, skipped_reasons)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
@@ -47,15 +49,17 @@ from contrastkit.methods.precision import StepPrecision, channels_last_batch
 from contrastkit.methods.tap import BatchTap
 from contrastkit.metrics.batch import batch_warnings, diagnostics_record
 from contrastkit.metrics.readout import extract_features
+from contrastkit.metrics.temperatures import TemperatureHistogram
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
-from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import CheckpointWriteError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .faults import Preempted, RunGuard, StepFaults, launch_id, restart_resumes, restarts_allowed, write_failed
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
 from .parallel import LossForward, Parallel, setup
 from .selection import EpochSelection, val_probe_accuracy
-from .setup import limit_threads, resolve_device
+from .setup import compile_encoder, eager_calls, limit_threads, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -73,15 +77,13 @@ def _check_out(out: str, resume: bool, force: bool) -> Optional[RemovalPlan]:
     folder whose manifest accounts for what would be deleted (returns that plan)."""
     if resume and force:
         raise ValueError("--resume and --force exclude each other: resume continues a run, force starts over")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise FileExistsError(f"output path {out} exists and is not a folder")
-    if resume:
+    if resume:  # (an OUT that is not a folder was refused by the folder's lock, .faults.RunLock)
         checkpoint = layout.RunFolder(out).last_checkpoint
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"nothing to resume: {checkpoint} does not exist")
         Manifest(out).read()  # an unreadable manifest is refused before any work
         return None
-    if os.path.isdir(out) and os.listdir(out) and not force:
+    if os.path.isdir(out) and set(os.listdir(out)) - {layout.LOCK} and not force:
         raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the run "
                               f"in it or --force to start over (this deletes the files its {layout.MANIFEST} "
                               "lists as contrastkit's, nothing else)")
@@ -114,7 +116,8 @@ def _truncate_metrics(path: str, epoch: int, step: int) -> None:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut off by the interruption
-            if record.get("step", 0) <= step and record.get("epoch", 0) <= epoch:
+            # Up to the checkpoint's step (it may lie inside the epoch after the `epoch` done ones).
+            if record.get("step", 0) <= step and (record.get("kind") != "epoch" or record.get("epoch", 0) <= epoch):
                 kept.append(json.dumps(record) + "\n")
     tmp = f"{path}.tmp"
     with Manifest(os.path.dirname(path)).writing(os.path.basename(path)):
@@ -185,6 +188,7 @@ def pretrain(
     on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]] = None,
     baselines: bool = True,
     encoder: Optional[torch.nn.Module] = None,
+    transform: Optional[Callable[[torch.Tensor], Any]] = None,
 ) -> Optional[Dict[str, Any]]:
     """Train ``config.method`` on ``config.data`` and evaluate it; returns the summary dict
     (also written to ``config.out/summary.json``).
@@ -214,6 +218,14 @@ def pretrain(
             imported with no arguments; otherwise pass it again to
             :func:`~contrastkit.train.evaluate_run`. At the end ``encoder`` holds the trained
             weights.
+        transform: a per-image augmentation that makes the two views in the ``DataLoader``
+            workers instead of the kornia views on the training device (the two-view methods):
+            a ``torchvision.transforms.v2`` pipeline, or any callable from one ``(C, H, W)``
+            image tensor (uint8 as decoded, float in ``[0, 1]`` for float data) to a view of the
+            same shape, uint8 or float in ``[0, 1]`` (no normalisation: the encoder reads
+            ``[0, 1]`` images). It is applied twice per image of a training batch, under a
+            seed of ``(seed, epoch, item)``, so the views do not depend on ``config.workers``
+            and a resumed run stays exact; pass the same transform again to resume.
 
     Batches come from a ``torch.utils.data.DataLoader`` over the training split whose batch
     sampler (:class:`~contrastkit.data.EpochBatchSampler`) yields the epoch's shuffled
@@ -232,14 +244,17 @@ def pretrain(
     if encoder is not None and not isinstance(encoder, torch.nn.Module):
         raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}")
     config = config.resolved()
-    with limit_threads(config.threads):
-        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder)
+    with limit_threads(config.threads), RunGuard() as guard:
+        return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder,
+                         transform, guard)
 
 
 def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
               views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
-              baselines: bool = True, encoder: Optional[torch.nn.Module] = None) -> Optional[Dict[str, Any]]:
-    run = _set_up(config, resume, force, dataset, views, encoder)
+              baselines: bool = True, encoder: Optional[torch.nn.Module] = None,
+              transform: Optional[Callable[[torch.Tensor], Any]] = None,
+              guard: Optional[RunGuard] = None) -> Optional[Dict[str, Any]]:
+    run = _set_up(config, resume, force, dataset, views, encoder, transform, guard or RunGuard())
     if run.parallel.is_main:
         manifest = Manifest(run.folder.root)
         marked = manifest.mark_writing(layout.CONFIG_FILE)
@@ -248,16 +263,24 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         manifest.record(*marked)
         if "csv" in run.config.loggers:
             manifest.mark_writing(layout.METRICS_CSV)  # recorded when the loggers close
-        run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if resume else None)
+        run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if run.resumed else None)
     try:
         _train(run, progress, on_epoch_end)
+        # The checkpoint is complete: a preemption signal from now on stops the run at once.
+        run.guard.signals.raise_from_now(lambda name: _preempted(run, name))
         run.loader = None  # ends the persistent workers before the evaluation starts its own
+        # Each rank met the damaged files of its own share of the batches: rank 0 names them all.
+        met_by_rank = run.parallel.gather_objects(skipped_reasons(run.dataset))
+        if run.parallel.is_main:
+            for found in met_by_rank[1:]:
+                add_skipped(run.dataset, found)
         if not run.parallel.is_main:
             run.parallel.barrier()  # rank 0 evaluates and writes the summary
             run.parallel.teardown()
             _return_encoder(run, encoder)
             return None
-        summary = _summarise(run, baselines)
+        with eager_calls(run.config.compile):
+            summary = _summarise(run, baselines)
     finally:
         run.loggers.close()
         if run.parallel.is_main:
@@ -267,6 +290,12 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     run.parallel.teardown()
     _return_encoder(run, encoder)
     return summary
+
+
+def _preempted(run: "_Run", signal_name: Optional[str] = None) -> Preempted:
+    """The stop of a run whose checkpoint holds its current step."""
+    return Preempted(signal_name or run.faults.stop or "a signal", run.step, run.folder.last_checkpoint,
+                     rank=run.parallel.rank if run.parallel.active else None)
 
 
 def _return_encoder(run: "_Run", encoder: Optional[torch.nn.Module]) -> None:
@@ -313,8 +342,16 @@ class _Run:
     loggers: Loggers = field(default_factory=Loggers)  # --logger (rank 0); metrics.jsonl is separate
     selection: EpochSelection = field(default_factory=EpochSelection)  # the val read-out picks the epoch
     tap: BatchTap = field(default_factory=BatchTap)  # what the logged steps' loss saw (rank 0)
+    # A temperature method's per-anchor temperatures over the epoch (None: one tau for all anchors).
+    tau_histogram: Optional[TemperatureHistogram] = None
     warned: Dict[str, int] = field(default_factory=dict)  # warning kind -> the first step it was printed
     previous_steps: List[Dict[str, Any]] = field(default_factory=list)  # the last step records written
+    guard: RunGuard = field(default_factory=RunGuard)  # the stop signals and the folder lock (.faults)
+    faults: StepFaults = None  # type: ignore[assignment]  # stop signals, non-finite losses (set by _set_up)
+    resumed: bool = False                # continues a checkpoint (--resume, or a restarted torchrun group)
+    epoch_step: int = 0                  # on resume: the batches of the epoch in progress already done
+    epoch_loss_sum: float = 0.0          # ... and this rank's sum of their losses
+    epoch_started: float = 0.0           # when this invocation started the epoch in progress
 
     @property
     def n_train(self) -> int:
@@ -327,9 +364,12 @@ class _Run:
 # -- set-up -------------------------------------------------------------------------------
 
 def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, views: Any,
-            encoder: Optional[torch.nn.Module] = None) -> _Run:
-    """Everything before the first step: process group, data, model, optimizer, the run
-    folder, and on resume the checkpointed state."""
+            encoder: Optional[torch.nn.Module] = None,
+            transform: Optional[Callable[[torch.Tensor], Any]] = None, guard: Optional[RunGuard] = None) -> _Run:
+    """Everything before the first step: process group, the folder lock, data, model,
+    optimizer, the run folder, and on resume (or on a restart of a torchrun group: the
+    checkpoint of its own launch, :func:`.faults.restart_resumes`) the checkpointed state."""
+    guard = guard or RunGuard()
     started = time.perf_counter()
     method = get_method(config.method)
     device = resolve_device(config.device)
@@ -337,6 +377,13 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     if parallel.active and device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     precision = StepPrecision(config.precision, device)  # an unsupported precision is refused before any work
+    parallel.run_on_main(lambda: guard.hold(config.out))  # a folder another run holds is refused
+    restart_state = parallel.run_on_main(lambda: restart_resumes(config.out))
+    if not resume and parallel.gather_objects(restart_state is not None)[0]:
+        resume, force = True, False
+        if parallel.is_main:
+            print(f"torchrun restarted the group: resuming from {layout.RunFolder(config.out).last_checkpoint} "
+                  f"(step {restart_state['step']})", file=sys.stderr, flush=True)
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
     dataset = limit_data(method.load_data(config) if dataset is None else as_data(dataset), config)
@@ -348,6 +395,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     n_train = len(dataset.train)
     if encoder is not None:  # record how to rebuild it: its class path, or that it was an object
         config.encoder, config.encoder_options = describe_encoder(encoder, dataset.image_shape[0]), {}
+    config = config.fit_to_data(n_train, world_size=parallel.world_size)  # a batch size not given: the data's
     batch_size = min(config.batch_size, n_train)
     if batch_size < 2:
         raise ValueError(f"the training split of {config.data} has {n_train} image(s); at least 2 are needed")
@@ -356,10 +404,17 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                          f"({parallel.world_size})")
     config = config.with_queue(batch_size, n_train)
     tokenizer = method.run_tokenizer(dataset, config.out, resume)
+    if views is not None and transform is not None:
+        raise ValueError("pass views (a batch maker of your own) or transform (views made in the workers), not both")
     if views is None:
-        views = method.batches(dataset, config, device, tokenizer)
+        views = method.batches(dataset, config, device, tokenizer, transform=transform)
 
     model = build_model(config, dataset.image_shape, tokenizer, encoder=encoder).to(device)
+    if model.weights_report is not None and parallel.is_main:
+        _check_weights_unchanged(config, model.weights_report, resume)
+        print(model.weights_report.summary(), file=sys.stderr, flush=True)
+    if config.compile:  # the training steps' encoder; the read-out calls it eagerly (eager_calls)
+        compile_encoder(model.encoder)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     schedule = config.schedule
@@ -380,10 +435,16 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     run = _Run(config, method, parallel, device, dataset, views, tokenizer, model, step_loss, optimizer,
                scheduler, schedule, layout.RunFolder(config.out), batch_size, rank_batch, steps_per_epoch,
                total_steps, warmup, started,
-               encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None, precision=precision)
+               encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None, precision=precision, guard=guard,
+               faults=StepFaults(config.on_nan, parallel, guard.signals, layout.RunFolder(config.out).last_checkpoint),
+               resumed=resume)
     model.batch_tap = run.tap  # the method's loss hands an armed step's embeddings to it
+    if getattr(model, "temperature_method", None) is not None:
+        run.tau_histogram = TemperatureHistogram(device)
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
                                     world_size=parallel.world_size)
+    # a batch maker whose views the workers make says what they read (items of two views)
+    items = views.training_items(dataset.train) if hasattr(views, "training_items") else dataset.train
     run.on_device = hold_on_device(config.data_on_device, views, dataset.train, device, workers=config.workers)
     if parallel.is_main and (config.data_on_device != "auto" or device.type != "cpu"):
         # The default on the CPU holds nothing and measures nothing: config.json records it, quietly.
@@ -391,15 +452,32 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     if run.on_device.hold:  # the epoch's order on the device, a batch a slice of it: no loader, no copy
         run.loader = DeviceIndexBatches(run.sampler, device)
     else:
-        run.loader = make_loader(dataset.train, batch_sampler=run.sampler, workers=config.workers,
+        run.loader = make_loader(items, batch_sampler=run.sampler, workers=config.workers,
                                  pin_memory=device.type == "cuda", seed=config.seed)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
     parallel.run_on_main(lambda: _save_run_files(run))
+    # What the data chose; a resumed run keeps the record of the run it continues (its saved
+    # configuration, batch size included, is the one it resumes with).
+    chosen = config.data_defaults or (_recorded_defaults(config.out) if resume else {})
     if resume:
-        _restore(run)
+        _restore(run, restart_state)
     if parallel.is_main:
-        Manifest(config.out).write_json(layout.CONFIG, {"config": config.to_dict(), "derived": _derived(run)})
+        told = config.describe_data_defaults()
+        if told is not None:
+            print(f"{told} ({steps_per_epoch:,} steps an epoch, {total_steps:,} in {config.epochs} epochs, "
+                  f"{warmup:,} of warm-up)", file=sys.stderr, flush=True)
+        Manifest(config.out).write_json(layout.CONFIG, {"config": config.to_dict(),
+                                                        "derived": _derived(run, chosen)})
     return run
+
+
+def _recorded_defaults(out: str) -> Dict[str, Any]:
+    """``derived.defaults`` of the run in ``out`` (``{}`` for a run that recorded none)."""
+    try:
+        recorded = layout.read_run_record(out).get("derived", {}).get("defaults")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
 
 
 def _save_run_files(run: _Run) -> None:
@@ -416,10 +494,12 @@ def _record_logger_files(folder: layout.RunFolder) -> None:
     Manifest(folder.root).record(*names)
 
 
-def _restore(run: _Run) -> None:
-    """Continue from ``checkpoints/last.pt``: weights, optimizer, schedule, RNG and counters."""
+def _restore(run: _Run, state: Optional[Dict[str, Any]] = None) -> None:
+    """Continue from ``checkpoints/last.pt`` (``state``: already loaded): weights, optimizer,
+    schedule, RNG, counters and the position in the epoch in progress."""
     path = run.folder.last_checkpoint
-    state = load_checkpoint(path)  # a damaged last.pt is refused, naming previous.pt and how to use it
+    if state is None:
+        state = load_checkpoint(path)  # a damaged last.pt is refused, naming previous.pt and how to use it
     _check_resumable(state, run.config, path)
     world_size = run.parallel.world_size
     if int(state.get("world_size", 1)) != world_size:
@@ -443,15 +523,36 @@ def _restore(run: _Run) -> None:
     run.train_seconds = float(state.get("train_seconds", 0.0))
     run.epoch_losses = [float(v) for v in state.get("epoch_losses", [])]
     run.selection.load_state_dict(state.get("selection"))
+    run.epoch_step = int(state.get("epoch_step", 0))
+    sums = state.get("epoch_loss_sums", [])
+    run.epoch_loss_sum = float(sums[run.parallel.rank]) if len(sums) == world_size else 0.0
+    run.faults.load_state(state)
+    run.faults.last_checkpoint = (run.step, run.epoch)
     if run.parallel.is_main:
         _truncate_metrics(run.folder.metrics, run.epoch, run.step)
 
 
-def _derived(run: _Run) -> Dict[str, Any]:
-    """``config.json``'s ``derived``: what the run worked out from its configuration and data."""
+def _check_weights_unchanged(config: PretrainConfig, report: Any, resume: bool) -> None:
+    """A resumed run reads its ``encoder_weights`` file again (its starting-point baseline is
+    built from it): the file must be the one the run started from."""
+    if not resume or not os.path.isfile(layout.RunFolder(config.out).config):
+        return
+    recorded = (layout.read_run_record(config.out).get("derived") or {}).get("encoder_weights") or {}
+    if isinstance(recorded, dict) and recorded.get("sha256") not in (None, report.sha256):
+        raise ValueError(f"the encoder weights file {report.path} changed since the run in {config.out} started from "
+                         "it (SHA-256 differs); resume with the file as it was")
+
+
+def _derived(run: _Run, defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """``config.json``'s ``derived``: what the run worked out from its configuration and data;
+    ``defaults``: what the data chose and why (:attr:`PretrainConfig.data_defaults
+    <contrastkit.methods.PretrainConfig.data_defaults>`; ``{}`` when every such option was given);
+    for a run started from a weights file, what that file gave the encoder."""
     dataset = run.dataset
-    return {"batch_size": run.batch_size, "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
-            "warmup_steps": run.warmup_steps, "device": str(run.device),
+    report = getattr(run.model, "weights_report", None)
+    return {**({"encoder_weights": report.to_dict()} if report is not None else {}),
+            "batch_size": run.batch_size, "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
+            "warmup_steps": run.warmup_steps, "defaults": defaults, "device": str(run.device),
             "data_on_device": run.on_device.record() if run.on_device is not None else None,
             "dataset": data_record(dataset),
             "views": getattr(run.batches, "config", None),
@@ -477,29 +578,42 @@ def _train(run: _Run, progress: Optional[bool],
     try:
         with recording, (open(run.folder.metrics, "a", encoding="utf-8") if run.parallel.is_main
                          else open(os.devnull, "w")) as metrics:
+            if restarts_allowed() and not run.resumed:  # a restart before the first checkpoint resumes too
+                _write_checkpoint(run, torch.zeros(()), 0)
             while run.epoch < run.config.epochs:
-                epoch_started = time.perf_counter()
+                run.epoch_started = time.perf_counter()
                 loss_sum = _train_epoch(run, labels, metrics, bar)
-                record = _end_epoch(run, loss_sum, time.perf_counter() - epoch_started, metrics)
+                if loss_sum is None:  # stopped by a signal in the middle of the epoch, checkpointed
+                    raise _preempted(run)
+                record = _end_epoch(run, loss_sum, time.perf_counter() - run.epoch_started, metrics)
                 if on_epoch_end is not None:
                     on_epoch_end(run.epoch, record)
+                if run.faults.agree_stop():
+                    raise _preempted(run)
     finally:
         bar.close()
 
 
-def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str], bar: "_Progress") -> torch.Tensor:
+def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
+                 bar: "_Progress") -> Optional[torch.Tensor]:
     """One pass over this rank's share of the shuffled training set (``labels``: of the whole
-    training split, on the device, or ``None``); returns the summed loss.
+    training split, on the device, or ``None``), from the batch a resumed run stopped at;
+    returns the summed loss of the steps whose update was kept, or ``None`` when a stop signal
+    ended the epoch early (after a checkpoint at that step). Every ``checkpoint_every`` steps
+    it writes a checkpoint (the epoch's end writes its own).
 
     Before a step that will be logged (and the run's last step) rank 0 arms the batch tap: that
     step's loss keeps its similarity problem and diagnostics (:mod:`contrastkit.methods.tap`),
     read back with the loss at the logging step; the last step's batch is saved for the
     report's pictures (:mod:`.last_batch`)."""
     config = run.config
-    run.sampler.set_epoch(run.epoch)  # the epoch's order: seeded by (seed, epoch), nothing else
-    loss_sum = torch.zeros((), device=run.device)
+    start, run.epoch_step = run.epoch_step, 0
+    run.sampler.set_epoch(run.epoch, start=start)  # the epoch's order: seeded by (seed, epoch), nothing else
+    loss_sum = torch.tensor(run.epoch_loss_sum if start else 0.0, device=run.device)
+    if not start:
+        run.faults.start_epoch()
     window_started, window_steps = time.perf_counter(), 0
-    for batch, item in enumerate(run.loader):
+    for batch, item in enumerate(run.loader, start):
         if isinstance(item, torch.Tensor):  # an in-memory split: the batch's indices
             indices = item
         else:  # a streamed split: the decoded images and their indices, handed to the batch maker
@@ -510,19 +624,44 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str], ba
         last = run.step + 1 == run.total_steps
         if run.parallel.is_main and (logging or last):
             run.tap.arm()
-        loss, made = _train_step(run, indices, labels, metrics)
+        try:
+            loss, made = _train_step(run, indices, labels, metrics)
+        except ValueError:  # e.g. the losses refusing non-finite embeddings: a non-finite loss before it is the cause
+            run.faults.check_deferred(run.step)
+            raise
         step_tau = run.tap.tau
         problem, diagnostics = run.tap.take()
-        loss_sum += loss.detach()
+        if run.faults.kept:
+            loss_sum += loss.detach()
+        else:
+            _skip_step(run, loss, metrics, bar)
         window_steps += 1
-        if logging:
+        if logging and run.faults.kept:
             window_started = _log_step(run, loss, window_started, window_steps, metrics, bar,
                                        diagnostics, problem.negatives if problem is not None else 0)
             window_steps = 0
         if last and problem is not None:
             save_last_batch(run.folder, problem, made, indices, run.dataset, method=config.method,
                             temperature=float(step_tau), step=run.step, epoch=run.epoch + 1)
+        if batch + 1 < run.steps_per_epoch:  # (the epoch's end writes its own checkpoint)
+            if run.faults.stop or (config.checkpoint_every and run.step % config.checkpoint_every == 0):
+                _write_checkpoint(run, loss_sum, batch + 1)
+                run.faults.agree_stop()
+            if run.faults.stop:
+                return None
     return loss_sum
+
+
+def _skip_step(run: _Run, loss: torch.Tensor, metrics: IO[str], bar: "_Progress") -> None:
+    """``on_nan="skip"``: the step whose loss was not finite (on some rank) kept no update; its
+    record in metrics.jsonl, and a warning the first time."""
+    value = float(run.parallel.mean(loss))  # not finite: written as "nan" / "inf" (valid JSON)
+    metrics.write(json.dumps({"kind": "skipped", "epoch": run.epoch + 1, "step": run.step,
+                              "loss": str(value)}) + "\n")
+    run.faults.count_skip(run.model, run.step, value)
+    if run.parallel.is_main and "skipped" not in run.warned:
+        run.warned["skipped"] = run.step
+        bar.warn(f"warning: step {run.step}: the loss was {value}; its update was skipped (--on-nan skip)")
 
 
 def _micro_batch(configured: int, rows: int) -> int:
@@ -549,20 +688,30 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     if tau_now is not None:  # a varying tau is logged at every step
         metrics.write(json.dumps({"kind": "tau", "step": run.step + 1, "tau": tau_now}) + "\n")
     batch_labels = None if labels is None else labels[indices.to(run.device, non_blocking=True)]
+    run.method.begin_step(run.model, indices.to(run.device, non_blocking=True))  # a temperature method's per-sample state
     precision = run.precision
+    # On an accelerator a run that reads its loss only at logging steps (faults.defers) lets a
+    # non-finite value through the losses' input checks, which would otherwise end the run in a
+    # device-side assertion before the loss is read and the step that went wrong is named.
+    checked = not run.faults.defers or run.device.type == "cpu"
     if run.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
         run.optimizer.zero_grad(set_to_none=True)
-        loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
-                                               _micro_batch(run.config.micro_batch, int(indices.shape[0])),
-                                               autocast=precision.autocast, backward=precision.backward)
+        with value_checks(checked):
+            loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
+                                                   _micro_batch(run.config.micro_batch, int(indices.shape[0])),
+                                                   autocast=precision.autocast, backward=precision.backward)
         average_gradients(run.model.parameters())
     else:
-        with precision.autocast():
+        with precision.autocast(), value_checks(checked):
             loss = run.step_loss(batch, batch_labels)
         run.optimizer.zero_grad(set_to_none=True)
         precision.backward(loss)
-    precision.step(run.optimizer)
+    if run.faults.keep_update(loss, run.step + 1):  # (a stop signal is agreed on here too)
+        precision.step(run.optimizer)
     run.model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
+    run.method.end_step(run.model)  # a temperature method's own update (iSogCLR's temperatures)
+    if run.tau_histogram is not None and run.model.temperature_method.last_temperatures is not None:
+        run.tau_histogram.add(run.model.temperature_method.last_temperatures)
     run.scheduler.step()
     run.step += 1
     return loss, batch
@@ -575,14 +724,15 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
     ``diagnostics``: the step's batch diagnostics (:func:`contrastkit.metrics.batch.batch_diagnostics`,
     on the device), read back with the loss in one transfer; a failure they show is printed
     once per kind (:func:`contrastkit.metrics.batch.batch_warnings`) and listed in the record."""
+    run.faults.check_deferred(run.step)  # a non-finite loss since the last read is named by its own step
     mean_loss = run.parallel.mean(loss)
     if diagnostics is not None:  # the only host sync, at logging cadence: the loss and the diagnostics together
         numbers = torch.cat([mean_loss.reshape(1).to(diagnostics.dtype), diagnostics]).tolist()
         value, batch_numbers = numbers[0], diagnostics_record(numbers[1:], negatives)
     else:
         value, batch_numbers = float(mean_loss), {}
-    if not math.isfinite(value):
-        raise FloatingPointError(f"the loss became {value} at step {run.step}; lower --lr or raise --temperature")
+    if not math.isfinite(value):  # (a non-finite step loss stopped the run or was skipped before this)
+        raise run.faults.nonfinite(run.step, value)
     now = time.perf_counter()
     speed = window_steps * run.batch_size / max(now - window_started, 1e-9)
     tau = run.model.temperature.value
@@ -607,8 +757,11 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
 def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[str]) -> Dict[str, Any]:
     """The epoch record (with the val numbers every ``eval_every`` epochs) and the checkpoint."""
     config, parallel = run.config, run.parallel
+    kept_steps = run.steps_per_epoch - run.faults.epoch_skipped
+    if kept_steps == 0:  # --on-nan skip skipped the whole epoch: nothing trains
+        raise run.faults.all_skipped(run.epoch + 1, run.step)
     run.epoch += 1
-    epoch_loss = float(parallel.mean(loss_sum)) / run.steps_per_epoch
+    epoch_loss = float(parallel.mean(loss_sum)) / kept_steps
     run.epoch_losses.append(epoch_loss)
     run.train_seconds += seconds
     record = {"kind": "epoch", "epoch": run.epoch, "step": run.step, "loss": epoch_loss,
@@ -616,38 +769,70 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
               "train_seconds": run.train_seconds}
     evaluating = config.eval_every and (run.epoch % config.eval_every == 0 or run.epoch == config.epochs)
     if evaluating and parallel.is_main:
-        if run.dataset.num_classes:
-            # One extraction of the train and val features serves the kNN and the probe.
-            features = tuple(extract_features(run.model.encoder, split, run.device,
-                                              workers=config.workers) for split in (run.dataset.train, run.dataset.val))
-            record["val_knn_accuracy"] = _val_knn(features, run.dataset, config)
-            score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed,
-                                       features=features)
-            record["val_probe_accuracy"] = score
-            run.selection.observe(run.epoch, score, run.model)
-        record.update(run.method.val_metrics(run.eval_context()))
+        with eager_calls(config.compile):  # the read-out's calls run eagerly (no compilation per batch size)
+            _evaluate_epoch(run, record)
     metrics.write(json.dumps(record) + "\n")
+    if run.tau_histogram is not None:  # the distribution of the per-anchor temperatures of the epoch
+        run.tau_histogram.merged(parallel.reduce)
+        metrics.write(json.dumps(run.tau_histogram.record(run.epoch, run.step)) + "\n")
     metrics.flush()
     run.loggers.record(record)
     run.loggers.flush()
-    rng_per_rank = parallel.gather_objects(rng_state())
-    if parallel.is_main:
-        manifest = Manifest(run.folder.root)
-        marked = manifest.mark_writing(*layout.CHECKPOINT_FILES)
-        save_checkpoint(run.folder.last_checkpoint, {
-            "config": config.to_dict(), "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-            "scheduler": run.scheduler.state_dict(),
-            "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
-            "epoch": run.epoch, "step": run.step, "train_seconds": run.train_seconds,
-            "epoch_losses": run.epoch_losses, "selection": run.selection.state_dict(),
-            "precision": run.precision.state_dict(),
-        })
-        manifest.record(*marked)  # hashed once, here (a digest the writer returns could be passed)
-    parallel.barrier()  # the checkpoint is complete before any rank goes on
+    _write_checkpoint(run, loss_sum, 0)
     return record
 
 
+def _write_checkpoint(run: _Run, loss_sum: torch.Tensor, epoch_step: int) -> None:
+    """``checkpoints/last.pt`` at the current step: at the end of an epoch (``epoch_step`` 0) or
+    ``epoch_step`` batches into the epoch in progress (with each rank's ``loss_sum`` of them).
+    Every rank takes part; rank 0 writes. A write that fails stops the run with one error naming
+    the checkpoint left intact (:func:`.faults.write_failed`)."""
+    config, parallel = run.config, run.parallel
+    run.faults.check_deferred(run.step)  # never a checkpoint of a state a non-finite step updated
+    rng_per_rank = parallel.gather_objects(rng_state())
+    loss_sums = parallel.gather_objects(float(loss_sum))
+
+    def write() -> None:
+        manifest = Manifest(run.folder.root)
+        marked = manifest.mark_writing(*layout.CHECKPOINT_FILES)
+        in_epoch = time.perf_counter() - run.epoch_started if epoch_step else 0.0
+        try:
+            save_checkpoint(run.folder.last_checkpoint, {
+                "config": config.to_dict(), "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(),
+                "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
+                "epoch": run.epoch, "step": run.step, "train_seconds": run.train_seconds + in_epoch,
+                "epoch_losses": run.epoch_losses, "selection": run.selection.state_dict(),
+                "precision": run.precision.state_dict(),
+                "epoch_step": epoch_step, "epoch_loss_sums": loss_sums if epoch_step else [],
+                "launch": launch_id(), **run.faults.state(),
+            })
+        except CheckpointWriteError as err:
+            raise write_failed(err, run.step, run.faults.last_checkpoint) from None
+        manifest.record(*marked)  # hashed once, here (a digest the writer returns could be passed)
+
+    parallel.run_on_main(write)  # a failed write stops every rank
+    parallel.barrier()  # the checkpoint is complete before any rank goes on
+    run.faults.last_checkpoint = (run.step, run.epoch)
+
+
 # -- evaluation ---------------------------------------------------------------------------
+
+def _evaluate_epoch(run: _Run, record: Dict[str, Any]) -> None:
+    """The val numbers of an ``eval_every`` epoch into ``record`` (rank 0), and the epoch's
+    candidacy for the reported one."""
+    config = run.config
+    if run.dataset.num_classes:
+        # One extraction of the train and val features serves the kNN and the probe.
+        features = tuple(extract_features(run.model.encoder, split, run.device,
+                                          workers=config.workers) for split in (run.dataset.train, run.dataset.val))
+        record["val_knn_accuracy"] = _val_knn(features, run.dataset, config)
+        score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed,
+                                   features=features)
+        record["val_probe_accuracy"] = score
+        run.selection.observe(run.epoch, score, run.model)
+    record.update(run.method.val_metrics(run.eval_context()))
+
 
 def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     """Rank 0's held-out evaluation and the summary (``summary.json``)."""
@@ -677,6 +862,8 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
         summary["beats_baselines_view_retrieval"] = bool(
             numbers["view_retrieval_top1"] > numbers["random_init_view_retrieval_top1"]
             and numbers["view_retrieval_top1"] > numbers["raw_pixel_view_retrieval_top1"]) if baselines else None
+    if config.on_nan == "skip":
+        summary["skipped_steps"] = run.faults.skipped
     skipped = skipped_files(run.dataset)
     if skipped or getattr(run.dataset, "source", None) == "collection":
         summary["skipped_files"] = len(skipped)
@@ -691,7 +878,7 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
 
 def _evaluate_snapshot(run: _Run, state: Dict[str, torch.Tensor]) -> Dict[str, Any]:
     """The held-out numbers (no baselines) of the model with the weights ``state``."""
-    model = build_model(run.config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder)
+    model = build_model(run.config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder, initial_weights=False)
     model.load_state_dict(state)
     model.to(run.device)
     numbers = evaluate_model(run.config, model, run.dataset, run.device, raw_pixels=False)

@@ -244,8 +244,7 @@ def _read_image_file(path: str, collection: _Collection) -> torch.Tensor:
 
 class _ImageReader:
     """Images of the data set by ``(split, index)`` (thumbnails, queries), read one at a time
-    where the split can be indexed (:func:`~contrastkit.data.item_dataset`), else in one pass
-    over the split in order."""
+    (:func:`~contrastkit.data.item_dataset`)."""
 
     def __init__(self, collection: _Collection, read: "_Reading") -> None:
         self.collection, self.read = collection, read
@@ -259,23 +258,8 @@ class _ImageReader:
         return found
 
     def _from_split(self, split: str, indices: Sequence[int]) -> Dict[int, torch.Tensor]:
-        part = self.collection.splits[split]
-        try:
-            items = item_dataset(part)
-        except AttributeError:  # held images without labels (a TensorDataset needs both): read in order
-            return self._scan(part, indices)
+        items = item_dataset(self.collection.splits[split])
         return {i: unit_float(torch.as_tensor(items[i][0])) for i in indices}
-
-    def _scan(self, part: Any, indices: Sequence[int]) -> Dict[int, torch.Tensor]:
-        wanted, found, start = set(indices), {}, 0
-        for batch in image_batches(part, self.read.batch_size, self.read.workers):
-            for offset in range(batch.shape[0]):
-                if start + offset in wanted:
-                    found[start + offset] = batch[offset].clone()
-            start += batch.shape[0]
-            if len(found) == len(wanted):
-                break
-        return found
 
 
 # ------------------------------------------------------------------------------ features

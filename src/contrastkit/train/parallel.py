@@ -2,7 +2,8 @@
 
 ``torchrun --nproc-per-node K -m contrastkit pretrain ...`` starts K processes with
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` set; :func:`setup` joins them into a process group
-(gloo on CPU, NCCL on CUDA). Every rank trains on its shard of each global batch (a
+(gloo on CPU, NCCL on CUDA; a group that torchrun restarted after a rank died keeps its keys
+apart from the earlier start's). Every rank trains on its shard of each global batch (a
 ``DistributedSampler`` over the training images), the loss sees the negatives of every rank
 (``distributed=True`` on the losses, local mode) and DDP averages the gradients, so one step
 is one step on the global batch of ``--batch-size`` images. Only rank 0 writes files, shows
@@ -12,8 +13,8 @@ progress and evaluates.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,8 @@ class Parallel:
     rank: int = 0
     world_size: int = 1
     owns_group: bool = False
+    # A gloo group for the flags of :meth:`any` when the default group is NCCL (made on first use).
+    cpu_group: Any = field(default=None, repr=False, compare=False)
 
     @property
     def active(self) -> bool:
@@ -50,6 +53,27 @@ class Parallel:
             value /= self.world_size
         return value
 
+    def any(self, *flags: bool) -> Tuple[bool, ...]:
+        """Whether each flag is set on at least one rank (the same answer on every rank). One
+        all-reduce of a few numbers on the CPU; under NCCL over a gloo group of its own, so that
+        asking does not wait for the GPU's queued work. Every rank must call it at the same point."""
+        if not self.active:
+            return tuple(bool(flag) for flag in flags)
+        if self.cpu_group is None and dist.get_backend() != "gloo":
+            self.cpu_group = dist.new_group(backend="gloo")
+        values = torch.tensor([float(bool(flag)) for flag in flags])
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.cpu_group)
+        return tuple(bool(value) for value in values.tolist())
+
+    def reduce(self, value: torch.Tensor, op: str) -> torch.Tensor:
+        """Combine a tensor over ranks by ``op`` (``"sum"``, ``"min"`` or ``"max"``; a copy,
+        the same on every rank)."""
+        value = value.detach().clone()
+        if self.active:
+            dist.all_reduce(value, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
+                                       "max": dist.ReduceOp.MAX}[op])
+        return value
+
     def gather_objects(self, obj: Any) -> List[Any]:
         if not self.active:
             return [obj]
@@ -67,7 +91,7 @@ class Parallel:
         if self.is_main:
             try:
                 result = action()
-            except (ValueError, TypeError, FileNotFoundError, FileExistsError, PermissionError) as err:
+            except (ValueError, TypeError, OSError) as err:  # OSError: a file in the way, a full disk...
                 error = err
         shared = [None if error is None else (type(error).__name__, str(error))]
         dist.broadcast_object_list(shared, src=0)
@@ -93,7 +117,17 @@ def setup(device: torch.device) -> Parallel:
         return Parallel()
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    start = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if start is None:
+        dist.init_process_group(backend)
+    else:
+        # torchrun's agent keeps one store for every start of the group (--max-restarts): the
+        # addresses an earlier start's ranks left there (dead processes) would be read as this
+        # start's, so each start keeps its keys under its own prefix.
+        store, rank, world = next(dist.rendezvous("env://"))
+        dist.init_process_group(backend, store=dist.PrefixStore(f"contrastkit-start-{start}", store), rank=rank,
+                                world_size=world)
     return Parallel(dist.get_rank(), dist.get_world_size(), owns_group=True)
 
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from contrastkit import layout
+from contrastkit.manifest import file_sha256
 from contrastkit.methods import PretrainConfig, build_model, get_method, load_data
 
 from .checkpoint import load_checkpoint
@@ -42,6 +43,8 @@ class SavedRun:
     checkpoint: str
     config_path: str
     image_shape: Optional[Tuple[int, ...]] = None  # (C, H, W) of the training images, if recorded
+    # The SHA-256 of the encoder weights file the run started from, as the run read it (if any).
+    encoder_weights_sha256: Optional[str] = None
 
     def load_data(self, data: Optional[str] = None, data_options: Optional[Dict[str, Any]] = None) -> Any:
         """The run's own data set (its loader and options, as it trained), or ``data`` (with
@@ -53,8 +56,10 @@ class SavedRun:
     def build_model(self, image_shape: Any, device: torch.device, encoder: Optional[nn.Module] = None) -> nn.Module:
         """The run's model for images of ``image_shape`` ``(C, H, W)`` with the checkpoint's
         weights, on ``device``; ``encoder``: the architecture of a run given its encoder as a
-        module (see :func:`evaluate_run`)."""
-        model = self.build_untrained(image_shape, encoder)
+        module (see :func:`evaluate_run`). A weights file the run started from is not read
+        (the checkpoint holds the weights)."""
+        tokenizer = get_method(self.config.method).saved_tokenizer(self.folder)
+        model = build_model(self.config, image_shape, tokenizer, encoder=encoder, initial_weights=False)
         try:
             model.load_state_dict(self.state["model"])
         except RuntimeError as err:
@@ -65,9 +70,24 @@ class SavedRun:
         return model.to(device)
 
     def build_untrained(self, image_shape: Any, encoder: Optional[nn.Module] = None) -> nn.Module:
-        """The run's model at its initialisation (the random-init baseline's network)."""
+        """The run's model at its initialisation (the random-init baseline's network); for a run
+        that started from a weights file (``encoder_weights``), from that file, which must still
+        be there and unchanged."""
+        self._check_weights_file()
         tokenizer = get_method(self.config.method).saved_tokenizer(self.folder)
         return build_model(self.config, image_shape, tokenizer, encoder=encoder)
+
+    def _check_weights_file(self) -> None:
+        path = self.config.encoder_weights
+        if path is None or self.encoder_weights_sha256 is None:
+            return
+        remedy = "restore it, or leave out the baselines (--no-baselines)"
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"the run in {self.folder} started from the encoder weights {path}, which are "
+                                    f"gone; the baseline at those weights needs them: {remedy}")
+        if file_sha256(path) != self.encoder_weights_sha256:
+            raise ValueError(f"the run in {self.folder} started from the encoder weights {path}, which changed since "
+                             f"(SHA-256 differs); the baseline at those weights needs the file as it was: {remedy}")
 
 
 def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
@@ -88,5 +108,8 @@ def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
         same = False
     if not same:
         raise ValueError(f"checkpoint {path} does not belong to the run in {run_dir} (configurations differ)")
-    shape = (stored.get("derived") or {}).get("dataset", {}).get("image_shape")
-    return SavedRun(run_dir, config, state, path, config_path, tuple(shape) if isinstance(shape, list) else None)
+    derived = stored.get("derived") or {}
+    shape = derived.get("dataset", {}).get("image_shape")
+    weights = derived.get("encoder_weights") or {}
+    return SavedRun(run_dir, config, state, path, config_path, tuple(shape) if isinstance(shape, list) else None,
+                    weights.get("sha256") if isinstance(weights, dict) else None)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from typing import Iterator
 
 import torch
+from torch import nn
 
-__all__ = ["resolve_device", "limit_threads", "resolve_threads"]
+__all__ = ["resolve_device", "limit_threads", "resolve_threads", "compile_encoder", "eager_calls"]
 
 
 def resolve_threads(threads: int) -> int:
@@ -59,3 +61,41 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} was asked for but CUDA is not available")
     return device
+
+
+def _cxx_compiler() -> str:
+    """The C++ compiler torch.compile's inductor backend would build its kernels with (``$CXX``,
+    else ``g++``, ``clang++`` or ``c++`` on the PATH), or ``""`` when there is none."""
+    for name in (os.environ.get("CXX", ""), "g++", "clang++", "c++"):
+        if name and shutil.which(name):
+            return name
+    return ""
+
+
+def compile_encoder(encoder: nn.Module) -> nn.Module:
+    """Compile ``encoder`` in place for the training steps (``nn.Module.compile``: torch.compile
+    with the inductor backend, on CPU and CUDA alike): its parameters and state-dict keys stay
+    the module's own, so checkpoints, ``probe`` and ``embed`` read it as an uncompiled one.
+    The first step pays the compilation (seconds to minutes; cached on disk by torch for the
+    next run). ``ValueError`` when this torch or machine cannot compile: torch older than 2.6,
+    or no C++ compiler for inductor's kernels."""
+    if not hasattr(nn.Module, "compile") or not hasattr(torch.compiler, "set_stance"):
+        raise ValueError(f"--compile needs torch >= 2.6 (nn.Module.compile, torch.compiler.set_stance); this is "
+                         f"torch {torch.__version__}")
+    if not _cxx_compiler():
+        raise ValueError("--compile needs a C++ compiler for torch.compile's inductor kernels (none of $CXX, g++, "
+                         "clang++, c++ is on the PATH): install one (e.g. apt install g++) or train without --compile")
+    encoder.compile()
+    return encoder
+
+
+@contextlib.contextmanager
+def eager_calls(enabled: bool = True) -> Iterator[None]:
+    """Run compiled modules eagerly inside (``torch.compiler.set_stance("force_eager")``): the
+    read-out calls the encoder on other batch sizes and without gradients, which would each
+    compile again for a handful of calls. A no-op when ``enabled`` is false."""
+    if not enabled:
+        yield
+        return
+    with torch.compiler.set_stance("force_eager"):
+        yield

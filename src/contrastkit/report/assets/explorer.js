@@ -155,6 +155,84 @@
     };
   }
 
+  // ------------------------------------------------------------------ temperature methods
+  // The single-row case of contrastkit.analysis.explain_methods (same formulas, float64), with
+  // the papers' defaults: MACL tau_0 = 0.1, alpha = 0.5, A_0 = 0; dual tau_alpha = 0.1,
+  // tau_beta = 1.0; iSogCLR / TempNet rho = 0.4 within [0.05, 1.0].
+
+  const METHOD_SETTINGS = {
+    macl: { temperature: 0.1, alpha: 0.5, threshold: 0 },
+    dual: { intra_temperature: 0.1, inter_temperature: 1.0 },
+    individual: { rho: 0.4, tau_min: 0.05, tau_max: 1.0 },
+    network: { rho: 0.4, tau_min: 0.05, tau_max: 1.0 },
+  };
+  const METHOD_NAMES = { fixed: "fixed τ", macl: "MACL", dual: "dual temperature", individual: "iSogCLR (individual)",
+                         network: "TempNet (network)" };
+
+  // KL(q || uniform) of the softmax over the negatives at tau.
+  function klToUniform(s, positive, tau) {
+    const logits = [];
+    for (let j = 0; j < s.length; j++) if (j !== positive) logits.push(s[j] / tau);
+    const logZ = logSumExp(logits);
+    let kl = Math.log(logits.length);
+    for (const l of logits) {
+      const logQ = l - logZ;
+      const q = Math.exp(logQ);
+      if (q > 0) kl += q * logQ;
+    }
+    return kl;
+  }
+
+  // The temperature that minimises iSogCLR's robust objective for the row: KL = rho, clipped.
+  function robustTau(s, positive, rho, tauMin, tauMax) {
+    let low = Math.log(tauMin), high = Math.log(tauMax);
+    const atMax = klToUniform(s, positive, tauMax) >= rho;
+    const atMin = klToUniform(s, positive, tauMin) <= rho;
+    for (let i = 0; i < 200; i++) {
+      const middle = 0.5 * (low + high);
+      if (klToUniform(s, positive, Math.exp(middle)) > rho) low = middle; else high = middle;
+    }
+    if (atMax) return tauMax;
+    if (atMin) return tauMin;
+    return Math.exp(0.5 * (low + high));
+  }
+
+  function methodView(method, s, positive, tau, weightOf) {
+    const result = explainRow(s, positive, tau);
+    let negativeMass = 0;
+    for (let j = 0; j < s.length; j++) if (j !== positive) negativeMass += result.probabilities[j];
+    let weight, gradients;
+    if (method === "individual" || method === "network") {
+      weight = tau;
+      gradients = result.penalty.slice();
+      gradients[positive] = -1;
+    } else {
+      weight = weightOf(negativeMass);
+      gradients = result.gradients.map(function (g) { return weight * g; });
+    }
+    return { method: method, temperature: tau, weight: weight, result: result, gradients: gradients,
+             positive_pull: -gradients[positive] };
+  }
+
+  function explainMethodsRow(similarities, positive, tau) {
+    const fixed = explainRow(similarities, positive, tau);
+    const s = fixed.similarities;
+    const views = { fixed: methodView("fixed", s, positive, tau, function () { return 1; }) };
+    const m = METHOD_SETTINGS.macl;
+    const tauA = m.temperature * (1 + m.alpha * (s[positive] - m.threshold));
+    views.macl = methodView("macl", s, positive, tauA, function (mass) { return 1 / mass; });
+    const d = METHOD_SETTINGS.dual;
+    const inter = explainRow(s, positive, d.inter_temperature);
+    let interMass = 0;
+    for (let j = 0; j < s.length; j++) if (j !== positive) interMass += inter.probabilities[j];
+    views.dual = methodView("dual", s, positive, d.intra_temperature, function (mass) { return interMass / mass; });
+    for (const name of ["individual", "network"]) {
+      const r = METHOD_SETTINGS[name];
+      views[name] = methodView(name, s, positive, robustTau(s, positive, r.rho, r.tau_min, r.tau_max));
+    }
+    return views;
+  }
+
   // ------------------------------------------------------------------ formatting
 
   function fmt(value, decimals) {
@@ -181,9 +259,11 @@
   // ------------------------------------------------------------------ state
 
   const presets = JSON.parse(document.getElementById("ck-presets").textContent);
-  const state = { labels: [], s: [], images: [], positive: 0, tau: 0.5, preset: null, sigmoid: false, bias: -10 };
+  const state = { labels: [], s: [], images: [], positive: 0, tau: 0.5, preset: null, sigmoid: false, bias: -10,
+                  methods: false, method: "macl" };
   let lastResult = null;
   let lastSigmoid = null;
+  let lastMethods = null;
 
   const $ = function (id) { return document.getElementById(id); };
   const rowsBody = $("candidate-rows");
@@ -405,6 +485,7 @@
     $("summary").classList.add("stale");
     rowsBody.classList.add("stale");
     $("sigmoid-view").classList.add("stale");
+    $("methods-view").classList.add("stale");
   }
 
   function update() {
@@ -419,6 +500,7 @@
     $("summary").classList.remove("stale");
     rowsBody.classList.remove("stale");
     $("sigmoid-view").classList.remove("stale");
+    $("methods-view").classList.remove("stale");
     lastResult = result;
     const k = state.s.length;
     for (let j = 0; j < k; j++) {
@@ -466,6 +548,7 @@
     for (let j = 0; j < k; j++) if (j !== state.positive) negativeGradient += result.gradients[j];
     $("out-grad-balance").textContent = fmt(-result.gradients[state.positive], 4) + " = " + fmt(negativeGradient, 4);
     updateSigmoid();
+    updateMethods();
     drawCharts(result);
     writeHash();
   }
@@ -551,6 +634,72 @@
     biasNumber.removeAttribute("aria-invalid");
     biasRange.value = String(clamp(v, -15, 5));
     biasRange.setAttribute("aria-valuetext", "b = " + v);
+    update();
+  });
+
+  // ------------------------------------------------------------------ the temperature methods
+
+  const methodsToggle = $("methods-toggle");
+  const methodChoice = $("method-choice");
+
+  function setMethods(on) {
+    state.methods = on;
+    methodsToggle.checked = on;
+    $("methods-view").hidden = !on;
+  }
+
+  function updateMethods() {
+    if (!state.methods) { lastMethods = null; return; }
+    let views;
+    try {
+      views = explainMethodsRow(state.s, state.positive, state.tau);
+    } catch (err) {
+      showError(err.message);
+      return;
+    }
+    lastMethods = views;
+    for (const name of ["fixed", "macl", "dual", "individual", "network"]) {
+      const v = views[name];
+      setOut($("m-tau-" + name), v.temperature, 4);
+      setOut($("m-weight-" + name), v.weight, 4);
+      setOut($("m-p-" + name), v.result.probabilities[state.positive], 6);
+      setOut($("m-pull-" + name), v.positive_pull, 4);
+      setOut($("m-eff-" + name), v.result.effective_negatives, 4);
+    }
+    const chosen = views[state.method];
+    const fixed = views.fixed;
+    $("method-chosen").textContent = METHOD_NAMES[state.method];
+    const body = $("method-rows");
+    body.textContent = "";
+    for (let j = 0; j < state.s.length; j++) {
+      const isPositive = j === state.positive;
+      const tr = document.createElement("tr");
+      tr.classList.toggle("is-positive", isPositive);
+      const th = document.createElement("th");
+      th.scope = "row";
+      th.textContent = state.labels[j] + (isPositive ? " (positive)" : "");
+      tr.appendChild(th);
+      const cells = [["mt-prob-fixed-", fixed.result.probabilities[j], 6], ["mt-prob-", chosen.result.probabilities[j], 6],
+                     ["mt-grad-fixed-", fixed.gradients[j], 4], ["mt-grad-", chosen.gradients[j], 4],
+                     ["mt-pen-fixed-", isPositive ? NaN : fixed.result.penalty[j], 4],
+                     ["mt-pen-", isPositive ? NaN : chosen.result.penalty[j], 4]];
+      for (const [prefix, value, decimals] of cells) {
+        const td = document.createElement("td");
+        td.className = "num";
+        td.id = prefix + j;
+        setOut(td, value, decimals);
+        tr.appendChild(td);
+      }
+      body.appendChild(tr);
+    }
+  }
+
+  methodsToggle.addEventListener("change", function () {
+    setMethods(methodsToggle.checked);
+    update();
+  });
+  methodChoice.addEventListener("change", function () {
+    state.method = methodChoice.value;
     update();
   });
 
@@ -699,6 +848,7 @@
   function writeHash() {
     let hash = "#s=" + state.s.join(",") + "&p=" + state.positive + "&t=" + state.tau;
     if (state.sigmoid) hash += "&b=" + state.bias;
+    if (state.methods) hash += "&m=" + state.method;
     try { history.replaceState(null, "", hash); } catch (err) { /* file:// in some browsers */ }
   }
 
@@ -717,6 +867,12 @@
     setTau(tau, false);
     const bias = params.has("b") ? Number(params.get("b")) : NaN;
     if (Number.isFinite(bias)) { setBias(bias, false); setSigmoid(true); }
+    const method = params.get("m");
+    if (method && Object.prototype.hasOwnProperty.call(METHOD_NAMES, method)) {
+      state.method = method;
+      methodChoice.value = method;
+      setMethods(true);
+    }
     buildRows();
     markPreset(null);
     update();
@@ -734,6 +890,8 @@
     explainRow: explainRow,
     explainSigmoidRow: explainSigmoidRow,
     sigmoidResult: function () { return lastSigmoid; },
+    explainMethodsRow: explainMethodsRow,
+    methodsResult: function () { return lastMethods; },
     loadPreset: loadPreset,
     state: function () { return JSON.parse(JSON.stringify(state)); },
     result: function () { return lastResult; },

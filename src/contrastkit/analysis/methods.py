@@ -1,0 +1,242 @@
+"""What each temperature method does to one row of similarities, next to a fixed tau.
+
+For anchor ``i`` (its similarities ``s_ij``, its positive ``+``, its negatives ``j``) every
+method of :mod:`contrastkit.losses.adaptive` is a softmax at some temperature with a gradient
+of its own; :func:`explain_methods` gives, for each, the temperature every anchor uses, the
+probabilities and the penalty distribution over the negatives at that temperature (an
+:class:`~contrastkit.analysis.Explanation`), and the gradient the method's loss sends to each
+similarity:
+
+* fixed ``tau``: InfoNCE, ``dl/ds_j = p_j / tau``, ``dl/ds_+ = (p_+ - 1) / tau``.
+* MACL (Huang et al., ICML 2023): ``tau_A = tau_0 (1 + alpha (A - A_0))`` with ``A`` the mean
+  similarity of the rows' positives; the gradient at ``tau_A`` times ``w_i = 1 / (1 - P_i)``,
+  so every anchor's positive is pulled by exactly ``1 / tau_A``, solved or not.
+* dual temperature (Zhang et al., CVPR 2022): the softmax (and the penalty over negatives) at
+  ``tau_alpha``, the gradient times ``w_i = (1 - P_i(tau_beta)) / (1 - P_i(tau_alpha))``: the
+  positive is pulled by ``(1 - P_i(tau_beta)) / tau_alpha``.
+* individual (iSogCLR, Qiu et al., ICML 2023) and network (TempNet, Qiu et al., ICML 2024):
+  the robust objective ``F_i = tau_i log E_j exp((s_ij - s_+) / tau_i) + tau_i rho`` at the
+  temperature that minimises it for this row: ``dF/dtau = rho - KL(q || uniform)`` with ``q``
+  the penalty distribution over the negatives, so the row's temperature is the one whose
+  penalty is ``rho`` nats away from uniform (its entropy ``log M - rho``, ``M e^-rho``
+  effective negatives), clipped to ``[tau_min, tau_max]``. The gradient (with the moving
+  estimate equal to the batch's) is ``dF/ds_j = q_j`` and ``dF/ds_+ = -1``. iSogCLR's learnt
+  temperatures move towards this value; TempNet is trained towards it and predicts it from
+  the embedding (what it predicts for a real embedding depends on the network, so the row's
+  view is the objective's optimum).
+
+Each method is given in its ``--temperature-schedule`` form (``"macl"``, ``"dual:0.1,1"``, ...,
+:func:`contrastkit.temperature.parse_schedule`), with its paper's defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from contrastkit.temperature import METHODS, parse_schedule
+
+from .explanation import Explanation, PositiveLike, SimilaritiesLike, _check_tau, _dumps, _explain, _prepare
+
+__all__ = ["MethodView", "MethodComparison", "explain_methods", "robust_temperature"]
+
+#: What each method's view says, in one line (the ``source`` of a :class:`MethodView`).
+SOURCES = {
+    "fixed": "a fixed temperature: InfoNCE",
+    "macl": "MACL (Huang et al., ICML 2023): tau follows the positives' alignment, gradients reweighted by 1/(1 - P)",
+    "dual": "dual temperature (Zhang et al., CVPR 2022): tau_alpha within an anchor, tau_beta across anchors",
+    "individual": "iSogCLR (Qiu et al., ICML 2023): each sample's tau minimises the robust objective",
+    "network": "TempNet (Qiu et al., ICML 2024): a network predicts each anchor's tau, trained on the robust objective",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class MethodView:
+    """One method on the rows: ``temperatures`` ``(N,)`` (each anchor's), ``weights`` ``(N,)``
+    (the factor on the anchor's gradient: MACL's and dual's stop-gradient weights, the robust
+    objective's ``tau_i`` on the gradient of its negatives-only softmax, 1 for a fixed tau),
+    ``explanation`` (probabilities, penalty, effective negatives at those temperatures),
+    ``gradients`` ``(N, K)`` (the method's loss of anchor ``i`` w.r.t. its similarities)."""
+
+    method: str
+    source: str
+    settings: Dict[str, float]
+    temperatures: np.ndarray
+    weights: np.ndarray
+    explanation: Explanation
+    gradients: np.ndarray
+
+    @property
+    def positive_pull(self) -> np.ndarray:
+        """``(N,)`` how strongly each positive is pulled: ``-d loss_i / d s_+``."""
+        rows = np.arange(len(self.explanation.positive))
+        return -self.gradients[rows, self.explanation.positive]
+
+    def to_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Explanation):
+                value = value.to_dict()
+            out[f.name] = value.tolist() if isinstance(value, np.ndarray) else value
+        out["positive_pull"] = self.positive_pull.tolist()
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class MethodComparison:
+    """A fixed tau (:attr:`fixed`) and each method's view (:attr:`views`) of the same rows."""
+
+    fixed: MethodView
+    views: Tuple[MethodView, ...]
+
+    def __iter__(self):
+        return iter((self.fixed,) + self.views)
+
+    def anchor_records(self) -> List[Dict[str, Any]]:
+        """One record per (method, anchor): temperature, weight, loss, positive probability and
+        pull, penalty entropy and effective negatives."""
+        records = []
+        for view in self:
+            e = view.explanation
+            for i in range(len(e.positive)):
+                records.append({"method": view.method, "anchor": i, "temperature": float(view.temperatures[i]),
+                                 "weight": float(view.weights[i]),
+                                 "positive_probability": float(e.positive_probability[i]),
+                                 "positive_pull": float(view.positive_pull[i]),
+                                 "penalty_entropy": float(e.penalty_entropy[i]),
+                                 "effective_negatives": float(e.effective_negatives[i])})
+        return records
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"fixed": self.fixed.to_dict(), "methods": [v.to_dict() for v in self.views]}
+
+    def to_json(self, **kwargs: Any) -> str:
+        """Strict JSON; infinite values are written as the string ``"Infinity"``."""
+        return _dumps(self.to_dict(), **kwargs)
+
+
+def _negatives(explanation_problem) -> torch.Tensor:
+    rows = torch.arange(explanation_problem.similarities.shape[0])
+    negative = explanation_problem.in_denominator.clone()
+    negative[rows, explanation_problem.positive] = False
+    return negative
+
+
+def _kl_to_uniform(s: torch.Tensor, negative: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """``KL(q || uniform)`` of each row's softmax ``q`` over its negatives at ``tau`` ``(N,)``."""
+    logits = (s / tau[:, None]).masked_fill(~negative, float("-inf"))
+    log_q = logits - torch.logsumexp(logits, dim=1, keepdim=True)
+    q = log_q.exp()
+    count = negative.sum(dim=1).to(s.dtype)
+    return torch.where(negative, q * log_q, torch.zeros(())).sum(dim=1) + count.log()
+
+
+def robust_temperature(similarities: SimilaritiesLike, *, rho: float, tau_min: float, tau_max: float,
+                       positive: PositiveLike = 0, exclude_diagonal: bool = False) -> np.ndarray:
+    """``(N,)`` the temperature that minimises iSogCLR's robust objective for each row (module
+    docstring): where the penalty over the negatives is ``rho`` nats from uniform, in
+    ``[tau_min, tau_max]`` (bisection on ``log tau``, to float64 resolution).
+
+    Example (two equally similar negatives are uniform at any tau: the smallest tau wins):
+        >>> robust_temperature([0.9, 0.1, 0.1], rho=0.4, tau_min=0.05, tau_max=1.0).tolist()
+        [0.05]
+    """
+    problem = _prepare(similarities, positive, exclude_diagonal)
+    return _robust_temperature(problem, float(rho), _check_tau(tau_min, "tau_min"), _check_tau(tau_max, "tau_max"))
+
+
+def _robust_temperature(problem, rho: float, tau_min: float, tau_max: float) -> np.ndarray:
+    s, negative = problem.similarities, _negatives(problem)
+    n = s.shape[0]
+    low = torch.full((n,), math.log(tau_min), dtype=torch.float64)
+    high = torch.full((n,), math.log(tau_max), dtype=torch.float64)
+    # KL falls as tau grows: above rho at tau_max means the optimum lies beyond it (and so on).
+    at_max = _kl_to_uniform(s, negative, high.exp()) >= rho
+    at_min = _kl_to_uniform(s, negative, low.exp()) <= rho
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        above = _kl_to_uniform(s, negative, middle.exp()) > rho
+        low, high = torch.where(above, middle, low), torch.where(above, high, middle)
+    tau = (0.5 * (low + high)).exp()
+    tau = torch.where(at_max, torch.full_like(tau, tau_max), tau)
+    tau = torch.where(at_min, torch.full_like(tau, tau_min), tau)
+    return tau.numpy()
+
+
+def _view(problem, method: str, settings: Dict[str, float], tau: np.ndarray) -> MethodView:
+    explanation = _explain(problem, torch.from_numpy(tau))
+    rows = np.arange(len(explanation.positive))
+    p_positive = explanation.positive_probability
+    negative_mass = explanation.probabilities.sum(axis=1) - p_positive  # 1 - P_i, without cancellation
+    if method == "macl":
+        weights = 1.0 / negative_mass
+        gradients = weights[:, None] * explanation.gradients
+    elif method == "dual":
+        inter = _explain(problem, settings["inter_temperature"])
+        weights = (inter.probabilities.sum(axis=1) - inter.positive_probability) / negative_mass
+        gradients = weights[:, None] * explanation.gradients
+    elif method in ("individual", "network"):
+        weights = tau.copy()
+        gradients = explanation.penalty.copy()
+        gradients[rows, explanation.positive] = -1.0
+    else:
+        weights = np.ones_like(tau)
+        gradients = explanation.gradients
+    return MethodView(method, SOURCES[method], dict(settings), tau, weights, explanation, gradients)
+
+
+def explain_methods(
+    similarities: SimilaritiesLike,
+    *,
+    temperature: float,
+    positive: PositiveLike = 0,
+    exclude_diagonal: bool = False,
+    methods: Sequence[str] = METHODS,
+) -> MethodComparison:
+    """Each temperature method on the given rows, next to the fixed ``temperature``.
+
+    Args:
+        similarities, positive, exclude_diagonal: as for :func:`~contrastkit.analysis.explain`
+            (a row ``(K,)`` or ``N`` anchors ``(N, K)``; MACL's alignment is the mean of their
+            positives' similarities).
+        temperature: the fixed tau to compare with.
+        methods: ``--temperature-schedule`` forms of temperature methods (default: the four with
+            their papers' defaults, ``macl``, ``dual``, ``individual``, ``network``).
+
+    Example (a row whose positive leads: MACL pulls it by 1 / tau_A whatever P is):
+        >>> c = explain_methods([0.8, 0.4, 0.2], temperature=0.5, methods=["macl"])
+        >>> macl = c.views[0]
+        >>> round(float(macl.temperatures[0]), 4), round(float(macl.positive_pull[0] * macl.temperatures[0]), 6)
+        (0.14, 1.0)
+    """
+    tau = _check_tau(temperature)
+    problem = _prepare(similarities, positive, exclude_diagonal)
+    if isinstance(methods, str):
+        methods = [methods]
+    n = problem.similarities.shape[0]
+    fixed = _view(problem, "fixed", {"temperature": tau}, np.full(n, tau))
+    views = []
+    for spec in methods:
+        schedule = parse_schedule(spec)
+        if not schedule.adaptive:
+            raise ValueError(f"{spec!r} is not a temperature method; choose among {', '.join(METHODS)}")
+        settings = dict(schedule.settings)
+        if schedule.kind == "macl":
+            rows = torch.arange(n)
+            alignment = float(problem.similarities[rows, problem.positive].mean())
+            value = settings["temperature"] * (1.0 + settings["alpha"] * (alignment - settings["threshold"]))
+            if not value > 0:
+                raise ValueError(f"MACL's temperature tau_0 (1 + alpha (A - A_0)) is {value} at the alignment "
+                                 f"A = {alignment} of these rows: not positive")
+            taus = np.full(n, value)
+        elif schedule.kind == "dual":
+            taus = np.full(n, settings["intra_temperature"])
+        else:
+            taus = _robust_temperature(problem, settings["rho"], settings["tau_min"], settings["tau_max"])
+        views.append(_view(problem, schedule.kind, settings, taus))
+    return MethodComparison(fixed, tuple(views))

@@ -1,0 +1,89 @@
+"""contrastkit export on a tiny run: the formats and their suffixes, the file guard shared with
+embed (nothing a user wrote is replaced), an export that disagrees with the encoder is not kept,
+and the optional packages (a missing one named; ONNX without onnxruntime written unchecked)."""
+
+import json
+import sys
+
+import pytest
+
+from _tiny_run import tiny_config
+from contrastkit.cli import main
+from contrastkit.extras import MissingExtraError
+from contrastkit.manifest import Manifest, file_sha256
+from contrastkit.train import export_model, pretrain
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, one_torch_thread):
+    out = tmp_path_factory.mktemp("run") / "run"
+    pretrain(tiny_config(out), progress=False, baselines=False)
+    return out
+
+
+def test_the_contract_and_the_manifest(run_dir, tmp_path):
+    result = export_model(str(run_dir), str(tmp_path / "enc"), format="torchscript")
+    assert result.files == {"model": str(tmp_path / "enc.pt"), "marker": str(tmp_path / "enc.pt.contrastkit.json")}
+    assert result.input_shape == (1, 28, 28) and result.h_dim == 128 and result.z_dim is None
+    assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-4
+    contract = json.loads((tmp_path / "enc.pt.contrastkit.json").read_text())
+    assert contract["input"]["channels"] == 1 and contract["input"]["mean"] == [0.0] and contract["input"]["std"] == [1.0]
+    assert contract["encoder"] == "small" and contract["files"] == ["enc.pt"]
+    listed = Manifest(tmp_path).files
+    for name in ("enc.pt", "enc.pt.contrastkit.json"):
+        assert listed[name] == {"size": (tmp_path / name).stat().st_size, "sha256": file_sha256(tmp_path / name)}
+
+
+def test_a_users_file_is_never_replaced(run_dir, tmp_path, capsys):
+    user = tmp_path / "mine.onnx"
+    user.write_text("the user's own model")
+    for extra in ([], ["--force"]):
+        assert main(["export", str(run_dir), "--out", str(user), *extra]) == 2
+        assert "mine.onnx exists" in capsys.readouterr().err
+        assert user.read_text() == "the user's own model"
+    out = tmp_path / "enc.pt"
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    assert main(["export", str(run_dir), "--out", str(out)]) == 2  # an earlier export: only with --force
+    assert "pass --force" in capsys.readouterr().err
+    out.write_bytes(out.read_bytes() + b"changed by the user")
+    assert main(["export", str(run_dir), "--out", str(out), "--force"]) == 2  # changed since: not ours any more
+    assert "not written by contrastkit" in capsys.readouterr().err
+    out.unlink()
+    assert main(["export", str(run_dir), "--out", str(out), "--force"]) == 0
+
+
+def test_formats_and_suffixes(run_dir, tmp_path, capsys):
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "enc.onnx"), "--format", "torchscript"]) == 2
+    assert "has the suffix of the onnx format" in capsys.readouterr().err
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "enc.bin")]) == 2
+    assert "give --format" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_onnx_without_onnxruntime_is_written_and_said_unchecked(run_dir, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("onnx", reason="onnx is not installed (pip install 'contrastkit[onnx]')")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "enc.onnx")]) == 0
+    assert "not checked" in capsys.readouterr().out
+    assert json.loads((tmp_path / "enc.onnx.contrastkit.json").read_text())["check"] is None
+
+
+def test_a_missing_package_names_the_extra(run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    with pytest.raises(MissingExtraError, match=r"pip install 'contrastkit\[safetensors\]'"):
+        export_model(str(run_dir), str(tmp_path / "enc.safetensors"))
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "enc.safetensors")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "contrastkit[safetensors]" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_export_that_disagrees_with_the_encoder_is_not_kept(tmp_path, one_torch_thread):
+    run = tmp_path / "run"
+    pretrain(tiny_config(run, encoder="custom_encoders:BatchSizeDependent"), progress=False, baselines=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValueError, match="disagrees with the PyTorch encoder.*not written"):
+        export_model(str(run), str(out / "enc.pt"))
+    assert sorted(p.name for p in out.iterdir()) == []  # nothing left behind, not even a manifest entry
