@@ -86,8 +86,12 @@ def test_half_precision_trains_and_resumes_exactly(tmp_path, precision, one_torc
     assert stored["config"]["precision"] == precision
 
 
-def test_half_precision_changes_the_arithmetic_not_the_result(tmp_path, one_torch_thread):
+def test_half_precision_changes_the_arithmetic_not_the_result(tmp_path, capsys, one_torch_thread):
     train_only(tiny_config(tmp_path / "32", epochs=1))
+    # the default on the CPU holds nothing and says so in config.json only
+    assert "data on device" not in capsys.readouterr().err
+    derived = json.loads((tmp_path / "32" / "config.json").read_text())["derived"]
+    assert not derived["data_on_device"]["held"] and "the device is the CPU" in derived["data_on_device"]["reason"]
     train_only(tiny_config(tmp_path / "bf16", epochs=1, precision="bf16"))
     full, half = _state(tmp_path / "32")["epoch_losses"][0], _state(tmp_path / "bf16")["epoch_losses"][0]
     assert half != full  # the forward pass really ran in bfloat16

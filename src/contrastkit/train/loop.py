@@ -446,7 +446,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     # a batch maker whose views the workers make says what they read (items of two views)
     items = views.training_items(dataset.train) if hasattr(views, "training_items") else dataset.train
     run.on_device = hold_on_device(config.data_on_device, views, dataset.train, device, workers=config.workers)
-    if parallel.is_main:
+    if parallel.is_main and (config.data_on_device != "auto" or device.type != "cpu"):
+        # The default on the CPU holds nothing and measures nothing: config.json records it, quietly.
         print(run.on_device.message, file=sys.stderr, flush=True)
     if run.on_device.hold:  # the epoch's order on the device, a batch a slice of it: no loader, no copy
         run.loader = DeviceIndexBatches(run.sampler, device)
