@@ -95,3 +95,13 @@ def pytest_xdist_make_scheduler(config, log):
             return _work_unit(nodeid)
 
     return ByWorkUnit(config, log)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a shared, busy machine thread
+    contention makes kornia calls several times slower; restored after the module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
