@@ -16,6 +16,7 @@ TempNet).
 
 from .adaptive import (
     MACL,
+    RobustLoss,
     AdaptiveTemperature,
     DualTemperature,
     IndividualTemperatures,
@@ -66,5 +67,5 @@ __all__ = [
     "SimilarityLoss", "DCL", "SimpleLoss", "HardNegativeNTXent", "DebiasedNTXent", "HCL", "Temperature",
     "MIN_TEMPERATURE", "SigmoidLoss", "SIGLIP_TEMPERATURE", "SIGLIP_BIAS",
     "macl_nt_xent", "macl_temperature", "dual_temperature_nt_xent", "robust_nt_xent", "AdaptiveTemperature", "MACL",
-    "DualTemperature", "IndividualTemperatures", "TemperatureNetwork", "value_checks",
+    "DualTemperature", "IndividualTemperatures", "TemperatureNetwork", "RobustLoss", "value_checks",
 ]
