@@ -80,7 +80,7 @@ __all__ = [
     "METHODS",
 ]
 
-#: The temperature methods: the loss computes its temperatures (``TemperatureMethod``).
+#: The temperature methods, whose loss computes its own temperatures (``TemperatureMethod``).
 METHODS = ("macl", "dual", "individual", "network")
 SCHEDULES = ("constant", "cosine", "kukleva", "linear", "step", "learnable") + METHODS
 
