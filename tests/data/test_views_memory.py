@@ -59,7 +59,9 @@ def test_a_large_batch_is_augmented_in_bounded_calls(monkeypatch):
 
 
 def test_the_views_of_16384_pairs_stay_small():
-    # Before the bounded calls this peaked at 4.15 GiB of RSS (one kornia call on 32,768 rows).
+    # Before the bounded calls this grew the process by about 4.3 GiB (one kornia call on 32,768
+    # rows). Measured from the process's size after its imports, which depends on the torch build
+    # (a CUDA build's import alone is about 0.8 GiB larger than the CPU build's).
     child = textwrap.dedent("""
         import resource, torch
         torch.set_num_threads(1)
@@ -67,14 +69,17 @@ def test_the_views_of_16384_pairs_stay_small():
         class Blank(torch.utils.data.Dataset):
             def __len__(self): return 16384
             def __getitem__(self, i): return torch.zeros(3, 32, 32, dtype=torch.uint8), 0
+        make_views(as_streaming(Blank())).views_of(torch.zeros(2, 3, 32, 32, dtype=torch.uint8))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         images = torch.randint(0, 256, (16384, 3, 32, 32), dtype=torch.uint8)
         view_a, view_b = make_views(as_streaming(Blank())).views_of(images)
         assert view_a.shape == (16384, 3, 32, 32)
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20 - before)
     """)
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr
-    peak_gib = float(result.stdout.strip().splitlines()[-1])
-    # interpreter + torch + kornia ~0.3 GiB, images 0.05, the two views 0.4, one call's copies ~0.3
-    assert peak_gib < 1.5, peak_gib
+    growth_gib = float(result.stdout.strip().splitlines()[-1])
+    # Measured 0.95 GiB (images 0.05, the two views 0.4, one call's copies and the allocator's
+    # slack); 4.3 GiB with the calls unbounded.
+    assert growth_gib < 2.0, growth_gib

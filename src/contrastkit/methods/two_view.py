@@ -55,7 +55,10 @@ class TwoViewMethod(Method):
                     encoder: Optional[nn.Module] = None) -> nn.Module:
         from contrastkit.temperature import parse_schedule
 
-        schedule = parse_schedule(config.temperature_schedule or "constant", config.temperature)
+        if "_schedule" in config.__dict__:
+            schedule = config.schedule  # a run's resolved configuration: parsed once, by resolved()
+        else:  # a saved run's record, read back without resolving
+            schedule = parse_schedule(config.temperature_schedule or "constant", config.temperature)
         temperature_method = None
         if schedule.adaptive:  # a run rebuilt without its data gets the size from its checkpoint
             temperature_method = schedule.build(config.__dict__.get("_train_size", 0), config.projection_dim)
