@@ -7,7 +7,7 @@ returns; the test process computes the same losses on the concatenated batch in 
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence
+from typing import Dict, Sequence
 
 import torch
 import torch.nn.functional as F

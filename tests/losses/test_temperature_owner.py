@@ -160,8 +160,10 @@ def test_the_list_covers_every_twin():
     twins = {name for name in L.__all__ if isinstance(getattr(L, name), type)
              and issubclass(getattr(L, name), torch.nn.Module) and name != "Temperature"}
     # SimpleLoss has no temperature; SigmoidLoss owns SigLIP's scale t' and bias b as its own
-    # parameters (tests/test_losses_sigmoid.py).
-    assert twins == set(TWINS_WITH_TEMPERATURE) | {"SimpleLoss", "SigmoidLoss"}
+    # parameters (tests/test_losses_sigmoid.py); the temperature methods compute their own
+    # temperatures from their settings and state (tests/losses/test_adaptive_temperatures.py).
+    methods = {"AdaptiveTemperature", "MACL", "DualTemperature", "IndividualTemperatures", "TemperatureNetwork"}
+    assert twins == set(TWINS_WITH_TEMPERATURE) | {"SimpleLoss", "SigmoidLoss"} | methods
 
 
 @pytest.mark.parametrize("name", TWINS_WITH_TEMPERATURE)
