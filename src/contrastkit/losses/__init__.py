@@ -19,6 +19,7 @@ from .adaptive import (
     AdaptiveTemperature,
     DualTemperature,
     IndividualTemperatures,
+    RobustLoss,
     TemperatureNetwork,
     dual_temperature_nt_xent,
     macl_nt_xent,
@@ -65,5 +66,5 @@ __all__ = [
     "SimilarityLoss", "DCL", "SimpleLoss", "HardNegativeNTXent", "DebiasedNTXent", "HCL", "Temperature",
     "MIN_TEMPERATURE", "SigmoidLoss", "SIGLIP_TEMPERATURE", "SIGLIP_BIAS",
     "macl_nt_xent", "macl_temperature", "dual_temperature_nt_xent", "robust_nt_xent", "AdaptiveTemperature", "MACL",
-    "DualTemperature", "IndividualTemperatures", "TemperatureNetwork",
+    "DualTemperature", "IndividualTemperatures", "TemperatureNetwork", "RobustLoss",
 ]

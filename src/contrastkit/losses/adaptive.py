@@ -363,7 +363,7 @@ class AdaptiveTemperature(nn.Module):
     state, :attr:`needs_indices`; ``options``: ``reduction``, ``chunk_size``, ``distributed``,
     ``distributed_mode``, ``validate``). :meth:`step_` runs after ``loss.backward()`` (and the
     optimizer's step) and updates the state the method keeps outside the optimizer.
-    :attr:`last_temperatures` holds the ``(2N,)`` temperatures the last call gave its anchors
+    ``last_temperatures`` holds the ``(2N,)`` temperatures the last call gave its anchors
     (detached), :attr:`value` one number for the logs (their mean).
     """
 
@@ -534,7 +534,7 @@ class IndividualTemperatures(_PerSampleState):
 
     Args:
         num_samples: the size of the training set (sample indices lie in ``[0, num_samples)``).
-        initial, tau_min, tau_max, rho, gamma, beta, eta: :data:`ISOGCLR` (the authors' CIFAR
+        initial, tau_min, tau_max, rho, gamma, beta, eta: ``ISOGCLR`` (the authors' CIFAR
             example): ``tau`` starts at 0.1 within ``[0.05, 1.0]``, ``rho = 0.4``,
             ``gamma = 0.8``, ``beta = 0.5``, ``eta = 0.03``.
     """
@@ -618,7 +618,7 @@ class TemperatureNetwork(_PerSampleState):
         initial, tau_min, tau_max: where ``tau`` starts and its bounds (default 0.1 in
             ``[0.05, 1.0]``, iSogCLR's range for images).
         prototypes: the number of prototypes (default 256, the paper's).
-        rho, gamma: the robust objective's (:data:`ISOGCLR`).
+        rho, gamma: the robust objective's (``ISOGCLR``).
     """
 
     kind = "network"

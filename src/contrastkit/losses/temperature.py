@@ -111,8 +111,7 @@ class Temperature(nn.Module):
 
         Raises ``ValueError`` for a ``tau`` below :attr:`min_value` (it would be silently
         raised to the floor) or not positive and finite. A 0-dim tensor is copied where it
-        lives, without reading it on the host (checked with
-        :func:`~contrastkit.losses.validation.require`: at once on the CPU, on the device
+        lives, without reading it on the host (checked at once on the CPU, on the device
         elsewhere).
         """
         if isinstance(tau, Tensor):
