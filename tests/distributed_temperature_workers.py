@@ -7,7 +7,7 @@ returns; the test process computes the same losses on the concatenated batch in 
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence
+from typing import Dict, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -171,4 +171,23 @@ def adaptive_worker(rank: int, world: int, seed: int, sizes: Sequence[int], redu
                     results[(name, mode, chunk, reduction)] = (value, _average(grads))
     for kind in ("individual", "network"):
         results[kind] = stateful_training(kind, seed, sizes, rank)
+    return results
+
+
+def pretrain_worker(rank: int, world: int, options: dict, straight: str, interrupted: str):
+    """:func:`distributed_workers.pretrain_worker` without the read-out's baselines (rank 0
+    evaluates alone after training while the other ranks wait at a barrier)."""
+    from contrastkit.train import PretrainConfig, pretrain
+
+    from distributed_workers import StopAfterFirstEpoch, _stop_after_first_epoch
+
+    results = {"straight": pretrain(PretrainConfig(out=straight, **options), progress=False, baselines=False)}
+    try:
+        pretrain(PretrainConfig(out=interrupted, **options), progress=False, baselines=False,
+                 on_epoch_end=_stop_after_first_epoch)
+        results["stopped"] = False
+    except StopAfterFirstEpoch:
+        results["stopped"] = True
+    results["resumed"] = pretrain(PretrainConfig(out=interrupted, **options), resume=True, progress=False,
+                                  baselines=False)
     return results

@@ -72,7 +72,7 @@ __all__ = [
     "MODEL_FORMATS", "model_export_files", "model_format",
     "NEIGHBORS_PICTURE", "NEIGHBOR_INDEXES", "neighbor_index_files",
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
-    "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT",
+    "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT", "TEMPERATURE_METHODS_PLOT",
     "ACCURACY_PLOT", "UNIFORMITY_PLOT", "TOLERANCE_PLOT", "UNIFORMITY_TOLERANCE_PLOT", "SIMILARITY_PROFILE_PLOT",
     "CACHE_ENV", "BASELINES", "default_cache_root", "baseline_file", "CACHE_AUTO", "CACHE_OFF", "check_cache_setting",
     "read_run_record",
@@ -290,6 +290,7 @@ SWEEP_PLOTS: Tuple[str, ...] = (ACCURACY_PLOT, UNIFORMITY_PLOT, TOLERANCE_PLOT, 
 POSITIVE_PAIRS_PLOT = "positive_pairs.png"
 CONVIRT_ABLATION_PLOT = "convirt_ablation.png"
 SCHEDULES_PLOT = "schedules.png"
+TEMPERATURE_METHODS_PLOT = "temperature_methods.png"
 
 
 # ------------------------------------------------------------------------------ the baseline cache

@@ -15,8 +15,9 @@ Kinds:
     By default ``T`` spans the run (``e / T`` = progress), so ``tau`` falls once from
     ``tau_max`` to ``tau_min``; with ``period`` (in steps) it oscillates, ``T = period / 2``
     (lightly's ``cosine_schedule`` with a period).
-``kukleva`` (Kukleva et al., ICLR 2023, "Temperature Schedules for Self-Supervised Contrastive Methods on Long-Tail Data")
-    The paper's periodic schedule as its authors define it: the same cosine of the *epoch*
+``kukleva`` (Kukleva et al., ICLR 2023)
+    "Temperature Schedules for Self-Supervised Contrastive Methods on Long-Tail Data": the
+    paper's periodic schedule as its authors define it: the same cosine of the *epoch*
     ``e`` (0 for the first), ``tau`` constant within an epoch, ``T`` in epochs (their
     ``tau- = 0.1``, ``tau+ = 1.0``; their code's ``T = 200``), so ``tau`` falls from ``tau+``
     to ``tau-`` in ``T`` epochs and rises back in ``T`` more.
@@ -80,7 +81,7 @@ __all__ = [
     "METHODS",
 ]
 
-#: The temperature methods, whose loss computes its own temperatures (``TemperatureMethod``).
+#: Every temperature method, by name (the loss computes its own temperatures, :class:`TemperatureMethod`).
 METHODS = ("macl", "dual", "individual", "network")
 SCHEDULES = ("constant", "cosine", "kukleva", "linear", "step", "learnable") + METHODS
 

@@ -125,7 +125,7 @@ def test_data_parallel_training_keeps_every_ranks_per_sample_state(tmp_path):
                    method="simclr", temperature_schedule="individual", epochs=2, batch_size=8, device="cpu",
                    log_every=1)
     straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")
-    results = W.spawn(W.pretrain_worker, 2, tmp_path, options, straight, interrupted)
+    results = W.spawn(T.pretrain_worker, 2, tmp_path, options, straight, interrupted)
     assert results[0]["straight"]["epochs"] == 2 and all(r["stopped"] for r in results)
     load = lambda out: torch.load(f"{out}/checkpoints/last.pt", map_location="cpu", weights_only=False)["model"]
     a, b = load(straight), load(interrupted)

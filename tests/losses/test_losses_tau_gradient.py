@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from contrastkit import losses as L
-from contrastkit.losses import adaptive
 
 TAU = 0.5
 STEP = 1e-6
@@ -51,17 +50,19 @@ CASES = {
     "hcl": (lambda t, **k: L.hcl(A, B, temperature=t, tau_plus=0.1, beta=0.5), False),
     "hcl[floor]": (lambda t, **k: L.hcl(EYE, EYE, temperature=t, tau_plus=0.3, beta=1.0), False),
     "sigmoid_loss": (lambda t, **k: L.sigmoid_loss(A, B, temperature=t, bias=-2.0, **k), True),
+    # Without moving estimates (u = the batch's own), iSogCLR's gradient is the objective's own.
+    "robust_nt_xent": (lambda t, **k: L.robust_nt_xent(A, B, t, rho=0.3, **k).loss, True),
 }
+#: Losses whose temperatures are settings (numbers, no gradient: MACL's base tau_0 and dual's
+#: two), and MACL's temperature formula (not a loss); tests/losses/test_adaptive_temperatures.py.
+SETTINGS_ONLY = {"macl_nt_xent", "dual_temperature_nt_xent", "macl_temperature", "value_checks"}  # value_checks: a switch
 PATHS = [(name, "dense") for name in CASES] + [(name, "tiled") for name, (_, tileable) in CASES.items() if tileable]
 
 
 def test_every_loss_with_a_temperature_is_covered():
     # simple_loss is the tau -> infinity limit and has no temperature.
-    # The temperature methods (losses.adaptive) are checked in test_adaptive_temperatures.py;
-    # value_checks is a switch, not a loss.
-    functions = ({name for name in L.__all__ if name[0].islower() and name != "views_positive_index"}
-                 - set(adaptive.__all__) - {"value_checks"})
-    assert functions - {"simple_loss"} == {name.split("[")[0] for name in CASES}
+    functions = {name for name in L.__all__ if name[0].islower() and name != "views_positive_index"}
+    assert functions - {"simple_loss"} - SETTINGS_ONLY == {name.split("[")[0] for name in CASES}
 
 
 def finite_difference(loss, tau: float) -> float:

@@ -13,7 +13,7 @@ from test_explore_browser import assert_shown, browser, page, page_file, read_in
 METHODS = ["fixed", "macl", "dual", "individual", "network"]
 
 
-def check_methods_view(tab, chosen):
+def check_methods_view(tab, chosen):  # noqa: F811
     shown = read_inputs(tab)
     positive = shown["positive"][0]
     comparison = explain_methods(shown["s"], temperature=shown["tau"], positive=positive)
@@ -40,7 +40,7 @@ def check_methods_view(tab, chosen):
     return views
 
 
-def test_toggle_shows_every_method_with_the_numbers_of_explain_methods(page):
+def test_toggle_shows_every_method_with_the_numbers_of_explain_methods(page):  # noqa: F811
     assert page.is_hidden("#methods-view")
     page.click("#preset-s1-block-tau05")
     page.check("#methods-toggle")
@@ -55,7 +55,7 @@ def test_toggle_shows_every_method_with_the_numbers_of_explain_methods(page):
     assert page.is_hidden("#methods-view")
 
 
-def test_javascript_method_formulas_equal_explain_methods_on_random_rows(page):
+def test_javascript_method_formulas_equal_explain_methods_on_random_rows(page):  # noqa: F811
     rng = random.Random(27)
     cases = []
     for _ in range(40):

@@ -17,8 +17,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "contrastkit"
 
 
 def test_registry():
-    assert set(STUDIES) == {"sweep", "positive-pairs", "convirt-ablation", "schedules"}
-    assert set(EXPERIMENTS) == {"positive-pairs", "convirt-ablation", "schedules"}
+    assert set(STUDIES) == {"sweep", "positive-pairs", "convirt-ablation", "schedules", "temperature-methods"}
+    assert set(EXPERIMENTS) == {"positive-pairs", "convirt-ablation", "schedules", "temperature-methods"}
     assert SWEEP.outputs == (layout.RUNS, layout.SWEEP_TABLE, layout.SWEEP_SETTINGS, layout.VERDICTS) + layout.SWEEP_PLOTS
     assert POSITIVE_PAIRS.outputs[-1] == layout.POSITIVE_PAIRS_PLOT
     assert CONVIRT_ABLATION.default_out == os.path.join(layout.DEFAULT_ROOT, "experiment-convirt-ablation")

@@ -53,7 +53,20 @@ def test_the_schedules_experiment_on_unlabeled_images_needs_labels_for_its_claim
     assert (out_dir / "schedules.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("name", sorted(set(EXPERIMENTS) - {"schedules"}))
+def test_the_temperature_methods_experiment_on_unlabeled_images_needs_labels(tmp_path, capsys):
+    data = write_collection(tmp_path / "photos", 32, damaged=("zero.jpg",))
+    out_dir = tmp_path / "methods"
+    code = main(["experiment", "temperature-methods", "--data", str(data), *TINY, "--temperatures", "0.2",
+                 "--method", "macl", "--train-limit", "20", "--out", str(out_dir)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    verdicts = _statuses(out_dir)
+    assert len(verdicts) == 1 and {v["status"] for v in verdicts.values()} == {NEEDS_LABELS}
+    assert all("view retrieval top-1" in v["evidence"] and "macl 0." in v["evidence"] for v in verdicts.values())
+    assert "view retrieval top-1 (held out)" in captured.out and "nan" not in captured.out
+
+
+@pytest.mark.parametrize("name", sorted(set(EXPERIMENTS) - {"schedules", "temperature-methods"}))
 def test_an_experiment_bound_to_its_own_data_refuses_a_collection_in_one_line(tmp_path, capsys, name):
     data = write_collection(tmp_path / "photos", 12, damaged=())
     assert main(["experiment", name, "--data", str(data), *TINY, "--out", str(tmp_path / "x")]) == 2

@@ -2,7 +2,8 @@
 
 Parses the options and runs one of :data:`contrastkit.studies.EXPERIMENTS`
 (``positive-pairs``: the textbook, section 30.2, exercise F5; ``convirt-ablation``: the ConVIRT
-tutorial; ``schedules``: fixed vs cosine vs rising tau), then prints its table and verdicts.
+tutorial; ``schedules``: fixed vs cosine vs rising tau; ``temperature-methods``: MACL, dual,
+iSogCLR and TempNet against the best fixed tau), then prints its table and verdicts.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def _per_experiment(key: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from contrastkit.studies import CONVIRT_ABLATION, EXPERIMENTS, SCHEDULES
+    from contrastkit.studies import CONVIRT_ABLATION, EXPERIMENTS, SCHEDULES, TEMPERATURE_METHODS
 
     ablation = CONVIRT_ABLATION.defaults
     parser.description = "Run an experiment of the source texts end to end. " + " ".join(
@@ -31,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=None,
                         help="positive-pairs: tau of the NT-Xent loss; schedules: the fixed tau (default: "
                              "contrastkit pretrain's simclr default)")
-    parser.add_argument("--data", default=None, help="schedules: glyphlab, digits or a path (default glyphlab)")
+    parser.add_argument("--data", default=None,
+                        help="schedules, temperature-methods: glyphlab, digits or a path (default glyphlab)")
     parser.add_argument("--cosine", default=None, metavar="SCHEDULE",
                         help=f"schedules: the cosine schedule (default {SCHEDULES.defaults['cosine']})")
     parser.add_argument("--linear", default=None, metavar="SCHEDULE",
@@ -42,7 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              + ",".join(f"{w:g}" for w in ablation["weights"]) + ")")
     parser.add_argument("--temperatures", default=None,
                         help="convirt-ablation: taus, comma-separated (default "
-                             + ",".join(f"{t:g}" for t in ablation["temperatures"]) + ")")
+                             + ",".join(f"{t:g}" for t in ablation["temperatures"]) + "); temperature-methods: "
+                             "the fixed taus of the sweep (default "
+                             + ",".join(f"{t:g}" for t in TEMPERATURE_METHODS.defaults["temperatures"]) + ")")
+    parser.add_argument("--method", action="append", default=None, metavar="FORM",
+                        help="temperature-methods: a method in its --temperature-schedule form, repeat for several "
+                             "(default: " + " ".join(TEMPERATURE_METHODS.defaults["methods"]) + ", with their "
+                             "papers' defaults)")
     parser.add_argument("--text-encoder", choices=("transformer", "mean"), default=None,
                         help=f"convirt-ablation: text encoder (default {ablation['text_encoder']})")
 
@@ -56,6 +64,6 @@ def run(args: argparse.Namespace) -> int:
                             weights=parse_numbers(args.weights, "--weights"),
                             temperatures=parse_numbers(args.temperatures, "--temperatures"),
                             text_encoder=args.text_encoder, data=args.data, cosine=args.cosine,
-                            linear=args.linear, **study_options(args))
+                            linear=args.linear, methods=args.method, **study_options(args))
     print_study(result)
     return 0

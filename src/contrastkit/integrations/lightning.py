@@ -313,9 +313,11 @@ class ContrastiveModule(lightning.LightningModule):
                        optimizer_closure: Optional[Callable[[], Any]] = None) -> None:
         """The optimizer's step, then :meth:`Temperature.clamp_
         <contrastkit.losses.Temperature.clamp_>` (CLIP: a learnable tau's parameter stays at
-        or below its cap)."""
+        or below its cap), then a temperature method's own update (:meth:`Method.end_step
+        <contrastkit.methods.Method.end_step>`)."""
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         self.model.temperature.clamp_()
+        self.method.end_step(self.model)
 
     def validation_step(self, batch: Any, batch_idx: int) -> Optional[Tensor]:
         images, labels = _unpack(batch)

@@ -20,6 +20,7 @@ from .adaptive import (
     AdaptiveTemperature,
     DualTemperature,
     IndividualTemperatures,
+    RobustLoss,
     TemperatureNetwork,
     dual_temperature_nt_xent,
     macl_nt_xent,

@@ -377,9 +377,13 @@ class AdaptiveTemperature(nn.Module):
     @property
     def value(self) -> float:
         """The mean temperature of the last call's anchors (the base ``tau`` before any call)."""
+        return float(self.mean_temperature())
+
+    def mean_temperature(self) -> Tensor:
+        """:attr:`value` as a 0-dim tensor where the temperatures live (no host read)."""
         if self.last_temperatures is None:
-            return self.initial_value
-        return float(self.last_temperatures.double().mean())
+            return torch.tensor(self.initial_value, dtype=torch.float64)
+        return self.last_temperatures.double().mean()
 
     @property
     def initial_value(self) -> float:
@@ -469,18 +473,11 @@ class _PerSampleState(AdaptiveTemperature):
         # -inf: a sample not seen yet (its first batch sets its estimate).
         self.register_buffer("log_u", torch.full((num_samples,), float("-inf")))
         self._pending: Optional[Dict[str, Any]] = None
-        self._register_load_state_dict_pre_hook(self._resize_to_checkpoint)
+        self.register_load_state_dict_pre_hook(_resize_to_checkpoint)
 
     @property
     def num_samples(self) -> int:
         return self.log_u.shape[0]
-
-    def _resize_to_checkpoint(self, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
-        """A model rebuilt without its data (``probe``, ``embed``) takes the state's size."""
-        for name, buffer in self._buffers.items():
-            saved = state_dict.get(prefix + name)
-            if isinstance(saved, Tensor) and buffer is not None and saved.shape != buffer.shape:
-                self._buffers[name] = buffer.new_empty(saved.shape)
 
     def _indices(self, indices: Optional[Tensor], rows: int) -> Tensor:
         if indices is None:
@@ -512,6 +509,15 @@ class _PerSampleState(AdaptiveTemperature):
         joined = torch.cat([idx.to(torch.float64)[:, None], columns.to(torch.float64)], dim=1)
         everyone = all_gather_no_grad(joined, group)
         return everyone[:, 0].round().to(torch.long), everyone[:, 1:]
+
+
+def _resize_to_checkpoint(module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
+    """A model rebuilt without its data (``probe``, ``embed``) takes the per-sample state's size
+    from the checkpoint it loads."""
+    for name, buffer in module._buffers.items():
+        saved = state_dict.get(prefix + name)
+        if isinstance(saved, Tensor) and buffer is not None and saved.shape != buffer.shape:
+            module._buffers[name] = buffer.new_empty(saved.shape)
 
 
 class IndividualTemperatures(_PerSampleState):

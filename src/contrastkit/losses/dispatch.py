@@ -225,7 +225,6 @@ class SelfContrast:
         """The columns left out of each anchor's denominator: itself (and its positive)."""
         return torch.stack([own, positive], dim=1) if self.exclude_positive else own[:, None]
 
-
     def gather_temperature(self, shard: Shard, tau: Tensor) -> Tensor:
         return _gather_anchor_rows(shard, tau, len(self.blocks), self._per_row)
 

@@ -8,11 +8,12 @@ run (schedules) lives in :mod:`contrastkit.temperature`.
 from __future__ import annotations
 
 import math
+from typing import Union
 
 import torch
 from torch import Tensor, nn
 
-from .validation import resolve_temperature
+from .validation import require, resolve_temperature
 
 __all__ = ["MIN_TEMPERATURE", "Temperature"]
 
@@ -107,12 +108,19 @@ class Temperature(nn.Module):
         return self
 
     @torch.no_grad()
-    def set_(self, tau: float) -> "Temperature":
+    def set_(self, tau: Union[float, Tensor]) -> "Temperature":
         """Set ``tau`` in place (a schedule's value for this step); returns ``self``.
 
         Raises ``ValueError`` for a ``tau`` below :attr:`min_value` (it would be silently
-        raised to the floor) or not positive and finite.
+        raised to the floor) or not positive and finite. A 0-dim tensor is copied where it
+        lives, without reading it on the host (checked at once on the CPU, on the device
+        elsewhere).
         """
+        if isinstance(tau, Tensor):
+            value = resolve_temperature(tau, name="tau").detach().to(self.log_scale)
+            require(value >= self.min_value * (1 - 1e-6), f"tau is below 1 / max_scale = {self.min_value}")
+            self.log_scale.copy_(value.reciprocal().log().clamp(max=self._log_cap()))
+            return self
         self.log_scale.fill_(self._log_scale_of(tau, "tau"))
         return self
 

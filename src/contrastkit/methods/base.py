@@ -175,7 +175,8 @@ class Method:
         method = getattr(model, "temperature_method", None)
         if method is not None:
             method.step_()
-            model.temperature.set_(max(method.value, model.temperature.min_value))
+            floor = model.temperature.min_value
+            model.temperature.set_(method.mean_temperature().clamp(min=floor))  # no host read
 
     def cached_gradient_loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor],
                              micro_batch: int, **precision: Any) -> Tensor:

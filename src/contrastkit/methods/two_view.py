@@ -53,14 +53,14 @@ class TwoViewMethod(Method):
 
     def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,
                     encoder: Optional[nn.Module] = None) -> nn.Module:
-        from contrastkit.temperature import parse_schedule
+        from contrastkit.temperature import METHODS, parse_schedule
 
-        if "_schedule" in config.__dict__:
-            schedule = config.schedule  # a run's resolved configuration: parsed once, by resolved()
-        else:  # a saved run's record, read back without resolving
-            schedule = parse_schedule(config.temperature_schedule or "constant", config.temperature)
         temperature_method = None
-        if schedule.adaptive:  # a run rebuilt without its data gets the size from its checkpoint
+        spec = config.temperature_schedule or "constant"
+        if spec.partition(":")[0].strip().lower() in METHODS:  # a temperature method replaces NT-Xent
+            # The schedule the configuration parsed (a run rebuilt from its saved configuration
+            # parses it here); without the data, the per-sample state's size comes from the checkpoint.
+            schedule = config.__dict__.get("_schedule") or parse_schedule(spec, config.temperature)
             temperature_method = schedule.build(config.__dict__.get("_train_size", 0), config.projection_dim)
         return ContrastiveModel(
             self, config.encoder if encoder is None else encoder, in_channels,

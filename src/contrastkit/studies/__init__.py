@@ -25,6 +25,8 @@ The studies (:data:`STUDIES`; ``contrastkit experiment NAME`` offers :data:`EXPE
     The ConVIRT tutorial: direction weight lambda x temperature, judged by retrieval.
 ``schedules`` (:mod:`.schedules`)
     A fixed tau vs a cosine schedule (Kukleva et al., ICLR 2023) vs a rising tau (Wang & Liu).
+``temperature-methods`` (:mod:`.temperature_methods`)
+    MACL, dual temperature, iSogCLR and TempNet, each against the best fixed tau of a sweep.
 
 Every run's numbers are those of the epoch its val probe selected (``eval_every``; the
 textbook, section 30.2, exercise F5; :mod:`contrastkit.train.selection`).
@@ -44,6 +46,7 @@ from .schedules import SCHEDULES
 from .stats import binomial_standard_error, mean_std, spearman, standard_error
 from .study import Study, StudyResult
 from .sweep import SWEEP
+from .temperature_methods import TEMPERATURE_METHODS
 from .verdicts import FAILS, HOLDS, STATUSES, UNDECIDED, Verdict, format_verdicts, gap_verdict
 
 __all__ = [
@@ -51,11 +54,12 @@ __all__ = [
     "Study", "StudyResult", "RunSpec", "run_grid", "resolve_jobs", "prepare_out",
     "Verdict", "HOLDS", "FAILS", "UNDECIDED", "STATUSES", "format_verdicts", "gap_verdict",
     "mean_std", "standard_error", "binomial_standard_error", "spearman",
-    "SWEEP", "POSITIVE_PAIRS", "CONVIRT_ABLATION", "SCHEDULES",
+    "SWEEP", "POSITIVE_PAIRS", "CONVIRT_ABLATION", "SCHEDULES", "TEMPERATURE_METHODS",
 ]
 
 #: Every study by name.
-STUDIES: Dict[str, Study] = {study.name: study for study in (SWEEP, POSITIVE_PAIRS, CONVIRT_ABLATION, SCHEDULES)}
+STUDIES: Dict[str, Study] = {study.name: study for study in (SWEEP, POSITIVE_PAIRS, CONVIRT_ABLATION, SCHEDULES,
+                                                            TEMPERATURE_METHODS)}
 #: The studies ``contrastkit experiment NAME`` runs (the sweep has its own command).
 EXPERIMENTS: Dict[str, Study] = {name: study for name, study in STUDIES.items() if name != SWEEP.name}
 

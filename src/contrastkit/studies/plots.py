@@ -195,6 +195,17 @@ def plot_schedules(rows: Sequence[dict], out: str) -> List[str]:
                   key="probe_accuracy" if labelled else "view_retrieval_top1")]
 
 
+def plot_temperature_methods(rows: Sequence[dict], out: str) -> List[str]:
+    """Bar plot of the mean probe accuracy (selected epoch) of each fixed tau and each temperature
+    method in ``out/temperature_methods.png``; its path in a list."""
+    labelled = [{**row, "setting": f"tau {row['tau']}" if row["method"] == "fixed" else str(row["method"])}
+                for row in rows]
+    settings = list(dict.fromkeys(row["setting"] for row in labelled))
+    return [_bars(labelled, "setting", settings, "linear-probe test accuracy (selected epoch)",
+                  "Temperature methods vs fixed tau, same budget: mean +/- std over seeds",
+                  os.path.join(out, layout.TEMPERATURE_METHODS_PLOT))]
+
+
 # ------------------------------------------------------------------------------ ConVIRT ablation
 
 def plot_convirt_ablation(rows: Sequence[dict], out: str) -> List[str]:

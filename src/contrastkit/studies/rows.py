@@ -15,7 +15,7 @@ from contrastkit.train.selection import selected_numbers
 from .stats import finite
 
 __all__ = ["values", "headline", "by_tau", "cell_means", "retrieval", "selected_columns", "selected_numbers",
-           "RETRIEVAL_K", "PROFILE_LENGTH"]
+           "RETRIEVAL_K", "PROFILE_LENGTH", "baselines_line"]
 
 #: How many nearest negatives a sweep row keeps (``z_top_negative_1..10``, the similarity profile).
 PROFILE_LENGTH = 10
@@ -75,3 +75,13 @@ def cell_means(rows: Sequence[Row], key: Callable[[Row], float]) -> Dict[Tuple[f
 def retrieval(row: Row, k: int = RETRIEVAL_K) -> float:
     """A ConVIRT run's retrieval score: mean of image->text and text->image Recall@k."""
     return (float(row[f"i2t_recall@{k}"]) + float(row[f"t2i_recall@{k}"])) / 2.0
+
+
+def baselines_line(rows: Sequence[Row]) -> List[str]:
+    """The table line of the read-out's baselines (the mean over the rows that have them), or
+    none when no row has them."""
+    random_init, pixels = values(rows, "random_init_probe_accuracy"), values(rows, "raw_pixel_probe_accuracy")
+    if not random_init:
+        return []
+    return [f"baselines: random-init encoder {statistics.fmean(random_init):.4f}, raw pixels "
+            f"{statistics.fmean(pixels):.4f}"]

@@ -27,10 +27,10 @@ from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import plot_schedules
-from .rows import headline, selected_columns, selected_numbers, values
-from .stats import mean_std, standard_error
+from .rows import baselines_line, headline, selected_columns, selected_numbers, values
+from .stats import mean_std
 from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
-from .verdicts import NEEDS_LABELS, Verdict, margin_status
+from .verdicts import NEEDS_LABELS, PAIRED_SEED_RULE, Verdict, paired_seed_verdict
 
 __all__ = ["SCHEDULES", "DEFAULT_COSINE", "DEFAULT_LINEAR", "schedules_rows", "schedules_verdicts",
            "schedules_table"]
@@ -108,20 +108,10 @@ def _by_seed(rows: Sequence[Dict[str, Any]], schedule: str) -> Dict[int, float]:
 
 def schedule_verdict(rows: Sequence[Dict[str, Any]], kind: str) -> Verdict:
     """The claim that schedule ``kind`` beats the fixed tau, judged on the per-seed differences."""
-    fixed, varied = _by_seed(rows, FIXED), _by_seed(rows, kind)
-    seeds = sorted(set(fixed) & set(varied))
-    differences = [varied[seed] - fixed[seed] for seed in seeds]
-    mean = mean_std(differences)[0] if differences else float("nan")
-    error = standard_error(differences)
-    status = margin_status(contrary=not mean > 0, margin=mean, noise=2 * error, runs=len(differences))
     described = next((str(r["tau"]) for r in rows if r["schedule"] == kind), kind)
-    evidence = (f"{described} minus fixed tau, probe accuracy of the selected epoch per seed: "
-                + ", ".join(f"{d:+.4f}" for d in differences)
-                + f"; mean {mean:+.4f} vs 2 standard errors {2 * error:.4f} (n = {len(differences)} seeds)")
-    rule = ("difference = schedule minus fixed tau within each seed (same initialisation, data order and "
-            "read-out); holds if the mean difference is larger than 2 standard errors of the mean (needs >= 2 "
-            "seeds); does not hold if it is <= 0; inconclusive otherwise")
-    return Verdict(_CLAIMS[kind], status, evidence, rule)
+    return paired_seed_verdict(_CLAIMS[kind], _by_seed(rows, FIXED), _by_seed(rows, kind),
+                               compared=f"{described} minus fixed tau, probe accuracy of the selected epoch",
+                               rule=PAIRED_SEED_RULE.format(other="schedule", baseline="fixed tau"))
 
 
 def schedules_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
@@ -160,11 +150,7 @@ def schedules_table(rows: Sequence[Dict[str, Any]]) -> str:
         epochs = values(group, "epoch")
         lines.append(f"{schedule:<8} {str(group[0]['tau']):<18} {len(group):>4} {selected[0]:>13.4f} +/- "
                      f"{selected[1]:.4f} {last[0]:>9.4f} +/- {last[1]:.4f} {mean_std(epochs)[0]:>6.1f}")
-    random_init, pixels = values(rows, "random_init_probe_accuracy"), values(rows, "raw_pixel_probe_accuracy")
-    if random_init:
-        lines.append(f"baselines: random-init encoder {mean_std(random_init)[0]:.4f}, raw pixels "
-                     f"{mean_std(pixels)[0]:.4f}")
-    return "\n".join(lines)
+    return "\n".join(lines + baselines_line(rows))
 
 
 def _label_free_table(rows: Sequence[Dict[str, Any]]) -> str:

@@ -15,10 +15,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Dict, Sequence
 
-from .stats import mean_std
+from .stats import mean_std, standard_error
 
 __all__ = ["HOLDS", "FAILS", "UNDECIDED", "NEEDS_LABELS", "STATUSES", "Verdict", "format_verdicts", "margin_status",
-           "correlation_status", "gap_verdict"]
+           "correlation_status", "gap_verdict", "paired_seed_verdict", "PAIRED_SEED_RULE"]
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold here", "inconclusive"
 #: A claim about class labels (accuracy, tolerance) on data without any: not judged.
@@ -62,6 +62,27 @@ def margin_status(*, contrary: bool, margin: float, noise: float, runs: int) -> 
     if runs >= 2 and margin > noise:
         return HOLDS
     return UNDECIDED
+
+
+#: The rule of :func:`paired_seed_verdict`, to be completed with what is compared.
+PAIRED_SEED_RULE = ("difference = {other} minus {baseline} within each seed (same initialisation, data order and "
+                    "read-out); holds if the mean difference is larger than 2 standard errors of the mean (needs >= 2 "
+                    "seeds); does not hold if it is <= 0; inconclusive otherwise")
+
+
+def paired_seed_verdict(claim: str, baseline: Dict[int, float], other: Dict[int, float], *, compared: str,
+                        rule: str) -> Verdict:
+    """The claim that ``other`` beats ``baseline`` (each ``{seed: accuracy}``), judged on the
+    per-seed differences by :func:`margin_status` with 2 standard errors as the noise;
+    ``compared`` says what the differences are, in the evidence."""
+    seeds = sorted(set(baseline) & set(other))
+    differences = [other[seed] - baseline[seed] for seed in seeds]
+    mean = mean_std(differences)[0] if differences else float("nan")
+    error = standard_error(differences)
+    status = margin_status(contrary=not mean > 0, margin=mean, noise=2 * error, runs=len(differences))
+    evidence = (f"{compared} per seed: " + ", ".join(f"{d:+.4f}" for d in differences)
+                + f"; mean {mean:+.4f} vs 2 standard errors {2 * error:.4f} (n = {len(differences)} seeds)")
+    return Verdict(claim, status, evidence, rule)
 
 
 def correlation_status(rho: float, threshold: float = 0.8) -> str:
