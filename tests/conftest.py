@@ -4,10 +4,21 @@ import shutil
 import tempfile
 
 import pytest
-import torch
+
+# Under pytest-xdist (`-n auto`, the README's test command) the workers share the cores: idle
+# OpenMP threads sleep instead of spinning on a core another worker computes on (set before
+# torch loads its OpenMP runtime), and each worker computes with its share of the cores.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 # Keep the suite predictable on small CI machines.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // _WORKERS) if hasattr(os, "sched_getaffinity")
+                          else 1)
 # The read-out's baseline cache never goes to the user's ~/.cache: one folder per test process
 # (what module-scoped fixtures use), and a fresh one per test (the autouse fixture below).
 _SESSION_CACHE = tempfile.mkdtemp(prefix="contrastkit-test-cache-")

@@ -141,10 +141,25 @@ def _namespaces(node: nodes.Element) -> Iterator[Tuple[Any, str]]:
         if obj is not _MISSING:
             yield obj, module
         # The package's internal modules, for names used in code that lives there.
-        for name, submodule in sorted(sys.modules.items()):
-            if name.startswith(module + ".") and submodule is not None:
-                yield submodule, name
+        yield from _submodules(module)
     yield builtins, "builtins"
+
+
+_SUBMODULES: dict = {}
+
+
+def _submodules(module: str) -> List[Tuple[Any, str]]:
+    """(module object, name) of the loaded modules inside ``module``, by name: worked out once
+    for each number of loaded modules (asked for every reference, sorting all of ``sys.modules``
+    each time was most of the build)."""
+    loaded = len(sys.modules)
+    known = _SUBMODULES.get(module)
+    if known is None or known[0] != loaded:
+        prefix = module + "."
+        inside = sorted((name, submodule) for name, submodule in list(sys.modules.items())
+                        if name.startswith(prefix) and submodule is not None)
+        known = _SUBMODULES[module] = (loaded, [(submodule, name) for name, submodule in inside])
+    return known[1]
 
 
 def _resolve(node: nodes.Element) -> Tuple[Any, str]:

@@ -81,7 +81,8 @@ def test_tiny_ablation_end_to_end(tmp_path, capsys):
     out = str(tmp_path / "ablation")
     args = ["experiment", "convirt-ablation", "--weights", "0,1", "--temperatures", "0.1,1", "--epochs", "1",
             "--batch-size", "16", "--data-option", "train_scenes=32", "--data-option", "val_scenes=16",
-            "--data-option", "test_scenes=16", "--text-encoder", "mean", "--out", out, "--no-progress"]
+            "--data-option", "test_scenes=16", "--text-encoder", "mean", "--out", out, "--no-progress",
+            "--jobs", "1"]  # one run at a time, in this process (the run pool: tests/studies/test_study_jobs.py)
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "Recall@5 on held-out pairs" in printed and "Verdicts" in printed

@@ -9,8 +9,9 @@ import pytest
 
 from contrastkit.cli import main
 
+# One run at a time, in this process (the pool of run processes is tests/studies/test_study_jobs.py's).
 TINY = ["--epochs", "1", "--batch-size", "8", "--data-option", "train_scenes=16", "--data-option", "val_scenes=9",
-        "--data-option", "test_scenes=15", "--no-progress"]
+        "--data-option", "test_scenes=15", "--no-progress", "--jobs", "1"]
 STATUSES = {"holds", "does not hold here", "inconclusive"}
 
 

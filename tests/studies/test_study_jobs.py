@@ -31,7 +31,7 @@ def sweep_rows(out):
 def test_two_jobs_give_the_numbers_of_one(tmp_path, capsys):
     serial, parallel = str(tmp_path / "serial"), str(tmp_path / "parallel")
     grid = ["--temperatures", "0.5,0.1", "--seeds", "2"]
-    assert main(["sweep", "--out", serial] + grid + TINY) == 0
+    assert main(["sweep", "--out", serial, "--jobs", "1"] + grid + TINY) == 0  # one at a time, in this process
     assert main(["sweep", "--out", parallel, "--jobs", "2"] + grid + TINY) == 0
     rows_1, rows_2 = sweep_rows(serial), sweep_rows(parallel)
     assert len(rows_1) == 4  # 2 tau x 2 seeds
@@ -70,7 +70,7 @@ def test_a_run_held_by_another_process_is_waited_for_and_not_trained_twice(tmp_p
     holder = threading.Thread(target=other_process_finishes)
     holder.start()
     specs = [RunSpec("held", "r", "c", dict(TINY_CONFIG)), RunSpec("free", "r", "c", dict(TINY_CONFIG))]
-    run_grid(specs, runs, title="t", progress=False, cell=lambda s: "x")
+    run_grid(specs, runs, title="t", progress=False, cell=lambda s: "x", jobs=1)  # in this process
     holder.join()
     assert specs[0].summary == fake  # read from the holder's run, not retrained
     assert "probe_accuracy" in specs[1].summary and specs[1].summary != fake

@@ -61,7 +61,8 @@ def test_config_rejects_what_convirt_cannot_use():
 def test_tiny_end_to_end_run_resume_and_overwrite_guard(tmp_path, capsys):
     out = str(tmp_path / "run")
     args = ["pretrain", "--method", "convirt", "--data", "glyphlab-text", *TINY, "--batch-size", "16",
-            "--projection-dim", "32", "--text-encoder", "transformer", "--weight", "0.25", "--out", out, "--quiet"]
+            "--projection-dim", "32", "--text-encoder", "transformer", "--weight", "0.25", "--out", out, "--quiet",
+            "--no-report"]  # not judged here (a report that fails is a warning, not an error)
     assert main(args + ["--epochs", "1"]) == 0
     capsys.readouterr()
     for name in ("config.json", "metrics.jsonl", "summary.json", "tokenizer.json", "checkpoints/last.pt"):
@@ -75,7 +76,7 @@ def test_tiny_end_to_end_run_resume_and_overwrite_guard(tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err
 
     # Resume to 2 epochs; the stored options (weight, text encoder) are kept.
-    assert main(["pretrain", "--out", out, "--resume", "--epochs", "2", "--quiet", "--json"]) == 0
+    assert main(["pretrain", "--out", out, "--resume", "--epochs", "2", "--quiet", "--json", "--no-report"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["epochs"] == 2 and summary["method"] == "convirt" and summary["steps"] == 6
     config = json.load(open(os.path.join(out, "config.json")))["config"]

@@ -24,7 +24,9 @@ from contrastkit.train import PretrainConfig, pretrain
 TINY_GLYPHLAB = {"train_scenes": 16, "val_scenes": 9, "test_scenes": 12, "size": 28}
 TINY_CLI = ["--epochs", "1", "--batch-size", "8", "--quiet"] + [
     arg for key, value in TINY_GLYPHLAB.items() for arg in ("--data-option", f"{key}={value}")]
-TINY_STUDY = ["--seeds", "1", "--epochs", "1", "--batch-size", "8", "--no-progress"] + [
+# One run at a time, in this process: spawning a pool of run processes (the default on a machine
+# with several cores) is tested in tests/studies/test_study_jobs.py, not what these tests check.
+TINY_STUDY = ["--seeds", "1", "--epochs", "1", "--batch-size", "8", "--no-progress", "--jobs", "1"] + [
     arg for key, value in TINY_GLYPHLAB.items() for arg in ("--data-option", f"{key}={value}")]
 # A one-epoch run: the checkpoint and its SHA-256 file (no previous.pt yet), the last batch kept for
 # the pictures, the report and the explorer page on that batch the report links to.
@@ -51,7 +53,8 @@ def run_template(tmp_path_factory):
 @pytest.fixture(scope="module")
 def study_template(tmp_path_factory):
     out = tmp_path_factory.mktemp("template") / "study"
-    POSITIVE_PAIRS.run(str(out), progress=False, seeds=1, epochs=1, batch_size=8, data_options=dict(TINY_GLYPHLAB))
+    POSITIVE_PAIRS.run(str(out), progress=False, seeds=1, epochs=1, batch_size=8, jobs=1,
+                       data_options=dict(TINY_GLYPHLAB))
     return out
 
 
@@ -426,7 +429,7 @@ def test_a_study_refuses_a_folder_of_someone_else_where_its_run_goes(study):
     (study / MANIFEST).write_text(json.dumps(data))
     before = tree(foreign)
     with pytest.raises(FileExistsError, match="runs/pairsB-seed0 .* not runs"):
-        POSITIVE_PAIRS.run(str(study), force=True, progress=False, seeds=1, epochs=1, batch_size=8,
+        POSITIVE_PAIRS.run(str(study), force=True, progress=False, seeds=1, epochs=1, batch_size=8, jobs=1,
                            data_options=dict(TINY_GLYPHLAB))
     assert tree(foreign) == before
 
