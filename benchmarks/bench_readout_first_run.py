@@ -55,7 +55,8 @@ def _instrumented_run(timings_path: str, argv: List[str]) -> int:
     from contrastkit.train import baselines as baselines_module
     from contrastkit.train import loop
 
-    record: Dict[str, Any] = {"stages": defaultdict(float), "fits": [], "epochs": [], "threads": torch.get_num_threads()}
+    record: Dict[str, Any] = {"stages": defaultdict(float), "fits": [], "epochs": [],
+                              "threads": torch.get_num_threads()}
     inside_readout = [False]
 
     def timed(module: Any, name: str, key: str) -> None:

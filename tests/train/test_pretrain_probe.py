@@ -121,7 +121,8 @@ def test_a_probe_fit_stopped_at_its_cap_is_in_the_summary_and_printed(tmp_path, 
     printed = capsys.readouterr().out
     with open(out / "summary.json", encoding="utf-8") as handle:
         summary = json.load(handle)
-    for prefix, name in (("", "pretrained encoder"), ("random_init_", "random-init encoder"), ("raw_pixel_", "raw pixels")):
+    for prefix, name in (("", "pretrained encoder"), ("random_init_", "random-init encoder"),
+                         ("raw_pixel_", "raw pixels")):
         capped = summary[prefix + "probe_capped_c"]
         assert capped and summary[prefix + "probe_c"] in probe.DEFAULT_C_GRID
         assert f"the linear probe of the {name} stopped at its evaluation cap" in " ".join(printed.split())
