@@ -123,7 +123,7 @@ def test_probe_objective_and_gradients_match_a_float64_autograd_reference():
     n, d, k = 64, 12, 4
     x = torch.randn(n, d)
     y = torch.randint(0, k, (n,))
-    probe = _MultinomialProbe(x, y, k, max_iter=1)
+    probe = _MultinomialProbe(x, y, k)
     for scale in (0.1, 3.0, 30.0):  # logits of size ~0.3, ~10 and ~100
         weight = (torch.randn(d, k, dtype=torch.float64) * scale).requires_grad_()
         bias = torch.randn(k, dtype=torch.float64).requires_grad_()
@@ -147,7 +147,7 @@ def test_probe_cross_entropy_keeps_the_digits_of_confident_samples():
 
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     y = torch.tensor([0, 1])
-    probe = _MultinomialProbe(x, y, 2, max_iter=1)
+    probe = _MultinomialProbe(x, y, 2)
     weight = torch.tensor([[20.0, 0.0], [0.0, 20.0]], dtype=torch.float64)
     loss, grad_weight, _ = probe._loss_and_gradients(weight, torch.zeros(2, dtype=torch.float64), 0.0)
     expected = torch.nn.functional.softplus(torch.tensor(-20.0, dtype=torch.float64)).item()  # log(1 + e^-20)

@@ -99,3 +99,37 @@ def test_knn_accuracy_on_clusters_and_k_capped():
         knn_predict(*train, test[0], k=0)
     with pytest.raises(ValueError, match="num_classes"):
         knn_predict(*train, test[0], num_classes=2)
+
+
+def test_a_probe_fit_stopped_at_its_cap_is_in_the_summary_and_printed(tmp_path, monkeypatch, capsys):
+    """Every fit capped at 2 evaluations: the run's summary names the C values for the trained
+    encoder and both baselines, and the table printed at the end warns."""
+    import json
+
+    from contrastkit.cli import main
+    from contrastkit.metrics import probe
+
+    from _tiny_run import TINY_ARGS
+
+    monkeypatch.setattr(probe, "PROBE_MIN_EVALUATIONS", 2)
+    monkeypatch.setattr(probe, "PROBE_MAX_EVALUATIONS", 2)
+    out = tmp_path / "run"
+    argv = ["pretrain", *TINY_ARGS, "--epochs", "1", "--out", str(out),
+            "--baseline-cache", "off"]
+    with pytest.warns(probe.ProbeCapWarning):
+        assert main(argv) == 0
+    printed = capsys.readouterr().out
+    with open(out / "summary.json", encoding="utf-8") as handle:
+        summary = json.load(handle)
+    for prefix, name in (("", "pretrained encoder"), ("random_init_", "random-init encoder"),
+                         ("raw_pixel_", "raw pixels")):
+        capped = summary[prefix + "probe_capped_c"]
+        assert capped and summary[prefix + "probe_c"] in probe.DEFAULT_C_GRID
+        assert f"the linear probe of the {name} stopped at its evaluation cap" in " ".join(printed.split())
+    # Unconstrained, nothing is capped and nothing is said.
+    monkeypatch.undo()
+    assert main([*argv[:-2], "--baseline-cache", "off", "--force"]) == 0
+    with open(out / "summary.json", encoding="utf-8") as handle:
+        summary = json.load(handle)
+    assert summary["probe_capped_c"] == summary["raw_pixel_probe_capped_c"] == []
+    assert "evaluation cap" not in capsys.readouterr().out

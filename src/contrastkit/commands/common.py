@@ -240,5 +240,11 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
     details = [f"{key} {_fmt(summary[key])}" for key in ("final_loss", "final_temperature", "epochs", "steps",
                                                           "images_per_second", "seconds") if key in summary]
     console.print("  ".join(details))
+    for prefix, name in (("", "the pretrained encoder"), ("random_init_", "the random-init encoder"),
+                         ("raw_pixel_", "the raw pixels")):
+        if summary.get(prefix + "probe_capped_c"):
+            console.print(f"[yellow]warning: the linear probe of {name} stopped at its evaluation cap at C = "
+                          f"{', '.join(f'{c:g}' for c in summary[prefix + 'probe_capped_c'])} (not converged; "
+                          f"{prefix}probe_capped_c in the summary)[/yellow]")
     if summary.get("beats_baselines") is False:  # None: a run without baselines (--no-baselines)
         console.print("[yellow]the pretrained encoder does not beat both baselines on the linear probe[/yellow]")

@@ -14,7 +14,7 @@
 """
 
 from .batch import DIAGNOSTICS, WARNINGS, BatchProblem, batch_diagnostics, batch_warnings
-from .probe import DEFAULT_C_GRID, PROBE_MAX_ITER, PROBE_TOLERANCE, ProbeResult, knn_accuracy, knn_predict, linear_probe
+from .probe import DEFAULT_C_GRID, PROBE_TOLERANCE, ProbeCapWarning, ProbeResult, knn_accuracy, knn_predict, linear_probe
 from .representation import (
     SimilarityProfile,
     alignment,
@@ -29,7 +29,7 @@ from .temperatures import TAU_EDGES, TemperatureHistogram
 from .readout import BaselineStore, evaluate_encoders, evaluate_features, extract_features, pixel_features
 
 __all__ = [
-    "DEFAULT_C_GRID", "PROBE_TOLERANCE", "PROBE_MAX_ITER", "ProbeResult", "knn_accuracy", "knn_predict", "linear_probe",
+    "DEFAULT_C_GRID", "PROBE_TOLERANCE", "ProbeCapWarning", "ProbeResult", "knn_accuracy", "knn_predict", "linear_probe",
     "alignment", "uniformity", "tolerance", "similarity_profile", "SimilarityProfile",
     "penalty_entropy", "effective_rank", "representation_metrics",
     "extract_features", "pixel_features", "evaluate_features", "evaluate_encoders", "BaselineStore",

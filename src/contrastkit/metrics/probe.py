@@ -2,32 +2,39 @@
 
 * Linear probe: features standardised with train statistics, a multinomial logistic
   regression (mean cross-entropy plus ``||W||^2 / (2 C n)``, intercept not penalised, as
-  scikit-learn's ``LogisticRegression``) fitted by L-BFGS on train for every ``C`` of a grid,
-  each fit warm-started from the previous one; the ``C`` with the best val accuracy (the
-  smallest such ``C`` on ties) is reported with its test accuracy.
+  scikit-learn's ``LogisticRegression``) fitted on train for the ``C`` of a grid, walked from
+  the smallest ``C`` (each fit warm-started from the previous one) until val accuracy has
+  fallen twice in a row; the ``C`` with the best val accuracy (the smallest such ``C`` on
+  ties) is reported with its test accuracy, the test split scored once.
 * Weighted kNN (Wu et al. 2018, "instance discrimination"): features L2-normalised, the
   ``k`` train rows with the largest cosine similarity vote for their class with weight
   ``exp(cos / temperature)``; the class with the largest total wins.
 
-Both run in torch on float32 features (statistics and the L-BFGS state in float64), on as
-many threads as torch is given. The probe minimises the same objective as scikit-learn, in
-the preconditioned coordinates ``W = Q diag((e / k + 1 / (C n))^(-1/2)) V`` (``Q, e`` the
-eigenvectors and eigenvalues of the train features' covariance, ``k`` classes): the same
-optimum, reached in tens of L-BFGS iterations where raw correlated pixels took thousands
-(stopping rule: ``PROBE_TOLERANCE``).
+Both run in torch on float32 features (statistics and the optimiser's state in float64), on
+as many threads as torch is given. The probe minimises the same objective as scikit-learn by
+L-BFGS (Nocedal & Wright 2006, ch. 7) in the preconditioned coordinates ``V = L^T W``, ``L L^T``
+the Cholesky factorisation of ``covariance / k + I / (C n)`` (the objective's Hessian at
+``W = 0`` up to the softmax's ``1 - 1/k``; ``k`` classes): the same optimum, reached in tens of
+iterations where raw correlated pixels took thousands. Its cost is bounded by the data: each
+fit stops when the objective no longer moves (``PROBE_RELATIVE_CHANGE``), when its gradient
+vanishes (``PROBE_TOLERANCE``) or at a cap on evaluations that shrinks as one evaluation grows
+(:func:`probe_evaluation_cap`; a fit stopped there is reported, :class:`ProbeCapWarning`), and
+the grid is not walked past the val optimum (``PROBE_GRID_PATIENCE``).
 The kNN similarities are computed a block of queries at a time, so memory stays
 ``O(block * n)``.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_C_GRID", "PROBE_TOLERANCE", "PROBE_MAX_ITER", "ProbeResult", "linear_probe", "knn_predict", "knn_accuracy"]
+__all__ = ["DEFAULT_C_GRID", "PROBE_TOLERANCE", "ProbeCapWarning", "ProbeResult", "linear_probe",
+           "probe_evaluation_cap", "probe_settings", "knn_predict", "knn_accuracy"]
 
 DEFAULT_C_GRID = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
 
@@ -41,8 +48,33 @@ KNN_BLOCK = 1024
 #: the test accuracy was 0.027 / 0.013 off the converged one; at 1e-6 it is the converged
 #: (scikit-learn, tol 1e-10) number, and 1e-8 changes nothing (tests/metrics/test_readout_equivalence.py).
 PROBE_TOLERANCE = 1e-6
-#: L-BFGS iterations per fit (a fit that stops there is still a valid read-out, as in scikit-learn).
-PROBE_MAX_ITER = 2000
+#: The work one fit may take, in multiply-adds (probe_evaluation_cap), and the bounds of its cap
+#: on evaluations of the objective.
+PROBE_WORK = 5e11
+PROBE_MIN_EVALUATIONS = 100
+PROBE_MAX_EVALUATIONS = 2000
+#: Stop walking the C grid once val accuracy has fallen this many times in a row.
+PROBE_GRID_PATIENCE = 2
+#: L-BFGS also stops when the objective fell by at most this share of its value over the last
+#: PROBE_CHANGE_WINDOW iterations.
+PROBE_RELATIVE_CHANGE = 1e-6
+PROBE_CHANGE_WINDOW = 10
+#: (s, y) pairs L-BFGS keeps, and the step reductions of one line search before it gives up.
+PROBE_HISTORY = 10
+PROBE_BACKTRACKS = 10
+#: exp(-80) = 1.8e-35, above float32's smallest normal number (1.2e-38).
+_EXP_FLOOR = -80.0
+
+
+def probe_settings() -> Dict[str, object]:
+    """The settings that decide :func:`linear_probe`'s numbers besides its input (read now, so
+    a changed setting is seen): the C grid, the stopping rules, the evaluation cap's rule and
+    the grid's patience."""
+    return {"c_grid": [float(c) for c in DEFAULT_C_GRID], "probe_tolerance": PROBE_TOLERANCE,
+            "probe_relative_change": PROBE_RELATIVE_CHANGE, "probe_change_window": PROBE_CHANGE_WINDOW,
+            "probe_history": PROBE_HISTORY, "probe_backtracks": PROBE_BACKTRACKS, "probe_work": PROBE_WORK,
+            "probe_evaluations": [PROBE_MIN_EVALUATIONS, PROBE_MAX_EVALUATIONS],
+            "probe_grid_patience": PROBE_GRID_PATIENCE}
 
 
 @dataclass
@@ -53,11 +85,18 @@ class ProbeResult:
     val_accuracy: float
     best_c: float
     val_accuracy_by_c: Dict[float, float] = field(default_factory=dict)
+    evaluations_by_c: Dict[float, int] = field(default_factory=dict)
+    capped_c: List[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["val_accuracy_by_c"] = {str(k): v for k, v in self.val_accuracy_by_c.items()}
+        for key in ("val_accuracy_by_c", "evaluations_by_c"):
+            data[key] = {str(k): v for k, v in data[key].items()}
         return data
+
+
+class ProbeCapWarning(RuntimeWarning):
+    """A fit of :func:`linear_probe` stopped at its evaluation cap before converging."""
 
 
 def _features(x: object, name: str) -> np.ndarray:
@@ -97,6 +136,71 @@ def _standardise(train: np.ndarray, *others: np.ndarray) -> Tuple[torch.Tensor, 
     return tuple((torch.from_numpy(a) - mean) / std for a in (train, *others))
 
 
+def _minimise(objective: Callable[[torch.Tensor], Tuple[float, torch.Tensor]], start: torch.Tensor,
+              max_evaluations: int, trace: Optional[Callable[..., None]] = None,
+              ) -> Tuple[torch.Tensor, int, int, str]:
+    """L-BFGS (Nocedal & Wright 2006, algorithm 7.5; ``PROBE_HISTORY`` pairs) of a smooth convex
+    ``objective(x) -> (f, grad f)`` from ``start`` (flat float64), with a backtracking line
+    search that asks for sufficient decrease only (Armijo, ``c1 = 1e-4``): on a convex objective
+    every accepted step has ``s.y >= 0``, so the curvature condition of a Wolfe search adds
+    evaluations and nothing else. Stops at the first of: the largest gradient entry at most
+    ``PROBE_TOLERANCE`` ("gradient"); the objective's decrease over the last
+    ``PROBE_CHANGE_WINDOW`` iterations at most ``PROBE_RELATIVE_CHANGE`` of its value
+    ("objective"); a line search that finds no decrease (float32 noise, "no progress");
+    ``max_evaluations`` evaluations ("cap"). Returns ``(x, evaluations, iterations, stop)``."""
+    x = start.clone()
+    f, g = objective(x)
+    evaluations, history, values = 1, [], [f]
+    scaling = 1.0
+    while True:
+        if trace is not None:
+            trace(x, f, g, evaluations)
+        if float(g.abs().max()) <= PROBE_TOLERANCE:
+            return x, evaluations, len(values) - 1, "gradient"
+        if len(values) > PROBE_CHANGE_WINDOW and \
+                values[-1 - PROBE_CHANGE_WINDOW] - f <= PROBE_RELATIVE_CHANGE * abs(f):
+            return x, evaluations, len(values) - 1, "objective"
+        if evaluations >= max_evaluations:
+            return x, evaluations, len(values) - 1, "cap"
+        # Two-loop recursion: direction = -H g with the history's inverse Hessian estimate.
+        direction = -g
+        alphas = []
+        for s, y, rho in reversed(history):
+            alpha = rho * float(s @ direction)
+            direction = direction - alpha * y
+            alphas.append(alpha)
+        direction = direction * scaling
+        for (s, y, rho), alpha in zip(history, reversed(alphas)):
+            direction = direction + (alpha - rho * float(y @ direction)) * s
+        slope = float(g @ direction)
+        if slope >= 0:  # not a descent direction (rounding): start the history again
+            history, scaling, direction = [], 1.0, -g
+            slope = -float(g @ g)
+        step, backtracks = 1.0, 0
+        while True:
+            candidate = x + step * direction
+            f_new, g_new = objective(candidate)
+            evaluations += 1
+            if f_new <= f + 1e-4 * step * slope:
+                break
+            if evaluations >= max_evaluations:
+                return x, evaluations, len(values) - 1, "cap"
+            backtracks += 1
+            if backtracks > PROBE_BACKTRACKS:  # below float32's resolution of the objective
+                return x, evaluations, len(values) - 1, "no progress"
+            # Minimum of the quadratic through f, the slope and f_new, kept within [0.1, 0.5] of the step.
+            curvature = f_new - f - slope * step
+            guess = -slope * step * step / (2 * curvature) if curvature > 0 else 0.5 * step
+            step = min(max(guess, 0.1 * step), 0.5 * step)
+        s, y = candidate - x, g_new - g
+        sy = float(s @ y)
+        if sy > 1e-10 * float(y @ y):
+            history = (history + [(s, y, 1.0 / sy)])[-PROBE_HISTORY:]
+            scaling = sy / float(y @ y)
+        x, f, g = candidate, f_new, g_new
+        values.append(f)
+
+
 class _MultinomialProbe:
     """L-BFGS fits of one standardised training set along a grid of ``C`` (see module doc).
 
@@ -106,19 +210,14 @@ class _MultinomialProbe:
     matrix ran ~10x slower than ``G^T X``. ``x`` and its transpose are both kept, contiguous.
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, classes: int, max_iter: int) -> None:
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, classes: int) -> None:
         self.x, self.xt = x.contiguous(), x.T.contiguous()
-        self.y, self.classes, self.max_iter = y, classes, max_iter
+        self.y, self.classes = y, classes
         self.rows = torch.arange(x.shape[0])
         covariance = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
         for start in range(0, x.shape[0], 8192):  # float32 products, float64 sums
             covariance += (self.xt[:, start:start + 8192] @ self.x[start:start + 8192]).double()
-        # A float32 eigh: the basis only sets how fast L-BFGS converges, not where to (W = Q S V
-        # is an invertible reparameterisation), and it halves the eigh of 3,072 pixel features.
-        # (A covariance of a third of the rows was tried: the weakly regularised fits then
-        # took twice the iterations.)
-        eigenvalues, basis = torch.linalg.eigh((covariance / x.shape[0]).float())
-        self.eigenvalues, self.basis = eigenvalues.double().clamp(min=0.0), basis.double()
+        self.covariance = covariance / x.shape[0]
         self.weight = torch.zeros(x.shape[1], classes, dtype=torch.float64)
         self.bias = torch.zeros(classes, dtype=torch.float64)
 
@@ -130,43 +229,88 @@ class _MultinomialProbe:
         # with log1p, and p_y - 1 = expm1(-CE). The textbook form (log-sum-exp minus the logit;
         # p_y - 1) cancels to ~1e-7 absolute, which on separable data (fewer images than
         # features, weak regularisation) is the size of the whole gradient near the optimum.
+        # Exponents are kept above _EXP_FLOOR: below it exp() returns float32 denormals, which
+        # the CPU computes several times slower (confident fits, large logits), and which add
+        # less than 1e-34 to anything here.
         z = logits.sub_(logits[self.y, self.rows])
         z[self.y, self.rows] = -float("inf")
         top = z.amax(0).clamp_(min=0.0)
-        sample_loss = top + (z - top).exp_().sum(0).add_(torch.expm1(-top)).log1p_()
+        sample_loss = top + (z - top).clamp_(min=_EXP_FLOOR).exp_().sum(0).add_(torch.expm1(-top)).log1p_()
         loss = sample_loss.double().mean() + 0.5 * penalty * weight.pow(2).sum()
-        residual = z.sub_(sample_loss).exp_()  # softmax probabilities, then minus the one-hot labels
+        residual = z.sub_(sample_loss).clamp_(min=_EXP_FLOOR).exp_()  # softmax probabilities, then minus the labels
         residual[self.y, self.rows] = torch.expm1(-sample_loss)
         residual /= self.x.shape[0]
         grad_weight = (residual @ self.x).double().T + penalty * weight
         return loss, grad_weight, residual.sum(1).double()
 
-    def fit(self, c: float) -> None:
-        """Minimise ``mean CE(x W + b) + ||W||^2 / (2 C n)`` from the current solution."""
+    def fit(self, c: float, max_evaluations: int, trace=None) -> None:
+        """Minimise ``mean CE(x W + b) + ||W||^2 / (2 C n)`` from the current solution, by
+        L-BFGS with a backtracking (Armijo) line search in the preconditioned coordinates, at
+        most ``max_evaluations`` evaluations of the objective; sets ``evaluations``,
+        ``iterations`` and ``stop`` (``"gradient"``, ``"objective"``, ``"no progress"`` or
+        ``"cap"``)."""
         penalty = 1.0 / (c * self.x.shape[0])
-        scale = (self.eigenvalues / self.classes + penalty).rsqrt()  # diagonal preconditioner
-        v = (self.basis.T @ self.weight) / scale[:, None]
-        b = self.bias.clone()
-        optimizer = torch.optim.LBFGS([v, b], lr=1.0, max_iter=self.max_iter, history_size=10,
-                                      tolerance_grad=PROBE_TOLERANCE, tolerance_change=1e-12,
-                                      line_search_fn="strong_wolfe")
+        factor = self._preconditioner(penalty)
+        d, k = self.weight.shape
 
-        def objective() -> torch.Tensor:
-            loss, grad_weight, grad_bias = self._loss_and_gradients(self.basis @ (scale[:, None] * v), b, penalty)
-            v.grad = scale[:, None] * (self.basis.T @ grad_weight)  # chain rule through W = Q S V
-            b.grad = grad_bias
-            return loss
+        def weight_of(v: torch.Tensor) -> torch.Tensor:  # W = L^-T V
+            return torch.linalg.solve_triangular(factor.mT, v, upper=True)
 
-        with torch.no_grad():
-            optimizer.step(objective)
-        self.iterations = optimizer.state[v]["n_iter"]
-        self.evaluations = optimizer.state[v]["func_evals"]
-        self.weight = self.basis @ (scale[:, None] * v)
-        self.bias = b
+        def objective(point: torch.Tensor):
+            v, b = point[:d * k].view(d, k), point[d * k:]
+            loss, grad_weight, grad_bias = self._loss_and_gradients(weight_of(v), b, penalty)
+            grad_v = torch.linalg.solve_triangular(factor, grad_weight, upper=False)  # chain rule: L^-1 dW
+            return float(loss), torch.cat([grad_v.reshape(-1), grad_bias])
+
+        start = torch.cat([(factor.mT @ self.weight).reshape(-1), self.bias])
+        point, self.evaluations, self.iterations, self.stop = _minimise(objective, start, max_evaluations, trace)
+        self.weight = weight_of(point[:d * k].view(d, k))
+        self.bias = point[d * k:].clone()
+
+    def _preconditioner(self, penalty: float) -> torch.Tensor:
+        """The lower Cholesky factor ``L`` of ``covariance / k + penalty I`` (the Hessian of the
+        objective at ``W = 0``, up to the softmax's ``1 - 1/k``): in ``V = L^T W`` that Hessian is
+        the identity. Float32 products leave the covariance's null directions at +-1e-7, so a
+        factorisation that fails is retried with a larger diagonal (it only sets the speed)."""
+        eye = torch.eye(self.covariance.shape[0], dtype=torch.float64)
+        jitter = 0.0
+        while True:
+            factor, info = torch.linalg.cholesky_ex(self.covariance / self.classes + (penalty + jitter) * eye)
+            if int(info) == 0:
+                return factor
+            jitter = max(1e-10, 100 * jitter)
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor) -> np.ndarray:
         return torch.addmm(self.bias.float(), x, self.weight.float()).argmax(1).numpy()
+
+
+def probe_evaluation_cap(n: int, d: int, classes: int) -> int:
+    """The evaluations of the objective one fit of :func:`linear_probe` may take on ``n`` training
+    rows of ``d`` features and ``classes`` classes: ``PROBE_WORK`` multiply-adds over the
+    ``2 (n + d) (d + 1) classes`` of one evaluation, kept within
+    ``[PROBE_MIN_EVALUATIONS, PROBE_MAX_EVALUATIONS]``."""
+    per_evaluation = 2.0 * (n + d) * (d + 1) * classes
+    return int(min(PROBE_MAX_EVALUATIONS, max(PROBE_MIN_EVALUATIONS, PROBE_WORK // per_evaluation)))
+
+
+def _walk_grid(grid: Sequence[float], val_accuracy_of: Callable[[float], float],
+               patience: Optional[int]) -> Tuple[float, Dict[float, float]]:
+    """The ``C`` of ``grid`` with the best val accuracy (the smallest on ties) and the val
+    accuracy of every ``C`` fitted, walking the grid from the smallest ``C`` and stopping once
+    val accuracy has fallen ``patience`` times in a row (each value below the one before;
+    ``None``: the whole grid). ``val_accuracy_of(c)`` fits ``C`` and scores it on val."""
+    by_c: Dict[float, float] = {}
+    best_c, falls, previous = None, 0, None
+    for c in sorted(set(grid)):
+        accuracy = by_c[c] = float(val_accuracy_of(c))
+        if best_c is None or accuracy > by_c[best_c]:
+            best_c = c
+        falls = falls + 1 if previous is not None and accuracy < previous else 0
+        previous = accuracy
+        if patience is not None and falls >= patience:
+            break
+    return best_c, by_c
 
 
 def linear_probe(
@@ -175,17 +319,23 @@ def linear_probe(
     test_x: object, test_y: object,
     *,
     c_grid: Sequence[float] = DEFAULT_C_GRID,
-    max_iter: int = PROBE_MAX_ITER,
+    max_evaluations: Optional[int] = None,
+    patience: Optional[int] = PROBE_GRID_PATIENCE,
 ) -> ProbeResult:
     """Logistic-regression probe with ``C`` chosen on val.
 
     Args:
         train_x, val_x, test_x: ``(n_split, d)`` features (same ``d``).
         train_y, val_y, test_y: ``(n_split,)`` integer labels.
-        c_grid: inverse regularisation strengths to try.
-        max_iter: L-BFGS iterations per fit.
+        c_grid: inverse regularisation strengths to try, walked from the smallest.
+        max_evaluations: evaluations of the objective per fit (default
+            :func:`probe_evaluation_cap` of the training set); a fit that stops there is named
+            in ``capped_c`` and warned about.
+        patience: stop walking the grid once val accuracy has fallen this many times in a
+            row (``None``: fit every ``C``).
 
-    Returns a :class:`ProbeResult`; accuracies are fractions in ``[0, 1]``.
+    Returns a :class:`ProbeResult`; accuracies are fractions in ``[0, 1]``. The test split is
+    scored once, by the fit of the chosen ``C``.
     """
     train_x = _features(train_x, "train_x")
     val_x = _features(val_x, "val_x")
@@ -203,24 +353,37 @@ def linear_probe(
     grid = [float(c) for c in c_grid]
     if not grid or any(not np.isfinite(c) or c <= 0 for c in grid):
         raise ValueError(f"c_grid must be a non-empty sequence of positive numbers, got {c_grid}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
+    if max_evaluations is None:
+        max_evaluations = probe_evaluation_cap(train_x.shape[0], dim, len(classes))
+    for name, value in (("max_evaluations", max_evaluations), ("patience", patience)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
     train_s, val_s, test_s = _standardise(train_x, val_x, test_x)
     # One model walked along the grid from strong to weak regularisation, each fit starting
-    # from the previous solution (same optimum, far fewer L-BFGS iterations at large C).
-    # A fit that stops at max_iter is still a valid read-out, as with scikit-learn.
-    model = _MultinomialProbe(train_s, torch.from_numpy(train_index.astype(np.int64)), len(classes), int(max_iter))
-    best = None
-    by_c: Dict[float, float] = {}
-    for c in sorted(set(grid)):
-        model.fit(c)
-        val_acc = float((classes[model.predict(val_s)] == val_y).mean())
-        by_c[c] = val_acc
-        if best is None or val_acc > best[0]:
-            best = (val_acc, c, float((classes[model.predict(test_s)] == test_y).mean()))
-    val_acc, best_c, test_acc = best
-    return ProbeResult(test_accuracy=test_acc, val_accuracy=val_acc, best_c=best_c, val_accuracy_by_c=by_c)
+    # from the previous solution (same optimum, far fewer iterations at large C).
+    model = _MultinomialProbe(train_s, torch.from_numpy(train_index.astype(np.int64)), len(classes))
+    fits: Dict[float, Tuple[torch.Tensor, torch.Tensor]] = {}
+    evaluations: Dict[float, int] = {}
+    capped = []
+
+    def val_accuracy_of(c: float) -> float:
+        model.fit(c, int(max_evaluations))
+        evaluations[c] = model.evaluations
+        if model.stop == "cap":
+            capped.append(c)
+        fits[c] = (model.weight, model.bias)
+        return float((classes[model.predict(val_s)] == val_y).mean())
+
+    best_c, by_c = _walk_grid(grid, val_accuracy_of, patience)
+    model.weight, model.bias = fits[best_c]
+    test_acc = float((classes[model.predict(test_s)] == test_y).mean())
+    if capped:
+        warnings.warn(f"linear probe: the fit of C = {', '.join(f'{c:g}' for c in capped)} stopped at its cap of "
+                      f"{max_evaluations} evaluations before converging (n = {train_x.shape[0]}, d = {dim}); "
+                      "its val accuracy may be understated", ProbeCapWarning, stacklevel=2)
+    return ProbeResult(test_accuracy=test_acc, val_accuracy=by_c[best_c], best_c=best_c, val_accuracy_by_c=by_c,
+                       evaluations_by_c=evaluations, capped_c=capped)
 
 
 def knn_predict(

@@ -61,13 +61,15 @@ def pixel_features(split: Any, workers: int = 0) -> np.ndarray:
 def evaluate_features(train_x: np.ndarray, val_x: np.ndarray, test_x: np.ndarray, dataset: DataSplits, *,
                       knn_k: int = 20, knn_temperature: float = 0.07) -> Dict[str, Any]:
     """Probe (C on val, accuracy on test) and kNN (test vs train memory) on given features
-    ``(n, d)`` of the data set's three splits (in order), scored with their labels."""
+    ``(n, d)`` of the data set's three splits (in order), scored with their labels.
+    ``probe_capped_c`` lists the values of C whose probe fit stopped at its evaluation cap
+    (:func:`~contrastkit.metrics.linear_probe`; empty when every fit converged)."""
     labels = [split.labels.cpu().numpy() for split in (dataset.train, dataset.val, dataset.test)]
     probe = linear_probe(train_x, labels[0], val_x, labels[1], test_x, labels[2])
     knn = knn_accuracy(train_x, labels[0], test_x, labels[2], k=knn_k, temperature=knn_temperature,
                        num_classes=dataset.num_classes)
     return {"probe_accuracy": probe.test_accuracy, "probe_val_accuracy": probe.val_accuracy,
-            "probe_c": probe.best_c, "knn_accuracy": knn}
+            "probe_c": probe.best_c, "probe_capped_c": probe.capped_c, "knn_accuracy": knn}
 
 
 class _ComputeAlways:

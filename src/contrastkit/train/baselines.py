@@ -10,8 +10,9 @@ per baseline (:func:`contrastkit.layout.baseline_file`), named by the SHA-256 of
 decides their numbers:
 
 * the data: every split's images (the float32 values the read-out sees) and labels;
-* the protocol: the C grid, L-BFGS tolerance and iterations, kNN ``k`` and temperature, the
-  number of classes, and the source of the read-out's code (a change to it recomputes);
+* the protocol: the C grid and the probe's stopping rules and cap (``probe_settings``), kNN
+  ``k`` and temperature, the number of classes, and the source of the read-out's code (a
+  change to it recomputes);
 * for the random-init baseline: the encoder's class, its ``repr``, every tensor of its state
   (weights and buffers) and the device type it runs on;
 * the versions of contrastkit and torch.
@@ -66,8 +67,7 @@ def readout_protocol(knn_k: int, knn_temperature: float, num_classes: int) -> Di
     from contrastkit.metrics import readout as readout_module
 
     # Read from the module at call time: what the probe will use now.
-    return {"c_grid": [float(c) for c in probe_module.DEFAULT_C_GRID], "probe_tolerance": probe_module.PROBE_TOLERANCE,
-            "probe_max_iter": probe_module.PROBE_MAX_ITER, "knn_k": int(knn_k), "knn_temperature": float(knn_temperature),
+    return {**probe_module.probe_settings(), "knn_k": int(knn_k), "knn_temperature": float(knn_temperature),
             "num_classes": int(num_classes), "code": _source_digest(probe_module, readout_module),
             "contrastkit": __version__, "torch": torch.__version__}
 
