@@ -94,6 +94,21 @@ def _instrumented_run(timings_path: str, argv: List[str]) -> int:
             inside_readout[0] = False
     loop._summarise = readout
 
+    saved = os.environ.get("BENCH_SAVE_FEATURES")
+    if saved:  # the read-out's feature sets, for the converged reference (--reference)
+        import numpy as np
+
+        probe_call = readout_module.linear_probe
+
+        def saving_probe(*arrays: Any, **kwargs: Any) -> Any:
+            result = probe_call(*arrays, **kwargs)
+            index = len([name for name in os.listdir(saved) if name.endswith(".npz")])
+            np.savez(os.path.join(saved, f"features{index}.npz"),
+                     *[a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a) for a in arrays],
+                     bounded_test=result.test_accuracy, bounded_c=result.best_c)
+            return result
+        readout_module.linear_probe = saving_probe
+
     fit = probe_module._MultinomialProbe.fit
 
     def timed_fit(self: Any, c: float, *args: Any, **kwargs: Any) -> Any:
@@ -113,13 +128,42 @@ def _instrumented_run(timings_path: str, argv: List[str]) -> int:
     return code
 
 
-def measure(data: str, label: str, epochs: int, extra: List[str], keep: str | None) -> Dict[str, Any]:
+def converged_reference(folder: str) -> List[Dict[str, Any]]:
+    """Each saved feature set's probe fitted to convergence: every C of the grid, no evaluation
+    cap that binds (20,000), no objective-change stop, the gradient tolerance only; its test
+    accuracy next to the bounded read-out's."""
+    import numpy as np
+
+    from contrastkit.metrics import probe
+
+    probe.PROBE_RELATIVE_CHANGE = 0.0  # only the gradient tolerance stops a fit
+    out = []
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".npz")):
+        with np.load(os.path.join(folder, name)) as saved:
+            arrays = [saved[f"arr_{i}"] for i in range(6)]
+            bounded, bounded_c = float(saved["bounded_test"]), float(saved["bounded_c"])
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = probe.linear_probe(*arrays, max_evaluations=20000, patience=None)
+        out.append({"d": int(arrays[0].shape[1]), "n": int(arrays[0].shape[0]), "bounded_test": bounded,
+                    "bounded_c": bounded_c, "converged_test": result.test_accuracy, "converged_c": result.best_c,
+                    "difference": bounded - result.test_accuracy, "converged_wall": time.perf_counter() - wall,
+                    "converged_cpu": time.process_time() - cpu, "converged_capped": result.capped_c,
+                    "converged_evaluations": {str(c): e for c, e in result.evaluations_by_c.items()}})
+    return out
+
+
+def measure(data: str, label: str, epochs: int, extra: List[str], keep: str | None,
+            reference: bool = False) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-first-run-") as folder:
         root = keep or folder
         run_dir, cache, timings = (os.path.join(root, name) for name in ("run", "cache", "timings.json"))
         argv = ["pretrain", "--data", data, "--epochs", str(epochs), "--out", run_dir, "--force", "--json",
                 "--no-report", "--quiet", *extra]
         env = {**os.environ, "CONTRASTKIT_CACHE": cache}  # an empty cache: the first run on the data
+        features = os.path.join(root, "features")
+        if reference:
+            os.makedirs(features, exist_ok=True)
+            env["BENCH_SAVE_FEATURES"] = features
         load_before = _uptime()
         started = time.perf_counter()
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--instrumented", timings, "--", *argv],
@@ -132,6 +176,7 @@ def measure(data: str, label: str, epochs: int, extra: List[str], keep: str | No
             record = json.load(handle)
         with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as handle:
             summary = json.load(handle)
+        converged = converged_reference(features) if reference else []
     epoch_wall = summary["train_seconds"] / summary["epochs"]
     epoch_cpu = sum(e["cpu"] for e in record["epochs"]) / len(record["epochs"])
     numbers = {key: value for key, value in summary.items()
@@ -142,7 +187,7 @@ def measure(data: str, label: str, epochs: int, extra: List[str], keep: str | No
             "eval_seconds": summary["eval_seconds"], "ratio_wall": record["readout"]["wall"] / epoch_wall,
             "ratio_cpu": record["readout"]["cpu"] / epoch_cpu, "stages": record["stages"], "fits": record["fits"],
             "numbers": numbers, "process_seconds": elapsed, "uptime_before": load_before, "uptime_after": load_after,
-            "stderr_tail": done.stderr[-2000:]}
+            "stderr_tail": done.stderr[-2000:], "converged": converged}
 
 
 def table(results: List[Dict[str, Any]]) -> str:
@@ -164,6 +209,17 @@ def table(results: List[Dict[str, Any]]) -> str:
                      f"**{r['ratio_wall']:.2f}** / {r['ratio_cpu']:.2f} | {stage('extract_features')} | "
                      f"{stage('linear_probe')} | {stage('knn_accuracy')} | {stage('geometry')} | "
                      f"{s.get('data_digest', 0) + s.get('encoder_digest', 0):.1f} | {fit_text} |")
+    checked = [(r, c) for r in results for c in r.get("converged", [])]
+    if checked:
+        lines += ["", "| data | code | features (n x d) | bounded: test acc (C) | converged: test acc (C) | difference "
+                  "| converged fit s (wall) |", "|---|---|---|---:|---:|---:|---:|"]
+        names = ("trained encoder", "random-init encoder", "raw pixels")
+        for r, c in checked:
+            index = r["converged"].index(c)
+            name = names[index] if len(r["converged"]) == 3 else f"set {index}"
+            lines.append(f"| {os.path.basename(r['data'].rstrip('/'))} | {r['label']} | {name} ({c['n']} x {c['d']}) | "
+                         f"{c['bounded_test']:.4f} ({c['bounded_c']:g}) | {c['converged_test']:.4f} "
+                         f"({c['converged_c']:g}) | {c['difference']:+.4f} | {c['converged_wall']:.0f} |")
     return "\n".join(lines)
 
 
@@ -176,6 +232,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--json", help="write the measurement to this file")
     parser.add_argument("--keep", help="keep the run folder and cache in this folder")
+    parser.add_argument("--reference", action="store_true",
+                        help="also fit each read-out feature set's probe to convergence (whole grid, no binding "
+                             "cap) and report the test accuracies' differences")
     parser.add_argument("--table", nargs="+", metavar="RESULT", help="print the Markdown table of these results")
     parser.add_argument("extra", nargs="*", help="more pretrain options, after --")
     args = parser.parse_args()
@@ -188,9 +247,13 @@ def main() -> None:
         return
     if not args.data:
         parser.error("give DATA (or --table)")
-    result = measure(args.data, args.label, args.epochs, args.extra, args.keep)
+    result = measure(args.data, args.label, args.epochs, args.extra, args.keep, args.reference)
     print(table([result]))
     print("numbers:", json.dumps(result["numbers"], sort_keys=True))
+    for r in result["converged"]:
+        print(f"converged reference d={r['d']}: test {r['converged_test']:.4f} (C {r['converged_c']:g}) vs bounded "
+              f"{r['bounded_test']:.4f} (C {r['bounded_c']:g}): difference {r['difference']:+.4f}; "
+              f"{r['converged_wall']:.0f} s")
     print("load:", result["uptime_before"], "->", result["uptime_after"])
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:

@@ -6,7 +6,7 @@ kill point, runs the CLI and is killed there with SIGKILL (no cleanup of any kin
 kill points: during a training step (in ``backward``), half-way through writing a checkpoint
 (``torch.save`` has written half the file), between the renames that put a checkpoint in place
 (after the third and after the fourth ``os.replace`` into ``checkpoints/``), during the final
-evaluation (the linear probe's first L-BFGS step) and while writing the report (before
+evaluation (the read-out's first linear probe) and while writing the report (before
 ``report.html`` is renamed into place). After each kill, ``last.pt`` must load as it is.
 """
 
@@ -68,9 +68,10 @@ HARNESS = textwrap.dedent('''
                         die()
             os.replace = replace
         elif kind == "probe":
-            def step(self, *args, **kwargs):  # the linear probe's first L-BFGS step
+            import contrastkit.metrics.readout as readout
+            def probe(*args, **kwargs):  # the read-out's first linear probe
                 die()
-            torch.optim.LBFGS.step = step
+            readout.linear_probe = probe
         elif kind == "report":
             real_replace = os.replace
             def replace(src, dst):

@@ -17,7 +17,7 @@ every 3 steps. The faults, in order, on one output folder:
    holder's process id); the holder is then killed with SIGKILL, leaving a stale lock.
 5. SIGTERM during step 4, the last of epoch 1 (the resume takes over the stale lock): the
    epoch's own checkpoint holds it, status 75.
-6. SIGTERM during the final evaluation (the linear probe's first L-BFGS step): status 75 at
+6. SIGTERM during the final evaluation (the read-out's first linear probe): status 75 at
    once, the checkpoint of step 8 complete.
 7. A last ``--resume`` with no fault: status 0.
 """
@@ -75,11 +75,12 @@ HARNESS = textwrap.dedent('''
                 return real_save(obj, handle, *args, **kwargs)
             torch.save = save
         elif kind == "probe":
-            real_step = torch.optim.LBFGS.step
-            def step(self, *args, **kwargs):
+            import contrastkit.metrics.readout as readout
+            real_probe = readout.linear_probe
+            def probe(*args, **kwargs):  # the read-out's first linear probe
                 send(action)
-                return real_step(self, *args, **kwargs)
-            torch.optim.LBFGS.step = step
+                return real_probe(*args, **kwargs)
+            readout.linear_probe = probe
 
     def start(argv, fault=None, ready=None):
         err = os.path.join(os.path.dirname(out), f"stderr-{time.monotonic_ns()}")

@@ -14,7 +14,8 @@
 """
 
 from .batch import DIAGNOSTICS, WARNINGS, BatchProblem, batch_diagnostics, batch_warnings
-from .probe import DEFAULT_C_GRID, PROBE_TOLERANCE, ProbeCapWarning, ProbeResult, knn_accuracy, knn_predict, linear_probe
+from .probe import (DEFAULT_C_GRID, PROBE_TOLERANCE, ProbeCapWarning, ProbeResult, knn_accuracy, knn_predict, linear_probe,
+                    probe_evaluation_cap, probe_settings)
 from .representation import (
     SimilarityProfile,
     alignment,
@@ -30,6 +31,7 @@ from .readout import BaselineStore, evaluate_encoders, evaluate_features, extrac
 
 __all__ = [
     "DEFAULT_C_GRID", "PROBE_TOLERANCE", "ProbeCapWarning", "ProbeResult", "knn_accuracy", "knn_predict", "linear_probe",
+    "probe_evaluation_cap", "probe_settings",
     "alignment", "uniformity", "tolerance", "similarity_profile", "SimilarityProfile",
     "penalty_entropy", "effective_rank", "representation_metrics",
     "extract_features", "pixel_features", "evaluate_features", "evaluate_encoders", "BaselineStore",

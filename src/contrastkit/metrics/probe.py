@@ -18,7 +18,7 @@ the Cholesky factorisation of ``covariance / k + I / (C n)`` (the objective's He
 iterations where raw correlated pixels took thousands. Its cost is bounded by the data: each
 fit stops when the objective no longer moves (``PROBE_RELATIVE_CHANGE``), when its gradient
 vanishes (``PROBE_TOLERANCE``) or at a cap on evaluations that shrinks as one evaluation grows
-(:func:`probe_evaluation_cap`; a fit stopped there is reported, :class:`ProbeCapWarning`), and
+(:func:`~contrastkit.metrics.probe_evaluation_cap`; a fit stopped there is reported, :class:`~contrastkit.metrics.ProbeCapWarning`), and
 the grid is not walked past the val optimum (``PROBE_GRID_PATIENCE``).
 The kNN similarities are computed a block of queries at a time, so memory stays
 ``O(block * n)``.
@@ -329,12 +329,12 @@ def linear_probe(
         train_y, val_y, test_y: ``(n_split,)`` integer labels.
         c_grid: inverse regularisation strengths to try, walked from the smallest.
         max_evaluations: evaluations of the objective per fit (default
-            :func:`probe_evaluation_cap` of the training set); a fit that stops there is named
+            :func:`~contrastkit.metrics.probe_evaluation_cap` of the training set); a fit that stops there is named
             in ``capped_c`` and warned about.
         patience: stop walking the grid once val accuracy has fallen this many times in a
             row (``None``: fit every ``C``).
 
-    Returns a :class:`ProbeResult`; accuracies are fractions in ``[0, 1]``. The test split is
+    Returns a :class:`~contrastkit.metrics.ProbeResult`; accuracies are fractions in ``[0, 1]``. The test split is
     scored once, by the fit of the chosen ``C``.
     """
     train_x = _features(train_x, "train_x")
