@@ -119,6 +119,11 @@ class Study:
     ``check(settings)`` validates a complete settings dict and returns it normalised (it may
     raise ``ValueError``); ``hints`` maps a setting the study does not have to the message
     that explains why.
+
+    Run over training budgets (:func:`contrastkit.studies.run_budgets`), every study gets its
+    verdicts by budget; ``budget_table(rows)`` (one row per setting of a budget's rows) and
+    ``budget_plot([(label, image_steps, rows)], out)`` (writing ``budget_plot_files``) add the
+    study's own cross-budget table and plots (``None``: it has none).
     """
 
     name: str
@@ -138,6 +143,9 @@ class Study:
     plot: Callable[[Sequence[Row], str], List[str]]
     cell: Callable[[Dict[str, Any]], str]
     hints: Mapping[str, str] = field(default_factory=dict)
+    budget_table: Optional[Callable[[Sequence[Row]], List[Row]]] = None
+    budget_plot: Optional[Callable[[Sequence[Tuple[str, int, Sequence[Row]]], str], List[str]]] = None
+    budget_plot_files: Tuple[str, ...] = ()
 
     @property
     def outputs(self) -> Tuple[str, ...]:
