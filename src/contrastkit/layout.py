@@ -319,9 +319,10 @@ BEST_TAU_PLOT = "best_tau_vs_budget.png"
 BUDGET_PLOTS: Tuple[str, ...] = (BUDGETS_ACCURACY_PLOT, BUDGETS_UNIFORMITY_PLOT, BUDGETS_TOLERANCE_PLOT, BEST_TAU_PLOT)
 
 
-def budget_folder(train_size: int, epochs: int) -> str:
-    """The study folder of one training budget inside a study over budgets: ``budget-5000x18``."""
-    return f"{BUDGET_PREFIX}{train_size}x{epochs}"
+def budget_folder(budget: str) -> str:
+    """The study folder of one training budget (``SIZExEPOCHS``: ``5000x18``) inside a study over
+    budgets: ``budget-5000x18``."""
+    return f"{BUDGET_PREFIX}{budget}"
 
 
 # ------------------------------------------------------------------------------ the baseline cache

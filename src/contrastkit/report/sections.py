@@ -33,6 +33,10 @@ PLOT_CAPTIONS = {
     layout.UNIFORMITY_TOLERANCE_PLOT: "The uniformity-tolerance dilemma: each point is one setting.",
     layout.SIMILARITY_PROFILE_PLOT: "Positive similarity against the 10 most similar negatives, per temperature.",
     layout.POSITIVE_PAIRS_PLOT: "Linear-probe accuracy per positive-pair definition and baseline (mean ± std over seeds).",
+    layout.BUDGETS_ACCURACY_PLOT: "NT-Xent probe accuracy against the temperature, one curve per training budget.",
+    layout.BUDGETS_UNIFORMITY_PLOT: "Uniformity of z against the temperature, one curve per training budget.",
+    layout.BUDGETS_TOLERANCE_PLOT: "Tolerance of z against the temperature, one curve per training budget.",
+    layout.BEST_TAU_PLOT: "The best temperature (mean probe accuracy) against the budget in image-steps.",
 }
 
 

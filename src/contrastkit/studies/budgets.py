@@ -75,7 +75,7 @@ class Budget:
     @property
     def folder(self) -> str:
         """Its study folder inside the study over budgets (:func:`contrastkit.layout.budget_folder`)."""
-        return layout.budget_folder(self.train_size, self.epochs)
+        return layout.budget_folder(self.label)
 
     def describe(self) -> str:
         """``5000x18 (90k image-steps)``."""
