@@ -103,7 +103,9 @@ def run_budgets(name: str, out: Optional[str] = None, *, budgets: Any, resume: b
                 progress: bool = True, jobs: int = 0, **settings: Any) -> BudgetResult:
     """The study ``name`` at every training budget of ``budgets`` (``"5000x18,45000x20"``: training
     images x epochs), each in ``out/budget-SIZExEPOCHS/``, with the cross-budget view in ``out``
-    (default ``runs/<its folder>-budgets``); see :func:`contrastkit.studies.budgets.run_budgets`."""
+    (default ``runs/<its folder>-budgets``). ``settings`` are the study's but ``epochs`` and
+    ``train_limit`` (each budget sets them); ``resume`` continues the whole folder: a budget already
+    run is read back (its finished runs are not trained again), the others run."""
     return _run_budgets(get_study(name), out, budgets=budgets, resume=resume, force=force, progress=progress, jobs=jobs,
                **settings)
 

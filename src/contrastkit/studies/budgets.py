@@ -69,7 +69,7 @@ class Budget:
 
     @property
     def image_steps(self) -> int:
-        """Images one run trains on, summed over its epochs: ``train_size * epochs``."""
+        """The images one run trains on, summed over its epochs (``train_size * epochs``)."""
         return self.train_size * self.epochs
 
     @property
@@ -142,7 +142,7 @@ class ClaimAcrossBudgets:
 
     @property
     def where(self) -> str:
-        """Where each status holds: ``holds at A, does not hold here from B on``."""
+        """Where each status holds, in one line (``holds at A, does not hold here from B on``)."""
         return describe_statuses(self.budgets, self.statuses)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -181,7 +181,7 @@ def describe_statuses(budgets: Sequence[str], statuses: Sequence[str]) -> str:
 def claims_across_budgets(budgets: Sequence[str], verdicts: Sequence[Sequence[Verdict]]) -> List[ClaimAcrossBudgets]:
     """Each claim of ``verdicts`` (one list per budget, the study's own verdicts at it) with its
     status at every budget, in the order the claims first appear; a claim missing at a budget
-    is :data:`NOT_JUDGED` there."""
+    is ``"not judged"`` there (``NOT_JUDGED``)."""
     if len(budgets) != len(verdicts):
         raise ValueError("one verdict list per budget")
     by_claim: Dict[str, Dict[int, Verdict]] = {}
