@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(EXPERIMENTS), help="which experiment to run")
     parser.add_argument("--seeds", type=int, default=None,
                         help=f"runs per setting, seeds 0..N-1 (default: {_per_experiment('seeds')})")
-    parser.add_argument("--out", default=None, help="output folder (default runs/experiment-NAME)")
+    parser.add_argument("--out", default=None, help="output folder (default runs/experiment-NAME; with --budgets runs/experiment-NAME-budgets)")
     parser.add_argument("--temperature", type=float, default=None,
                         help="positive-pairs: tau of the NT-Xent loss; schedules: the fixed tau (default: "
                              "contrastkit pretrain's simclr default)")

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperatures", default=None,
                         help="comma-separated tau values (default " + ",".join(f"{t:g}" for t in d["temperatures"]) + ")")
     parser.add_argument("--seeds", type=int, default=None, help=f"runs per setting, seeds 0..N-1 (default {d['seeds']})")
-    parser.add_argument("--out", default=None, help=f"output folder (default {SWEEP.default_out})")
+    parser.add_argument("--out", default=None, help=f"output folder (default {SWEEP.default_out}; with --budgets {SWEEP.default_budgets_out})")
     parser.add_argument("--views", default=None, choices=("augment", "A", "B"),
                         help=f"positive pairs (A/B need glyphlab; default {d['views']})")
     parser.add_argument("--no-variants", action="store_true",

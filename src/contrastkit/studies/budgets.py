@@ -278,7 +278,7 @@ def run_budgets(study: Study, out: Optional[str] = None, *, budgets: Union[str, 
         check_specs(study.specs(settings))
     stored = {key: value for key, value in per_budget[0].items() if key not in ("epochs", "train_limit")}
     stored["budgets"] = [b.label for b in chosen]
-    out = os.path.join(layout.DEFAULT_ROOT, study.folder + layout.BUDGETS_SUFFIX) if out is None else os.fspath(out)
+    out = study.default_budgets_out if out is None else os.fspath(out)
     label = f"{study.label} over budgets"
     manifest = prepare_out(out, resume=resume, force=force, owned=_outputs(study), settings=stored,
                            settings_file=layout.BUDGETS_SETTINGS, command=label)

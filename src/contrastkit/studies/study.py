@@ -157,6 +157,11 @@ class Study:
     def default_out(self) -> str:
         return os.path.join(layout.DEFAULT_ROOT, self.folder)
 
+    @property
+    def default_budgets_out(self) -> str:
+        """The default folder of the study over training budgets (``runs/<folder>-budgets``)."""
+        return os.path.join(layout.DEFAULT_ROOT, self.folder + layout.BUDGETS_SUFFIX)
+
     def settings(self, **options: Any) -> Dict[str, Any]:
         """The complete, validated settings: ``options`` over :attr:`defaults` (``None`` means
         the default). An option the study does not have is a ``ValueError``."""
