@@ -12,14 +12,9 @@ from contrastkit._io import read_json
 
 from .document import Page
 from .reading import read_csv
-from .sections import csv_table, embed_pngs, png_files, report_page, settings_pairs
+from .sections import csv_table, embed_pngs, png_files, report_page, settings_pairs, status_badge
 
 __all__ = ["budgets_page"]
-
-
-def _badge(page: Page, status: str) -> str:
-    kind = "good" if status == "holds" else "bad" if status.startswith("does not") else "warn"
-    return page.badge(status or "?", kind)
 
 
 def budgets_page(folder: Path) -> Page:
@@ -41,7 +36,7 @@ def budgets_page(folder: Path) -> Page:
         for claim in claims:
             statuses = {str(e.get("budget")): str(e.get("status", "")) for e in claim.get("by_budget", [])
                         if isinstance(e, dict)}
-            cells = "".join(f"<td>{_badge(page, statuses.get(name, ''))}</td>" for name in names)
+            cells = "".join(f"<td>{status_badge(page, statuses.get(name, ''))}</td>" for name in names)
             rows.append(f"<tr><td><strong>{page.text(claim.get('claim', ''))}</strong><br><span class=\"note\">"
                         f"{'changes: ' if claim.get('changes') else ''}{page.text(claim.get('where', ''))}</span></td>"
                         f"{cells}</tr>")
