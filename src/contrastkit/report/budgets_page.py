@@ -60,7 +60,8 @@ def budgets_page(folder: Path) -> Page:
     for budget in budgets:
         sub = folder / layout.budget_folder(budget)
         report = sub / layout.REPORT
-        target = (f'<a href="{page.text(report.relative_to(folder).as_posix())}">{page.text(sub.name)}/{layout.REPORT}</a>'
+        address = page.text(report.relative_to(folder).as_posix())
+        target = (f'<a href="{address}">{page.text(sub.name)}/{layout.REPORT}</a>'
                   if report.is_file() else f"{page.text(sub.name)}/ (its report: contrastkit report {page.text(sub)})")
         links.append(f"<li>{page.text(budget)}: {target}</li>")
     page.section("Each budget's study", "<ul>" + "".join(links) + "</ul>", section_id="budgets")

@@ -47,7 +47,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from .budgets import run_budgets as _run_budgets
-from .budgets import Budget, BudgetResult, ClaimAcrossBudgets, check_budgets, claims_across_budgets, format_budget_verdicts
+from .budgets import (Budget, BudgetResult, ClaimAcrossBudgets, check_budgets, claims_across_budgets,
+                      format_budget_verdicts)
 from .convirt_ablation import CONVIRT_ABLATION
 from .grid import RunSpec, prepare_out, resolve_jobs, run_grid
 from .positive_pairs import POSITIVE_PAIRS

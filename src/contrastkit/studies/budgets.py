@@ -302,8 +302,8 @@ def run_budgets(study: Study, out: Optional[str] = None, *, budgets: Union[str, 
     described = [b.describe() for b in chosen]
     claims = claims_across_budgets(described, [result.verdicts for result in results])
     manifest.write_json(layout.VERDICTS_BY_BUDGET, {
-        "budgets": [{"budget": b.label, "name": b.describe(), "train_size": b.train_size, "epochs": b.epochs, "image_steps": b.image_steps,
-                     "train_images": found, "folder": b.folder} for b, found in zip(chosen, images)],
+        "budgets": [{"budget": b.label, "name": b.describe(), "train_size": b.train_size, "epochs": b.epochs,
+                     "image_steps": b.image_steps, "train_images": found, "folder": b.folder} for b, found in zip(chosen, images)],
         "claims": [claim.to_dict() for claim in claims], "warnings": warnings})
     table: List[Dict[str, Any]] = []
     if study.budget_table is not None:

@@ -20,7 +20,8 @@ from .budgets import image_steps_text
 from .rows import PROFILE_LENGTH, RETRIEVAL_K, best_tau, by_tau, cell_means, retrieval, values
 from .stats import mean_std
 
-__all__ = ["plot_sweep", "plot_sweep_budgets", "plot_positive_pairs", "plot_schedules", "plot_convirt_ablation", "POSITIVE_PAIRS_SETTINGS"]
+__all__ = ["plot_sweep", "plot_sweep_budgets", "plot_positive_pairs", "plot_schedules", "plot_convirt_ablation",
+           "POSITIVE_PAIRS_SETTINGS"]
 
 #: The settings of the positive-pairs experiment, in display order.
 POSITIVE_PAIRS_SETTINGS = ("pairs A", "pairs B", "random init", "raw pixels")
