@@ -47,6 +47,15 @@ A *study* folder (``contrastkit sweep`` / ``contrastkit experiment``)::
     OUT/runs/<run>/                        one run folder per run
     OUT/contrastkit-manifest.json          the files above, the runs as nested manifests
 
+A *study over training budgets* (``contrastkit sweep --budgets`` / ``experiment --budgets``)::
+
+    OUT/budgets.json                       the settings and the budgets (compared on --resume)
+    OUT/budget-<SIZE>x<EPOCHS>/            one study folder (as above) per budget
+    OUT/budgets.csv                        per budget, per setting: the means (the sweep's view)
+    OUT/verdicts_by_budget.json            every verdict's status at each budget, and where it changes
+    OUT/budgets_*.png, OUT/best_tau_vs_budget.png   the cross-budget plots (the sweep's view)
+    OUT/contrastkit-manifest.json          the files above, the budget folders as nested manifests
+
 The *baseline cache* (``pretrain --baseline-cache``, by default :func:`default_cache_root`)::
 
     CACHE/baselines/<sha256>.json   one read-out baseline's numbers (the raw pixels of a data set,
@@ -74,6 +83,8 @@ __all__ = [
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT", "TEMPERATURE_METHODS_PLOT",
     "ACCURACY_PLOT", "UNIFORMITY_PLOT", "TOLERANCE_PLOT", "UNIFORMITY_TOLERANCE_PLOT", "SIMILARITY_PROFILE_PLOT",
+    "BUDGETS_SETTINGS", "BUDGETS_TABLE", "VERDICTS_BY_BUDGET", "BUDGET_PREFIX", "BUDGETS_SUFFIX", "budget_folder",
+    "BUDGETS_ACCURACY_PLOT", "BUDGETS_UNIFORMITY_PLOT", "BUDGETS_TOLERANCE_PLOT", "BEST_TAU_PLOT", "BUDGET_PLOTS",
     "CACHE_ENV", "BASELINES", "default_cache_root", "baseline_file", "CACHE_AUTO", "CACHE_OFF", "check_cache_setting",
     "read_run_record",
 ]
@@ -291,6 +302,27 @@ POSITIVE_PAIRS_PLOT = "positive_pairs.png"
 CONVIRT_ABLATION_PLOT = "convirt_ablation.png"
 SCHEDULES_PLOT = "schedules.png"
 TEMPERATURE_METHODS_PLOT = "temperature_methods.png"
+
+# ------------------------------------------------------------------------------ a study over budgets
+BUDGETS_SETTINGS = "budgets.json"
+BUDGETS_TABLE = "budgets.csv"
+VERDICTS_BY_BUDGET = "verdicts_by_budget.json"
+#: A budget's study folder is ``<BUDGET_PREFIX><SIZE>x<EPOCHS>``.
+BUDGET_PREFIX = "budget-"
+#: A study over budgets goes by default in ``runs/<the study's folder><BUDGETS_SUFFIX>`` (``runs/sweep-budgets``).
+BUDGETS_SUFFIX = "-budgets"
+BUDGETS_ACCURACY_PLOT = "budgets_accuracy_vs_tau.png"
+BUDGETS_UNIFORMITY_PLOT = "budgets_uniformity_vs_tau.png"
+BUDGETS_TOLERANCE_PLOT = "budgets_tolerance_vs_tau.png"
+BEST_TAU_PLOT = "best_tau_vs_budget.png"
+#: The cross-budget plots of a sweep over budgets, in display order.
+BUDGET_PLOTS: Tuple[str, ...] = (BUDGETS_ACCURACY_PLOT, BUDGETS_UNIFORMITY_PLOT, BUDGETS_TOLERANCE_PLOT, BEST_TAU_PLOT)
+
+
+def budget_folder(budget: str) -> str:
+    """The study folder of one training budget (``SIZExEPOCHS``: ``5000x18``) inside a study over
+    budgets: ``budget-5000x18``."""
+    return f"{BUDGET_PREFIX}{budget}"
 
 
 # ------------------------------------------------------------------------------ the baseline cache

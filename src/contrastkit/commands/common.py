@@ -11,8 +11,8 @@ import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 __all__ = ["UsageError", "parse_data_options", "parse_numbers", "parse_names", "add_config_argument",
-           "apply_config_file", "config_defaults", "add_study_arguments", "study_options",
-           "print_result_table", "print_study"]
+           "apply_config_file", "config_defaults", "add_study_arguments", "study_options", "run_study_command",
+           "print_result_table", "print_study", "print_budgets"]
 
 
 class UsageError(Exception):
@@ -184,6 +184,13 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, epochs_default: Any,
     parser.add_argument("--force", action="store_true",
                         help="start over in an existing output folder (deletes what this command wrote there)")
     parser.add_argument("--no-progress", action="store_true", help="no live display, one line per run")
+    parser.add_argument("--budgets", default=None, metavar="SIZExEPOCHS,...",
+                        help="run the whole study at each training budget, e.g. 5000x18,15000x20,45000x20: a "
+                             "budget is a class-stratified subset of SIZE training images (as --train-limit) "
+                             "trained for EPOCHS epochs, SIZE x EPOCHS image-steps per run. Each budget gets "
+                             "its own study folder OUT/budget-SIZExEPOCHS/, and OUT the verdicts by budget "
+                             "(where a claim changes between budgets) and the cross-budget table and plots; "
+                             "replaces --epochs and --train-limit (default: one budget, those two options)")
     add_config_argument(parser)
 
 
@@ -196,6 +203,20 @@ def study_options(args: argparse.Namespace) -> Dict[str, Any]:
             "eval_every": args.eval_every}
 
 
+def run_study_command(name: str, args: argparse.Namespace, **settings: Any) -> int:
+    """Run the study ``name`` with the options of :func:`add_study_arguments` in ``args`` and
+    ``settings`` (the command's own), over ``--budgets`` when given, and print its results."""
+    from contrastkit import studies
+
+    how = {"resume": args.resume, "force": args.force, "progress": not args.no_progress, "jobs": args.jobs}
+    settings = {**settings, **study_options(args)}
+    if args.budgets is not None:
+        print_budgets(studies.run_budgets(name, args.out, budgets=args.budgets, **how, **settings))
+    else:
+        print_study(studies.run_study(name, args.out, **how, **settings))
+    return 0
+
+
 def print_study(result: Any) -> None:
     """A finished study (:class:`contrastkit.studies.StudyResult`): table, verdicts, files."""
     from contrastkit.studies import format_verdicts
@@ -206,6 +227,31 @@ def print_study(result: Any) -> None:
     print()
     plots = result.plots[0] if len(result.plots) == 1 else f"{len(result.plots)} plots in {result.out}"
     print(f"wrote {result.table_path}, {result.verdicts_path} and {plots}")
+
+
+def print_budgets(result: Any) -> None:
+    """A finished study over budgets (:class:`contrastkit.studies.BudgetResult`): each budget's
+    table and verdicts, then the best tau per budget and the verdicts by budget."""
+    from contrastkit.studies import format_budget_verdicts, format_verdicts
+
+    for budget, study in zip(result.budgets, result.results):
+        print(f"== budget {budget.describe()}: {study.out}")
+        print(study.table())
+        print()
+        print(format_verdicts(study.verdicts))
+        print()
+    best = result.best_taus()
+    if best:
+        print("Best tau (NT-Xent, mean probe accuracy) by budget: " + ", ".join(
+            f"{budget.describe()}: {best[budget.label] if best.get(budget.label, '') != '' else '-'}"
+            for budget in result.budgets))
+    print(format_budget_verdicts(result.claims))
+    for warning in result.warnings:
+        print(f"warning: {warning}")
+    print()
+    written = [result.verdicts_path] + ([result.table_path] if result.table_path else [])
+    plots = f" and {len(result.plots)} plots" if result.plots else ""
+    print(f"wrote {', '.join(written)}{plots} in {result.out}; each budget's study in {result.out}/budget-*/")
 
 
 # ------------------------------------------------------------------------------ run results

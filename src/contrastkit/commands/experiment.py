@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from contrastkit.commands.common import add_study_arguments, parse_numbers, print_study, study_options
+from contrastkit.commands.common import add_study_arguments, parse_numbers, run_study_command
 
 
 def _per_experiment(key: str) -> str:
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(EXPERIMENTS), help="which experiment to run")
     parser.add_argument("--seeds", type=int, default=None,
                         help=f"runs per setting, seeds 0..N-1 (default: {_per_experiment('seeds')})")
-    parser.add_argument("--out", default=None, help="output folder (default runs/experiment-NAME)")
+    parser.add_argument("--out", default=None, help="output folder (default runs/experiment-NAME; with --budgets runs/experiment-NAME-budgets)")
     parser.add_argument("--temperature", type=float, default=None,
                         help="positive-pairs: tau of the NT-Xent loss; schedules: the fixed tau (default: "
                              "contrastkit pretrain's simclr default)")
@@ -56,14 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contrastkit.studies import run_experiment
-
-    result = run_experiment(args.name, args.out, resume=args.resume, force=args.force, progress=not args.no_progress,
-                       jobs=args.jobs,
-                            seeds=args.seeds, temperature=args.temperature,
-                            weights=parse_numbers(args.weights, "--weights"),
-                            temperatures=parse_numbers(args.temperatures, "--temperatures"),
-                            text_encoder=args.text_encoder, data=args.data, cosine=args.cosine,
-                            linear=args.linear, methods=args.method, **study_options(args))
-    print_study(result)
-    return 0
+    return run_study_command(args.name, args, seeds=args.seeds, temperature=args.temperature,
+                             weights=parse_numbers(args.weights, "--weights"),
+                             temperatures=parse_numbers(args.temperatures, "--temperatures"),
+                             text_encoder=args.text_encoder, data=args.data, cosine=args.cosine,
+                             linear=args.linear, methods=args.method)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from contrastkit.commands.common import add_study_arguments, parse_numbers, print_study, study_options
+from contrastkit.commands.common import add_study_arguments, parse_numbers, run_study_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,12 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Pretrain with NT-Xent over a grid of temperatures and seeds, with the hard-negative and simple-loss "
         "variants of Wang & Liu (CVPR 2021), all judged by the same frozen-encoder linear probe. Writes "
         "OUT/sweep.csv, OUT/verdicts.json, five plots, OUT/sweep.json and OUT/runs/RUN/, and prints a table "
-        "and one verdict per claim.")
+        "and one verdict per claim. With --budgets, the same sweep at each training budget in "
+        "OUT/budget-SIZExEPOCHS/, and across them OUT/budgets.csv, OUT/verdicts_by_budget.json and four plots.")
     parser.add_argument("--data", default=None, help=f"glyphlab, digits or a path (default {d['data']})")
     parser.add_argument("--temperatures", default=None,
                         help="comma-separated tau values (default " + ",".join(f"{t:g}" for t in d["temperatures"]) + ")")
     parser.add_argument("--seeds", type=int, default=None, help=f"runs per setting, seeds 0..N-1 (default {d['seeds']})")
-    parser.add_argument("--out", default=None, help=f"output folder (default {SWEEP.default_out})")
+    parser.add_argument("--out", default=None, help=f"output folder (default {SWEEP.default_out}; with --budgets {SWEEP.default_budgets_out})")
     parser.add_argument("--views", default=None, choices=("augment", "A", "B"),
                         help=f"positive pairs (A/B need glyphlab; default {d['views']})")
     parser.add_argument("--no-variants", action="store_true",
@@ -34,11 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contrastkit.studies import run_sweep
+    from contrastkit.studies import SWEEP
 
-    result = run_sweep(args.out, resume=args.resume, force=args.force, progress=not args.no_progress,
-                       jobs=args.jobs,
-                       data=args.data, temperatures=parse_numbers(args.temperatures, "--temperatures"),
-                       seeds=args.seeds, views=args.views, no_variants=args.no_variants, **study_options(args))
-    print_study(result)
-    return 0
+    return run_study_command(SWEEP.name, args, data=args.data,
+                             temperatures=parse_numbers(args.temperatures, "--temperatures"), seeds=args.seeds,
+                             views=args.views, no_variants=args.no_variants)

@@ -13,10 +13,12 @@ The kind of folder is read from its files:
   ``verdicts.json`` and its plots) -> verdicts, mean +/- std per setting, the study's plots,
   every run;
 * an experiment (``contrastkit experiment ...``): ``experiment.json``, ``verdicts.json`` or
-  result tables (``*.csv``) -> its settings, verdicts, tables and plots.
+  result tables (``*.csv``) -> its settings, verdicts, tables and plots;
+* a study over training budgets (``--budgets``): ``budgets.json`` -> the verdicts by budget,
+  the cross-budget table and plots, and the budgets' own study folders.
 
 This module finds the kind of folder and writes the page; each kind's page is built in its own
-module (:mod:`.run_page`, :mod:`.sweep_page`, :mod:`.experiment_page`) from the shared pieces of
+module (:mod:`.run_page`, :mod:`.sweep_page`, :mod:`.experiment_page`, :mod:`.budgets_page`) from the shared pieces of
 :mod:`.sections`, with figures from :mod:`.figures` (matplotlib's Agg canvas, imported lazily)
 embedded as base64 PNG; the page has no script and refers to nothing outside itself (but the
 explorer page written next to a run's report).
@@ -31,6 +33,7 @@ from typing import Callable, Dict, Optional, TextIO, Union
 
 from contrastkit import layout
 
+from .budgets_page import budgets_page
 from .document import Page, check_target, write_page
 from .experiment_page import experiment_page
 from .run_page import run_page
@@ -47,7 +50,8 @@ REPORT_NAME = layout.REPORT
 PathLike = Union[str, "os.PathLike[str]"]
 
 #: The page of each kind of folder.
-PAGES: Dict[str, Callable[[Path], Page]] = {"run": run_page, "sweep": sweep_page, "experiment": experiment_page}
+PAGES: Dict[str, Callable[[Path], Page]] = {"run": run_page, "sweep": sweep_page, "experiment": experiment_page,
+                                            "budgets": budgets_page}
 
 
 def _folder(path: PathLike) -> Path:
@@ -60,8 +64,11 @@ def _folder(path: PathLike) -> Path:
 
 
 def detect_kind(path: PathLike) -> str:
-    """``"run"``, ``"sweep"`` or ``"experiment"`` from the folder's files; ValueError if none."""
+    """``"run"``, ``"sweep"``, ``"experiment"`` or ``"budgets"`` (a study over training budgets)
+    from the folder's files; ValueError if none."""
     folder = _folder(path)
+    if (folder / layout.BUDGETS_SETTINGS).is_file():
+        return "budgets"
     if (folder / layout.SWEEP_TABLE).is_file():
         return "sweep"
     if any((folder / name).is_file() for name in layout.RUN_MARKERS):

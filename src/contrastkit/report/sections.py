@@ -15,8 +15,8 @@ from contrastkit._io import read_json
 from .document import Page
 from .reading import mean_std
 
-__all__ = ["GENERATOR", "MAX_TABLE_ROWS", "MAX_IMAGE_BYTES", "PLOT_CAPTIONS", "report_page", "verdicts_section",
-           "settings_pairs", "png_files", "embed_pngs", "csv_table", "plus_minus"]
+__all__ = ["GENERATOR", "MAX_TABLE_ROWS", "MAX_IMAGE_BYTES", "PLOT_CAPTIONS", "report_page", "status_badge",
+           "verdicts_section", "settings_pairs", "png_files", "embed_pngs", "csv_table", "plus_minus"]
 
 #: Marks a page as a contrastkit report, so a later report may replace it without ``--force``.
 GENERATOR = "contrastkit report"
@@ -33,6 +33,10 @@ PLOT_CAPTIONS = {
     layout.UNIFORMITY_TOLERANCE_PLOT: "The uniformity-tolerance dilemma: each point is one setting.",
     layout.SIMILARITY_PROFILE_PLOT: "Positive similarity against the 10 most similar negatives, per temperature.",
     layout.POSITIVE_PAIRS_PLOT: "Linear-probe accuracy per positive-pair definition and baseline (mean ± std over seeds).",
+    layout.BUDGETS_ACCURACY_PLOT: "NT-Xent probe accuracy against the temperature, one curve per training budget.",
+    layout.BUDGETS_UNIFORMITY_PLOT: "Uniformity of z against the temperature, one curve per training budget.",
+    layout.BUDGETS_TOLERANCE_PLOT: "Tolerance of z against the temperature, one curve per training budget.",
+    layout.BEST_TAU_PLOT: "The best temperature (mean probe accuracy) against the budget in image-steps.",
 }
 
 
@@ -40,6 +44,12 @@ def report_page(title: str, folder: Path, *facts: str) -> Page:
     """An empty report page on ``folder``; its subtitle is the folder, ``facts`` and the time (UTC)."""
     written = f"report written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     return Page(title, " · ".join([str(folder.resolve()), *facts, written]), generator=GENERATOR)
+
+
+def status_badge(page: Page, status: str) -> str:
+    """A verdict's status as a badge: green when it holds, red when it does not, amber otherwise."""
+    kind = "good" if status == "holds" else "bad" if status.startswith("does not") else "warn"
+    return page.badge(status or "?", kind)
 
 
 def verdicts_section(page: Page, folder: Path) -> None:
@@ -54,9 +64,8 @@ def verdicts_section(page: Page, folder: Path) -> None:
     for item in verdicts:
         if not isinstance(item, dict):
             continue
-        status = str(item.get("status", ""))
-        kind = "good" if status == "holds" else "bad" if status.startswith("does not") else "warn"
-        rows.append(f"<tr><td>{page.badge(status or '?', kind)}</td><td><strong>{page.text(item.get('claim', ''))}"
+        badge = status_badge(page, str(item.get("status", "")))
+        rows.append(f"<tr><td>{badge}</td><td><strong>{page.text(item.get('claim', ''))}"
                     f"</strong><br><span class=\"note\">{page.text(item.get('evidence', ''))}</span>"
                     + (f"<br><span class=\"note\">rule: {page.text(item['rule'])}</span>" if item.get("rule") else "")
                     + "</td></tr>")

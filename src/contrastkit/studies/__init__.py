@@ -13,6 +13,10 @@ statistics (:mod:`.stats`), and draws its plots (:mod:`.plots`)::
 
     studies.run_experiment("positive-pairs", seeds=3)       # folder runs/experiment-positive-pairs
 
+    # the same sweep at three training budgets (SIZExEPOCHS), one folder each, and the claims across them
+    result = studies.run_budgets("sweep", "runs/sweep-budgets", budgets="5000x18,15000x20,45000x20")
+    print(studies.format_budget_verdicts(result.claims))
+
 The studies (:data:`STUDIES`; ``contrastkit experiment NAME`` offers :data:`EXPERIMENTS`):
 
 ``sweep`` (:mod:`.sweep`)
@@ -31,6 +35,9 @@ The studies (:data:`STUDIES`; ``contrastkit experiment NAME`` offers :data:`EXPE
 Every run's numbers are those of the epoch its val probe selected (``eval_every``; the
 textbook, section 30.2, exercise F5; :mod:`contrastkit.train.selection`).
 
+Every study also runs over training budgets (:func:`run_budgets`, :mod:`.budgets`): once per
+budget, each in a folder of its own, and each claim's verdict at every budget.
+
 Each study is a :class:`Study` record (defaults, runs, rows, verdicts, table, plots); the
 folder names come from :mod:`contrastkit.layout`.
 """
@@ -39,6 +46,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from .budgets import run_budgets as _run_budgets
+from .budgets import (Budget, BudgetResult, ClaimAcrossBudgets, check_budgets, claims_across_budgets,
+                      format_budget_verdicts)
 from .convirt_ablation import CONVIRT_ABLATION
 from .grid import RunSpec, prepare_out, resolve_jobs, run_grid
 from .positive_pairs import POSITIVE_PAIRS
@@ -50,7 +60,8 @@ from .temperature_methods import TEMPERATURE_METHODS
 from .verdicts import FAILS, HOLDS, STATUSES, UNDECIDED, Verdict, format_verdicts, gap_verdict
 
 __all__ = [
-    "STUDIES", "EXPERIMENTS", "get_study", "run_study", "run_sweep", "run_experiment",
+    "STUDIES", "EXPERIMENTS", "get_study", "run_study", "run_sweep", "run_experiment", "run_budgets",
+    "Budget", "BudgetResult", "ClaimAcrossBudgets", "check_budgets", "claims_across_budgets", "format_budget_verdicts",
     "Study", "StudyResult", "RunSpec", "run_grid", "resolve_jobs", "prepare_out",
     "Verdict", "HOLDS", "FAILS", "UNDECIDED", "STATUSES", "format_verdicts", "gap_verdict",
     "mean_std", "standard_error", "binomial_standard_error", "spearman",
@@ -87,6 +98,17 @@ def run_sweep(out: Optional[str] = None, *, resume: bool = False, force: bool = 
     ``temperatures``, ``seeds``, ``views``, ``epochs``, ``batch_size``, ``device``, ``threads``
     (``None``: the trainer's default) and ``no_variants``; default folder ``runs/sweep``."""
     return run_study(SWEEP.name, out, resume=resume, force=force, progress=progress, jobs=jobs, **settings)
+
+
+def run_budgets(name: str, out: Optional[str] = None, *, budgets: Any, resume: bool = False, force: bool = False,
+                progress: bool = True, jobs: int = 0, **settings: Any) -> BudgetResult:
+    """The study ``name`` at every training budget of ``budgets`` (``"5000x18,45000x20"``: training
+    images x epochs), each in ``out/budget-SIZExEPOCHS/``, with the cross-budget view in ``out``
+    (default ``runs/<its folder>-budgets``). ``settings`` are the study's but ``epochs`` and
+    ``train_limit`` (each budget sets them); ``resume`` continues the whole folder: a budget already
+    run is read back (its finished runs are not trained again), the others run."""
+    return _run_budgets(get_study(name), out, budgets=budgets, resume=resume, force=force, progress=progress, jobs=jobs,
+               **settings)
 
 
 def run_experiment(name: str, out: Optional[str] = None, *, resume: bool = False, force: bool = False,

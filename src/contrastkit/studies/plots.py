@@ -2,6 +2,8 @@
 
 * :func:`plot_sweep`: probe accuracy, uniformity and tolerance against tau, the
   uniformity-tolerance scatter and the positive-vs-nearest-negatives profile;
+* :func:`plot_sweep_budgets`: a sweep over training budgets: accuracy, uniformity and
+  tolerance against tau with one curve per budget, and the best tau against the budget;
 * :func:`plot_positive_pairs`: probe accuracy of pairs A / B / random init / raw pixels;
 * :func:`plot_schedules`: probe accuracy of each temperature schedule;
 * :func:`plot_convirt_ablation`: Recall@5 heat maps over (lambda, tau) and retrieval vs lambda.
@@ -10,14 +12,16 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Sequence, Tuple
 
 from contrastkit import layout
 
-from .rows import PROFILE_LENGTH, RETRIEVAL_K, by_tau, cell_means, retrieval, values
+from .budgets import image_steps_text
+from .rows import PROFILE_LENGTH, RETRIEVAL_K, best_tau, by_tau, cell_means, retrieval, values
 from .stats import mean_std
 
-__all__ = ["plot_sweep", "plot_positive_pairs", "plot_schedules", "plot_convirt_ablation", "POSITIVE_PAIRS_SETTINGS"]
+__all__ = ["plot_sweep", "plot_sweep_budgets", "plot_positive_pairs", "plot_schedules", "plot_convirt_ablation",
+           "POSITIVE_PAIRS_SETTINGS"]
 
 #: The settings of the positive-pairs experiment, in display order.
 POSITIVE_PAIRS_SETTINGS = ("pairs A", "pairs B", "random init", "raw pixels")
@@ -147,6 +151,68 @@ def plot_sweep(rows: Sequence[dict], out: str) -> List[str]:
                     "tolerance (mean same-class cosine)", "Tolerance vs tau (test set)", spaces=("z", "h")),
         _uniformity_tolerance(rows, path(layout.UNIFORMITY_TOLERANCE_PLOT)),
         _similarity_profile(rows, path(layout.SIMILARITY_PROFILE_PLOT)),
+    ]
+
+
+# ------------------------------------------------------------------------------ sweep over budgets
+
+#: A budget's sweep, as the cross-budget plots take it: (label, image-steps per run, its rows).
+BudgetRows = Tuple[str, int, Sequence[dict]]
+
+
+def _budget_curves(budgets: Sequence[BudgetRows], path: str, key: str, ylabel: str, title: str) -> str:
+    """NT-Xent's mean +/- std over seeds against tau, one curve per budget (darker: larger)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    cmap = plt.get_cmap("viridis")
+    for i, (label, steps, rows) in enumerate(budgets):
+        curve = by_tau(rows, "nt_xent", key)
+        if not curve:
+            continue
+        stats = [mean_std(v) for v in curve.values()]
+        ax.errorbar(list(curve), [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3,
+                    color=cmap(0.85 * (1 - i / max(1, len(budgets) - 1))),
+                    label=f"{label} ({image_steps_text(steps)} image-steps)")
+    ax.set_xscale("log")
+    _finish(ax, "temperature tau (log scale)", ylabel, title)
+    return _save(fig, path)
+
+
+def _best_tau_plot(budgets: Sequence[BudgetRows], path: str, best_of: Callable[[Sequence[dict]], Any]) -> str:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    points = [(steps, best_of(rows), label) for label, steps, rows in budgets]
+    points = [(steps, best, label) for steps, best, label in points if best is not None]
+    if points:
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="C0", label="best NT-Xent tau")
+        for steps, best, label in points:
+            ax.annotate(label, (steps, best), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        taus = sorted({t for _, _, rows in budgets for t in _sweep_taus(rows)})
+        ax.set_yticks(taus)
+        ax.set_yticklabels([f"{t:g}" for t in taus])
+        ax.set_ylim(min(taus) / 1.5, max(taus) * 1.5)
+    _finish(ax, "image-steps per run (training-set size x epochs, log scale)", "tau (log scale)",
+            "Best tau (mean probe accuracy) against the training budget")
+    return _save(fig, path)
+
+
+def plot_sweep_budgets(budgets: Sequence[BudgetRows], out: str) -> List[str]:
+    """The four figures of a sweep over training budgets (:data:`contrastkit.layout.BUDGET_PLOTS`)
+    in ``out``, from each budget's ``(label, image_steps, sweep rows)`` in increasing budget
+    order; their paths."""
+    def path(name: str) -> str:
+        return os.path.join(out, name)
+
+    return [
+        _budget_curves(budgets, path(layout.BUDGETS_ACCURACY_PLOT), "probe_accuracy", "linear-probe test accuracy",
+                       "NT-Xent probe accuracy vs tau, per budget (mean +/- std)"),
+        _budget_curves(budgets, path(layout.BUDGETS_UNIFORMITY_PLOT), "z_uniformity",
+                       "uniformity of z (lower = more uniform)", "NT-Xent uniformity vs tau, per budget"),
+        _budget_curves(budgets, path(layout.BUDGETS_TOLERANCE_PLOT), "z_tolerance", "tolerance of z",
+                       "NT-Xent tolerance vs tau, per budget"),
+        _best_tau_plot(budgets, path(layout.BEST_TAU_PLOT), best_tau),
     ]
 
 

@@ -8,13 +8,13 @@ ones ``""``), so every reader goes through :func:`contrastkit.studies.stats.fini
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from contrastkit.train.selection import selected_numbers
 
 from .stats import finite
 
-__all__ = ["values", "headline", "by_tau", "cell_means", "retrieval", "selected_columns", "selected_numbers",
+__all__ = ["values", "headline", "by_tau", "best_tau", "cell_means", "retrieval", "selected_columns", "selected_numbers",
            "RETRIEVAL_K", "PROFILE_LENGTH", "baselines_line"]
 
 #: How many nearest negatives a sweep row keeps (``z_top_negative_1..10``, the similarity profile).
@@ -62,6 +62,13 @@ def by_tau(rows: Sequence[Row], loss: str, key: str) -> Dict[float, List[float]]
         if row["loss"] == loss and value is not None:
             out.setdefault(float(row["tau"]), []).append(value)
     return dict(sorted(out.items()))
+
+
+def best_tau(rows: Sequence[Row]) -> Optional[float]:
+    """The NT-Xent tau of a sweep with the best mean probe accuracy over seeds; ``None``
+    without any (no NT-Xent run finished, or data without labels)."""
+    accuracy = by_tau(rows, "nt_xent", "probe_accuracy")
+    return max(accuracy, key=lambda t: statistics.fmean(accuracy[t])) if accuracy else None
 
 
 def cell_means(rows: Sequence[Row], key: Callable[[Row], float]) -> Dict[Tuple[float, float], float]:

@@ -119,6 +119,11 @@ class Study:
     ``check(settings)`` validates a complete settings dict and returns it normalised (it may
     raise ``ValueError``); ``hints`` maps a setting the study does not have to the message
     that explains why.
+
+    Run over training budgets (:func:`contrastkit.studies.run_budgets`), every study gets its
+    verdicts by budget; ``budget_table(rows)`` (one row per setting of a budget's rows) and
+    ``budget_plot([(label, image_steps, rows)], out)`` (writing ``budget_plot_files``) add the
+    study's own cross-budget table and plots (``None``: it has none).
     """
 
     name: str
@@ -138,6 +143,9 @@ class Study:
     plot: Callable[[Sequence[Row], str], List[str]]
     cell: Callable[[Dict[str, Any]], str]
     hints: Mapping[str, str] = field(default_factory=dict)
+    budget_table: Optional[Callable[[Sequence[Row]], List[Row]]] = None
+    budget_plot: Optional[Callable[[Sequence[Tuple[str, int, Sequence[Row]]], str], List[str]]] = None
+    budget_plot_files: Tuple[str, ...] = ()
 
     @property
     def outputs(self) -> Tuple[str, ...]:
@@ -148,6 +156,11 @@ class Study:
     @property
     def default_out(self) -> str:
         return os.path.join(layout.DEFAULT_ROOT, self.folder)
+
+    @property
+    def default_budgets_out(self) -> str:
+        """The default folder of the study over training budgets (``runs/<folder>-budgets``)."""
+        return os.path.join(layout.DEFAULT_ROOT, self.folder + layout.BUDGETS_SUFFIX)
 
     def settings(self, **options: Any) -> Dict[str, Any]:
         """The complete, validated settings: ``options`` over :attr:`defaults` (``None`` means

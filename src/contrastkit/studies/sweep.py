@@ -8,6 +8,8 @@ same frozen-encoder linear probe; the representation metrics of its held-out tes
 
 The folder: ``sweep.csv`` (one row per run), ``verdicts.json``, the five plots of
 :data:`contrastkit.layout.SWEEP_PLOTS`, ``sweep.json`` (settings) and ``runs/<run>/``.
+Over training budgets (:mod:`.budgets`) a sweep adds :func:`sweep_means` per budget and the
+plots of :func:`~contrastkit.studies.plots.plot_sweep_budgets`.
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ from contrastkit import layout
 from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
-from .plots import plot_sweep
-from .rows import PROFILE_LENGTH, by_tau, headline, selected_columns, selected_numbers, values
+from .plots import plot_sweep, plot_sweep_budgets
+from .rows import PROFILE_LENGTH, best_tau, by_tau, headline, selected_columns, selected_numbers, values
 from .stats import mean_std, spearman
 from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
 from .verdicts import NEEDS_LABELS, UNDECIDED, Verdict, correlation_status, gap_verdict, margin_status
 
-__all__ = ["SWEEP", "LOSSES", "DEFAULT_TEMPERATURES", "sweep_rows", "sweep_verdicts", "sweep_table"]
+__all__ = ["SWEEP", "LOSSES", "DEFAULT_TEMPERATURES", "sweep_rows", "sweep_verdicts", "sweep_table", "sweep_means"]
 
 DEFAULT_TEMPERATURES = (0.05, 0.1, 0.2, 0.5, 1.0)
 #: A sweep row's loss -> the ``contrastkit pretrain`` method that trains it.
@@ -193,8 +195,8 @@ def sweep_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
         _dilemma_verdict(rows),
     ]
     simple = values(rows, "probe_accuracy", loss="simple")
-    if simple and accuracy:
-        best = max(accuracy, key=lambda t: mean_std(accuracy[t])[0])
+    best = best_tau(rows)
+    if simple and best is not None:
         verdicts.append(gap_verdict("The simple loss trains worse than the best NT-Xent",
                                     accuracy[best], simple, f"NT-Xent (tau {best:g})", "simple loss"))
     hard = by_tau(rows, "hard_negative", "probe_accuracy")
@@ -205,27 +207,56 @@ def sweep_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
 
 # ------------------------------------------------------------------------------ table
 
-def sweep_table(rows: Sequence[Dict[str, Any]]) -> str:
-    """Mean over seeds of every (loss, tau): accuracies and the geometry of ``z`` / ``h``."""
+def _settings(rows: Sequence[Dict[str, Any]]) -> Dict[tuple, List[Dict[str, Any]]]:
+    """The runs of each ``(loss, tau)``, in the rows' order (tau ``""`` for the simple loss)."""
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["loss"], row["tau"]), []).append(row)
+    return groups
+
+
+def _mean(group: Sequence[Dict[str, Any]], key: str) -> float:
+    found = values(group, key)
+    return mean_std(found)[0] if found else math.nan
+
+
+#: The columns of :func:`sweep_means`: (column, sweep row key, statistic).
+MEAN_COLUMNS = (("probe_accuracy", "probe_accuracy", 0), ("probe_accuracy_std", "probe_accuracy", 1),
+                ("knn_accuracy", "knn_accuracy", 0), ("z_uniformity", "z_uniformity", 0),
+                ("z_tolerance", "z_tolerance", 0))
+
+
+def sweep_means(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per ``(loss, tau)`` of a sweep: the runs, the mean over seeds of the probe
+    accuracy (and its standard deviation), kNN accuracy, uniformity and tolerance of ``z``, and
+    the sweep's :func:`~contrastkit.studies.rows.best_tau` (``""``: none): a budget's rows of the
+    cross-budget table."""
+    best = best_tau(rows)
+    out = []
+    for (loss, tau), group in _settings(rows).items():
+        row: Dict[str, Any] = {"loss": loss, "tau": tau, "runs": len(group)}
+        for column, key, statistic in MEAN_COLUMNS:
+            found = values(group, key)
+            row[column] = mean_std(found)[statistic] if found else ""
+        row["best_tau"] = "" if best is None else best
+        out.append(row)
+    return out
+
+
+def sweep_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """Mean over seeds of every (loss, tau): accuracies and the geometry of ``z`` / ``h``."""
+    groups = _settings(rows)
     header = (f"{'loss':<14} {'tau':>5} {'runs':>4} {'probe acc':>17} {'kNN acc':>7} {'unif(z)':>8} "
               f"{'tol(z)':>7} {'pos(z)':>7} {'neg1(z)':>7} {'H_pen(z)':>8} {'erank(h)':>8}")
     lines = [header, "-" * len(header)]
-
-    def m(group: Sequence[Dict[str, Any]], key: str) -> float:
-        found = values(group, key)
-        return mean_std(found)[0] if found else math.nan
-
     for (loss, tau), group in groups.items():
         accuracies = values(group, "probe_accuracy")
         acc_mean, acc_std = mean_std(accuracies) if accuracies else (math.nan, math.nan)
         lines.append(f"{loss:<14} {str(tau if tau != '' else '-'):>5} {len(group):>4} "
-                     f"{acc_mean:>8.4f} +/- {acc_std:.4f} {m(group, 'knn_accuracy'):>7.4f} "
-                     f"{m(group, 'z_uniformity'):>8.4f} {m(group, 'z_tolerance'):>7.4f} "
-                     f"{m(group, 'z_positive_similarity'):>7.4f} {m(group, 'z_top_negative_1'):>7.4f} "
-                     f"{m(group, 'z_penalty_entropy'):>8.4f} {m(group, 'h_effective_rank'):>8.2f}")
+                     f"{acc_mean:>8.4f} +/- {acc_std:.4f} {_mean(group, 'knn_accuracy'):>7.4f} "
+                     f"{_mean(group, 'z_uniformity'):>8.4f} {_mean(group, 'z_tolerance'):>7.4f} "
+                     f"{_mean(group, 'z_positive_similarity'):>7.4f} {_mean(group, 'z_top_negative_1'):>7.4f} "
+                     f"{_mean(group, 'z_penalty_entropy'):>8.4f} {_mean(group, 'h_effective_rank'):>8.2f}")
     random_init = values(rows, "random_init_probe_accuracy")
     pixels = values(rows, "raw_pixel_probe_accuracy")
     if random_init:
@@ -241,5 +272,6 @@ SWEEP = Study(
     label="sweep", title="temperature sweep", folder="sweep",
     settings_file=layout.SWEEP_SETTINGS, table_file=layout.SWEEP_TABLE, plot_files=layout.SWEEP_PLOTS,
     defaults=DEFAULTS, check=_check, specs=_specs, rows=sweep_rows, verdicts=sweep_verdicts, table=sweep_table,
-    plot=plot_sweep, cell=headline,
+    plot=plot_sweep, cell=headline, budget_table=sweep_means, budget_plot=plot_sweep_budgets,
+    budget_plot_files=layout.BUDGET_PLOTS,
 )
