@@ -257,3 +257,28 @@ def test_experiment_over_budgets(tmp_path, capsys):
     claims = read_json(out / "verdicts_by_budget.json")["claims"]
     assert claims and claims[0]["claim"].startswith("Pair definition B")
     assert "Verdicts by budget" in capsys.readouterr().out
+
+
+# --- which variants run next to NT-Xent ----------------------------------------------------------
+
+@pytest.mark.parametrize("variants, names", [
+    (None, {"nt_xent", "hard_negative", "simple"}),
+    ("simple", {"nt_xent", "simple"}),
+    ("hard-negative", {"nt_xent", "hard_negative"}),
+    ("none", {"nt_xent"}),
+])
+def test_the_variants_decide_the_runs(variants, names):
+    from contrastkit.studies import SWEEP
+
+    settings = SWEEP.settings(temperatures=[0.1, 0.5], seeds=2, variants=variants)
+    specs = SWEEP.specs(settings)
+    assert {spec.row for spec in specs} == names
+    assert len([s for s in specs if s.row == "simple"]) == (2 if "simple" in names else 0)
+    assert len([s for s in specs if s.row == "hard_negative"]) == (4 if "hard_negative" in names else 0)
+
+
+def test_unknown_variants_are_refused_in_one_line(tmp_path, capsys):
+    assert main(["sweep", "--variants", "simple,dcl", "--epochs", "1", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "variants" in err and "dcl" in err
+    assert not (tmp_path / "x").exists()

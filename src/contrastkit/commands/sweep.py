@@ -30,7 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--views", default=None, choices=("augment", "A", "B"),
                         help=f"positive pairs (A/B need glyphlab; default {d['views']})")
     parser.add_argument("--no-variants", action="store_true",
-                        help="NT-Xent only: skip the simple-loss and hard-negative columns")
+                        help="NT-Xent only: skip the simple-loss and hard-negative columns (--variants none)")
+    parser.add_argument("--variants", default=None, metavar="LIST",
+                        help="the runs next to NT-Xent's, comma-separated: hard-negative (at each tau), simple "
+                             "(once per seed), or none (default: hard-negative,simple)")
     add_study_arguments(parser, epochs_default=d["epochs"], batch_default=d["batch_size"])
 
 
@@ -39,4 +42,4 @@ def run(args: argparse.Namespace) -> int:
 
     return run_study_command(SWEEP.name, args, data=args.data,
                              temperatures=parse_numbers(args.temperatures, "--temperatures"), seeds=args.seeds,
-                             views=args.views, no_variants=args.no_variants)
+                             views=args.views, no_variants=args.no_variants, variants=args.variants)

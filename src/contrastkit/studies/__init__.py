@@ -96,7 +96,8 @@ def run_sweep(out: Optional[str] = None, *, resume: bool = False, force: bool = 
               jobs: int = 0, **settings: Any) -> StudyResult:
     """The temperature sweep (:data:`SWEEP`): settings ``data``, ``data_options``,
     ``temperatures``, ``seeds``, ``views``, ``epochs``, ``batch_size``, ``device``, ``threads``
-    (``None``: the trainer's default) and ``no_variants``; default folder ``runs/sweep``."""
+    (``None``: the trainer's default), ``variants`` (a list among ``"hard_negative"``, ``"simple"``, or
+    "hard-negative,simple"; default both) and ``no_variants`` (none); default folder ``runs/sweep``."""
     return run_study(SWEEP.name, out, resume=resume, force=force, progress=progress, jobs=jobs, **settings)
 
 

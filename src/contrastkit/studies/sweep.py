@@ -36,11 +36,16 @@ LOSSES = {"nt_xent": "simclr", "hard_negative": "hard_negative", "simple": "simp
 METRIC_KEYS = ("alignment", "uniformity", "tolerance", "positive_similarity", "penalty_entropy",
                "penalty_entropy_max", "effective_rank")
 
+#: The runs next to NT-Xent's (Wang & Liu's Table 1): hard-negative NT-Xent at each tau, the
+#: simple loss once per seed.
+VARIANTS = ("hard_negative", "simple")
+
 # 33 runs (5 tau x 3 seeds x 2 losses + 3 simple) in <= 30 minutes on 2 CPU cores on glyphlab:
 # about 40 s per run (300 steps of ~0.11 s, one thread, plus evaluation; docs/temperature-study.md).
 DEFAULTS: Dict[str, Any] = {
     "data": "glyphlab", "data_options": {}, "temperatures": list(DEFAULT_TEMPERATURES), "seeds": 3,
     "views": "augment", "epochs": 100, "batch_size": 40, "device": "auto", "threads": None, "no_variants": False,
+    "variants": list(VARIANTS),
     **RUN_DEFAULTS,
 }
 
@@ -49,12 +54,19 @@ def _check(settings: Dict[str, Any]) -> Dict[str, Any]:
     check_counts(settings)
     settings["temperatures"] = check_numbers(settings["temperatures"], "temperatures", MIN_TEMPERATURE)
     settings["no_variants"] = bool(settings["no_variants"])
+    variants = [] if settings["no_variants"] else settings.get("variants", list(VARIANTS))
+    if isinstance(variants, str):
+        variants = [v.strip().replace("-", "_") for v in variants.split(",") if v.strip() and v.strip() != "none"]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or len(set(variants)) != len(variants):
+        raise ValueError(f"variants must be distinct names among {', '.join(VARIANTS)} (or none), got {variants}")
+    settings["variants"] = [v for v in VARIANTS if v in variants]
     return settings
 
 
 def _specs(settings: Dict[str, Any]) -> List[RunSpec]:
     base = run_config(settings, data=settings["data"], views=settings["views"])
-    losses = ["nt_xent"] + ([] if settings["no_variants"] else ["hard_negative"])
+    losses = ["nt_xent"] + (["hard_negative"] if "hard_negative" in settings["variants"] else [])
     specs = []
     for seed in range(settings["seeds"]):  # seed-major: an interrupted sweep still has whole curves
         for loss in losses:
@@ -62,7 +74,7 @@ def _specs(settings: Dict[str, Any]) -> List[RunSpec]:
                 specs.append(RunSpec(f"{loss}-tau{tau:g}-seed{seed}", loss, f"tau {tau:g}",
                                      {**base, "method": LOSSES[loss], "temperature": tau, "seed": seed},
                                      baselines=(loss == "nt_xent" and tau == settings["temperatures"][0])))
-        if not settings["no_variants"]:
+        if "simple" in settings["variants"]:
             specs.append(RunSpec(f"simple-seed{seed}", "simple", "no tau",
                                  {**base, "method": "simple", "seed": seed}))
     return specs
