@@ -15,7 +15,7 @@ from contrastkit.train.selection import selected_numbers
 from .stats import finite
 
 __all__ = ["values", "headline", "by_tau", "best_tau", "cell_means", "retrieval", "selected_columns", "selected_numbers",
-           "RETRIEVAL_K", "PROFILE_LENGTH", "baselines_line"]
+           "RETRIEVAL_K", "PROFILE_LENGTH", "baselines_line", "schedule_columns"]
 
 #: How many nearest negatives a sweep row keeps (``z_top_negative_1..10``, the similarity profile).
 PROFILE_LENGTH = 10
@@ -33,6 +33,18 @@ def selected_columns(summary: Dict[str, Any]) -> Row:
     return {"probe_accuracy": selected.get("probe_accuracy"), "knn_accuracy": selected.get("knn_accuracy"),
             "epoch": summary.get("selected_epoch", summary.get("epochs")),
             "last_probe_accuracy": summary.get("probe_accuracy")}
+
+
+def schedule_columns(summary: Dict[str, Any], run: str) -> Row:
+    """The columns of a run that follows a temperature schedule or method (the schedules and
+    temperature-methods studies): :func:`selected_columns`, the held-out view retrieval, the
+    tau it ended at, the baselines, the last epoch's loss, the training time and the run's name."""
+    return {**selected_columns(summary),
+            "view_retrieval_top1": selected_numbers(summary).get("view_retrieval_top1", ""),
+            "final_temperature": summary.get("final_temperature"),
+            "random_init_probe_accuracy": summary.get("random_init_probe_accuracy", ""),
+            "raw_pixel_probe_accuracy": summary.get("raw_pixel_probe_accuracy", ""),
+            "final_loss": summary.get("final_loss"), "train_seconds": summary.get("train_seconds"), "run": run}
 
 
 def headline(numbers: Dict[str, Any]) -> str:

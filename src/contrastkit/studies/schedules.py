@@ -27,7 +27,7 @@ from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import plot_schedules
-from .rows import baselines_line, headline, selected_columns, selected_numbers, values
+from .rows import baselines_line, headline, schedule_columns, values
 from .stats import mean_std
 from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
 from .verdicts import NEEDS_LABELS, PAIRED_SEED_RULE, Verdict, paired_seed_verdict
@@ -92,12 +92,8 @@ def schedules_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
     for spec in specs:
         s = spec.summary or {}
         schedule = spec.config.get("temperature_schedule", f"constant {spec.config['temperature']:g}")
-        rows.append({"schedule": spec.row, "tau": schedule, "seed": spec.config["seed"], **selected_columns(s),
-                     "view_retrieval_top1": selected_numbers(s).get("view_retrieval_top1", ""),
-                     "final_temperature": s.get("final_temperature"),
-                     "random_init_probe_accuracy": s.get("random_init_probe_accuracy", ""),
-                     "raw_pixel_probe_accuracy": s.get("raw_pixel_probe_accuracy", ""),
-                     "final_loss": s.get("final_loss"), "train_seconds": s.get("train_seconds"), "run": spec.name})
+        rows.append({"schedule": spec.row, "tau": schedule, "seed": spec.config["seed"],
+                     **schedule_columns(s, spec.name)})
     return rows
 
 

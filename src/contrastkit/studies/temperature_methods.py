@@ -31,7 +31,7 @@ from contrastkit.losses import MIN_TEMPERATURE
 
 from .grid import RunSpec
 from .plots import plot_temperature_methods
-from .rows import baselines_line, headline, selected_columns, selected_numbers, values
+from .rows import baselines_line, headline, schedule_columns, values
 from .stats import finite, mean_std
 from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
 from .sweep import DEFAULT_TEMPERATURES
@@ -113,13 +113,11 @@ def methods_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
     for spec in specs:
         s = spec.summary or {}
         tau = (f"{spec.config['temperature']:g}" if spec.row == FIXED else spec.config["temperature_schedule"])
-        rows.append({"method": spec.row, "tau": tau, "seed": spec.config["seed"], **selected_columns(s),
-                     "val_probe_accuracy": _val_accuracy(s),
-                     "view_retrieval_top1": selected_numbers(s).get("view_retrieval_top1", ""),
-                     "final_temperature": s.get("final_temperature"),
-                     "random_init_probe_accuracy": s.get("random_init_probe_accuracy", ""),
-                     "raw_pixel_probe_accuracy": s.get("raw_pixel_probe_accuracy", ""),
-                     "final_loss": s.get("final_loss"), "train_seconds": s.get("train_seconds"), "run": spec.name})
+        columns = schedule_columns(s, spec.name)
+        rows.append({"method": spec.row, "tau": tau, "seed": spec.config["seed"],
+                     **{key: columns.pop(key) for key in ("probe_accuracy", "knn_accuracy", "epoch",
+                                                          "last_probe_accuracy")},
+                     "val_probe_accuracy": _val_accuracy(s), **columns})
     return rows
 
 
