@@ -188,3 +188,23 @@ def test_the_cap_scales_with_the_data():
     assert small == probe_module.PROBE_MAX_EVALUATIONS  # a tiny problem: the ceiling
     assert probe_module.PROBE_MIN_EVALUATIONS <= large < small
     assert cap(45_000, 784, 10) > large  # fewer features: cheaper evaluations, more of them
+
+
+@pytest.mark.parametrize("n, d, rank", [(40, 300, 40), (40, 300, 12), (30, 200, 30)])
+def test_fewer_images_than_features_give_the_fit_of_the_whole_feature_space(monkeypatch, n, d, rank):
+    # The probe fits in the training rows' span when 2 n <= d; forced off, the same grid must give
+    # the same accuracies (the optimum lies in that span). rank < n: duplicated directions.
+    from contrastkit.metrics import probe as probe_module
+
+    generator = np.random.default_rng(n + d + rank)
+    mix = generator.normal(size=(rank, d))
+    def split(m):
+        x = generator.normal(size=(m, rank)) @ mix + 0.01 * generator.normal(size=(m, d)) * (rank == n)
+        return x.astype(np.float32), (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0)
+    train, val, test = split(n), split(60), split(60)
+    train[0][:, 5] = 3.0  # a constant feature
+    reduced = probe_module.linear_probe(*train, *val, *test, c_grid=(0.01, 1.0, 100.0), patience=None)
+    monkeypatch.setattr(probe_module, "_row_space", lambda *splits: splits)
+    whole = probe_module.linear_probe(*train, *val, *test, c_grid=(0.01, 1.0, 100.0), patience=None)
+    assert reduced.val_accuracy_by_c == whole.val_accuracy_by_c
+    assert (reduced.test_accuracy, reduced.best_c) == (whole.test_accuracy, whole.best_c)

@@ -282,3 +282,18 @@ def test_unknown_variants_are_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "variants" in err and "dcl" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_sweep_stored_before_the_variants_setting_resumes_with_the_same_runs():
+    from contrastkit.studies import SWEEP
+
+    now = SWEEP.settings(temperatures=[0.1, 0.5], seeds=2)
+    older = {key: value for key, value in now.items() if key != "variants"}  # what sweep.json held
+    assert SWEEP.complete_stored(older) == now
+    assert SWEEP.complete_stored({**older, "no_variants": True}) == SWEEP.settings(temperatures=[0.1, 0.5], seeds=2,
+                                                                                  no_variants=True)
+
+
+def test_no_variants_and_variants_together_are_refused(tmp_path, capsys):
+    assert main(["sweep", "--no-variants", "--variants", "simple", "--epochs", "1", "--out", str(tmp_path / "x")]) == 2
+    assert "not both" in capsys.readouterr().err

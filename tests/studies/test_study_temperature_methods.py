@@ -96,3 +96,13 @@ def test_bad_options_are_one_line(capsys, argv, message):
     assert main(["experiment", "temperature-methods", "--epochs", "1", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_without_a_selection_the_last_epoch_s_val_probe_chooses_and_unfinished_runs_have_no_say():
+    from contrastkit.studies.temperature_methods import _val_accuracy
+
+    assert _val_accuracy({"probe_val_accuracy": 0.41}) == 0.41
+    assert _val_accuracy({"selection": {"scores": [0.3, 0.5]}, "probe_val_accuracy": 0.41}) == 0.5
+    rows = _rows({"0.1": [0.5, 0.5], "0.5": [0.4, 0.4]}, {}, val={"0.1": [0.3, 0.3], "0.5": [0.6, 0.6]})
+    rows.append({"method": "fixed", "tau": "0.2", "seed": 0, "probe_accuracy": None, "val_probe_accuracy": None})
+    assert best_fixed_temperature(rows) == ("0.5", "val")

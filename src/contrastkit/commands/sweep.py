@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from contrastkit.studies import SWEEP
 
+    if args.no_variants and args.variants is not None:
+        raise ValueError("give --no-variants or --variants, not both (--no-variants is --variants none)")
     return run_study_command(SWEEP.name, args, data=args.data,
                              temperatures=parse_numbers(args.temperatures, "--temperatures"), seeds=args.seeds,
                              views=args.views, no_variants=args.no_variants, variants=args.variants)

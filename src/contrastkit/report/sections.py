@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from contrastkit import layout
 from contrastkit._io import read_json
+from contrastkit.studies.verdicts import FAILS, HOLDS
 
 from .document import Page
 from .reading import mean_std
@@ -48,7 +49,7 @@ def report_page(title: str, folder: Path, *facts: str) -> Page:
 
 def status_badge(page: Page, status: str) -> str:
     """A verdict's status as a badge: green when it holds, red when it does not, amber otherwise."""
-    kind = "good" if status == "holds" else "bad" if status.startswith("does not") else "warn"
+    kind = "good" if status == HOLDS else "bad" if status == FAILS else "warn"
     return page.badge(status or "?", kind)
 
 

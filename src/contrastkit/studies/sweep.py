@@ -59,7 +59,8 @@ def _check(settings: Dict[str, Any]) -> Dict[str, Any]:
         variants = [v.strip().replace("-", "_") for v in variants.split(",") if v.strip() and v.strip() != "none"]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or len(set(variants)) != len(variants):
-        raise ValueError(f"variants must be distinct names among {', '.join(VARIANTS)} (or none), got {variants}")
+        raise ValueError("--variants must be distinct names among "
+                         f"{', '.join(v.replace('_', '-') for v in VARIANTS)} (or none), got {','.join(variants)}")
     settings["variants"] = [v for v in VARIANTS if v in variants]
     return settings
 

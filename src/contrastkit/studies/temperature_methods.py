@@ -99,11 +99,12 @@ def _specs(settings: Dict[str, Any]) -> List[RunSpec]:
 
 
 def _val_accuracy(summary: Dict[str, Any]) -> Optional[float]:
-    """The val probe accuracy of the selected epoch (the best score of the run's selection)."""
+    """The val probe accuracy of the selected epoch (the best score of the run's selection), or
+    without a selection (``--eval-every 0``) the last epoch's (``probe_val_accuracy``)."""
     selection = summary.get("selection")
     if isinstance(selection, dict) and selection.get("scores"):
         return max(float(s) for s in selection["scores"])
-    return None
+    return finite(summary.get("probe_val_accuracy"))
 
 
 def methods_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
@@ -124,7 +125,8 @@ def methods_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
 def best_fixed_temperature(rows: Sequence[Dict[str, Any]]) -> Tuple[Optional[str], str]:
     """The fixed tau with the highest mean val probe accuracy over seeds (test accuracy when a
     fixed run has no val score), and which of the two chose it (``"val"`` or ``"test"``)."""
-    fixed = [row for row in rows if row["method"] == FIXED]
+    # Runs without a read-out (failed, unfinished) have no say in the choice.
+    fixed = [row for row in rows if row["method"] == FIXED and finite(row.get("probe_accuracy")) is not None]
     by_val = all(finite(row.get("val_probe_accuracy")) is not None for row in fixed)
     key = "val_probe_accuracy" if by_val else "probe_accuracy"
     means = {}
