@@ -72,13 +72,11 @@ SERIAL = (
     "tests/distributed/test_distributed.py::",
     "tests/distributed/test_distributed_accumulation.py::",
     "tests/distributed/test_distributed_scaleout.py::",
-    "tests/distributed/test_distributed_per_anchor_temperature.py::",
     "tests/distributed/test_distributed_torchrun.py::",
     "tests/losses/test_losses_sigmoid.py::",
     "tests/losses/test_tiled_variants.py::test_two_processes_equal_one_on_the_global_batch",
     "tests/train/test_siglip_train.py::test_two_processes_give_the_gradients_of_one",
     "tests/integrations/test_lightning.py::test_ddp_on_two_processes_equals_one_process_on_the_global_batch",
-    "tests/integrations/test_lightning.py::test_under_ddp_rank_zero_names_the_damaged_files_every_rank_skipped",
 )
 
 

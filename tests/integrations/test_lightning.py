@@ -424,6 +424,7 @@ def test_a_collection_that_fails_on_damaged_files_stops_naming_the_file(tmp_path
 
 _DDP_COLLECTION_SCRIPT = '''
 """One epoch of a ContrastiveModule on a collection with damaged files, on 2 CPU processes."""
+import os
 import sys
 
 import lightning
@@ -441,7 +442,8 @@ trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=2, strategy
                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                             limit_val_batches=0, default_root_dir=logs)
 trainer.fit(module, data)
-print("rank", trainer.global_rank, "steps", trainer.global_step, "named", len(data.skipped_files()))
+# One write of one line: the two processes share the pipe, and print's pieces interleave.
+os.write(1, f"rank {trainer.global_rank} steps {trainer.global_step} named {len(data.skipped_files())}\\n".encode())
 '''
 
 
