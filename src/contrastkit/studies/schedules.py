@@ -30,7 +30,7 @@ from .plots import plot_schedules
 from .rows import baselines_line, headline, schedule_columns, values
 from .stats import mean_std
 from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
-from .verdicts import NEEDS_LABELS, PAIRED_SEED_RULE, Verdict, paired_seed_verdict
+from .verdicts import PAIRED_SEED_RULE, Verdict, needs_labels_verdict, paired_seed_verdict
 
 __all__ = ["SCHEDULES", "DEFAULT_COSINE", "DEFAULT_LINEAR", "schedules_rows", "schedules_verdicts",
            "schedules_table"]
@@ -119,17 +119,9 @@ def schedules_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
 
 
 def _needs_labels(rows: Sequence[Dict[str, Any]], kind: str) -> Verdict:
-    """Both claims are about the representation a classifier reads (probe accuracy): without
-    labels they are not judged. The label-free view retrieval of each schedule is shown, not
-    used: it scores the pretext task the loss itself optimises, which a schedule can win
-    without a better representation."""
-    shown = ", ".join(f"{schedule} {mean_std(found)[0]:.4f}" for schedule in (FIXED, kind)
-                      if (found := values(rows, "view_retrieval_top1", schedule=schedule)))
-    evidence = "no probe accuracy without labels" + (f"; held-out view retrieval top-1 (label-free, not the "
-                                                     f"claim's measure): {shown}" if shown else "")
-    rule = ("the claim is about probe accuracy, which needs class labels: run the experiment on labelled data "
-            "(class folders), or judge the schedules with --eval-data on a labelled set in contrastkit pretrain")
-    return Verdict(_CLAIMS[kind], NEEDS_LABELS, evidence, rule)
+    """Both claims are about probe accuracy: without labels they are not judged."""
+    return needs_labels_verdict(_CLAIMS[kind], {name: values(rows, "view_retrieval_top1", schedule=name)
+                                                for name in (FIXED, kind)}, "schedules")
 
 
 def schedules_table(rows: Sequence[Dict[str, Any]]) -> str:

@@ -35,7 +35,7 @@ from .rows import baselines_line, headline, schedule_columns, values
 from .stats import finite, mean_std
 from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
 from .sweep import DEFAULT_TEMPERATURES
-from .verdicts import NEEDS_LABELS, PAIRED_SEED_RULE, UNDECIDED, Verdict, paired_seed_verdict
+from .verdicts import PAIRED_SEED_RULE, UNDECIDED, Verdict, needs_labels_verdict, paired_seed_verdict
 
 __all__ = ["TEMPERATURE_METHODS", "DEFAULT_METHODS", "methods_rows", "methods_verdicts", "methods_table",
            "best_fixed_temperature"]
@@ -169,15 +169,9 @@ def methods_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
 
 
 def _needs_labels(rows: Sequence[Dict[str, Any]], claim: str, method: str) -> Verdict:
-    """On data without labels the claim (probe accuracy) is not judged; the label-free view
-    retrieval is shown, not used (it scores the pretext task the loss optimises)."""
-    shown = ", ".join(f"{name} {mean_std(found)[0]:.4f}" for name in (FIXED, method)
-                      if (found := values(rows, "view_retrieval_top1", method=name)))
-    evidence = "no probe accuracy without labels" + (f"; held-out view retrieval top-1 (label-free, not the "
-                                                     f"claim's measure): {shown}" if shown else "")
-    rule = ("the claim is about probe accuracy, which needs class labels: run the experiment on labelled data "
-            "(class folders), or judge the methods with --eval-data on a labelled set in contrastkit pretrain")
-    return Verdict(claim, NEEDS_LABELS, evidence, rule)
+    """On data without labels the claim (probe accuracy) is not judged."""
+    return needs_labels_verdict(claim, {name: values(rows, "view_retrieval_top1", method=name)
+                                        for name in (FIXED, method)}, "methods")
 
 
 def _label_free_table(rows: Sequence[Dict[str, Any]]) -> str:

@@ -18,7 +18,7 @@ from typing import Dict, Sequence
 from .stats import mean_std, standard_error
 
 __all__ = ["HOLDS", "FAILS", "UNDECIDED", "NEEDS_LABELS", "STATUSES", "Verdict", "format_verdicts", "margin_status",
-           "correlation_status", "gap_verdict", "paired_seed_verdict", "PAIRED_SEED_RULE"]
+           "correlation_status", "gap_verdict", "paired_seed_verdict", "needs_labels_verdict", "PAIRED_SEED_RULE"]
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold here", "inconclusive"
 #: A claim about class labels (accuracy, tolerance) on data without any: not judged.
@@ -83,6 +83,20 @@ def paired_seed_verdict(claim: str, baseline: Dict[int, float], other: Dict[int,
     evidence = (f"{compared} per seed: " + ", ".join(f"{d:+.4f}" for d in differences)
                 + f"; mean {mean:+.4f} vs 2 standard errors {2 * error:.4f} (n = {len(differences)} seeds)")
     return Verdict(claim, status, evidence, rule)
+
+
+def needs_labels_verdict(claim: str, retrieval: Dict[str, Sequence[float]], compared: str) -> Verdict:
+    """A claim about probe accuracy on data without labels: not judged (``NEEDS_LABELS``). The
+    held-out view retrieval top-1 of each compared setting (``retrieval``: name -> per-run
+    values) is shown, not used: it scores the pretext task the loss itself optimises, which a
+    setting can win without a better representation. ``compared``: what the user would judge
+    with ``--eval-data`` (e.g. ``"schedules"``)."""
+    shown = ", ".join(f"{name} {mean_std(found)[0]:.4f}" for name, found in retrieval.items() if found)
+    evidence = "no probe accuracy without labels" + (f"; held-out view retrieval top-1 (label-free, not the "
+                                                     f"claim's measure): {shown}" if shown else "")
+    rule = ("the claim is about probe accuracy, which needs class labels: run the experiment on labelled data "
+            f"(class folders), or judge the {compared} with --eval-data on a labelled set in contrastkit pretrain")
+    return Verdict(claim, NEEDS_LABELS, evidence, rule)
 
 
 def correlation_status(rho: float, threshold: float = 0.8) -> str:
