@@ -106,6 +106,14 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid):
             return _work_unit(nodeid)
 
+        def _assign_work_unit(self, node):
+            # The serial group is the longest unit (its tests run one after another): handed
+            # out first, it runs while the other workers share the rest, instead of starting
+            # late and leaving them idle at the end.
+            if "serial" in self.workqueue:
+                self.workqueue.move_to_end("serial", last=False)
+            super()._assign_work_unit(node)
+
     return ByWorkUnit(config, log)
 
 

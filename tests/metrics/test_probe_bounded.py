@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from contrastkit.metrics import ProbeCapWarning, linear_probe, probe as probe_module
-from contrastkit.metrics.probe import _walk_grid
+from contrastkit.data import compact_images
+from contrastkit.metrics.probe import _ByteRows as ByteRows, _walk_grid
 from contrastkit.train.setup import limit_threads
 
 from _data_fixtures import CIFAR_TARBALL, cifar_subset
@@ -91,15 +92,26 @@ def _encoder_features(data, images, trained):
 
 
 @NEEDS_CIFAR
-@pytest.mark.parametrize("features", ["raw pixels", "random-init encoder", "trained encoder"])
-def test_the_bounded_probe_gives_the_converged_test_accuracy_on_real_features(cifar_gray, features):
+@pytest.mark.parametrize("features", ["raw pixels", "8-bit raw pixels", "random-init encoder", "trained encoder"])
+def test_the_bounded_probe_gives_the_converged_test_accuracy_on_real_features(cifar_gray, features, monkeypatch):
     data, images, labels = cifar_gray
     if features == "raw pixels":  # at 14x14 (means of 2x2), so that the reference takes seconds
         x = torch.nn.functional.avg_pool2d(images, 2).reshape(len(images), -1).numpy()
+    elif features == "8-bit raw pixels":  # every other pixel (14x14) as uint8: the exact integer path
+        x = compact_images(images[:, :, ::2, ::2].reshape(len(images), -1)).numpy()
+        assert x.dtype == np.uint8
+        monkeypatch.setattr(probe_module, "BYTE_PATH_VALUES", 0)
+        taken = []
+        monkeypatch.setattr(probe_module, "_ByteRows", lambda *a: taken.append(1) or ByteRows(*a))
     else:
         x = _encoder_features(data, images, trained=features == "trained encoder")
     train, val, test = _splits(x, labels)
     result = linear_probe(*train, *val, *test, c_grid=GRID)
+    if features == "8-bit raw pixels":
+        assert taken
+        train, val, test = [(split.astype(np.float32) / 255, y) for split, y in (train, val, test)]
+        # the float path's number, to the protocol's tolerance (each stops where its own rounding lets it)
+        assert abs(result.test_accuracy - linear_probe(*train, *val, *test, c_grid=GRID).test_accuracy) <= 0.002
     _, reference_c, reference = _sklearn_test_accuracy(train, val, test)
     assert abs(result.test_accuracy - reference) <= 0.002, (features, result, reference_c, reference)
     assert result.capped_c == []  # converged by its own rules, not stopped by the cap

@@ -112,18 +112,28 @@ def test_probe_is_converged_where_there_are_fewer_images_than_features(monkeypat
     assert abs(result.test_accuracy - test_by_c[best]) <= 0.01, (result, test_by_c, best)
 
 
-def test_probe_objective_and_gradients_match_a_float64_autograd_reference():
+@pytest.mark.parametrize("rows", ["float", "bytes"])
+def test_probe_objective_and_gradients_match_a_float64_autograd_reference(rows):
     """The written-out cross-entropy and gradients (log1p / expm1 form) against autograd of the
-    textbook form in float64, with confidently right, confidently wrong and uncertain samples."""
+    textbook form in float64, with confidently right, confidently wrong and uncertain samples;
+    on float features and on 8-bit ones in exact integer arithmetic (standardised by their columns)."""
     import torch
 
-    from contrastkit.metrics.probe import _MultinomialProbe
+    from contrastkit.metrics.probe import _ByteRows, _FloatRows, _MultinomialProbe
 
     torch.manual_seed(0)
     n, d, k = 64, 12, 4
-    x = torch.randn(n, d)
     y = torch.randint(0, k, (n,))
-    probe = _MultinomialProbe(x, y, k)
+    if rows == "float":
+        x = torch.randn(n, d)
+        probe = _MultinomialProbe(_FloatRows(x), y, k)
+    else:
+        pixels = torch.randint(0, 256, (n, d), dtype=torch.uint8)
+        pixels[:, 3] = 17  # a constant column: divided by 1
+        x = pixels.double()
+        std = x.std(0, unbiased=False)
+        x = ((x - x.mean(0)) / torch.where(std > 0, std, torch.ones_like(std))).float()
+        probe = _MultinomialProbe(_ByteRows(pixels.numpy()), y, k)
     for scale in (0.1, 3.0, 30.0):  # logits of size ~0.3, ~10 and ~100
         weight = (torch.randn(d, k, dtype=torch.float64) * scale).requires_grad_()
         bias = torch.randn(k, dtype=torch.float64).requires_grad_()
@@ -143,11 +153,11 @@ def test_probe_cross_entropy_keeps_the_digits_of_confident_samples():
     form returns 0 for both, the written-out form the float64 value."""
     import torch
 
-    from contrastkit.metrics.probe import _MultinomialProbe
+    from contrastkit.metrics.probe import _FloatRows, _MultinomialProbe
 
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     y = torch.tensor([0, 1])
-    probe = _MultinomialProbe(x, y, 2)
+    probe = _MultinomialProbe(_FloatRows(x), y, 2)
     weight = torch.tensor([[20.0, 0.0], [0.0, 20.0]], dtype=torch.float64)
     loss, grad_weight, _ = probe._loss_and_gradients(weight, torch.zeros(2, dtype=torch.float64), 0.0)
     expected = torch.nn.functional.softplus(torch.tensor(-20.0, dtype=torch.float64)).item()  # log(1 + e^-20)

@@ -34,7 +34,8 @@ from contrastkit.data.contract import (DataSplit, DataSplits, as_data, data_reco
 from contrastkit.data.download import download_cifar10, download_mnist
 from contrastkit.data.loader import (DamagedItem, DeviceIndexBatches, EpochBatchSampler, SkippingItems, collate_skipping,
                                      make_loader, record_damaged)
-from contrastkit.data.on_device import DeviceImages, OnDevicePlan, choose_on_device, device_free_bytes, hold_on_device
+from contrastkit.data.on_device import (DeviceImages, OnDevicePlan, choose_on_device, compact_images, device_free_bytes,
+                                        hold_on_device)
 from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFolderDataset, StreamingDataset,
                                         UnreadableImageError, as_streaming, as_streaming_pairs, stream_image_folder,
                                         subset_split, unit_float)
@@ -52,4 +53,5 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "PairedImages", "indexed_image_batches", "data_record", "call_with_options", "check_positive_int", "unit_float",
            "NO_LABEL", "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files", "DamagedItem", "SkippingItems",
            "collate_skipping", "record_damaged", "DeviceIndexBatches",
-           "DeviceImages", "OnDevicePlan", "choose_on_device", "device_free_bytes", "hold_on_device", "TransformViews"]
+           "DeviceImages", "OnDevicePlan", "choose_on_device", "compact_images", "device_free_bytes", "hold_on_device",
+           "TransformViews"]

@@ -24,6 +24,13 @@ training images as features (a small data set's raw pixels) the probe is fitted 
 the training rows, which holds the optimum: the same fit at ``n^2 k`` per evaluation, not ``d^2 k``.
 The kNN similarities are computed a block of queries at a time, so memory stays
 ``O(block * n)``.
+
+8-bit features (uint8 ``(n, d)``: the raw-pixel baseline of 8-bit images,
+:func:`~contrastkit.metrics.pixel_features`) of at least ``BYTE_PATH_VALUES`` values are read in
+exact integer arithmetic (:mod:`contrastkit.metrics.bytes`): the kNN's dot products exactly, the
+probe's two products per evaluation with the float operand written to 31 bits; a quarter of the
+memory, and on CIFAR-10's raw pixels several times faster than float32. Smaller ones are read as
+the float32 ``k / 255`` the models see, with the numbers of float features.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+
+from .bytes import CENTRE, SUM_CHUNK, bytes_times, centred, column_statistics, gram, integer_matmul, row_sums, times_bytes
 
 __all__ = ["DEFAULT_C_GRID", "PROBE_TOLERANCE", "ProbeCapWarning", "ProbeResult", "linear_probe",
            "probe_evaluation_cap", "probe_settings", "knn_predict", "knn_accuracy"]
@@ -67,19 +76,26 @@ PRECONDITIONER_ROWS = 8192
 #: (s, y) pairs L-BFGS keeps, and the step reductions of one line search before it gives up.
 PROBE_HISTORY = 10
 PROBE_BACKTRACKS = 10
+#: uint8 training features of at least this many values take the exact integer path
+#: (:mod:`contrastkit.metrics.bytes`); on smaller ones its extra small operations per evaluation
+#: cost more than the products it saves, and they are read as float32.
+BYTE_PATH_VALUES = 1 << 22
+#: The kNN on uint8 features keeps a block's float64 similarities within this many bytes.
+_BYTE_KNN_BYTES = 1 << 28
 #: exp(-80) = 1.8e-35, above float32's smallest normal number (1.2e-38).
 _EXP_FLOOR = -80.0
 
 
 def probe_settings() -> Dict[str, object]:
     """The settings that decide :func:`linear_probe`'s numbers besides its input (read now, so
-    a changed setting is seen): the C grid, the stopping rules, the evaluation cap's rule and
-    the grid's patience."""
+    a changed setting is seen): the C grid, the stopping rules, the evaluation cap's rule, the
+    grid's patience and the size from which 8-bit features take the exact integer path."""
     return {"c_grid": [float(c) for c in DEFAULT_C_GRID], "probe_tolerance": PROBE_TOLERANCE,
             "probe_relative_change": PROBE_RELATIVE_CHANGE, "probe_change_window": PROBE_CHANGE_WINDOW,
             "probe_history": PROBE_HISTORY, "probe_backtracks": PROBE_BACKTRACKS, "probe_work": PROBE_WORK,
             "probe_evaluations": [PROBE_MIN_EVALUATIONS, PROBE_MAX_EVALUATIONS],
-            "probe_grid_patience": PROBE_GRID_PATIENCE, "preconditioner_rows": PRECONDITIONER_ROWS}
+            "probe_grid_patience": PROBE_GRID_PATIENCE, "preconditioner_rows": PRECONDITIONER_ROWS,
+            "byte_path_values": BYTE_PATH_VALUES}
 
 
 @dataclass
@@ -105,8 +121,15 @@ class ProbeCapWarning(RuntimeWarning):
 
 
 def _features(x: object, name: str) -> np.ndarray:
-    """``x`` as a float32 ``(n, d)`` array (float64 inputs are checked before the cast)."""
+    """``x`` as a float32 ``(n, d)`` array (float64 inputs are checked before the cast), or as
+    it is when it is uint8."""
     array = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if array.dtype == np.uint8:  # 8-bit intensities: kept, the exact integer path reads them
+        if array.ndim != 2:
+            raise ValueError(f"{name} must have shape (n, d), got {array.shape}")
+        if array.shape[0] == 0:
+            raise ValueError(f"{name} is empty")
+        return array
     if not np.issubdtype(array.dtype, np.floating):
         array = array.astype(np.float64)
     if array.ndim != 2:
@@ -128,6 +151,21 @@ def _labels(y: object, n: int, name: str) -> np.ndarray:
     if not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{name} must hold integer class labels, got dtype {array.dtype}")
     return array.astype(np.int64)
+
+
+def _as_float(*arrays: np.ndarray) -> List[np.ndarray]:
+    """uint8 arrays among ``arrays`` as float32 ``k / 255`` (what the models read of 8-bit
+    images), the others as they are."""
+    return [torch.from_numpy(a).float().div_(255.0).numpy() if a.dtype == np.uint8 else a for a in arrays]
+
+
+def _byte_statistics(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation (float64, ``(d,)``) of the pixels ``q + 128`` (``q`` int8
+    ``(n, d)``, :func:`~contrastkit.metrics.bytes.centred`), as :func:`_standardise` takes them (a
+    constant column's deviation 1), from exact integer sums."""
+    mean, variance = column_statistics(q)
+    std = variance.sqrt()
+    return mean, torch.where(std < 10 * torch.finfo(torch.float64).eps, torch.ones_like(std), std)
 
 
 def _standardise(train: np.ndarray, *others: np.ndarray) -> Tuple[torch.Tensor, ...]:
@@ -206,34 +244,87 @@ def _minimise(objective: Callable[[torch.Tensor], Tuple[float, torch.Tensor]], s
         values.append(f)
 
 
+class _FloatRows:
+    """Standardised training features ``x`` ``(n, d)`` float32 as the probe multiplies them:
+    logits as ``W^T X^T`` (``k x n``) and the weight gradient as ``G^T X`` (``k x d``), both in
+    their fast layout (on CPU the autograd form ``X^T G`` of a tall, thin matrix ran ~10x slower
+    than ``G^T X``), so ``x`` and its transpose are both kept, contiguous."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x, self.xt = x.contiguous(), x.T.contiguous()
+        self.n, self.d = x.shape
+
+    def logits(self, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """``(k, n)`` float32 logits of ``weight`` ``(d, k)`` and ``bias`` ``(k,)``."""
+        return torch.addmm(bias.float()[:, None], weight.T.float(), self.xt)
+
+    def weighted_sum(self, residual: torch.Tensor) -> torch.Tensor:
+        """``X^T G`` ``(d, k)`` float64 of ``residual`` ``(k, n)``."""
+        return (residual @ self.x).double().T
+
+    def second_moment(self, step: int) -> torch.Tensor:
+        """``X^T X / m`` ``(d, d)`` float64 of every ``step``-th standardised row (``m`` of them)."""
+        sample = self.x[::step]
+        moment = torch.zeros(self.d, self.d, dtype=torch.float64)
+        for start in range(0, sample.shape[0], 8192):  # float32 products, float64 sums
+            block = sample[start:start + 8192]
+            moment += (block.T @ block).double()
+        return moment / sample.shape[0]
+
+
+class _ByteRows:
+    """8-bit training features ``pixels`` ``(n, d)`` uint8, standardised by their columns' mean
+    and standard deviation (``mean``, ``std``: float64 ``(d,)``), as :class:`_FloatRows`
+    multiplies them, in exact integer arithmetic (:mod:`contrastkit.metrics.bytes`): with
+    ``q = p - 128`` and ``V = W / std``, ``X W = q V - (mean - 128) V`` and
+    ``X^T G = (q^T G - (mean - 128) 1^T G) / std``. A quarter of the bytes per evaluation, no
+    rounding but that of ``V`` and ``G`` to 31-bit integers."""
+
+    def __init__(self, pixels: np.ndarray) -> None:
+        self.q = centred(pixels)
+        self.q_t = self.q.T.contiguous()
+        self.mean, self.std = _byte_statistics(self.q)
+        self.shift = self.mean - CENTRE
+        self.n, self.d = pixels.shape
+
+    def logits(self, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        v = weight / self.std[:, None]
+        return (bytes_times(self.q_t, v) - (self.shift @ v - bias)[:, None]).float()
+
+    def weighted_sum(self, residual: torch.Tensor) -> torch.Tensor:
+        products = times_bytes(residual, self.q) - residual.double().sum(1)[:, None] * self.shift
+        return (products / self.std).T
+
+    def second_moment(self, step: int) -> torch.Tensor:
+        # (q - s)^T (q - s) = q^T q - s (1^T q) - (q^T 1) s^T + m s s^T, divided by std std^T
+        sample = self.q[::step]
+        sums = sample.sum(0, dtype=torch.int64).double()
+        m = sample.shape[0]
+        moment = gram(sample) - torch.outer(self.shift, sums) - torch.outer(sums, self.shift) \
+            + m * torch.outer(self.shift, self.shift)
+        return moment / torch.outer(self.std, self.std) / m
+
+
 class _MultinomialProbe:
     """L-BFGS fits of one standardised training set along a grid of ``C`` (see module doc).
 
-    The objective and its gradient are written out rather than left to autograd so that both
-    products run in their fast layout: logits as ``W^T X^T`` (``k x n``) and the weight
-    gradient as ``G^T X`` (``k x d``); on CPU the autograd form ``X^T G`` of a tall, thin
-    matrix ran ~10x slower than ``G^T X``. ``x`` and its transpose are both kept, contiguous.
-    """
+    The objective and its gradient are written out rather than left to autograd, on the two
+    products of ``rows`` (:class:`_FloatRows` or :class:`_ByteRows`)."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, classes: int) -> None:
-        self.x, self.xt = x.contiguous(), x.T.contiguous()
+    def __init__(self, rows: "_FloatRows | _ByteRows", y: torch.Tensor, classes: int) -> None:
+        self.data = rows
         self.y, self.classes = y, classes
-        self.rows = torch.arange(x.shape[0])
+        self.rows = torch.arange(rows.n)
         # The preconditioner's covariance from at most PRECONDITIONER_ROWS evenly spaced rows (at
         # least 4 d): it only sets the speed, not the optimum, and on 45,000 x 3,072 raw pixels
         # the whole product cost as much as all the fits together.
-        rows = x[::max(1, x.shape[0] // max(PRECONDITIONER_ROWS, 4 * x.shape[1]))]
-        covariance = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
-        for start in range(0, rows.shape[0], 8192):  # float32 products, float64 sums
-            block = rows[start:start + 8192]
-            covariance += (block.T @ block).double()
-        self.covariance = covariance / rows.shape[0]
-        self.weight = torch.zeros(x.shape[1], classes, dtype=torch.float64)
+        self.covariance = rows.second_moment(max(1, rows.n // max(PRECONDITIONER_ROWS, 4 * rows.d)))
+        self.weight = torch.zeros(rows.d, classes, dtype=torch.float64)
         self.bias = torch.zeros(classes, dtype=torch.float64)
 
     def _loss_and_gradients(self, weight: torch.Tensor, bias: torch.Tensor, penalty: float):
         """``mean CE + penalty / 2 ||W||^2`` and its gradients w.r.t. ``W`` and ``b``."""
-        logits = torch.addmm(bias.float()[:, None], weight.T.float(), self.xt)  # (k, n)
+        logits = self.data.logits(weight, bias)  # (k, n)
         # Cross-entropy and softmax residual written so that a confidently right sample keeps its
         # digits in float32: CE = log(1 + sum_{j != y} e^(z_j)) with z = logits - logit_y, taken
         # with log1p, and p_y - 1 = expm1(-CE). The textbook form (log-sum-exp minus the logit;
@@ -249,8 +340,8 @@ class _MultinomialProbe:
         loss = sample_loss.double().mean() + 0.5 * penalty * weight.pow(2).sum()
         residual = z.sub_(sample_loss).clamp_(min=_EXP_FLOOR).exp_()  # softmax probabilities, then minus the labels
         residual[self.y, self.rows] = torch.expm1(-sample_loss)
-        residual /= self.x.shape[0]
-        grad_weight = (residual @ self.x).double().T + penalty * weight
+        residual /= self.data.n
+        grad_weight = self.data.weighted_sum(residual) + penalty * weight
         return loss, grad_weight, residual.sum(1).double()
 
     def fit(self, c: float, max_evaluations: int, trace=None) -> None:
@@ -259,7 +350,7 @@ class _MultinomialProbe:
         most ``max_evaluations`` evaluations of the objective; sets ``evaluations``,
         ``iterations`` and ``stop`` (``"gradient"``, ``"objective"``, ``"no progress"`` or
         ``"cap"``)."""
-        penalty = 1.0 / (c * self.x.shape[0])
+        penalty = 1.0 / (c * self.data.n)
         factor = self._preconditioner(penalty)
         d, k = self.weight.shape
 
@@ -381,14 +472,21 @@ def linear_probe(
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
-    train_s, val_s, test_s = _standardise(train_x, val_x, test_x)
-    if 2 * train_s.shape[0] <= train_s.shape[1]:  # nearer to n = d the SVD costs what it saves
-        train_s, val_s, test_s = _row_space(train_s, val_s, test_s)
+    rows: "_FloatRows | _ByteRows"
+    row_space = 2 * train_x.shape[0] <= dim  # nearer to n = d the SVD costs what it saves
+    if not row_space and train_x.size >= BYTE_PATH_VALUES and all(x.dtype == np.uint8 for x in (train_x, val_x, test_x)):
+        rows = _ByteRows(train_x)
+        val_s, test_s = (((torch.from_numpy(x).double() - rows.mean) / rows.std).float() for x in (val_x, test_x))
+    else:
+        train_s, val_s, test_s = _standardise(*_as_float(train_x, val_x, test_x))
+        if row_space:
+            train_s, val_s, test_s = _row_space(train_s, val_s, test_s)
+        rows = _FloatRows(train_s)
     if max_evaluations is None:
-        max_evaluations = probe_evaluation_cap(train_s.shape[0], train_s.shape[1], len(classes))
+        max_evaluations = probe_evaluation_cap(rows.n, rows.d, len(classes))
     # One model walked along the grid from strong to weak regularisation, each fit starting
     # from the previous solution (same optimum, far fewer iterations at large C).
-    model = _MultinomialProbe(train_s, torch.from_numpy(train_index.astype(np.int64)), len(classes))
+    model = _MultinomialProbe(rows, torch.from_numpy(train_index.astype(np.int64)), len(classes))
     fits: Dict[float, Tuple[torch.Tensor, torch.Tensor]] = {}
     evaluations: Dict[float, int] = {}
     capped = []
@@ -443,6 +541,10 @@ def knn_predict(
     if memory_y.max() >= classes:
         raise ValueError(f"memory_y holds label {memory_y.max()} but num_classes is {classes}")
 
+    if memory_x.dtype == np.uint8 and query_x.dtype == np.uint8 and memory_x.size >= BYTE_PATH_VALUES:
+        return _byte_knn(memory_x, memory_y, query_x, k, temperature, classes)
+    memory_x, query_x = _as_float(memory_x, query_x)
+
     def unit(x: np.ndarray) -> torch.Tensor:
         rows = torch.from_numpy(x)
         # Norms accumulated in float64: a float32 square sum of large features could overflow.
@@ -459,12 +561,55 @@ def knn_predict(
     for start in range(0, queries.shape[0], KNN_BLOCK):
         block = queries[start:start + KNN_BLOCK]
         similarity = torch.mm(block, memory.T, out=buffer[:block.shape[0]])  # (block, n)
-        neighbour_sim, neighbours = similarity.topk(k, dim=1)
-        # Subtracting the row maximum keeps exp() finite; it scales every vote of a row equally.
-        weights = ((neighbour_sim - neighbour_sim[:, :1]) / temperature).double().exp_()
-        votes = torch.zeros(neighbours.shape[0], classes, dtype=torch.float64)
-        votes.scatter_add_(1, labels[neighbours], weights)
-        predictions[start:start + KNN_BLOCK] = votes.numpy().argmax(axis=1)
+        predictions[start:start + KNN_BLOCK] = _vote(similarity, labels, k, temperature, classes)
+    return predictions
+
+
+def _vote(similarity: torch.Tensor, labels: torch.Tensor, k: int, temperature: float, classes: int,
+          row_scale: Optional[torch.Tensor] = None) -> np.ndarray:
+    """The weighted vote of each row's ``k`` most similar memory rows: ``(rows,)`` classes
+    (``row_scale``: the similarities of each row are ``similarity * row_scale``)."""
+    neighbour_sim, neighbours = similarity.topk(k, dim=1)
+    if row_scale is not None:
+        neighbour_sim = neighbour_sim * row_scale[:, None]
+    # Subtracting the row maximum keeps exp() finite; it scales every vote of a row equally.
+    weights = ((neighbour_sim - neighbour_sim[:, :1]) / temperature).double().exp_()
+    votes = torch.zeros(neighbours.shape[0], classes, dtype=torch.float64)
+    votes.scatter_add_(1, labels[neighbours], weights)
+    return votes.numpy().argmax(axis=1)
+
+
+def _byte_knn(memory_x: np.ndarray, memory_y: np.ndarray, query_x: np.ndarray, k: int, temperature: float,
+              classes: int) -> np.ndarray:
+    """:func:`knn_predict` on uint8 features, its cosines from exact integer dot products
+    (:mod:`contrastkit.metrics.bytes`): with ``q = p - 128``, ``p_a . p_b = q_a . q_b + 128
+    (sum q_a + sum q_b) + 128^2 d`` and ``|p|^2 = sum q^2 + 256 sum q + 128^2 d``, each block's
+    products split into sums of at most ``SUM_CHUNK`` features. A block's similarities are
+    float64 (within ``_BYTE_KNN_BYTES``), each the exact dot product divided once by the norms."""
+    d = memory_x.shape[1]
+    memory = centred(memory_x)
+    memory_t = memory.T.contiguous()
+
+    def terms(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``128 sum q`` and ``|p|`` per row (float64; a zero row's norm is kept above 0)."""
+        sums, squares = row_sums(q)
+        constant = CENTRE * CENTRE * d
+        return (CENTRE * sums).double(), (squares + 2 * CENTRE * sums + constant).double().sqrt_().clamp_min_(1e-12)
+
+    memory_shift, memory_norms = terms(memory)
+    inverse_norms = memory_norms.reciprocal()
+    labels = torch.from_numpy(memory_y)
+    block = max(1, min(KNN_BLOCK, _BYTE_KNN_BYTES // (8 * memory.shape[0])))
+    predictions = np.empty(query_x.shape[0], dtype=np.int64)
+    for start in range(0, query_x.shape[0], block):
+        queries = centred(query_x[start:start + block])
+        query_shift, query_norms = terms(queries)
+        dots = integer_matmul(queries[:, :SUM_CHUNK], memory_t[:SUM_CHUNK]).double()
+        for first in range(SUM_CHUNK, d, SUM_CHUNK):
+            dots += integer_matmul(queries[:, first:first + SUM_CHUNK], memory_t[first:first + SUM_CHUNK]).double()
+        dots.add_(memory_shift).add_((query_shift + CENTRE * CENTRE * d)[:, None]).mul_(inverse_norms)
+        # dots / |p_memory| ranks each row's neighbours; / |p_query| (one per row) makes the cosines
+        predictions[start:start + block] = _vote(dots, labels, k, temperature, classes, query_norms.reciprocal())
     return predictions
 
 
