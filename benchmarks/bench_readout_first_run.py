@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from typing import Any, Dict, List
 
-STAGES = ("extract_features", "linear_probe", "knn_accuracy", "geometry", "data_digest", "encoder_digest")
+STAGES = ("extract_features", "pixel_features", "linear_probe", "knn_accuracy", "geometry", "data_digest", "encoder_digest")
 
 
 def _uptime() -> str:
@@ -76,7 +76,7 @@ def _instrumented_run(timings_path: str, argv: List[str]) -> int:
         setattr(module, name, wrapper)
 
     timed(loop, "_train_epoch", "train_epoch")
-    for name in ("extract_features", "linear_probe", "knn_accuracy"):
+    for name in ("extract_features", "pixel_features", "linear_probe", "knn_accuracy"):
         timed(readout_module, name, name)
     timed(two_view, "geometry", "geometry")
     for name in ("data_digest", "encoder_digest"):
@@ -116,7 +116,9 @@ def _instrumented_run(timings_path: str, argv: List[str]) -> int:
         try:
             return fit(self, c, *args, **kwargs)
         finally:
-            record["fits"].append({"n": int(self.x.shape[0]), "d": int(self.x.shape[1]), "c": c,
+            rows = getattr(self, "data", None)  # the rows' shape (older code kept them as self.x)
+            n, d = (rows.n, rows.d) if rows is not None else self.x.shape
+            record["fits"].append({"n": int(n), "d": int(d), "c": c,
                                    "evaluations": int(getattr(self, "evaluations", -1)),
                                    "stop": getattr(self, "stop", None), "wall": time.perf_counter() - wall,
                                    "cpu": time.process_time() - cpu, "in_readout": inside_readout[0]})
@@ -142,6 +144,8 @@ def converged_reference(folder: str) -> List[Dict[str, Any]]:
         with np.load(os.path.join(folder, name)) as saved:
             arrays = [saved[f"arr_{i}"] for i in range(6)]
             bounded, bounded_c = float(saved["bounded_test"]), float(saved["bounded_c"])
+        # 8-bit pixels as the float32 k / 255 the models see: the reference is the float path's
+        arrays = [a.astype(np.float32) / 255 if a.dtype == np.uint8 else a for a in arrays]
         wall, cpu = time.perf_counter(), time.process_time()
         result = probe.linear_probe(*arrays, max_evaluations=20000, patience=None)
         out.append({"d": int(arrays[0].shape[1]), "n": int(arrays[0].shape[0]), "bounded_test": bounded,
@@ -197,8 +201,8 @@ def table(results: List[Dict[str, Any]]) -> str:
     for r in results:
         s = r["stages"]
 
-        def stage(name: str) -> str:
-            return f"{s.get(name, 0):.1f} / {s.get(name + '_cpu', 0):.1f}"
+        def stage(*names: str) -> str:
+            return f"{sum(s.get(n, 0) for n in names):.1f} / {sum(s.get(n + '_cpu', 0) for n in names):.1f}"
         fits = [f for f in r["fits"] if f["in_readout"]]
         by_set: Dict[int, List[str]] = defaultdict(list)
         for f in fits:
@@ -206,17 +210,20 @@ def table(results: List[Dict[str, Any]]) -> str:
         fit_text = "; ".join(f"d={d} " + " ".join(v) for d, v in by_set.items())
         lines.append(f"| {os.path.basename(r['data'].rstrip('/'))} | {r['label']} | {r['epoch_wall']:.1f} / "
                      f"{r['epoch_cpu']:.1f} | {r['readout_wall']:.1f} / {r['readout_cpu']:.1f} | "
-                     f"**{r['ratio_wall']:.2f}** / {r['ratio_cpu']:.2f} | {stage('extract_features')} | "
+                     f"**{r['ratio_wall']:.2f}** / {r['ratio_cpu']:.2f} | {stage('extract_features', 'pixel_features')} | "
                      f"{stage('linear_probe')} | {stage('knn_accuracy')} | {stage('geometry')} | "
                      f"{s.get('data_digest', 0) + s.get('encoder_digest', 0):.1f} | {fit_text} |")
     checked = [(r, c) for r in results for c in r.get("converged", [])]
     if checked:
         lines += ["", "| data | code | features (n x d) | bounded: test acc (C) | converged: test acc (C) | difference "
                   "| converged fit s (wall) |", "|---|---|---|---:|---:|---:|---:|"]
-        names = ("trained encoder", "random-init encoder", "raw pixels")
         for r, c in checked:
-            index = r["converged"].index(c)
-            name = names[index] if len(r["converged"]) == 3 else f"set {index}"
+            # the raw pixels have the most features; the trained encoder is read out before the random-init one
+            sets = r["converged"]
+            widest = max(range(len(sets)), key=lambda i: sets[i]["d"])
+            encoders = [i for i in range(len(sets)) if i != widest]
+            index = sets.index(c)
+            name = "raw pixels" if index == widest else ("trained encoder", "random-init encoder")[encoders.index(index)]
             lines.append(f"| {os.path.basename(r['data'].rstrip('/'))} | {r['label']} | {name} ({c['n']} x {c['d']}) | "
                          f"{c['bounded_test']:.4f} ({c['bounded_c']:g}) | {c['converged_test']:.4f} "
                          f"({c['converged_c']:g}) | {c['difference']:+.4f} | {c['converged_wall']:.0f} |")

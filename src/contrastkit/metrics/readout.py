@@ -9,7 +9,7 @@ pixels. Neither depends on a training run, so a caller may keep their numbers
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, Optional, Protocol
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
 
 import numpy as np
 import torch
@@ -40,13 +40,14 @@ def extract_features(encoder: nn.Module, images: Any, device: torch.device, batc
     (the precision the read-out computes in).
 
     ``images`` is a split of any storage (:class:`~contrastkit.data.DataSplit`) or an
-    ``(n, C, H, W)`` float tensor in ``[0, 1]``, read in batches of ``batch_size`` (decoded in
+    ``(n, C, H, W)`` tensor (float in ``[0, 1]``, or uint8 0..255), read in batches of ``batch_size`` (decoded in
     ``workers`` processes; :func:`~contrastkit.data.image_batches`). The encoder's train/eval
     mode is restored afterwards."""
     was_training = encoder.training
     encoder.eval()
     try:
-        chunks = [encoder(batch.to(device)).float().cpu() for batch in image_batches(images, batch_size, workers)]
+        chunks = [encoder(unit_float(batch.to(device))).float().cpu()
+                  for batch in image_batches(images, batch_size, workers)]
     finally:
         encoder.train(was_training)
     return torch.cat(chunks).numpy()
@@ -96,18 +97,25 @@ def evaluate_encoders(dataset: DataSplits, encoder: nn.Module, device: torch.dev
     splits = (dataset.train, dataset.val, dataset.test)
     options = {"knn_k": knn_k, "knn_temperature": knn_temperature}
     store: BaselineStore = _ComputeAlways() if baselines is None else baselines
+    # What the encoders read: the splits, or, once the raw-pixel baseline has decoded them, its
+    # pixels (the same values; a streamed split is then decoded once, not three times).
+    sources: List[Any] = list(splits)
+
+    def pixel_numbers() -> Dict[str, Any]:
+        pixels = [pixel_features(split, workers) for split in splits]
+        sources[:] = [torch.from_numpy(x).reshape(x.shape[0], *dataset.image_shape) for x in pixels]
+        return evaluate_features(*pixels, dataset, **options)
 
     def features(model: nn.Module) -> Iterator[np.ndarray]:
-        return (extract_features(model, split, device, workers=workers) for split in splits)
+        return (extract_features(model, source, device, workers=workers) for source in sources)
 
+    pixels = store.numbers("raw_pixel", pixel_numbers) if raw_pixels else None
     result = evaluate_features(*features(encoder), dataset, **options)
     if baseline_encoder is not None:
         baseline = store.numbers("random_init", lambda: evaluate_features(
             *features(baseline_encoder), dataset, **options), baseline_encoder)
         result.update({f"random_init_{key}": value for key, value in baseline.items()})
-    if raw_pixels:
-        pixels = store.numbers("raw_pixel", lambda: evaluate_features(
-            *(pixel_features(split, workers) for split in splits), dataset, **options))
+    if pixels is not None:
         result.update({f"raw_pixel_{key}": value for key, value in pixels.items()})
     return result
 
