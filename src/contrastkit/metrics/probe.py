@@ -541,6 +541,7 @@ def knn_predict(
     if memory_y.max() >= classes:
         raise ValueError(f"memory_y holds label {memory_y.max()} but num_classes is {classes}")
 
+    k = min(int(k), memory_x.shape[0])
     if memory_x.dtype == np.uint8 and query_x.dtype == np.uint8 and memory_x.size >= BYTE_PATH_VALUES:
         return _byte_knn(memory_x, memory_y, query_x, k, temperature, classes)
     memory_x, query_x = _as_float(memory_x, query_x)
@@ -553,7 +554,6 @@ def knn_predict(
 
     memory, queries = unit(memory_x), unit(query_x)
     labels = torch.from_numpy(memory_y)
-    k = min(int(k), memory.shape[0])
     predictions = np.empty(queries.shape[0], dtype=np.int64)
     # One similarity buffer for every block: a fresh (block, n) matrix per block spent ~10% of
     # the raw-pixel kNN of 60,000 images in page faults.
