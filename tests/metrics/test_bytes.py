@@ -25,16 +25,41 @@ def short_sums(monkeypatch):
     monkeypatch.setattr(bytes_module, "_GRAM_ROWS", 5)
 
 
-@pytest.mark.parametrize("fallback", [False, True])
-def test_integer_matmul_is_the_exact_product(monkeypatch, fallback):
-    if fallback:  # a torch without the int8 kernel
+def _without_kernel(monkeypatch, how):
+    """A torch without the int8 kernel: no ``_int_mm`` at all, or one whose CPU kernel fails."""
+    monkeypatch.setattr(bytes_module, "_KERNEL", [])
+    if how == "missing":
         monkeypatch.delattr(torch, "_int_mm", raising=False)
+    else:
+        def failing(a, b):
+            raise RuntimeError("no CPU kernel")
+        monkeypatch.setattr(torch, "_int_mm", failing, raising=False)
+
+
+@pytest.mark.parametrize("fallback", [None, "missing", "failing"])
+def test_integer_matmul_is_the_exact_product(monkeypatch, fallback):
+    if fallback:
+        _without_kernel(monkeypatch, fallback)
     rng = np.random.default_rng(0)
     a = torch.from_numpy(rng.integers(-128, 128, (37, 300), dtype=np.int8))
     b = torch.from_numpy(rng.integers(-128, 128, (300, 23), dtype=np.int8))
     product = integer_matmul(a, b)
     assert product.dtype == torch.int32
     assert torch.equal(product.long(), a.long() @ b.long())
+    assert bytes_module.integer_kernel() is (fallback is None)
+
+
+def test_without_the_kernel_8_bit_features_take_the_float_path(monkeypatch):
+    _without_kernel(monkeypatch, "failing")
+    monkeypatch.setattr(probe_module, "BYTE_PATH_VALUES", 0)
+    monkeypatch.setattr(probe_module, "_byte_knn", None)  # called, it would fail
+    monkeypatch.setattr(probe_module, "_ByteRows", None)
+    rng = np.random.default_rng(4)
+    memory, queries, labels = _pixels(rng, 300, 20), _pixels(rng, 40, 20), rng.integers(0, 3, 300)
+    assert np.array_equal(knn_predict(memory, labels, queries, k=5),
+                          knn_predict(memory.astype(np.float32) / 255, labels, queries.astype(np.float32) / 255, k=5))
+    result = linear_probe(memory[:200], labels[:200], memory[200:], labels[200:], queries, labels[:40])
+    assert 0 <= result.test_accuracy <= 1
 
 
 def test_centring_is_exact():
@@ -43,13 +68,17 @@ def test_centring_is_exact():
 
 
 def test_digits_write_a_float_matrix_to_31_bits():
-    v = torch.randn(6, 500, dtype=torch.float64) * torch.logspace(-8, 8, 6, dtype=torch.float64)[:, None]
+    v = torch.randn(7, 500, dtype=torch.float64) * torch.logspace(-8, 8, 7, dtype=torch.float64)[:, None]
     v[2] = 0.0  # an all-zero row
+    v[5, 3] = float("nan")  # a non-finite row: NaN scale, NaN products
     digits, scale = row_digits(v)
-    assert digits.dtype == torch.int8 and digits.shape == (24, 500)
-    rebuilt = sum(digits[j * 6:(j + 1) * 6].double() * 256.0 ** j for j in range(4)) * scale[:, None]
-    assert torch.all((rebuilt - v).abs() <= v.abs().amax(1, keepdim=True) * 2.0 ** -31)
+    assert digits.dtype == torch.int8 and digits.shape == (28, 500)
+    rebuilt = sum(digits[j * 7:(j + 1) * 7].double() * 256.0 ** j for j in range(4)) * scale[:, None]
+    finite = [0, 1, 2, 3, 4, 6]
+    assert torch.all((rebuilt - v)[finite].abs() <= v[finite].abs().amax(1, keepdim=True) / (2 * 127 * 256 ** 3))
     assert torch.equal(rebuilt[2], v[2])
+    assert torch.isnan(scale[5]) and not torch.isnan(scale[finite]).any()
+    assert torch.isnan(bytes_times(centred(_pixels(np.random.default_rng(0), 3, 500)).T.contiguous(), v.T)[5]).all()
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -60,11 +89,21 @@ def test_products_with_pixels_equal_float64(request, split):
     q = centred(_pixels(rng, 41, 29))
     v = torch.randn(29, 5, dtype=torch.float64)
     g = torch.randn(5, 41)
-    reference_v = (q.double() @ v).T
-    reference_g = g.double() @ q.double()
-    scale_v = q.double().abs() @ v.abs()
-    assert torch.all((bytes_times(q.T.contiguous(), v) - reference_v).abs() <= 1e-8 * scale_v.amax(0)[:, None])
-    assert torch.all((times_bytes(g, q) - reference_g).abs() <= 1e-8 * (g.double().abs() @ q.double().abs()).amax(1)[:, None])
+    shift = torch.randn(29, dtype=torch.float64) * 30
+    centred_q = q.double() - shift
+    reference_v = (centred_q @ v).T
+    reference_g = g.double() @ centred_q
+    scale_v = centred_q.abs() @ v.abs()
+    assert torch.all((bytes_times(q.T.contiguous(), v, shift) - reference_v).abs() <= 1e-8 * scale_v.amax(0)[:, None])
+    assert torch.all((times_bytes(g, q, shift) - reference_g).abs()
+                     <= 1e-8 * (g.double().abs() @ centred_q.abs()).amax(1)[:, None])
+    # a feature equal to its shift in every row adds exactly nothing
+    q[:, 4] = 7
+    shift[4] = 7.0
+    assert torch.equal(times_bytes(g, q, shift)[:, 4], torch.zeros(5, dtype=torch.float64))
+    alone = torch.zeros_like(v)
+    alone[4] = v[4]
+    assert torch.equal(bytes_times(q.T.contiguous(), alone, shift), torch.zeros(5, 41, dtype=torch.float64))
     sums, squares = row_sums(q)
     assert torch.equal(sums, q.long().sum(1)) and torch.equal(squares, (q.long() ** 2).sum(1))
     assert torch.equal(gram(q), q.double().T @ q.double())
@@ -121,6 +160,21 @@ def test_small_byte_features_are_read_as_the_images_floats():
     assert as_bytes == as_float
 
 
+def test_the_second_moment_of_byte_rows_is_that_of_the_standardised_pixels():
+    from contrastkit.metrics.probe import _ByteRows
+
+    rng = np.random.default_rng(5)
+    pixels = np.clip(rng.normal(40, 25, (301, 17)), 0, 255).astype(np.uint8)  # means far from 128
+    pixels[:, 6] = 200  # a constant column
+    rows = _ByteRows(pixels)
+    x = torch.from_numpy(pixels).double()
+    std = x.std(0, unbiased=False)
+    standardised = (x - x.mean(0)) / torch.where(std > 0, std, torch.full_like(std, 255.0))
+    for step in (1, 3):
+        sample = standardised[::step]
+        assert torch.allclose(rows.second_moment(step), sample.T @ sample / sample.shape[0], rtol=1e-12, atol=1e-12)
+
+
 def test_pixel_features_are_bytes_for_8_bit_images_only():
     images = torch.randint(0, 256, (5, 3, 4, 4), dtype=torch.uint8).float().div_(255.0)
     features = pixel_features(images)
@@ -130,3 +184,22 @@ def test_pixel_features_are_bytes_for_8_bit_images_only():
     images[0, 0, 0, 0] = 0.5  # not k / 255: the floats are kept
     features = pixel_features(images)
     assert features.dtype == np.float32 and np.array_equal(features, images.reshape(5, -1).numpy())
+    # uint8 images in several batches (the read-out's batches hold 256): the same bytes
+    many = torch.randint(0, 256, (600, 1, 3, 3), dtype=torch.uint8)
+    assert np.array_equal(pixel_features(many), many.reshape(600, -1).numpy())
+    assert np.array_equal(pixel_features(many.float().div_(255.0)), many.reshape(600, -1).numpy())
+
+
+def test_the_encoders_read_the_baselines_pixels_as_they_read_the_split():
+    """The raw-pixel baseline decodes the splits; the encoders then read its pixels: their
+    numbers are those of a read-out without the raw pixels."""
+    from contrastkit.data import load_dataset
+    from contrastkit.metrics import evaluate_encoders
+
+    data = load_dataset("glyphlab", seed=0)
+    torch.manual_seed(0)
+    encoder = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(data.image_shape)), 16))
+    with_pixels = evaluate_encoders(data, encoder, torch.device("cpu"))
+    without = evaluate_encoders(data, encoder, torch.device("cpu"), raw_pixels=False)
+    assert {k: v for k, v in with_pixels.items() if not k.startswith("raw_pixel_")} == without
+    assert "raw_pixel_probe_accuracy" in with_pixels

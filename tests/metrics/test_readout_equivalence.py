@@ -129,10 +129,11 @@ def test_probe_objective_and_gradients_match_a_float64_autograd_reference(rows):
         probe = _MultinomialProbe(_FloatRows(x), y, k)
     else:
         pixels = torch.randint(0, 256, (n, d), dtype=torch.uint8)
-        pixels[:, 3] = 17  # a constant column: divided by 1
+        pixels[:, 3] = 17  # a constant column: divided by 1 in units of k / 255
+        pixels[:, 5] = torch.randint(0, 12, (n,), dtype=torch.uint8)  # a dark column, its mean far from 128
         x = pixels.double()
         std = x.std(0, unbiased=False)
-        x = ((x - x.mean(0)) / torch.where(std > 0, std, torch.ones_like(std))).float()
+        x = ((x - x.mean(0)) / torch.where(std > 0, std, torch.full_like(std, 255.0))).float()
         probe = _MultinomialProbe(_ByteRows(pixels.numpy()), y, k)
     for scale in (0.1, 3.0, 30.0):  # logits of size ~0.3, ~10 and ~100
         weight = (torch.randn(d, k, dtype=torch.float64) * scale).requires_grad_()
@@ -146,6 +147,8 @@ def test_probe_objective_and_gradients_match_a_float64_autograd_reference(rows):
         assert abs(loss.item() - reference.item()) <= 1e-5 * max(1.0, reference.item()), scale
         assert torch.allclose(grad_weight, weight.grad, rtol=1e-4, atol=1e-5 * scale), scale
         assert torch.allclose(grad_bias, bias.grad, rtol=1e-4, atol=1e-6), scale
+        if rows == "bytes":  # the constant column's gradient is its penalty alone, exactly
+            assert torch.equal(grad_weight[3], penalty * weight.detach()[3]), scale
 
 
 def test_probe_cross_entropy_keeps_the_digits_of_confident_samples():

@@ -42,7 +42,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .bytes import CENTRE, SUM_CHUNK, bytes_times, centred, column_statistics, gram, integer_matmul, row_sums, times_bytes
+from .bytes import (CENTRE, SUM_CHUNK, bytes_times, centred, column_statistics, gram, integer_kernel, integer_matmul,
+                    row_sums, times_bytes)
 
 __all__ = ["DEFAULT_C_GRID", "PROBE_TOLERANCE", "ProbeCapWarning", "ProbeResult", "linear_probe",
            "probe_evaluation_cap", "probe_settings", "knn_predict", "knn_accuracy"]
@@ -129,7 +130,7 @@ def _features(x: object, name: str) -> np.ndarray:
             raise ValueError(f"{name} must have shape (n, d), got {array.shape}")
         if array.shape[0] == 0:
             raise ValueError(f"{name} is empty")
-        return array
+        return np.require(array, requirements=["C", "W"])  # a copy when read-only or strided
     if not np.issubdtype(array.dtype, np.floating):
         array = array.astype(np.float64)
     if array.ndim != 2:
@@ -154,18 +155,21 @@ def _labels(y: object, n: int, name: str) -> np.ndarray:
 
 
 def _as_float(*arrays: np.ndarray) -> List[np.ndarray]:
-    """uint8 arrays among ``arrays`` as float32 ``k / 255`` (what the models read of 8-bit
-    images), the others as they are."""
-    return [torch.from_numpy(a).float().div_(255.0).numpy() if a.dtype == np.uint8 else a for a in arrays]
+    """``arrays`` as float32: all uint8, as ``k / 255`` (what the models read of 8-bit images);
+    uint8 next to float ones, as their values (a caller's mixed features are not rescaled)."""
+    if all(a.dtype == np.uint8 for a in arrays):
+        return [torch.from_numpy(a).float().div_(255.0).numpy() for a in arrays]
+    return [a.astype(np.float32) if a.dtype == np.uint8 else a for a in arrays]
 
 
 def _byte_statistics(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Mean and standard deviation (float64, ``(d,)``) of the pixels ``q + 128`` (``q`` int8
     ``(n, d)``, :func:`~contrastkit.metrics.bytes.centred`), as :func:`_standardise` takes them (a
-    constant column's deviation 1), from exact integer sums."""
+    constant column's deviation 1 in units of ``k / 255``), from exact integer sums."""
     mean, variance = column_statistics(q)
     std = variance.sqrt()
-    return mean, torch.where(std < 10 * torch.finfo(torch.float64).eps, torch.ones_like(std), std)
+    # In the float path's units (k / 255): a constant column divided by 1 there is divided by 255 here.
+    return mean, torch.where(std < 255 * 10 * torch.finfo(torch.float64).eps, torch.full_like(std, 255.0), std)
 
 
 def _standardise(train: np.ndarray, *others: np.ndarray) -> Tuple[torch.Tensor, ...]:
@@ -288,12 +292,10 @@ class _ByteRows:
         self.n, self.d = pixels.shape
 
     def logits(self, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        v = weight / self.std[:, None]
-        return (bytes_times(self.q_t, v) - (self.shift @ v - bias)[:, None]).float()
+        return (bytes_times(self.q_t, weight / self.std[:, None], self.shift) + bias[:, None]).float()
 
     def weighted_sum(self, residual: torch.Tensor) -> torch.Tensor:
-        products = times_bytes(residual, self.q) - residual.double().sum(1)[:, None] * self.shift
-        return (products / self.std).T
+        return (times_bytes(residual, self.q, self.shift) / self.std).T
 
     def second_moment(self, step: int) -> torch.Tensor:
         # (q - s)^T (q - s) = q^T q - s (1^T q) - (q^T 1) s^T + m s s^T, divided by std std^T
@@ -440,7 +442,10 @@ def linear_probe(
     """Logistic-regression probe with ``C`` chosen on val.
 
     Args:
-        train_x, val_x, test_x: ``(n_split, d)`` features (same ``d``).
+        train_x, val_x, test_x: ``(n_split, d)`` features (same ``d``), float; or all three
+            uint8, read as 8-bit intensities: as the float32 ``k / 255`` the models see, and from
+            ``BYTE_PATH_VALUES`` training values on in exact integer arithmetic (the module's
+            docstring). uint8 next to float features is read as its values.
         train_y, val_y, test_y: ``(n_split,)`` integer labels.
         c_grid: inverse regularisation strengths to try, walked from the smallest.
         max_evaluations: evaluations of the objective per fit (default
@@ -474,7 +479,8 @@ def linear_probe(
 
     rows: "_FloatRows | _ByteRows"
     row_space = 2 * train_x.shape[0] <= dim  # nearer to n = d the SVD costs what it saves
-    if not row_space and train_x.size >= BYTE_PATH_VALUES and all(x.dtype == np.uint8 for x in (train_x, val_x, test_x)):
+    if not row_space and train_x.size >= BYTE_PATH_VALUES and integer_kernel() \
+            and all(x.dtype == np.uint8 for x in (train_x, val_x, test_x)):
         rows = _ByteRows(train_x)
         val_s, test_s = (((torch.from_numpy(x).double() - rows.mean) / rows.std).float() for x in (val_x, test_x))
     else:
@@ -517,7 +523,9 @@ def knn_predict(
     """Weighted kNN predictions (cosine similarity, votes ``exp(cos / temperature)``).
 
     Args:
-        memory_x: ``(n, d)`` features of the labelled memory (train split).
+        memory_x: ``(n, d)`` features of the labelled memory (train split); with ``query_x``
+            both uint8 (8-bit intensities) of at least ``BYTE_PATH_VALUES`` values, the cosines
+            come from exact integer dot products.
         memory_y: ``(n,)`` integer labels in ``[0, num_classes)``.
         query_x: ``(m, d)`` features to classify.
         k: neighbours per query (capped at ``n``).
@@ -542,7 +550,8 @@ def knn_predict(
         raise ValueError(f"memory_y holds label {memory_y.max()} but num_classes is {classes}")
 
     k = min(int(k), memory_x.shape[0])
-    if memory_x.dtype == np.uint8 and query_x.dtype == np.uint8 and memory_x.size >= BYTE_PATH_VALUES:
+    if memory_x.dtype == np.uint8 and query_x.dtype == np.uint8 and memory_x.size >= BYTE_PATH_VALUES \
+            and integer_kernel():
         return _byte_knn(memory_x, memory_y, query_x, k, temperature, classes)
     memory_x, query_x = _as_float(memory_x, query_x)
 

@@ -46,11 +46,16 @@ def extract_features(encoder: nn.Module, images: Any, device: torch.device, batc
     was_training = encoder.training
     encoder.eval()
     try:
-        chunks = [encoder(unit_float(batch.to(device))).float().cpu()
+        chunks = [encoder(_as_model_input(batch.to(device))).float().cpu()
                   for batch in image_batches(images, batch_size, workers)]
     finally:
         encoder.train(was_training)
     return torch.cat(chunks).numpy()
+
+
+def _as_model_input(batch: torch.Tensor) -> torch.Tensor:
+    """uint8 images as the float32 ``k / 255`` the models read; others as they are."""
+    return unit_float(batch) if batch.dtype == torch.uint8 else batch
 
 
 def pixel_features(split: Any, workers: int = 0) -> np.ndarray:
@@ -58,7 +63,7 @@ def pixel_features(split: Any, workers: int = 0) -> np.ndarray:
     uint8 intensities 0..255 when the images are 8-bit (every value ``k / 255``: images decoded
     from files, CIFAR-10, MNIST), which the probe and kNN read in exact integer arithmetic at a
     quarter of the memory, else float32 in ``[0, 1]``."""
-    batches = [compact_images(batch.reshape(batch.shape[0], -1).float().cpu())
+    batches = [compact_images(unit_float(batch.reshape(batch.shape[0], -1).cpu()))
                for batch in image_batches(split, workers=workers)]
     if any(batch.dtype != torch.uint8 for batch in batches):
         batches = [unit_float(batch) for batch in batches]
@@ -98,7 +103,8 @@ def evaluate_encoders(dataset: DataSplits, encoder: nn.Module, device: torch.dev
     options = {"knn_k": knn_k, "knn_temperature": knn_temperature}
     store: BaselineStore = _ComputeAlways() if baselines is None else baselines
     # What the encoders read: the splits, or, once the raw-pixel baseline has decoded them, its
-    # pixels (the same values; a streamed split is then decoded once, not three times).
+    # pixels (the same values: the three feature sets decode a streamed split once, not three
+    # times; they are the size of the pixel probe's own arrays, so the peak does not grow).
     sources: List[Any] = list(splits)
 
     def pixel_numbers() -> Dict[str, Any]:

@@ -64,11 +64,13 @@ def _source_digest(*modules: Any) -> str:
 def readout_protocol(knn_k: int, knn_temperature: float, num_classes: int) -> Dict[str, Any]:
     """What decides a baseline's numbers besides its features (part of every cache name)."""
     from contrastkit import __version__
+    from contrastkit.data import on_device as on_device_module
+    from contrastkit.metrics import bytes as bytes_module
     from contrastkit.metrics import readout as readout_module
 
     # Read from the module at call time: what the probe will use now.
     return {**probe_module.probe_settings(), "knn_k": int(knn_k), "knn_temperature": float(knn_temperature),
-            "num_classes": int(num_classes), "code": _source_digest(probe_module, readout_module),
+            "num_classes": int(num_classes), "code": _source_digest(probe_module, readout_module, bytes_module, on_device_module),
             "contrastkit": __version__, "torch": torch.__version__}
 
 
