@@ -106,3 +106,26 @@ def test_experiment_name_is_a_choice(capsys):
     with pytest.raises(SystemExit):
         main(["experiment", "no-such-experiment"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_study_trains_the_encoder_it_is_given(tmp_path, capsys):
+    """``--encoder`` / ``--encoder-option`` reach every run (as ``contrastkit pretrain``'s), are
+    part of the study's settings (a resume with another encoder is refused), and a bad one is
+    refused before anything trains."""
+    out = str(tmp_path / "out")
+    args = ["sweep", "--temperatures", "0.2", "--seeds", "1", "--no-variants", "--out", out, "--encoder", "small",
+            "--encoder-option", "width=8"] + TINY
+    assert main(args) == 0
+    with open(os.path.join(out, "runs", "nt_xent-tau0.2-seed0", "config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)["config"]
+    assert config["encoder"] == "small" and config["encoder_options"] == {"width": 8}
+    with open(os.path.join(out, "sweep.json"), encoding="utf-8") as handle:
+        assert json.load(handle)["encoder_options"] == {"width": 8}
+    assert main(args[:-len(TINY)] + ["--resume"] + TINY) == 0  # the same settings: read back
+    assert "reused" in capsys.readouterr().err
+    other = [a if a != "width=8" else "width=4" for a in args]
+    assert main(other + ["--resume"]) == 2
+    assert "other settings" in capsys.readouterr().err
+    assert main(["sweep", "--out", str(tmp_path / "bad"), "--encoder", "no_such_encoder"] + TINY) == 2
+    assert "no_such_encoder" in capsys.readouterr().err
+    assert not os.path.exists(os.path.join(str(tmp_path / "bad"), "runs"))

@@ -170,6 +170,12 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, epochs_default: Any,
     parser.add_argument("--eval-every", type=int, default=None, metavar="E",
                         help="read the val probe every E epochs (and at the last) and judge each run by the "
                              "epoch it selects (default 0: the last epoch)")
+    parser.add_argument("--encoder", default=None, metavar="NAME",
+                        help="the encoder every run trains, as contrastkit pretrain --encoder (a built-in: "
+                             "small, resnet18 (CIFAR stem), resnet50, vit; timm:NAME; torchvision:NAME; "
+                             "package.module:factory; default: pretrain's)")
+    parser.add_argument("--encoder-option", action="append", default=None, metavar="KEY=VALUE",
+                        help="keyword argument of the encoder, repeatable, as contrastkit pretrain --encoder-option")
     parser.add_argument("--device", default="auto", help="torch device (default: CUDA if available, else CPU)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads per run (default: as contrastkit pretrain; 0 = torch's default)")
@@ -200,7 +206,9 @@ def study_options(args: argparse.Namespace) -> Dict[str, Any]:
     return {"data_options": parse_data_options(args.data_option), "epochs": args.epochs,
             "batch_size": args.batch_size, "device": args.device, "threads": args.threads,
             "train_limit": args.train_limit, "val_limit": args.val_limit, "test_limit": args.test_limit,
-            "eval_every": args.eval_every}
+            "eval_every": args.eval_every, "encoder": args.encoder,
+            "encoder_options": None if args.encoder_option is None
+            else parse_data_options(args.encoder_option, option="--encoder-option")}
 
 
 def run_study_command(name: str, args: argparse.Namespace, **settings: Any) -> int:

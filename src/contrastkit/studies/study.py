@@ -28,10 +28,12 @@ __all__ = ["Study", "StudyResult", "option", "check_counts", "check_numbers", "r
 Row = Dict[str, Any]
 
 #: Run settings every study has, passed to each run when given (``None``: the trainer's default):
-#: the stratified subsets of the splits (``--train-limit`` ...) and ``--eval-every``, the epochs
+#: the stratified subsets of the splits (``--train-limit`` ...), ``--eval-every``, the epochs
 #: at which the val probe is read to pick the epoch whose numbers the verdicts use
-#: (:mod:`contrastkit.train.selection`; with 0 or ``None`` that is the last epoch).
-RUN_DEFAULTS: Dict[str, Any] = {"train_limit": None, "val_limit": None, "test_limit": None, "eval_every": None}
+#: (:mod:`contrastkit.train.selection`; with 0 or ``None`` that is the last epoch), and the
+#: encoder every run trains (``--encoder``, ``--encoder-option``; as ``contrastkit pretrain``).
+RUN_DEFAULTS: Dict[str, Any] = {"train_limit": None, "val_limit": None, "test_limit": None, "eval_every": None,
+                                "encoder": None, "encoder_options": None}
 
 
 def option(key: str) -> str:
@@ -43,6 +45,10 @@ def check_counts(settings: Mapping[str, Any]) -> None:
     """``seeds`` and ``epochs`` >= 1 and ``batch_size`` >= 2 (a batch needs a negative); the
     :data:`RUN_DEFAULTS` a study has: ``None`` or ``train_limit`` >= 2, the other limits >= 1,
     ``eval_every`` >= 0."""
+    if settings.get("encoder") is not None and not isinstance(settings["encoder"], str):
+        raise TypeError(f"--encoder must be a name, got {settings['encoder']!r}")
+    if settings.get("encoder_options") is not None and not isinstance(settings["encoder_options"], dict):
+        raise TypeError(f"--encoder-option must be KEY=VALUE pairs, got {settings['encoder_options']!r}")
     optional = (("train_limit", 2), ("val_limit", 1), ("test_limit", 1), ("eval_every", 0))
     for key, low in (("seeds", 1), ("epochs", 1), ("batch_size", 2)) + optional:
         if key not in settings or (settings[key] is None and key in RUN_DEFAULTS):
