@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29's stronger-encoder point (docs/temperature-study.md, "Does the verdict move with the
+# The budget study's stronger-encoder point (docs/temperature-study.md, "Does the verdict move with the
 # training budget?"): NT-Xent over the tau grid at the smallest budget (5,000 images x 18 epochs)
 # with the built-in CIFAR-stem ResNet-18 instead of the small CNN, one seed, the same val/test
 # images, batch and read-out as experiments/cifar10/budgets.sh. A ResNet-18 run costs far more
