@@ -169,9 +169,9 @@ def column_statistics(q: Tensor) -> Tuple[Tensor, Tensor]:
     sums = torch.zeros(q.shape[1], dtype=torch.int64)
     squares = torch.zeros(q.shape[1], dtype=torch.int64)
     for start in range(0, n, SUM_CHUNK):
-        block_t = q[start:start + SUM_CHUNK].T.contiguous()
-        sums += _sums(block_t)
-        squares += _square_sums(block_t)
+        block_sums, block_squares = row_sums(q[start:start + SUM_CHUNK].T.contiguous())
+        sums += block_sums
+        squares += block_squares
     mean = torch.tensor([(s + CENTRE * n) / n for s in sums.tolist()], dtype=torch.float64)
     variance = torch.tensor([(n * s2 - s * s) / (n * n) for s, s2 in zip(sums.tolist(), squares.tolist())],
                             dtype=torch.float64)

@@ -42,6 +42,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from contrastkit.data import unit_float
+
 from .bytes import (CENTRE, SUM_CHUNK, bytes_times, centred, column_statistics, gram, integer_kernel, integer_matmul,
                     row_sums, times_bytes)
 
@@ -158,7 +160,7 @@ def _as_float(*arrays: np.ndarray) -> List[np.ndarray]:
     """``arrays`` as float32: all uint8, as ``k / 255`` (what the models read of 8-bit images);
     uint8 next to float ones, as their values (a caller's mixed features are not rescaled)."""
     if all(a.dtype == np.uint8 for a in arrays):
-        return [torch.from_numpy(a).float().div_(255.0).numpy() for a in arrays]
+        return [unit_float(torch.from_numpy(a)).numpy() for a in arrays]
     return [a.astype(np.float32) if a.dtype == np.uint8 else a for a in arrays]
 
 
