@@ -8,8 +8,9 @@
 #   OUT:         the study folder (default runs/cifar10/budgets).
 # The budgets run from the smallest; cut off, the same command plus --resume continues (finished
 # runs are read back from OUT/budget-*/runs/*/summary.json, an interrupted one resumes from its
-# checkpoint). experiments/cifar10/results/budgets/ holds the finished runs' records: copying it
-# to OUT continues the study on another machine (give CIFAR10_DIR as the same relative path).
+# checkpoint). Run folders are not kept in the repository: experiments/cifar10/results/budgets/
+# holds each budget's settings, tables, verdicts and plots, and on another machine --resume trains
+# the runs again (deterministic on the CPU: the rerun gives the committed tables back).
 set -euo pipefail
 data=${1:?usage: experiments/cifar10/budgets.sh CIFAR10_DIR [OUT] [--resume]}
 out=${2:-runs/cifar10/budgets}
