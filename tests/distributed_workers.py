@@ -319,3 +319,20 @@ def pretrain_worker(rank: int, world: int, options: dict, straight: str, interru
         results["overwrite"] = str(err)
     results["resumed"] = pretrain(PretrainConfig(out=interrupted, **options), resume=True, progress=False)
     return results
+
+
+def released_worker(rank: int, world: int, options: dict, out: str) -> dict:
+    """Data-parallel pretraining with the garbage collector off: how many DDP wrappers are still
+    alive when ``pretrain`` has returned (reference counting alone frees what it released)."""
+    import gc
+
+    from contrastkit.train import PretrainConfig, pretrain
+
+    gc.collect()
+    gc.disable()
+    try:
+        pretrain(PretrainConfig(out=out, **options), progress=False)
+        alive = sum(isinstance(o, torch.nn.parallel.DistributedDataParallel) for o in gc.get_objects())
+    finally:
+        gc.enable()
+    return {"ddp_alive": alive}

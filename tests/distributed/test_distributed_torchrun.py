@@ -94,6 +94,19 @@ def test_two_process_torchrun_trains_on_an_unlabeled_collection_and_names_every_
     assert "no report written" not in result.stderr and (out / "report.html").is_file()
 
 
+def test_data_parallel_pretrain_frees_its_ddp_wrapper_before_it_returns(tmp_path):
+    import distributed_workers as W
+
+    # A wrapper kept alive by a reference cycle keeps the process group's backend (and its
+    # threads) alive past destroy_process_group, to be freed at the interpreter's shutdown,
+    # where it can abort a rank that finished its work.
+    options = dict(data="glyphlab", data_options={"train_scenes": 16, "val_scenes": 9, "test_scenes": 12,
+                                                  "size": 28},
+                   method="simclr", epochs=1, batch_size=8, device="cpu", log_every=1)
+    results = W.spawn(W.released_worker, 2, tmp_path, options, str(tmp_path / "run"))
+    assert [r["ddp_alive"] for r in results] == [0, 0]
+
+
 def test_resumed_data_parallel_run_ends_with_the_uninterrupted_weights(tmp_path):
     import distributed_workers as W
 

@@ -19,6 +19,7 @@ each recorded in the folder's manifest (:mod:`contrastkit.manifest`) as it is wr
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -276,7 +277,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
                 add_skipped(run.dataset, found)
         if not run.parallel.is_main:
             run.parallel.barrier()  # rank 0 evaluates and writes the summary
-            run.parallel.teardown()
+            _leave_group(run)
             _return_encoder(run, encoder)
             return None
         with eager_calls(run.config.compile):
@@ -287,9 +288,21 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
             _record_logger_files(run.folder)
     Manifest(run.folder.root).write_json(layout.SUMMARY, summary)
     run.parallel.barrier()
-    run.parallel.teardown()
+    _leave_group(run)
     _return_encoder(run, encoder)
     return summary
+
+
+def _leave_group(run: "_Run") -> None:
+    """Free the run's DDP wrapper, then leave the process group (where the run joined it).
+
+    A reference cycle keeps the wrapper, and through it the group's backend, alive past
+    ``destroy_process_group`` until the next garbage collection, or the interpreter's shutdown,
+    where freeing the backend's threads can abort a rank that finished its work."""
+    if run.parallel.active:
+        run.step_loss = None
+        gc.collect()
+    run.parallel.teardown()
 
 
 def _preempted(run: "_Run", signal_name: Optional[str] = None) -> Preempted:
