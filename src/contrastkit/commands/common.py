@@ -184,6 +184,12 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, epochs_default: Any,
                              "unless --threads is given; each holds its own copy of the data in memory "
                              "(default 0: as many as there are cores and 2 GiB of free memory per run, "
                              "one at a time on a GPU; 1: one run at a time, using every core)")
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="torch.compile every run's encoder for its training steps, as contrastkit pretrain "
+                             "--compile (speed, not a setting: a study may be resumed with or without it)")
+    parser.add_argument("--channels-last", action="store_true", default=None,
+                        help="every run's model and images in the channels-last memory format, as contrastkit "
+                             "pretrain --channels-last (speed, not a setting, as --compile)")
     parser.add_argument("--resume", action="store_true",
                         help="continue in an existing output folder: finished runs are skipped (two "
                              "processes resuming one folder share out its runs)")
@@ -216,7 +222,8 @@ def run_study_command(name: str, args: argparse.Namespace, **settings: Any) -> i
     ``settings`` (the command's own), over ``--budgets`` when given, and print its results."""
     from contrastkit import studies
 
-    how = {"resume": args.resume, "force": args.force, "progress": not args.no_progress, "jobs": args.jobs}
+    how = {"resume": args.resume, "force": args.force, "progress": not args.no_progress, "jobs": args.jobs,
+           "run_options": {"compile": bool(args.compile), "channels_last": bool(args.channels_last)}}
     settings = {**settings, **study_options(args)}
     if args.budgets is not None:
         print_budgets(studies.run_budgets(name, args.out, budgets=args.budgets, **how, **settings))

@@ -44,13 +44,13 @@ folder names come from :mod:`contrastkit.layout`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from .budgets import run_budgets as _run_budgets
 from .budgets import (Budget, BudgetResult, ClaimAcrossBudgets, check_budgets, claims_across_budgets,
                       format_budget_verdicts)
 from .convirt_ablation import CONVIRT_ABLATION
-from .grid import RunSpec, prepare_out, resolve_jobs, run_grid
+from .grid import RUN_OPTIONS, RunSpec, prepare_out, resolve_jobs, run_grid
 from .positive_pairs import POSITIVE_PAIRS
 from .schedules import SCHEDULES
 from .stats import binomial_standard_error, mean_std, spearman, standard_error
@@ -62,7 +62,7 @@ from .verdicts import FAILS, HOLDS, STATUSES, UNDECIDED, Verdict, format_verdict
 __all__ = [
     "STUDIES", "EXPERIMENTS", "get_study", "run_study", "run_sweep", "run_experiment", "run_budgets",
     "Budget", "BudgetResult", "ClaimAcrossBudgets", "check_budgets", "claims_across_budgets", "format_budget_verdicts",
-    "Study", "StudyResult", "RunSpec", "run_grid", "resolve_jobs", "prepare_out",
+    "Study", "StudyResult", "RunSpec", "run_grid", "resolve_jobs", "prepare_out", "RUN_OPTIONS",
     "Verdict", "HOLDS", "FAILS", "UNDECIDED", "STATUSES", "format_verdicts", "gap_verdict",
     "mean_std", "standard_error", "binomial_standard_error", "spearman",
     "SWEEP", "POSITIVE_PAIRS", "CONVIRT_ABLATION", "SCHEDULES", "TEMPERATURE_METHODS",
@@ -84,38 +84,46 @@ def get_study(name: str) -> Study:
 
 
 def run_study(name: str, out: Optional[str] = None, *, resume: bool = False, force: bool = False,
-              progress: bool = True, jobs: int = 0, **settings: Any) -> StudyResult:
-    """Run the study ``name`` into ``out`` (default ``runs/<its folder>``); see :meth:`Study.run`.
+              progress: bool = True, jobs: int = 0, run_options: Optional[Mapping[str, bool]] = None,
+              **settings: Any) -> StudyResult:
+    """Run the study ``name`` into ``out`` (default ``runs/<its folder>``); see :meth:`Study.run`
+    (``run_options``: ``compile``, ``channels_last`` for every run, not settings).
 
     ``settings`` override the study's defaults (:attr:`Study.defaults`; ``None`` keeps one).
     """
-    return get_study(name).run(out, resume=resume, force=force, progress=progress, jobs=jobs, **settings)
+    return get_study(name).run(out, resume=resume, force=force, progress=progress, jobs=jobs,
+                               run_options=run_options, **settings)
 
 
 def run_sweep(out: Optional[str] = None, *, resume: bool = False, force: bool = False, progress: bool = True,
-              jobs: int = 0, **settings: Any) -> StudyResult:
+              jobs: int = 0, run_options: Optional[Mapping[str, bool]] = None,
+              **settings: Any) -> StudyResult:
     """The temperature sweep (:data:`SWEEP`): settings ``data``, ``data_options``,
     ``temperatures``, ``seeds``, ``views``, ``epochs``, ``batch_size``, ``device``, ``threads``
     (``None``: the trainer's default), ``variants`` (a list among ``"hard_negative"``, ``"simple"``, or
     "hard-negative,simple"; default both) and ``no_variants`` (none); default folder ``runs/sweep``."""
-    return run_study(SWEEP.name, out, resume=resume, force=force, progress=progress, jobs=jobs, **settings)
+    return run_study(SWEEP.name, out, resume=resume, force=force, progress=progress, jobs=jobs,
+                     run_options=run_options, **settings)
 
 
 def run_budgets(name: str, out: Optional[str] = None, *, budgets: Any, resume: bool = False, force: bool = False,
-                progress: bool = True, jobs: int = 0, **settings: Any) -> BudgetResult:
+                progress: bool = True, jobs: int = 0, run_options: Optional[Mapping[str, bool]] = None,
+                **settings: Any) -> BudgetResult:
     """The study ``name`` at every training budget of ``budgets`` (``"5000x18,45000x20"``: training
     images x epochs), each in ``out/budget-SIZExEPOCHS/``, with the cross-budget view in ``out``
     (default ``runs/<its folder>-budgets``). ``settings`` are the study's but ``epochs`` and
     ``train_limit`` (each budget sets them); ``resume`` continues the whole folder: a budget already
     run is read back (its finished runs are not trained again), the others run."""
     return _run_budgets(get_study(name), out, budgets=budgets, resume=resume, force=force, progress=progress, jobs=jobs,
-               **settings)
+                        run_options=run_options, **settings)
 
 
 def run_experiment(name: str, out: Optional[str] = None, *, resume: bool = False, force: bool = False,
-                   progress: bool = True, jobs: int = 0, **settings: Any) -> StudyResult:
+                   progress: bool = True, jobs: int = 0, run_options: Optional[Mapping[str, bool]] = None,
+                   **settings: Any) -> StudyResult:
     """One of :data:`EXPERIMENTS` (``positive-pairs``, ``convirt-ablation``, ``schedules``); default folder
     ``runs/experiment-NAME``."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
-    return run_study(name, out, resume=resume, force=force, progress=progress, jobs=jobs, **settings)
+    return run_study(name, out, resume=resume, force=force, progress=progress, jobs=jobs,
+                     run_options=run_options, **settings)

@@ -28,12 +28,12 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from contrastkit import layout
 from contrastkit.manifest import Manifest
 
-from .grid import check_jobs, check_specs, prepare_out
+from .grid import check_jobs, check_run_options, check_specs, prepare_out, with_run_options
 from .study import Study, StudyResult, option
 from .verdicts import Verdict
 
@@ -259,23 +259,24 @@ def _train_images(result: StudyResult) -> Optional[int]:
 
 def run_budgets(study: Study, out: Optional[str] = None, *, budgets: Union[str, Sequence[BudgetLike]],
                 resume: bool = False, force: bool = False, progress: bool = True, jobs: int = 0,
-                **options: Any) -> BudgetResult:
+                run_options: Optional[Mapping[str, bool]] = None, **options: Any) -> BudgetResult:
     """Run ``study`` at every budget of ``budgets`` (:func:`check_budgets`) into
     ``out/budget-SIZExEPOCHS/`` (default ``out``: ``runs/<its folder>-budgets``) and write the
     cross-budget view in ``out`` (the module's docstring lists it).
 
     ``options`` are the study's settings but ``epochs`` and ``train_limit``, which each budget
-    sets; ``resume``, ``force``, ``progress`` and ``jobs`` as in :meth:`Study.run` (``resume``
-    over the whole folder: budgets already run are read back, the others run).
+    sets; ``resume``, ``force``, ``progress``, ``jobs`` and ``run_options`` as in :meth:`Study.run`
+    (``resume`` over the whole folder: budgets already run are read back, the others run).
     """
     check_jobs(jobs)
+    run_options = check_run_options(run_options)
     chosen = check_budgets(budgets)
     for key in ("epochs", "train_limit"):
         if options.get(key) is not None:
             raise ValueError(f"{_OPTION} sets each run's training-set size and epochs: leave out {option(key)}")
     per_budget = [study.settings(**{**options, "epochs": b.epochs, "train_limit": b.train_size}) for b in chosen]
     for settings in per_budget:  # every budget's runs are valid before the first one trains
-        check_specs(study.specs(settings))
+        check_specs(with_run_options(study.specs(settings), run_options))
     stored = {key: value for key, value in per_budget[0].items() if key not in ("epochs", "train_limit")}
     stored["budgets"] = [b.label for b in chosen]
     out = study.default_budgets_out if out is None else os.fspath(out)
@@ -291,7 +292,7 @@ def run_budgets(study: Study, out: Optional[str] = None, *, budgets: Union[str, 
         cut_off = not started and Manifest(folder).exists()
         at_budget = dataclasses.replace(study, title=f"{study.title}, budget {budget.describe()}")
         results.append(at_budget.run(folder, resume=started, force=cut_off, progress=progress, jobs=jobs,
-                                     **{**options, "epochs": budget.epochs, "train_limit": budget.train_size}))
+                                     run_options=run_options, **{**options, "epochs": budget.epochs, "train_limit": budget.train_size}))
     warnings = []
     images = [_train_images(result) for result in results]
     for budget, found in zip(chosen, images):

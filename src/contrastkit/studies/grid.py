@@ -24,7 +24,7 @@ import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from contrastkit import layout
 from contrastkit._io import available_memory as _available_memory  # tests replace it here
@@ -32,7 +32,7 @@ from contrastkit._io import read_json as _read_json
 from contrastkit.manifest import Manifest, clear_folder
 
 __all__ = ["RunSpec", "RunBusy", "prepare_out", "check_specs", "check_jobs", "resolve_jobs", "RUN_MEMORY_BYTES",
-           "run_grid", "read_json"]
+           "RUN_OPTIONS", "check_run_options", "with_run_options", "run_grid", "read_json"]
 
 
 @dataclass
@@ -105,6 +105,36 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
 
     for spec in specs:
         PretrainConfig(**spec.config).resolved()
+
+
+#: :class:`~contrastkit.methods.PretrainConfig` fields that change how a study's runs compute,
+#: not what (``torch.compile``, the channels-last memory layout: the same numbers within float
+#: rounding). Like ``jobs`` they are not study settings: every run the study trains gets them,
+#: and a study may be resumed with or without them (a run resumed from its checkpoint too).
+RUN_OPTIONS = ("compile", "channels_last")
+
+
+def check_run_options(options: Optional[Mapping[str, Any]]) -> Dict[str, bool]:
+    """``options`` (``None``: none) as a dict of :data:`RUN_OPTIONS` to bools, else a ``ValueError``
+    naming the option."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(RUN_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown run option(s) {', '.join(unknown)}; a study's runs take "
+                         f"{', '.join('--' + key.replace('_', '-') for key in RUN_OPTIONS)}")
+    for key, value in options.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"--{key.replace('_', '-')} must be true or false, got {value!r}")
+    return options
+
+
+def with_run_options(specs: Sequence[RunSpec], options: Optional[Mapping[str, Any]]) -> List[RunSpec]:
+    """``specs`` with the :data:`RUN_OPTIONS` in ``options`` set in every run's configuration
+    (options that are false are left to the run's default)."""
+    chosen = {key: value for key, value in check_run_options(options).items() if value}
+    if not chosen:
+        return list(specs)
+    return [RunSpec(spec.name, spec.row, spec.column, {**spec.config, **chosen}, spec.baselines) for spec in specs]
 
 
 class RunBusy(Exception):

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from contrastkit import layout
 
-from .grid import RunSpec, check_jobs, check_specs, prepare_out, run_grid
+from .grid import RunSpec, check_jobs, check_specs, prepare_out, run_grid, with_run_options
 from .verdicts import Verdict
 
 __all__ = ["Study", "StudyResult", "option", "check_counts", "check_numbers", "run_config", "RUN_DEFAULTS"]
@@ -188,19 +188,21 @@ class Study:
             return stored
 
     def run(self, out: Optional[str] = None, *, resume: bool = False, force: bool = False, progress: bool = True,
-            jobs: int = 0, **options: Any) -> StudyResult:
+            jobs: int = 0, run_options: Optional[Mapping[str, bool]] = None, **options: Any) -> StudyResult:
         """Run the study into ``out`` (default ``runs/<folder>``) and write its results.
 
         ``resume`` continues a folder with the same settings (finished runs are reused);
         ``force`` starts over (deletes :attr:`outputs`, nothing else); ``progress`` shows the
         live grid on a terminal; ``jobs`` runs train at once (:func:`~contrastkit.studies.run_grid`:
-        how it runs does not change what it computes, so it is not a setting). ``options`` are
-        settings (see :attr:`defaults`).
+        how it runs does not change what it computes, so it is not a setting), and
+        ``run_options`` (``{"compile": True, "channels_last": True}``,
+        :data:`~contrastkit.studies.RUN_OPTIONS`) are given to every run it trains, for the
+        same reason not settings either. ``options`` are settings (see :attr:`defaults`).
         """
         check_jobs(jobs)
         settings = self.settings(**options)
         out = self.default_out if out is None else os.fspath(out)
-        specs = self.specs(settings)
+        specs = with_run_options(self.specs(settings), run_options)
         check_specs(specs)
         manifest = prepare_out(out, resume=resume, force=force, owned=self.outputs, settings=settings,
                                settings_file=self.settings_file, command=self.label, complete=self.complete_stored)
