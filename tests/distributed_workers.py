@@ -31,7 +31,10 @@ def spawn(target: Callable, world: int, tmp_path, *args) -> List[dict]:
     init_file = os.path.join(str(tmp_path), "init")
     # A fork server imports torch once for all workers of the session (plain "spawn" imports it
     # in every worker); unlike "fork" it never copies the test process's thread pools.
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "contrastkit.losses", __name__])
+    # torch._dynamo (which DDP imports) is loaded before any group exists: imported while one
+    # does, it keeps the group's backend alive into the worker's shutdown (see train.parallel).
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "contrastkit.losses",
+                                            __name__])
     mp.start_processes(_entry, args=(world, init_file, str(tmp_path), target, args), nprocs=world,
                        join=True, start_method="forkserver")
     return [torch.load(os.path.join(str(tmp_path), f"result_{r}.pt"), weights_only=False) for r in range(world)]
@@ -319,20 +322,3 @@ def pretrain_worker(rank: int, world: int, options: dict, straight: str, interru
         results["overwrite"] = str(err)
     results["resumed"] = pretrain(PretrainConfig(out=interrupted, **options), resume=True, progress=False)
     return results
-
-
-def released_worker(rank: int, world: int, options: dict, out: str) -> dict:
-    """Data-parallel pretraining with the garbage collector off: how many DDP wrappers are still
-    alive when ``pretrain`` has returned (reference counting alone frees what it released)."""
-    import gc
-
-    from contrastkit.train import PretrainConfig, pretrain
-
-    gc.collect()
-    gc.disable()
-    try:
-        pretrain(PretrainConfig(out=out, **options), progress=False)
-        alive = sum(isinstance(o, torch.nn.parallel.DistributedDataParallel) for o in gc.get_objects())
-    finally:
-        gc.enable()
-    return {"ddp_alive": alive}

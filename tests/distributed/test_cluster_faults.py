@@ -176,7 +176,9 @@ def test_two_nodes_from_the_documented_slurm_script_train_as_one_node(config, re
     # srun on a 2-node allocation: the command once per node (here both on this machine).
     _stand_in(bin_dir, "srun", 'pids=()\nfor node in 0 1; do SLURM_NODEID=$node SLURM_PROCID=$node "$@" & pids+=($!); done\n'
                                'status=0\nfor pid in "${pids[@]}"; do wait "$pid" || status=$?; done\nexit $status\n')
-    _stand_in(bin_dir, "scontrol", 'echo 127.0.0.1\necho 127.0.0.1\n')  # `show hostnames`: the two nodes
+    # `show hostnames`: the two nodes, the second written after a pause, so that a reader that
+    # stops at the first name (and the SIGPIPE scontrol then gets) is always seen.
+    _stand_in(bin_dir, "scontrol", 'echo 127.0.0.1\nsleep 0.5\necho 127.0.0.1\n')
     out = config.parent / "two-nodes"
     env = _env(CONFIG=str(config), OUT=str(out), MASTER_PORT=str(_free_port()), SLURM_JOB_ID=uuid.uuid4().hex[:12],
                SLURM_JOB_NODELIST="node[1-2]", SLURM_GPUS_ON_NODE="1")

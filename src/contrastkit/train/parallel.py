@@ -118,6 +118,11 @@ def setup(device: torch.device) -> Parallel:
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     backend = "nccl" if device.type == "cuda" else "gloo"
+    # DDP's constructor imports torch._dynamo; imported while a group exists, it keeps that
+    # group's backend (and its threads) alive past destroy_process_group, to be torn down at
+    # the interpreter's shutdown, where it can abort a rank that finished its work. Imported
+    # before the group exists, it holds nothing.
+    import torch._dynamo  # noqa: F401
     start = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if start is None:
         dist.init_process_group(backend)
