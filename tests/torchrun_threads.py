@@ -1,12 +1,15 @@
 """Launched by ``torchrun`` in the tests: data-parallel pretraining through the API, then the
 names of this process's threads that belong to the process group's backend (gloo), counted at
 each epoch's end and after ``pretrain`` has returned, written to ``OUT/threads_<rank>.json``.
+The garbage collector is off meanwhile: what ``pretrain`` released must be freed by reference
+counting alone (an object in a reference cycle that holds the group would wait for a collection).
 
 Usage: torchrun --nproc-per-node 2 tests/torchrun_threads.py OUT
 """
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import os
@@ -32,9 +35,15 @@ def main(out: str) -> None:
                                                            "size": 28},
                             method="simclr", epochs=1, batch_size=8, device="cpu", log_every=1,
                             out=os.path.join(out, "run"))
-    pretrain(config, progress=False, on_epoch_end=lambda epoch, record: during.append(backend_threads()))
+    gc.collect()
+    gc.disable()
+    try:
+        pretrain(config, progress=False, on_epoch_end=lambda epoch, record: during.append(backend_threads()))
+        after = backend_threads()
+    finally:
+        gc.enable()
     with open(os.path.join(out, f"threads_{os.environ['RANK']}.json"), "w", encoding="utf-8") as handle:
-        json.dump({"during": during, "after": backend_threads()}, handle)
+        json.dump({"during": during, "after": after}, handle)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import json
 import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from contrastkit import layout
@@ -134,7 +134,7 @@ def with_run_options(specs: Sequence[RunSpec], options: Optional[Mapping[str, An
     chosen = {key: value for key, value in check_run_options(options).items() if value}
     if not chosen:
         return list(specs)
-    return [RunSpec(spec.name, spec.row, spec.column, {**spec.config, **chosen}, spec.baselines) for spec in specs]
+    return [replace(spec, config={**spec.config, **chosen}) for spec in specs]
 
 
 class RunBusy(Exception):
