@@ -136,10 +136,16 @@ def test_few_rows_warning():
     lambda a, b: L.info_nce(a, b, temperature=0.1, chunk_size=1),
 ])
 def test_one_pair_without_negatives_warns(loss):
-    """With N = 1 the only candidate is the positive: the loss is 0 whatever the embeddings."""
+    """With N = 1 the only candidate is the positive: the loss is 0 whatever the embeddings.
+
+    Computed as ``logsumexp([s / tau]) - s / tau``, it is 0 up to the rounding of a float32 logit
+    of size ``|s| / tau <= 1 / tau = 10``: a few units in the last place of 10 (the tiled path's
+    online log-sum-exp rounds differently from the dense one, by kernel; seen: one ulp, 9.5e-7).
+    """
     with pytest.warns(UserWarning, match="degenerate.*N >= 4"):
         value = loss(ok(1, 3), ok(1, 3))
-    assert float(value) == 0.0
+    logit_ulp = torch.finfo(torch.float32).eps * (1 / 0.1)
+    assert abs(float(value)) <= 4 * logit_ulp
 
 
 def test_a_bank_of_negatives_needs_no_warning():

@@ -204,8 +204,15 @@ def test_the_cap_scales_with_the_data():
 
 @pytest.mark.parametrize("n, d, rank", [(40, 300, 40), (40, 300, 12), (30, 200, 30)])
 def test_fewer_images_than_features_give_the_fit_of_the_whole_feature_space(monkeypatch, n, d, rank):
-    # The probe fits in the training rows' span when 2 n <= d; forced off, the same grid must give
-    # the same accuracies (the optimum lies in that span). rank < n: duplicated directions.
+    # The probe fits in the training rows' span when 2 n <= d; forced off, the same grid must reach
+    # the same optimum (it lies in that span). rank < n: duplicated directions.
+    #
+    # Compared: the objective each fit reached, at every C. Not the accuracies: the weakly
+    # regularised fits (C = 100) stop where float32 logits no longer resolve the objective, a few
+    # 1e-6 to 6e-5 of it apart (seen across CPU kernels and thread counts), and a val image that
+    # lies that close to a class boundary flips with the rounding (0.5667 against 0.5833 on one
+    # CPU, equal on another). A basis that loses a direction of the rows raises the objective by
+    # 1e-3 to 0.57 of itself (the rank-deficient and the n = 30 sets).
     from contrastkit.metrics import probe as probe_module
 
     generator = np.random.default_rng(n + d + rank)
@@ -215,8 +222,23 @@ def test_fewer_images_than_features_give_the_fit_of_the_whole_feature_space(monk
         return x.astype(np.float32), (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0)
     train, val, test = split(n), split(60), split(60)
     train[0][:, 5] = 3.0  # a constant feature
-    reduced = probe_module.linear_probe(*train, *val, *test, c_grid=(0.01, 1.0, 100.0), patience=None)
+
+    objectives: list = []
+    fit = probe_module._MultinomialProbe.fit
+
+    def recording_fit(model, c, max_evaluations, trace=None):
+        fit(model, c, max_evaluations, trace)
+        loss, _, _ = model._loss_and_gradients(model.weight, model.bias, 1.0 / (c * model.data.n))
+        objectives.append((c, float(loss), model.data.d))
+
+    monkeypatch.setattr(probe_module._MultinomialProbe, "fit", recording_fit)
+    grid = (0.01, 1.0, 100.0)
+    probe_module.linear_probe(*train, *val, *test, c_grid=grid, patience=None)
+    reduced, objectives[:] = list(objectives), []
     monkeypatch.setattr(probe_module, "_row_space", lambda *splits: splits)
-    whole = probe_module.linear_probe(*train, *val, *test, c_grid=(0.01, 1.0, 100.0), patience=None)
-    assert reduced.val_accuracy_by_c == whole.val_accuracy_by_c
-    assert (reduced.test_accuracy, reduced.best_c) == (whole.test_accuracy, whole.best_c)
+    probe_module.linear_probe(*train, *val, *test, c_grid=grid, patience=None)
+    whole = list(objectives)
+    assert [c for c, _, _ in reduced] == [c for c, _, _ in whole] == list(grid)
+    assert all(features <= n for _, _, features in reduced) and all(features == d for _, _, features in whole)
+    for (c, at_reduced, _), (_, at_whole, _) in zip(reduced, whole):
+        assert at_reduced == pytest.approx(at_whole, rel=2e-4), c
