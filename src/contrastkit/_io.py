@@ -188,11 +188,12 @@ def file_digest(path: "str | os.PathLike[str]", what: Optional[str] = None) -> s
         return stream_digest(handle)
 
 
-def escaped_path(path: "str | os.PathLike[str]") -> str:
-    """``path`` as text that can be written anywhere (UTF-8 files, JSON, a terminal): a byte of
-    the name that is not UTF-8 (held by Python as a surrogate escape) written ``\\xNN``, e.g.
-    the Latin-1 name ``b'caf\\xe9.png'`` as ``caf\\xe9.png``; any other path unchanged."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
+def escape_undecodable(text: "str | os.PathLike[str]") -> str:
+    """A path (or text holding paths) as text that can be written anywhere (UTF-8 files, JSON, a
+    terminal): a byte of a file name that is not UTF-8 (held by Python as a surrogate escape)
+    written ``\\xNN``, e.g. the Latin-1 name ``b'caf\\xe9.png'`` as ``caf\\xe9.png``; any other
+    text unchanged."""
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
 
 
 def is_utf8_name(path: "str | os.PathLike[str]") -> bool:

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contrastkit._io import escaped_path, file_kind, is_utf8_name
+from contrastkit._io import escape_undecodable, file_kind, is_utf8_name
 from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
 from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
@@ -116,7 +116,7 @@ def _index(source: Union[str, os.PathLike], bad_files: str) -> Tuple[Path, List[
             if bad_files == "fail":
                 raise ValueError(f"{source}: the file name {os.fsencode(relative)!r} is not valid UTF-8, so a run's "
                                  "outputs could not name it (rename it, or let bad_files=skip leave it out)")
-            left_out[escaped_path(path)] = (f"file name is not valid UTF-8 ({os.fsencode(relative)!r}): left out, "
+            left_out[escape_undecodable(path)] = (f"file name is not valid UTF-8 ({os.fsencode(relative)!r}): left out, "
                                             "since a run's outputs could not name it")
         if not named:
             raise ValueError(f"{source}: none of its {len(files)} image file names is valid UTF-8 (e.g. "
@@ -376,5 +376,5 @@ def add_skipped(dataset: Any, found: Dict[str, str]) -> None:
 
 def skipped_files(dataset: Any) -> List[str]:
     """``"path<TAB>reason"`` of every damaged file a run met in ``dataset``'s splits, sorted; a
-    byte of a path that is not UTF-8 written ``\\xNN`` (:func:`contrastkit._io.escaped_path`)."""
-    return [f"{escaped_path(path)}\t{reason}" for path, reason in sorted(skipped_reasons(dataset).items())]
+    byte of a path that is not UTF-8 written ``\\xNN`` (:func:`contrastkit._io.escape_undecodable`)."""
+    return [f"{escape_undecodable(path)}\t{reason}" for path, reason in sorted(skipped_reasons(dataset).items())]
