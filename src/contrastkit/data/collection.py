@@ -376,5 +376,5 @@ def add_skipped(dataset: Any, found: Dict[str, str]) -> None:
 
 def skipped_files(dataset: Any) -> List[str]:
     """``"path<TAB>reason"`` of every damaged file a run met in ``dataset``'s splits, sorted; a
-    byte of a path that is not UTF-8 written ``\\xNN`` (:func:`contrastkit._io.escape_undecodable`)."""
+    byte of a path that is not UTF-8 written ``\\xNN``."""
     return [f"{escape_undecodable(path)}\t{reason}" for path, reason in sorted(skipped_reasons(dataset).items())]
