@@ -107,7 +107,9 @@ def check_input_size(nbytes: int, what: str, *, declared: bool = True) -> None:
                          f"{_human(limit)} (raise {MAX_INPUT_BYTES_ENV} to read it)")
 
 
-def _kind_of(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``os.stat`` mode ``mode`` is, in words, when it is not a regular file:
+    ``"a folder"``, ``"a character device"`` (``/dev/zero``), ``"a FIFO (named pipe)"``, ..."""
     for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                        (stat.S_ISSOCK, "a socket")):
@@ -136,7 +138,7 @@ def open_input(path: "str | os.PathLike[str]", what: Optional[str] = None) -> Bi
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{what} is {_kind_of(info.st_mode)}, not a regular file; contrastkit reads "
+            raise ValueError(f"{what} is {file_kind(info.st_mode)}, not a regular file; contrastkit reads "
                              "inputs from regular files only")
         check_input_size(info.st_size, what, declared=False)
         if hasattr(os, "set_blocking"):
@@ -184,6 +186,24 @@ def file_digest(path: "str | os.PathLike[str]", what: Optional[str] = None) -> s
     """Hex SHA-256 of a regular file within the ceiling (:func:`open_input`)."""
     with open_input(path, what) as handle:
         return stream_digest(handle)
+
+
+def escape_undecodable(text: "str | os.PathLike[str]") -> str:
+    """A path (or text holding paths) as text that can be written anywhere (UTF-8 files, JSON, a
+    terminal): a byte of a file name that is not UTF-8 (held by Python as a surrogate escape)
+    written ``\\xNN``, e.g. the Latin-1 name ``b'caf\\xe9.png'`` as ``caf\\xe9.png``; any other
+    text unchanged."""
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
+
+
+def is_utf8_name(path: "str | os.PathLike[str]") -> bool:
+    """Whether every byte of the file name ``path`` decodes as UTF-8 (so that it can be written
+    as it is in UTF-8 text: skipped.txt, a CSV of embedding names, JSON)."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def one_line(err: BaseException) -> str:

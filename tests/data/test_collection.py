@@ -203,3 +203,132 @@ def test_a_damaged_file_read_for_a_picture_is_left_out_and_named(tmp_path):
     images, read = read_present_images(split, torch.tensor([0, broken, 2]))
     assert read.tolist() == [0, 2] and images.shape[0] == 2
     assert [line.split("\t")[0] for line in skipped_files(data)] == [split.path(broken)]
+
+
+# -- files that vanish or change after the collection was indexed -------------------------------
+
+def _vanish(path, how):
+    if how == "removed":
+        os.remove(path)
+    else:  # overwritten by something that no longer decodes
+        with open(path, "wb") as handle:
+            handle.write(b"half a photo")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("how", ["removed", "overwritten"])
+def test_a_file_gone_or_changed_after_indexing_is_skipped_and_named(tmp_path, workers, how):
+    """A file deleted while a --workers 2 run read the folder stopped the run with "Caught
+    FileNotFoundError in DataLoader worker process 0.", naming no file."""
+    _tree(tmp_path / "p", 16)
+    data = open_collection(tmp_path / "p", val_fraction=0.01, test_fraction=0.01)
+    gone = data.train.path(3)
+    _vanish(gone, how)  # after the index was built, before the first read
+    seen = sum(int(indices.numel()) for _, indices in make_loader(data.train, batch_size=4, workers=workers))
+    assert seen == len(data.train) - 1
+    (line,) = skipped_files(data)
+    path, reason = line.split("\t")
+    assert path == gone and "cannot read image" in reason
+    if how == "removed":
+        assert "no such file" in reason
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fail_stops_at_a_file_removed_after_indexing_naming_it(tmp_path, workers):
+    _tree(tmp_path / "p", 16)
+    data = open_collection(tmp_path / "p", val_fraction=0.01, test_fraction=0.01, bad_files="fail")
+    gone = data.train.path(5)
+    os.remove(gone)
+    with pytest.raises(BadItemError) as caught:
+        for _batch in make_loader(data.train, batch_size=4, workers=workers):
+            pass
+    message = str(caught.value)
+    assert gone in message and "no such file" in message and "\n" not in message
+
+
+def test_a_file_that_comes_back_before_the_main_process_looks_is_still_named(tmp_path, monkeypatch):
+    """What a worker could not read is named by the worker's reason: the main process does not
+    read the file again (it may have come back, or changed again, in between)."""
+    from contrastkit.data import loader as loader_module
+
+    _tree(tmp_path / "p", 16)
+    data = open_collection(tmp_path / "p", val_fraction=0.01, test_fraction=0.01)
+    gone = data.train.path(2)
+    saved = (tmp_path / "p" / os.path.basename(gone)).read_bytes()
+    os.remove(gone)
+    real_iter = loader_module.DataLoader.__iter__
+
+    def iterate_then_restore(self):
+        for batch in real_iter(self):
+            with open(gone, "wb") as handle:  # back, readable, before the batch is looked at
+                handle.write(saved)
+            yield batch
+
+    monkeypatch.setattr(loader_module.DataLoader, "__iter__", iterate_then_restore)
+    seen = sum(int(indices.numel()) for _, indices in make_loader(data.train, batch_size=4, workers=0))
+    assert seen == len(data.train) - 1
+    assert [line.split("\t")[0] for line in skipped_files(data)] == [gone]
+
+
+# -- file names that are not UTF-8 ---------------------------------------------------------------
+
+def _latin1_name(folder):
+    """A PNG named with the Latin-1 byte of 'é' (b'caf\\xe9.png'), as old cameras and zip files
+    leave them on Linux."""
+    name = os.fsencode(str(folder)) + b"/caf\xe9.png"
+    shutil.copyfile(os.fsencode(str(folder / "img000.png")), name)
+    return os.fsdecode(name)
+
+
+@pytest.mark.skipif(os.name == "nt", reason="Windows file names are Unicode")
+def test_a_file_name_that_is_not_utf8_is_skipped_and_named_with_its_bytes_escaped(tmp_path):
+    """One such name made the whole folder unusable ("'utf-8' codec can't encode character
+    '\\udce9' ... surrogates not allowed"), naming no file."""
+    _tree(tmp_path / "p", 16)
+    odd = _latin1_name(tmp_path / "p")
+    data = open_collection(tmp_path / "p")
+    assert odd not in _all_files(data) and len(_all_files(data)) == 16
+    (line,) = skipped_files(data)
+    line.encode("utf-8")  # writable as it stands: skipped.txt is UTF-8
+    path, reason = line.split("\t")
+    assert path == str(tmp_path / "p") + "/caf\\xe9.png"
+    assert "not valid UTF-8" in reason and "b'caf\\xe9.png'" in reason
+
+
+@pytest.mark.skipif(os.name == "nt", reason="Windows file names are Unicode")
+def test_fail_refuses_a_folder_with_a_name_that_is_not_utf8_naming_the_bytes(tmp_path):
+    _tree(tmp_path / "p", 16)
+    _latin1_name(tmp_path / "p")
+    with pytest.raises(ValueError) as caught:
+        open_collection(tmp_path / "p", bad_files="fail")
+    message = str(caught.value)
+    assert message.startswith(str(tmp_path / "p")) and "b'caf\\xe9.png'" in message and "\n" not in message
+
+
+# -- list files -----------------------------------------------------------------------------
+
+def test_a_list_naming_one_file_twice_is_refused_by_its_lines(tmp_path):
+    """A list naming one file twice trained it twice, silently."""
+    files = _tree(tmp_path / "pics", 12)
+    names = [os.path.relpath(f, tmp_path) for f in files]
+    listing = tmp_path / "list.txt"
+    listing.write_text("\n".join(names[:5] + ["./" + names[2]] + names[5:]) + "\n")
+    with pytest.raises(ValueError) as caught:
+        open_data(listing)
+    message = str(caught.value)
+    assert message.startswith(f"{listing}: lines 3 and 6 ") and repr(names[2]) in message
+    assert repr("./" + names[2]) in message and "\n" not in message
+
+
+def test_a_device_in_a_list_is_named_for_what_it_is(tmp_path):
+    """/dev/zero in a list was reported as "no such image file"."""
+    files = _tree(tmp_path / "pics", 12)
+    listing = tmp_path / "list.txt"
+    listing.write_text("\n".join(os.path.relpath(f, tmp_path) for f in files) + "\n/dev/zero\n")
+    with pytest.raises(ValueError, match=r"list.txt: line 13: '/dev/zero' is a character device, not a regular "
+                                         r"image file"):
+        open_data(listing)
+    (tmp_path / "sub").mkdir()
+    listing.write_text("pics/img000.png\nsub\n")
+    with pytest.raises(ValueError, match=r"line 2: 'sub' is a folder, not a regular image file"):
+        open_data(listing)

@@ -286,3 +286,25 @@ def test_zlib_error_in_gzip_names_the_file(tmp_path):
     (tmp_path / "x.gz").write_bytes(bytes(data))
     with pytest.raises(ValueError, match="x.gz"):
         read_idx(tmp_path / "x.gz", 1)
+
+
+def test_an_image_size_over_the_ceiling_is_refused_naming_the_option(worker, tmp_path):
+    """--image-size 100000 printed a traceback after trying to allocate 240,000,000,000 bytes."""
+    from PIL import Image
+
+    from contrastkit.data.collection import MAX_SIZE
+
+    root = tmp_path / "photos"
+    root.mkdir()
+    for i in range(12):
+        Image.new("RGB", (8, 8), (i * 20, 0, 0)).save(root / f"{i}.png")
+    args = ["pretrain", "--data", str(root), "--out", str(tmp_path / "run"), "--epochs", "1", "--device", "cpu",
+            "--quiet", "--no-report"]
+    line = assert_cli_error(worker.call("cli", *args, "--image-size", "100000"), "pretrain", "--image-size 100000")
+    assert f"ceiling of {MAX_SIZE}" in line
+    assert not (tmp_path / "run").exists()  # refused before the run folder is made
+    assert_cli_error(worker.call("cli", *args, "--image-size", "0"), "pretrain", "--image-size")
+    # the library's option (a --config file, --data-option size=...) is refused by name too
+    line = assert_cli_error(worker.call("cli", *args, "--data-option", f"size={MAX_SIZE + 1}"), "pretrain",
+                            f"size {MAX_SIZE + 1}")
+    assert "ceiling" in line

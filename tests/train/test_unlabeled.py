@@ -186,3 +186,82 @@ def test_embed_names_rows_by_their_path_in_the_collection(tmp_path, capsys):
     names = {row["name"] for row in rows}
     assert len(rows) == 48 and "nested/p000.png" in names and not any(os.path.isabs(n) for n in names)
     assert np.load(tmp_path / "h.npy").shape[0] == 48
+
+
+def _remove_after_indexing(monkeypatch, count=2):
+    """Open the collection as the run does, then remove the first ``count`` files its first
+    training batch reads (seed 0, batch 8: :class:`EpochBatchSampler`'s order), before anything
+    reads them: a photo folder cleaned up while a run reads it. Returns their paths."""
+    from contrastkit.data import EpochBatchSampler, collection
+
+    real_open = collection.open_collection
+    removed = []
+
+    def open_then_remove(*args, **options):
+        data = real_open(*args, **options)
+        first_batch = EpochBatchSampler(len(data.train), 8, seed=0).order()[:count].tolist()
+        for i in first_batch:
+            removed.append(data.train.path(i))
+            os.remove(data.train.path(i))
+        return data
+
+    monkeypatch.setattr(collection, "open_collection", open_then_remove)
+    return removed
+
+
+def test_files_removed_while_a_run_with_workers_reads_them_are_skipped_and_named(tmp_path, capsys, monkeypatch):
+    """The run stopped with "Caught FileNotFoundError in DataLoader worker process 0.", naming no
+    file and writing no skipped.txt, although the policy was skip."""
+    removed = _remove_after_indexing(monkeypatch)
+    data = _collection(tmp_path / "photos", damaged=False)
+    code, out = _run(capsys, _args(data, tmp_path / "run", "--workers", "2", "--no-baselines"))
+    assert code == 0, out.err
+    assert json.loads(out.out)["skipped_files"] == 2
+    skipped = (tmp_path / "run" / "skipped.txt").read_text().splitlines()
+    assert sorted(line.split("\t")[0] for line in skipped) == sorted(removed)
+    assert all("no such file" in line for line in skipped)
+
+
+def test_fail_stops_at_a_file_removed_while_the_run_reads_it_in_one_line(tmp_path, capsys, monkeypatch):
+    removed = _remove_after_indexing(monkeypatch, count=1)
+    data = _collection(tmp_path / "photos", damaged=False)
+    code, out = _run(capsys, _args(data, tmp_path / "run", "--workers", "2", "--bad-files", "fail",
+                                   "--no-baselines"))
+    error = out.err.strip()
+    assert code == 2 and error.count("\n") == 0 and removed[0] in error and "no such file" in error, error
+
+
+@pytest.mark.skipif(os.name == "nt", reason="Windows file names are Unicode")
+def test_a_file_name_that_is_not_utf8_is_skipped_and_listed_escaped(tmp_path, capsys):
+    """One such name made the folder unusable ("'utf-8' codec can't encode character '\\udce9'
+    ... surrogates not allowed"). The folder's own name may be anything: the report escapes it."""
+    from pathlib import Path
+
+    data = _collection(Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/fotos-\xe9t\xe9")), damaged=False)
+    with open(os.fsencode(str(data)) + b"/caf\xe9.png", "wb") as handle:
+        handle.write((data / "p001.jpg").read_bytes())
+    code, out = _run(capsys, [arg for arg in _args(data, tmp_path / "run", "--no-baselines") if arg != "--no-report"])
+    assert code == 0, out.err
+    assert json.loads(out.out)["skipped_files"] == 1
+    assert "no report written" not in out.err and (tmp_path / "run" / "report.html").is_file()
+    (line,) = (tmp_path / "run" / "skipped.txt").read_text(encoding="utf-8").splitlines()
+    assert line.startswith(f"{tmp_path}/fotos-\\xe9t\\xe9/caf\\xe9.png\t") and "not valid UTF-8" in line
+    assert main(["embed", str(tmp_path / "run"), "--out", str(tmp_path / "h.npy"), "--split", "all"]) == 0
+    assert len((tmp_path / "h.csv").read_text(encoding="utf-8").splitlines()) == 48 + 1  # the header
+
+
+def test_a_folder_of_only_unreadable_files_is_refused_naming_it(tmp_path, capsys):
+    """ "batch size 2, chosen for 2 training images", then "torch.cat(): expected a non-empty
+    list of Tensors"."""
+    data = tmp_path / "broken"
+    data.mkdir()
+    for i in range(24):
+        (data / f"scan{i:02d}.png").write_text("not pixels")
+    args = [arg for arg in _args(data, tmp_path / "run", "--no-baselines") if arg not in ("--batch-size", "8")]
+    code, out = _run(capsys, args)
+    error = out.err.strip().splitlines()[-1]
+    assert code == 2 and error.startswith("contrastkit pretrain: error: ") and "Traceback" not in out.err
+    assert str(data) in error and "no image could be read" in error
+    assert str(tmp_path / "run" / "skipped.txt") in error
+    listed = (tmp_path / "run" / "skipped.txt").read_text().splitlines()
+    assert listed and all(os.path.basename(line.split("\t")[0]).startswith("scan") for line in listed)

@@ -9,6 +9,7 @@ from dataclasses import fields
 
 from contrastkit import layout
 from contrastkit.commands.common import add_config_argument, parse_data_options, parse_names, print_result_table
+from contrastkit.data.collection import MAX_SIZE, check_image_size
 from contrastkit.methods import METHOD_REGISTRY, OPTIMIZERS, PretrainConfig, method_names
 from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, ON_NAN, PRECISIONS
 from contrastkit.models import ENCODERS
@@ -43,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="unlabeled collections: a damaged image file is skipped and named in OUT/skipped.txt (skip, the "
              "default) or stops the run (fail)")
     add("--image-size", type=int, default=None, metavar="S",
-        help="unlabeled collections: images are resized (shorter side to S) and centre-cropped to SxS (default 32); "
-             "the data option size=S")
+        help=f"unlabeled collections: images are resized (shorter side to S) and centre-cropped to SxS (default 32, "
+             f"at most {MAX_SIZE}); the data option size=S")
     add("--eval-data", default=None, metavar="DATA",
         help="a labelled data set (class folders, ...) on which the encoder trained on unlabeled --data is judged "
              "by the linear probe and kNN, next to the label-free read-out")
@@ -173,7 +174,8 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
     if args.data_option is not None:
         given["data_options"] = parse_data_options(args.data_option)
     if args.image_size is not None:
-        given["data_options"] = {**given.get("data_options", {}), "size": args.image_size}
+        given["data_options"] = {**given.get("data_options", {}),
+                                 "size": check_image_size(args.image_size, "--image-size")}
     loggers = parse_names(args.logger, "--logger", LOGGER_NAMES)
     if loggers is not None:
         given["loggers"] = loggers

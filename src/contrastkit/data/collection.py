@@ -22,7 +22,16 @@ images are decoded in the ``DataLoader``'s workers. The rules:
   or test that way gives each the training file lowest in the hash range).
 * **Damaged files** (unreadable, truncated, empty, not an image, over the pixel ceiling):
   ``bad_files="skip"`` (the default here) drops them from their batch, counts and names them
-  (:func:`skipped_files`); ``"fail"`` stops at the first, naming it.
+  (:func:`skipped_files`); ``"fail"`` stops at the first, naming it. A file removed, made
+  unreadable or overwritten by something that does not decode after the collection was
+  indexed (while a run reads it) is a damaged file like any other; a file overwritten by
+  another image is read as it now is (what is held is the path, not the content).
+* **File names that are not UTF-8** (bytes such as ``b'caf\\xe9.png'`` on Linux): they could
+  not be written in a run's outputs (skipped.txt, the names of ``contrastkit embed``), so
+  ``"skip"`` leaves them out when the collection is indexed and names them with the bytes
+  escaped (``caf\\xe9.png``); ``"fail"`` refuses the folder, naming the bytes.
+* **List files**: an entry that is not a regular file (a folder, ``/dev/zero``) or names a file
+  another line names (a duplicate, however spelled) is refused, naming the line(s).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+import stat
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -37,16 +47,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from contrastkit._io import escape_undecodable, file_kind, is_utf8_name
 from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
 from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
 __all__ = ["ImageCollection", "CollectionDataset", "open_collection", "collection_files", "is_collection_source",
-           "BAD_FILES", "DEFAULT_SIZE", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files"]
+           "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files"]
 
 #: What a damaged file does: dropped from its batch and named, or the run stops.
 BAD_FILES = ("skip", "fail")
 #: The side of a collection's images when no size is given (the built-in encoders' input).
 DEFAULT_SIZE = 32
+#: The largest side a collection's images are brought to. A 4096 x 4096 RGB image is 48 MiB
+#: decoded and 192 MiB as the float32 an encoder reads, and a step holds two views of every
+#: image of its batch: far beyond that, not even a batch of two fits in a large machine's memory.
+MAX_SIZE = 4096
 #: Files whose modes decide a collection's colour.
 _COLOR_SAMPLE = 32
 _LIST_SUFFIXES = (".txt", ".csv")
@@ -57,12 +72,33 @@ def is_collection_source(path: Union[str, os.PathLike]) -> bool:
     return Path(path).is_file() and Path(path).suffix.lower() in _LIST_SUFFIXES
 
 
+def check_image_size(size: Any, name: str = "size") -> int:
+    """``size`` as the side of a collection's images: an integer from 1 to :data:`MAX_SIZE`;
+    a ``ValueError`` naming ``name`` otherwise (before any memory is asked for)."""
+    size = check_positive_int(size, name)
+    if size > MAX_SIZE:
+        raise ValueError(f"{name} {size} is over the ceiling of {MAX_SIZE} pixels a side: two views of a batch of "
+                         f"{size}x{size} images would not fit in memory (images are resized to it; "
+                         f"{DEFAULT_SIZE} is the built-in encoders' size)")
+    return size
+
+
 def collection_files(source: Union[str, os.PathLike]) -> Tuple[Path, List[Path]]:
     """``(root, files)``: the collection's folder (paths are named relative to it) and its image
-    files in path order. A folder is walked recursively; a list file is read line by line."""
+    files in path order. A folder is walked recursively; a list file is read line by line. A
+    file name that is not UTF-8 is refused (:func:`open_collection` with ``bad_files="skip"``
+    leaves such files out instead)."""
+    root, files, _ = _index(source, "fail")
+    return root, files
+
+
+def _index(source: Union[str, os.PathLike], bad_files: str) -> Tuple[Path, List[Path], Dict[str, str]]:
+    """:func:`collection_files` and the files left out (``{escaped path: reason}``, non-UTF-8
+    names under ``bad_files="skip"``)."""
     from contrastkit.data.files import IMAGE_EXTENSIONS
 
     source = Path(source)
+    left_out: Dict[str, str] = {}
     if source.is_dir():
         files = []
         for dirpath, dirnames, filenames in os.walk(source):
@@ -71,28 +107,71 @@ def collection_files(source: Union[str, os.PathLike]) -> Tuple[Path, List[Path]]
                          if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS))
         if not files:
             raise ValueError(f"{source}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in it or below it")
-        return source, files
+        named = []
+        for path in files:
+            relative = os.path.relpath(path, source)
+            if is_utf8_name(relative):  # (the folder's own name may be anything: it is never written)
+                named.append(path)
+                continue
+            if bad_files == "fail":
+                raise ValueError(f"{source}: the file name {os.fsencode(relative)!r} is not valid UTF-8, so a run's "
+                                 "outputs could not name it (rename it, or let bad_files=skip leave it out)")
+            left_out[escape_undecodable(path)] = (f"file name is not valid UTF-8 ({os.fsencode(relative)!r}): left out, "
+                                            "since a run's outputs could not name it")
+        if not named:
+            raise ValueError(f"{source}: none of its {len(files)} image file names is valid UTF-8 (e.g. "
+                             f"{os.fsencode(os.path.relpath(files[0], source))!r}): rename them")
+        return source, named, left_out
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such file or folder")
+    return source.parent, _read_list(source), left_out
+
+
+def _read_list(source: Path) -> List[Path]:
+    """The image files a ``.txt`` / ``.csv`` list names, each a regular file named once."""
     root = source.parent
-    files = []
-    with open(source, encoding="utf-8", newline="") as handle:
-        rows = csv.reader(handle) if source.suffix.lower() == ".csv" else ([line] for line in handle)
-        for number, row in enumerate(rows, 1):
-            entry = (row[0] if row else "").strip()
-            if not entry or entry.startswith("#") or (number == 1 and entry.lower() in ("path", "image")):
-                continue
-            path = Path(entry) if os.path.isabs(entry) else root / entry
-            if not path.is_file():
-                raise ValueError(f"{source}: line {number}: no such image file {entry!r}")
-            files.append(path)
+    files: List[Path] = []
+    seen: Dict[Tuple[int, int], Tuple[int, str]] = {}  # (device, inode) -> (line, entry): one file however spelled
+    repeated: List[str] = []
+    number = 0
+    try:
+        with open(source, encoding="utf-8", newline="") as handle:
+            rows = csv.reader(handle) if source.suffix.lower() == ".csv" else ([line] for line in handle)
+            for number, row in enumerate(rows, 1):
+                entry = (row[0] if row else "").strip()
+                if not entry or entry.startswith("#") or (number == 1 and entry.lower() in ("path", "image")):
+                    continue
+                path = Path(entry) if os.path.isabs(entry) else root / entry
+                try:
+                    info = os.stat(path)
+                except (OSError, ValueError):  # missing, a broken link, a name with a NUL byte
+                    raise ValueError(f"{source}: line {number}: no such image file {entry!r}") from None
+                if not stat.S_ISREG(info.st_mode):
+                    raise ValueError(f"{source}: line {number}: {entry!r} is {file_kind(info.st_mode)}, not a "
+                                     "regular image file")
+                key = (info.st_dev, info.st_ino)
+                if key in seen:
+                    line, first = seen[key]
+                    named = f"both name {entry!r}" if first == entry else \
+                        f"name the same file ({first!r} and {entry!r})"
+                    repeated.append(f"lines {line} and {number} {named}")
+                    continue
+                seen[key] = (number, entry)
+                files.append(path)
+    except UnicodeDecodeError:
+        raise ValueError(f"{source}: line {number + 1} is not UTF-8 text (save the list as UTF-8)") from None
+    if repeated:
+        more = f" (and {len(repeated) - 1} more repeated entries)" if len(repeated) > 1 else ""
+        raise ValueError(f"{source}: {repeated[0]}{more}; a list names each image once (a repeated one would be "
+                         "trained on more often than the others)")
     if not files:
         raise ValueError(f"{source}: lists no image files")
-    return root, files
+    return files
 
 
 def _hash_fraction(relative: str) -> float:
-    digest = hashlib.sha1(relative.replace(os.sep, "/").encode("utf-8")).digest()
+    # os.fsencode: a name's UTF-8 bytes (those of every name that reaches here are valid UTF-8)
+    digest = hashlib.sha1(os.fsencode(relative.replace(os.sep, "/"))).digest()
     return int.from_bytes(digest[:8], "big") / 2.0 ** 64
 
 
@@ -136,6 +215,14 @@ class ImageCollection(torch.utils.data.Dataset):
             return torch.from_numpy(fit_image(Path(path), self.color, self.size)), NO_LABEL
         except ValueError as err:
             raise UnreadableImageError(str(err)) from None
+        except FileNotFoundError:  # removed (or renamed) after the collection was indexed
+            raise UnreadableImageError(f"{path}: cannot read image (no such file: removed or renamed after the "
+                                       "collection was indexed)") from None
+        except PermissionError:
+            raise UnreadableImageError(f"{path}: cannot read image (permission denied)") from None
+        except OSError as err:  # e.g. an I/O error of a disk or a network share
+            raise UnreadableImageError(f"{path}: cannot read image ({type(err).__name__}: "
+                                       f"{err.strerror or err})") from None
 
     def record_skipped(self, index: int, reason: str) -> None:
         """Note that item ``index`` was dropped (``bad_files="skip"``)."""
@@ -203,7 +290,7 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
     paths) by the rules of :mod:`contrastkit.data.collection`. Only the file index is read."""
     from contrastkit.data.files import GRAY_MODES, open_image
 
-    size = DEFAULT_SIZE if size is None else check_positive_int(size, "size")
+    size = DEFAULT_SIZE if size is None else check_image_size(size, "size")
     val_fraction = check_fraction(val_fraction, "val_fraction")
     test_fraction = check_fraction(test_fraction, "test_fraction")
     if val_fraction + test_fraction >= 1.0:
@@ -212,15 +299,15 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
         raise ValueError(f"color must be None, 'L' or 'RGB', got {color!r}")
     if bad_files not in BAD_FILES:
         raise ValueError(f"bad_files must be one of {BAD_FILES}, got {bad_files!r}")
-    root, files = collection_files(source)
+    root, files, left_out = _index(source, bad_files)
     if color is None:
         modes = []
         for path in files[:_COLOR_SAMPLE]:
             try:
                 with open_image(path) as image:
                     modes.append(image.mode)
-            except ValueError:
-                continue  # a damaged file decides nothing
+            except (ValueError, OSError):
+                continue  # a damaged (or already removed) file decides nothing
         color = "L" if modes and all(mode in GRAY_MODES for mode in modes) else "RGB"
     parts: Dict[str, List[Path]] = {"train": [], "val": [], "test": []}
     positions = sorted((_hash_fraction(os.path.relpath(path, root)), path) for path in files)
@@ -237,6 +324,7 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
     parts = {part: sorted(paths) for part, paths in parts.items()}
     splits = {part: ImageCollection(paths, root, color=color, size=size, bad_files=bad_files)
               for part, paths in parts.items()}
+    splits["train"].skipped.update(left_out)  # named with the damaged files the run meets
     name = Path(source).stem if Path(source).is_file() else (Path(source).resolve().name or "images")
     return CollectionDataset(name, splits["train"], splits["val"], splits["test"])
 
@@ -287,5 +375,6 @@ def add_skipped(dataset: Any, found: Dict[str, str]) -> None:
 
 
 def skipped_files(dataset: Any) -> List[str]:
-    """``"path<TAB>reason"`` of every damaged file a run met in ``dataset``'s splits, sorted."""
-    return [f"{path}\t{reason}" for path, reason in sorted(skipped_reasons(dataset).items())]
+    """``"path<TAB>reason"`` of every damaged file a run met in ``dataset``'s splits, sorted; a
+    byte of a path that is not UTF-8 written ``\\xNN``."""
+    return [f"{escape_undecodable(path)}\t{reason}" for path, reason in sorted(skipped_reasons(dataset).items())]

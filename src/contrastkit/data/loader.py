@@ -129,9 +129,11 @@ class EpochKeys(Sampler):
 
 
 class _WithIndex(torch.utils.data.Dataset):
-    """Item ``i`` (or key ``(i, epoch)``) of a streamed split is ``(image, i)`` (its label is in
-    ``split.labels``, its text in ``split.texts``); a bad item (:class:`BadItemError`) is
-    ``(zeros, -1 - i)``, for the main process to raise."""
+    """Item ``i`` (or key ``(i, epoch)``) of a streamed split is ``(image, i, "")`` (its label is
+    in ``split.labels``, its text in ``split.texts``); a bad item (:class:`BadItemError`) is
+    ``(zeros, -1 - i, why)``, for the main process to raise or record: by the worker's own
+    reason, since the file may read differently by the time the main process looks (a file
+    removed or changed while a run reads the folder)."""
 
     def __init__(self, split: Any) -> None:
         self.split = split
@@ -141,12 +143,12 @@ class _WithIndex(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, key: Any) -> Tuple[Tensor, int]:
+    def __getitem__(self, key: Any) -> Tuple[Tensor, int, str]:
         index = key[0] if isinstance(key, tuple) else key
         try:
-            return self.split[key][0], index
-        except BadItemError:
-            return self.blank, -1 - index
+            return self.split[key][0], index, ""
+        except BadItemError as error:
+            return self.blank, -1 - index, str(error)
 
 
 class _StreamLoader:
@@ -163,13 +165,16 @@ class _StreamLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Tuple[Tensor, Tensor]]:
-        for images, indices in self.loader:
+        for images, indices, reasons in self.loader:
             bad = indices < 0
             if bool(bad.any()):
+                marked = [(-1 - int(i), reason) for i, reason in zip(indices.tolist(), reasons) if i < 0]
                 if not self.skip:
-                    self.split[self._key(-1 - int(indices[bad][0]))]  # raises the BadItemError naming it
-                for marked in indices[bad].tolist():
-                    _skip(self.split, -1 - int(marked))
+                    index, reason = marked[0]
+                    self.split[self._key(index)]  # raises the item's own error (UnreadableImageError, ...)
+                    raise BadItemError(reason)  # it read this time (back, or changed again): the worker's reason
+                for index, reason in marked:
+                    skip_item(self.split, index, BadItemError(reason))
                 images, indices = images[~bad], indices[~bad]
                 if indices.numel() == 0:
                     continue
@@ -180,13 +185,6 @@ class _StreamLoader:
         """The key the workers read item ``index`` by (with the epoch for a keyed split)."""
         sampler = self.loader.batch_sampler
         return (index, sampler.epoch) if isinstance(sampler, EpochKeys) else index
-
-
-def _skip(split: Any, index: int) -> None:
-    try:
-        split[index]
-    except BadItemError as error:
-        skip_item(split, index, error)
 
 
 def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sampler: Optional[Sampler] = None,

@@ -626,7 +626,9 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
     if not start:
         run.faults.start_epoch()
     window_started, window_steps = time.perf_counter(), 0
+    drawn, delivered = len(run.loader), 0  # batches the epoch draws, and those with an image left
     for batch, item in enumerate(run.loader, start):
+        delivered += 1
         if isinstance(item, torch.Tensor):  # an in-memory split: the batch's indices
             indices = item
         else:  # a streamed split: the decoded images and their indices, handed to the batch maker
@@ -662,7 +664,34 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
                 run.faults.agree_stop()
             if run.faults.stop:
                 return None
+    if drawn and not run.parallel.any(delivered > 0)[0]:
+        raise _nothing_read(run, drawn * run.batch_size)
     return loss_sum
+
+
+def _nothing_read(run: _Run, images: int) -> ValueError:
+    """The error of an epoch whose every batch lost all its images (an unlabeled collection's
+    damaged files skipped): nothing trains. The skipped files are listed first (every rank
+    calls this: each names the files of its own share)."""
+    met_by_rank = run.parallel.gather_objects(skipped_reasons(run.dataset))
+    where = "skipped files"
+    if run.parallel.is_main:
+        for found in met_by_rank[1:]:
+            add_skipped(run.dataset, found)
+        if _write_skipped(run):
+            where = run.folder.skipped
+    return ValueError(f"{run.config.data}: no image could be read: all {images} training images of epoch "
+                      f"{run.epoch + 1} were damaged and skipped (they are named in {where})")
+
+
+def _write_skipped(run: _Run) -> List[str]:
+    """Write the run's skipped.txt (the damaged files it met and why), if it met any; their lines."""
+    skipped = skipped_files(run.dataset)
+    if skipped:
+        with Manifest(run.folder.root).writing(layout.SKIPPED):
+            with open(run.folder.skipped, "w", encoding="utf-8") as handle:
+                handle.writelines(line + "\n" for line in skipped)
+    return skipped
 
 
 def _skip_step(run: _Run, loss: torch.Tensor, metrics: IO[str], bar: "_Progress") -> None:
@@ -877,13 +906,10 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
             and numbers["view_retrieval_top1"] > numbers["raw_pixel_view_retrieval_top1"]) if baselines else None
     if config.on_nan == "skip":
         summary["skipped_steps"] = run.faults.skipped
-    skipped = skipped_files(run.dataset)
+    skipped = _write_skipped(run)
     if skipped or getattr(run.dataset, "source", None) == "collection":
         summary["skipped_files"] = len(skipped)
     if skipped:
-        with Manifest(run.folder.root).writing(layout.SKIPPED):
-            with open(run.folder.skipped, "w", encoding="utf-8") as handle:
-                handle.writelines(line + "\n" for line in skipped)
         print(f"skipped {len(skipped)} damaged image file(s); they are named in {run.folder.skipped}", file=sys.stderr)
     run.loggers.summary(summary, step=run.step, epoch=run.epoch)
     return summary
