@@ -87,3 +87,15 @@ def test_an_export_that_disagrees_with_the_encoder_is_not_kept(tmp_path, one_tor
     with pytest.raises(ValueError, match="disagrees with the PyTorch encoder.*not written"):
         export_model(str(run), str(out / "enc.pt"))
     assert sorted(p.name for p in out.iterdir()) == []  # nothing left behind, not even a manifest entry
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_out_of_an_existing_folder_is_refused(run_dir, tmp_path, capsys, fmt):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for argv in (["--format", fmt], []):  # with a format, the model went to models.onnx beside the folder
+        assert main(["export", str(run_dir), "--out", str(folder), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.splitlines() == [f"contrastkit export: error: --out {folder} is a folder: give a file name such "
+                                    f"as {folder / 'model'}{'.pt' if fmt == 'torchscript' and argv else '.onnx'}"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"] and not any(folder.iterdir())
