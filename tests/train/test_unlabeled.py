@@ -186,3 +186,16 @@ def test_embed_names_rows_by_their_path_in_the_collection(tmp_path, capsys):
     names = {row["name"] for row in rows}
     assert len(rows) == 48 and "nested/p000.png" in names and not any(os.path.isabs(n) for n in names)
     assert np.load(tmp_path / "h.npy").shape[0] == 48
+
+
+def test_the_printed_label_free_table_ends_with_its_verdict(tmp_path, capsys):
+    data = _collection(tmp_path / "photos", damaged=False)
+    code, out = _run(capsys, [arg for arg in _args(data, tmp_path / "run") if arg != "--json"])
+    assert code == 0, out.err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    verdicts = [line for line in out.out.splitlines() if line.startswith("view retrieval top-1: the pretrained")]
+    assert len(verdicts) == 1, out.out
+    lost = any(words in verdicts[0] for words in ("but not", "neither", "does not beat"))
+    assert lost == (not summary["beats_baselines_view_retrieval"]), verdicts[0]  # as the summary judges it
+    assert f"({summary['view_retrieval_top1']:.3f})" in verdicts[0] or \
+        f"({summary['view_retrieval_top1']:.6g})" in verdicts[0]
