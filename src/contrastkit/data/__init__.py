@@ -18,6 +18,10 @@ keeps only the file index of a class-folder tree and decodes images in ``DataLoa
 Views are made by kornia on the training device (:func:`make_views`), or by a per-image
 transform such as a torchvision ``transforms.v2`` pipeline in the ``DataLoader`` workers
 (:class:`TransformViews`).
+
+How an image file becomes the encoder's input (colour, the resize and crop rule of the data's
+kind, the scale) is defined once, in :mod:`contrastkit.data.preprocess`; :func:`preprocess_image`
+applies an export's input contract to an image.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFol
                                         subset_split, unit_float)
 from contrastkit.data.loading import BUILTIN, load_dataset, load_paired
 from contrastkit.data.paired import PairedDataset, PairedSplit
+from contrastkit.data.preprocess import ImagePreprocessing, preprocess_image, preprocessing_of
 from contrastkit.data.views import MODES, ViewMaker, make_views
 from contrastkit.data.transform_views import TransformViews
 
@@ -54,4 +59,4 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "NO_LABEL", "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files", "DamagedItem", "SkippingItems",
            "collate_skipping", "record_damaged", "DeviceIndexBatches",
            "DeviceImages", "OnDevicePlan", "choose_on_device", "compact_images", "device_free_bytes", "hold_on_device",
-           "TransformViews"]
+           "TransformViews", "ImagePreprocessing", "preprocess_image", "preprocessing_of"]
