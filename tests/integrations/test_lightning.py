@@ -465,7 +465,7 @@ def test_under_ddp_rank_zero_names_the_damaged_files_every_rank_skipped(tmp_path
 
 _DDP_SHORT_BATCH_SCRIPT = '''
 """Two steps of a ContrastiveModule on 2 CPU processes, rank 1's first batch left with one
-readable image; a collective that waits longer than 30 s raises instead of blocking."""
+readable image; a collective that waits longer than 90 s raises instead of blocking."""
 import datetime
 import os
 import sys
@@ -492,7 +492,7 @@ class Weights(lightning.Callback):
 
 
 trainer = lightning.Trainer(max_epochs=1, limit_train_batches=2, accelerator="cpu", devices=2, callbacks=[Weights()],
-                            strategy=DDPStrategy(timeout=datetime.timedelta(seconds=30)), logger=False,
+                            strategy=DDPStrategy(timeout=datetime.timedelta(seconds=90)), logger=False,
                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                             limit_val_batches=0, default_root_dir=out + ".lightning")
 trainer.fit(module, data)
@@ -533,7 +533,7 @@ def test_under_ddp_a_batch_short_of_readable_images_on_one_rank_is_skipped_by_ev
     script = tmp_path / "ddp_short_batch.py"
     script.write_text(_DDP_SHORT_BATCH_SCRIPT, encoding="utf-8")
     out = tmp_path / "short.pt"
-    result = _bounded_python(str(script), str(photos), str(out), timeout=150)
+    result = _bounded_python(str(script), str(photos), str(out), timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     run = torch.load(out)
     # Rank 1's first batch was skipped on both ranks: no update (the weights after it are the
