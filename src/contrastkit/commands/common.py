@@ -12,7 +12,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 __all__ = ["UsageError", "parse_data_options", "parse_numbers", "parse_names", "add_config_argument",
            "apply_config_file", "config_defaults", "add_study_arguments", "study_options", "run_study_command",
-           "print_result_table", "print_study", "print_budgets"]
+           "print_result_table", "print_study", "print_budgets", "print_skipped"]
+
+#: Skipped rows printed by name; the JSON output lists them all.
+_SKIPPED_SHOWN = 10
 
 
 class UsageError(Exception):
@@ -273,6 +276,16 @@ def print_budgets(result: Any) -> None:
 
 def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def print_skipped(skipped: Sequence[Any]) -> None:
+    """One line per skipped row (``SkippedRow`` of ``contrastkit embed`` / ``neighbors``): its
+    ``SPLIT:INDEX``, name and why it could not be read; the first few, then a count."""
+    for row in skipped[:_SKIPPED_SHOWN]:
+        path, sep, why = row.reason.partition(": ")
+        print(f"skipped {row.split}:{row.index}  {row.name}  ({why if sep and path.endswith(row.name) else row.reason})")
+    if len(skipped) > _SKIPPED_SHOWN:
+        print(f"skipped {len(skipped) - _SKIPPED_SHOWN} more (--json lists them all)")
 
 
 def print_result_table(summary: Dict[str, Any], title: str) -> None:
