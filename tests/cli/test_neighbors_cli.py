@@ -294,7 +294,8 @@ def test_a_query_naming_a_skipped_file_is_refused_in_one_line(damaged_run, capsy
     for name in DAMAGED:
         split, index = where[name]
         for extra in ((), ("--split", "val")):  # in the collection, or not
-            assert main(["neighbors", str(run_dir), "test:0", f"{split}:{index}", *extra, "--no-picture"]) == 2
+            assert main(["neighbors", str(run_dir), "test:0", f"{split}:{index}", *extra, "--k", "1",
+                         "--no-picture"]) == 2
             error = capsys.readouterr().err.strip()
             assert error.count("\n") == 0 and error.startswith("contrastkit neighbors: error: ")
             assert f"query '{split}:{index}': {split}:{index} ({name}) is a damaged file" in error, error
@@ -359,3 +360,18 @@ def test_embed_names_the_skipped_rows_as_neighbors_does(damaged_run, tmp_path, c
     train_rows = sum(split == "train" for split, _ in where.values()) - len(DAMAGED)
     assert out[0].startswith(f"wrote {train_rows} rows (h ") and out[0].endswith("; 2 damaged files skipped, not embedded")
     assert sorted(line.split()[1] for line in out[1:]) == skipped_ids and len(out) == 3
+
+
+def test_a_collection_of_damaged_files_only_is_one_line(damaged_run, tmp_path, capsys):
+    run_dir, _, _ = damaged_run
+    for i in range(6):
+        (tmp_path / f"f{i}.png").write_text("text, not pixels")
+    (tmp_path / "bad.txt").write_text("\n".join(f"f{i}.png" for i in range(6)) + "\n")
+    data = ["--data", str(tmp_path / "bad.txt"), "--data-option", "size=16"]
+    for argv in (["neighbors", str(run_dir), "0", "--k", "1", "--no-picture", *data],
+                 ["embed", str(run_dir), "--out", str(tmp_path / "e.npz"), "--quiet", *data]):
+        assert main(argv) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.count("\n") == 0 and "is a damaged file (6 damaged files skipped, not embedded)" in error, error
+        assert "cannot read image" in error
+    assert not (tmp_path / "e.npz").exists() and not (tmp_path / "e.npz.contrastkit.json").exists()

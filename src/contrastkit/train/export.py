@@ -2,7 +2,7 @@
 linear probe reads) and optionally ``z`` (the projection head's output, not normalised) of
 every image of a data set, with its split, label and name.
 
-The encoder is rebuilt from the run folder (:func:`~contrastkit.train.runs.load_run`),
+The encoder is rebuilt from the run folder (``contrastkit.train.runs.load_run``).
 Each split is read as the read-out reads it (:func:`~contrastkit.data.image_batches`:
 slices of an in-memory split, or a streamed split decoded one batch at a time in ``workers``
 processes, never whole) and ``h`` computed by :func:`~contrastkit.metrics.readout.extract_features`
@@ -244,7 +244,7 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
                 bar.advance(len(missing))  # the bar counts the images read, embedded or not
         total = h.filled  # less than the splits' sizes where damaged files were skipped
         if total == 0:
-            raise ValueError(f"every image of the {facts['split']} split of {facts['data']} is a damaged file "
+            raise ValueError(f"every image of {'+'.join(names)} of {facts['data']} is a damaged file "
                              f"({skipped_note(len(skipped))}), e.g. {skipped[0].reason}")
         h.close()
         if z is not None:

@@ -21,7 +21,7 @@ folder read lazily), else the index.
 its default): they have no embedding, hence no row. The rows are the images embedded, numbered
 in that order as ``contrastkit embed`` numbers its rows (row ``r`` of both is the same image),
 and their number is the collection's size (``rows``); the skipped files are named
-(:class:`~contrastkit.train.export.SkippedRow`: ``SPLIT:INDEX``, file, reason; ``skipped``),
+(``contrastkit.train.export.SkippedRow``: ``SPLIT:INDEX``, file, reason; ``skipped``),
 never returned as neighbours, and a query naming one (``SPLIT:INDEX``) is refused in one line
 naming it (a ``ROW`` is always an image embedded). ``SPLIT:INDEX`` names an image by its place
 in its split, skipped files included, so it does not move when a file is damaged or repaired.
@@ -157,8 +157,8 @@ class NeighborSearch:
     index_reused: bool
     picture: Optional[str]
     queries: List[QueryNeighbors] = field(default_factory=list)
-    #: The damaged files of the collection's splits that an unlabeled collection skipped: not
-    #: embedded, so never a neighbour nor a query, and not counted in ``rows``.
+    #: The damaged files an unlabeled collection skipped in the collection's splits (never
+    #: embedded, so never a neighbour nor a query, and not counted in ``rows``).
     skipped: List[SkippedRow] = field(default_factory=list)
     #: The quantity compared, the cosine similarity of the encoder's output h (see the module's description).
     similarity: str = "cosine of h"
