@@ -12,7 +12,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["UsageError", "parse_data_options", "parse_numbers", "parse_names", "add_config_argument",
            "apply_config_file", "config_defaults", "add_study_arguments", "study_options", "run_study_command",
-           "print_result_table", "verdict_line", "print_study", "print_budgets"]
+           "print_result_table", "verdict_line", "print_study", "print_budgets", "print_skipped"]
+
+#: Skipped rows printed by name; the JSON output lists them all.
+_SKIPPED_SHOWN = 10
 
 
 class UsageError(Exception):
@@ -304,6 +307,16 @@ def verdict_line(summary: Dict[str, Any], key: str, title: str) -> Optional[Tupl
     else:
         judged = "beats neither " + " nor ".join(unbeaten)
     return f"{title}: the pretrained encoder ({shown}) {judged}", not unbeaten
+
+
+def print_skipped(skipped: Sequence[Any]) -> None:
+    """One line per skipped row (``SkippedRow`` of ``contrastkit embed`` / ``neighbors``): its
+    ``SPLIT:INDEX``, name and why it could not be read; the first few, then a count."""
+    for row in skipped[:_SKIPPED_SHOWN]:
+        path, sep, why = row.reason.partition(": ")
+        print(f"skipped {row.split}:{row.index}  {row.name}  ({why if sep and path.endswith(row.name) else row.reason})")
+    if len(skipped) > _SKIPPED_SHOWN:
+        print(f"skipped {len(skipped) - _SKIPPED_SHOWN} more (--json lists them all)")
 
 
 def print_result_table(summary: Dict[str, Any], title: str) -> None:

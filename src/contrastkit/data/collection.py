@@ -53,7 +53,8 @@ from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
 from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
 __all__ = ["ImageCollection", "CollectionDataset", "open_collection", "collection_files", "is_collection_source",
-           "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files"]
+           "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons",
+           "skipped_reason", "add_skipped", "skips_bad_files"]
 
 #: What a damaged file does: dropped from its batch and named, or the run stops.
 BAD_FILES = ("skip", "fail")
@@ -266,6 +267,13 @@ class CollectionDataset:
     def splits(self) -> List[Tuple[str, ImageCollection]]:
         return [("train", self.train), ("val", self.val), ("test", self.test)]
 
+    def read_image(self, path: Union[str, os.PathLike]) -> Tensor:
+        """Any image file read by the collection's rules (its colour, resize and centre crop), as
+        its images are: ``(C, size, size)`` uint8; a ``ValueError`` naming the file when it
+        cannot be read (e.g. a query compared with the collection's images)."""
+        channels, size, _ = self.image_shape
+        return torch.from_numpy(fit_image(Path(path), "L" if channels == 1 else "RGB", size))
+
     def summary(self) -> str:
         c, h, w = self.image_shape
         sizes = ", ".join(f"{name} {len(split)}" for name, split in self.splits())
@@ -339,6 +347,16 @@ def skips_bad_files(split: Any) -> bool:
 def skip_item(split: Any, index: int, error: BadItemError) -> None:
     """Record item ``index`` of ``split`` as skipped (its file and why)."""
     _base_split(split).record_skipped(_base_index(split, index), str(error))
+
+
+def skipped_reason(split: Any, index: int) -> Optional[str]:
+    """Why item ``index`` of ``split`` (a collection's split, or a ``Subset`` of one) was
+    skipped as damaged in this process (the file named), or ``None`` if it was not."""
+    base = _base_split(split)
+    skipped = getattr(base, "skipped", None)
+    if not skipped:
+        return None
+    return skipped.get(base.path(_base_index(split, index)))
 
 
 def skipped_reasons(dataset: Any) -> Dict[str, str]:
