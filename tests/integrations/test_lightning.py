@@ -5,6 +5,7 @@ import functools
 import importlib.util
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -542,3 +543,114 @@ def test_under_ddp_a_batch_short_of_readable_images_on_one_rank_is_skipped_by_ev
     assert all(torch.equal(first[key], value) for key, value in run["initial"].items())
     assert max(float((second[key] - value).abs().max()) for key, value in run["initial"].items()) > 1e-4
     assert run["steps"] == 2
+
+# ------------------------------------------------------------- one step protocol, every method
+
+def _registered_runs():
+    """Every registered method, and every temperature method with each method that takes one."""
+    from contrastkit.methods import get_method, method_names
+    from contrastkit.temperature import METHODS
+
+    runs = [(name, None) for name in method_names()]
+    runs += [(name, spec) for name in method_names() if get_method(name).temperature_methods for spec in METHODS]
+    return runs
+
+
+@needs_lightning
+@pytest.mark.parametrize("name, spec", _registered_runs())
+def test_every_method_trains_under_lightning_or_is_refused_before_training(tiny, tmp_path, name, spec):
+    """Each registered method and temperature method either trains (its sanity validation, two
+    optimizer steps and an epoch's validation included) or is refused when the module is built,
+    with one error naming it: never a failure inside the trainer."""
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.methods import get_method
+    from contrastkit.train import PretrainConfig
+
+    # A paired method's configuration names its own kind of data (else the configuration refuses it).
+    config = PretrainConfig(method=name, data="glyphlab-text" if get_method(name).paired else "glyphlab",
+                            batch_size=16, temperature_schedule=spec, seed=0)
+    data = ContrastiveDataModule(tiny, batch_size=16)
+    try:
+        module = ContrastiveModule(config, data)
+    except ValueError as err:
+        message = str(err)
+        assert re.search(rf"\b{name}\b", message) and "\n" not in message, message
+        # What Lightning cannot run is what docs/lightning.md lists: the image-text methods.
+        assert get_method(name).paired, f"{name} (schedule {spec}) refused: {message}"
+        return
+    trainer = _trainer(tmp_path, max_steps=2, limit_val_batches=1, val_check_interval=2)
+    trainer.fit(module, data)
+    assert trainer.global_step == 2
+    assert math.isfinite(float(trainer.callback_metrics["loss"]))
+    assert math.isfinite(float(trainer.callback_metrics["val_loss"]))
+
+
+def _step_losses(out):
+    import json
+
+    with open(out / "metrics.jsonl", encoding="utf-8") as handle:
+        return [record["loss"] for record in map(json.loads, handle) if record.get("kind") == "step"]
+
+
+@needs_lightning
+@pytest.mark.parametrize("spec", ["individual", "network"])
+def test_a_per_sample_temperature_method_trains_under_lightning_as_in_pretrain(tmp_path, spec):
+    """Lightning and ``contrastkit pretrain`` run the same step: on the same configuration (the
+    whole training split as the batch, identity views, no batch statistics, SGD) their step
+    losses and the per-sample state they leave agree to float32 rounding."""
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+
+    from _tiny_run import tiny_config, train_only
+
+    epochs = 3
+    config = tiny_config(tmp_path / "run", temperature_schedule=spec, epochs=epochs, batch_size=16, norm="group",
+                         view_strength=0.0, optimizer="sgd", lr=0.05, warmup_fraction=0.0, seed=4)
+    train_only(config)
+    looped = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    loop_losses = _step_losses(tmp_path / "run")
+
+    data = ContrastiveDataModule.from_config(config)
+    module = ContrastiveModule(config, data)
+    initial = {key: value.clone() for key, value in module.model.state_dict().items()}
+    record = _Record()
+    _trainer(tmp_path, max_epochs=epochs, callbacks=[record], limit_val_batches=0).fit(module, data)
+    state = module.model.state_dict()
+
+    assert len(record.losses) == len(loop_losses) == epochs  # one batch of 16 an epoch
+    # The two runs differ only in the order of the batch's rows (the loop's and the
+    # DistributedSampler's shuffles), hence in the order of the sums over its 32 anchors:
+    # relative differences of a few float32 ulps (1.2e-7) per sum, over 3 steps.
+    assert record.losses == pytest.approx(loop_losses, rel=1e-5)
+    per_sample = [key for key in state if key.startswith("temperature_method.") and state[key].shape == (16,)]
+    assert "temperature_method.log_u" in per_sample
+    assert bool(torch.isfinite(state["temperature_method.log_u"]).all())  # every scene's estimate written
+    if spec == "individual":
+        assert {"temperature_method.tau", "temperature_method.momentum"} <= set(per_sample)
+        assert not torch.equal(state["temperature_method.tau"], initial["temperature_method.tau"])
+    # The per-sample temperatures follow their gradients, each the difference of two such sums
+    # over the batch (the positive's similarity and the softmax-weighted mean of all) that
+    # nearly cancel: the order's rounding comes back ~10x larger relative to it (measured
+    # 4e-5 for iSogCLR's momentum and tau, 2e-6 for the moving estimates).
+    for key in per_sample:
+        assert torch.allclose(state[key], looped[key], rtol=1e-4, atol=0), key
+    assert module.temperature == pytest.approx(float(looped["temperature.log_scale"].neg().exp()), rel=1e-5)
+
+
+@needs_lightning
+def test_the_training_loader_gives_each_batch_its_global_sample_indices(tiny):
+    """The data module's training batches carry their items' indices in the training split (the
+    per-sample state's), the global ones under several processes."""
+    import types
+
+    from contrastkit.integrations.lightning import ContrastiveDataModule
+
+    seen = []
+    for rank in (0, 1):
+        data = ContrastiveDataModule(tiny, batch_size=8, seed=3)
+        data.trainer = types.SimpleNamespace(world_size=2, global_rank=rank,
+                                             strategy=types.SimpleNamespace(root_device=torch.device("cpu")))
+        for images, labels, indices in data.train_dataloader():
+            assert torch.equal(images, tiny.train.images[indices]) and torch.equal(labels, tiny.train.labels[indices])
+            seen.append(indices)
+    everyone = torch.cat(seen)
+    assert sorted(everyone.tolist()) == list(range(len(tiny.train)))  # 48 = 2 ranks x 6 batches of 4

@@ -88,14 +88,14 @@ def test_the_tap_reads_no_value_and_keeps_nothing_unarmed():
     trainer reads them once, with the loss, at its logging step); an unarmed tap computes nothing."""
     method = get_method("simclr")
     model = ContrastiveModel("simclr", "small", 1, temperature=0.2)
-    model.batch_tap = tap = BatchTap()
+    tap = BatchTap()
     embeddings = _embeddings("simclr")
     with counted_reads() as reads:
-        observe_batch(method, model, embeddings)
+        observe_batch(method, model, embeddings, tap)
     assert reads == [] and tap.problem is None and tap.values is None
     tap.arm()
     with counted_reads() as reads:
-        observe_batch(method, model, embeddings)
+        observe_batch(method, model, embeddings, tap)
     assert reads == [], reads
     problem, values = tap.take()
     assert isinstance(problem, BatchProblem) and values.shape == (len(DIAGNOSTICS),)

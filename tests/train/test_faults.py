@@ -34,9 +34,9 @@ def _nan_at(monkeypatch, *steps):
     """Make the loss of the training steps ``steps`` (counted from 1 in this process) NaN."""
     real, calls = LossForward.forward, [0]
 
-    def forward(self, batch, labels):
+    def forward(self, batch, labels, **step):
         calls[0] += 1
-        loss = real(self, batch, labels)
+        loss = real(self, batch, labels, **step)
         return loss * float("nan") if calls[0] in steps else loss
 
     monkeypatch.setattr(LossForward, "forward", forward)

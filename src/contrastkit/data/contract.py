@@ -208,9 +208,11 @@ def limit_splits(dataset: Any, *, train: Optional[int] = None, val: Optional[int
     return limited
 
 
-def item_dataset(split: Any) -> torch.utils.data.Dataset:
+def item_dataset(split: Any, *, with_index: bool = False) -> torch.utils.data.Dataset:
     """``split`` as a map-style ``torch.utils.data.Dataset`` of ``(image, label)`` items (held
-    images as float tensors, streamed ones as decoded), for a ``DataLoader`` of one's own.
+    images as float tensors, streamed ones as decoded), for a ``DataLoader`` of one's own;
+    ``with_index``: items ``(image, label, i)``, ``i`` the item's index in ``split`` (a loader
+    then batches the sample indices a per-sample temperature method keeps its state by).
 
     A split without labels (``labels`` is ``None``: an unlabeled collection, held images
     without labels such as image-text pairs without a ``label`` column) gives every item the
@@ -220,8 +222,24 @@ def item_dataset(split: Any) -> torch.utils.data.Dataset:
         labels = getattr(split, "labels", None)
         if labels is None:
             labels = torch.full((len(split),), NO_LABEL, dtype=torch.int64)
-        return torch.utils.data.TensorDataset(split.images, labels)
-    return split
+        index = (torch.arange(len(split), dtype=torch.int64),) if with_index else ()
+        return torch.utils.data.TensorDataset(split.images, labels, *index)
+    return _WithItsIndex(split) if with_index else split
+
+
+class _WithItsIndex(torch.utils.data.Dataset):
+    """Item ``i`` of a streamed split as ``(image, label, i)`` (an unreadable item raises as the
+    split does)."""
+
+    def __init__(self, split: Any) -> None:
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> Tuple[Any, Any, int]:
+        image, label = self.split[index][:2]
+        return image, label, int(index)
 
 
 def reads_files(split: Any) -> bool:

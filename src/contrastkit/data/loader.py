@@ -277,19 +277,20 @@ class SkippingItems(torch.utils.data.Dataset):
             return DamagedItem(self.name, int(index), str(error))
 
 
-def collate_skipping(items: Sequence[Any]) -> Tuple[Tensor, Tensor, List[DamagedItem]]:
+def collate_skipping(items: Sequence[Any], *, fields: int = 2) -> Tuple[Any, ...]:
     """``(images, labels, damaged)``: the readable items of :class:`SkippingItems` batched as
     ``default_collate`` does (``(b, C, H, W)``, ``(b,)``; ``b`` may be 0) and the damaged ones,
-    to be recorded in the main process (:func:`record_damaged`)."""
+    to be recorded in the main process (:func:`record_damaged`). ``fields``: the items' length
+    (3 for items ``(image, label, index)``: ``(images, labels, indices, damaged)``)."""
     from torch.utils.data import default_collate
 
     damaged = [item for item in items if isinstance(item, DamagedItem)]
     good = [item for item in items if not isinstance(item, DamagedItem)]
     if good:
-        images, labels = default_collate(good)
+        batched = tuple(default_collate(good))
     else:
-        images, labels = torch.zeros((0,), dtype=torch.uint8), torch.zeros((0,), dtype=torch.int64)
-    return images, labels, damaged
+        batched = (torch.zeros((0,), dtype=torch.uint8),) + (torch.zeros((0,), dtype=torch.int64),) * (fields - 1)
+    return (*batched, damaged)
 
 
 def record_damaged(splits: Dict[str, Any], damaged: Sequence[DamagedItem]) -> None:

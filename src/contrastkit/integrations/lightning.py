@@ -14,9 +14,11 @@ pretrain`` trains with, from the same :class:`~contrastkit.methods.PretrainConfi
 * the optimizer and learning-rate schedule (:func:`~contrastkit.methods.build_optimizer`,
   :func:`~contrastkit.methods.build_lr_scheduler`: AdamW or SGD, linear warm-up then cosine,
   stepped every optimizer step over the trainer's ``estimated_stepping_batches``);
-* the temperature schedule (``config.temperature_schedule``) before each step and
-  :meth:`Temperature.clamp_ <contrastkit.losses.Temperature.clamp_>` after each optimizer
-  step;
+* the training step of :mod:`contrastkit.methods.step`, as ``contrastkit pretrain`` runs it:
+  the temperature schedule (``config.temperature_schedule``) before each step, the loss with
+  the batch's sample indices (the per-sample state of the temperature methods ``individual``
+  and ``network``), and after each optimizer step :meth:`Temperature.clamp_
+  <contrastkit.losses.Temperature.clamp_>` and a temperature method's own update;
 * the views of :func:`contrastkit.data.make_views` (mode ``"augment"``, batched kornia on the
   module's device) made from the images the data loader yields;
 * ``config.channels_last``: the model and the views in the channels-last memory format.
@@ -35,7 +37,8 @@ gradients a step is exactly a step on the global batch (when no layer has batch 
 ``norm="group"``, or an encoder without BatchNorm).
 
 :class:`ContrastiveDataModule` gives the loaders over a contrastkit data set (or a map-style
-``torch.utils.data.Dataset`` of ``(image, label)``): batches of ``(images, labels)``, the
+``torch.utils.data.Dataset`` of ``(image, label)``): training batches of ``(images, labels,
+indices)`` (the sample indices in the training split), the others ``(images, labels)``, the
 configured batch size being the global batch.
 
 Lightning is an optional extra (``pip install 'contrastkit[lightning]'``); nothing else in
@@ -57,6 +60,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import os
@@ -81,6 +85,7 @@ from contrastkit.distributed import rank_seed
 from contrastkit.manifest import Manifest
 from contrastkit.methods import (MoCo, PretrainConfig, TwoViewMethod, build_lr_scheduler, build_model, build_optimizer,
                                  channels_last_batch, default_batch_size, get_method, load_data)
+from contrastkit.methods.step import after_optimizer_step, before_loss, keeps_sample_state, step_loss
 
 __all__ = ["ContrastiveModule", "ContrastiveDataModule"]
 
@@ -151,9 +156,13 @@ class ContrastiveModule(lightning.LightningModule):
             ``distributed_mode`` it gets those it takes; under a multi-process strategy it
             must take ``distributed``. Not with ``moco``, whose loss reads its queue.
 
-    Batches are ``(images, labels)`` (or images alone), ``images`` ``(N, C, H, W)`` uint8
-    or float in ``[0, 1]``; each step makes two views of them, logs ``loss``, ``tau`` and
-    ``lr`` (``self.log``; ``val_loss`` in validation) and returns the mean loss.
+    Batches are ``(images, labels, indices)``, ``(images, labels)`` or images alone,
+    ``images`` ``(N, C, H, W)`` uint8 or float in ``[0, 1]``, ``indices`` ``(N,)`` the sample
+    indices in the training split (:class:`ContrastiveDataModule`'s training batches carry
+    them; the temperature methods ``individual`` and ``network`` need them, and a training
+    batch without them is refused naming the schedule). Each step makes two views of the
+    images, logs ``loss``, ``tau`` and ``lr`` (``self.log``; ``val_loss`` in validation) and
+    returns the mean loss.
     """
 
     def __init__(self, config: Union[PretrainConfig, Mapping[str, Any]], data: Any, *,
@@ -189,6 +198,10 @@ class ContrastiveModule(lightning.LightningModule):
                 raise TypeError(f"loss must be callable as loss(z_a, z_b, **keywords), got {type(loss).__name__}")
             if isinstance(method, MoCo):
                 raise ValueError("loss= replaces a two-view loss; moco's loss is the InfoNCE of its key queue")
+            if config.schedule.adaptive:
+                raise ValueError(f"loss= replaces the method's loss; temperature_schedule "
+                                 f"{config.temperature_schedule!r} is a temperature method, which is that loss: "
+                                 "pass one or the other")
         dataset = _data_set(data)
         config = config.fit_to_data(len(dataset.train))  # no batch size given: the data's, as pretrain's
         config = config.with_queue(min(config.batch_size, len(dataset.train)), len(dataset.train))
@@ -241,14 +254,17 @@ class ContrastiveModule(lightning.LightningModule):
                                      strength=self.config.view_strength)
         return self._views.views_of(images)
 
-    def loss(self, images: Tensor, labels: Optional[Tensor] = None) -> Tensor:
+    def loss(self, images: Tensor, labels: Optional[Tensor] = None, indices: Optional[Tensor] = None) -> Tensor:
         """The mean loss of a batch of images: their two views, embedded, through the method's
-        loss (or ``loss=``); ``labels`` ``(N,)`` (supcon's positives)."""
+        loss (:func:`contrastkit.methods.step.step_loss`, or ``loss=``); ``labels`` ``(N,)``
+        (supcon's positives), ``indices`` ``(N,)`` the images' indices in the training split
+        (a training step of a per-sample temperature method)."""
         batch = self.views(images)
         if self.config.channels_last:
             batch = channels_last_batch(batch)
         if self.loss_function is None:
-            return self.method.loss(self.model, batch, labels)
+            indices = None if indices is None else indices.to(self.device, non_blocking=True)
+            return step_loss(self.method, self.model, batch, labels, indices=indices)
         z_a, z_b = self.method.embed(self.model, batch)
         return self.loss_function(z_a, z_b, **self._keywords_for(labels))
 
@@ -296,7 +312,7 @@ class ContrastiveModule(lightning.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # A varying temperature schedule sets this step's tau (constant and learnable ones: no-op).
-        self.config.schedule.apply(self.model.temperature, self.global_step, self._total_steps or 1)
+        before_loss(self.model, self.config.schedule, self.global_step, self._total_steps or 1)
         # Decided here, before the step's closure runs, on every rank alike.
         self._skip_batch = not self._every_rank_has_a_batch(_unpack(batch)[0])
 
@@ -319,13 +335,17 @@ class ContrastiveModule(lightning.LightningModule):
         return sum((p.sum() * 0.0 for p in self.parameters() if p.requires_grad), torch.zeros((), device=self.device))
 
     def training_step(self, batch: Any, batch_idx: int) -> Optional[Tensor]:
-        images, labels = _unpack(batch)
+        images, labels, indices = _unpack(batch)
+        if indices is None and keeps_sample_state(self.model):
+            raise ValueError(f"temperature_schedule {self.config.temperature_schedule!r} keeps one state per "
+                             "training sample: the training loader must yield (images, labels, indices), the "
+                             "indices in the training split, as ContrastiveDataModule's does")
         if self._skip_batch or images.shape[0] < 2:  # damaged files skipped left no negatives
             # One process: no step (Lightning skips None). Several: every rank skips together
             # (:meth:`on_train_batch_start`); the update is dropped in on_before_optimizer_step.
             return self._zero_weight_loss() if self.model.distributed else None
         self._trained_since_step = True
-        loss = self.loss(images, labels)
+        loss = self.loss(images, labels, indices)
         rows = images.shape[0]
         self.log("loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=rows)
         self.log("tau", self.model.temperature().detach(), on_step=True, on_epoch=False, prog_bar=True,
@@ -347,16 +367,15 @@ class ContrastiveModule(lightning.LightningModule):
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
                        optimizer_closure: Optional[Callable[[], Any]] = None) -> None:
-        """The optimizer's step, then :meth:`Temperature.clamp_
-        <contrastkit.losses.Temperature.clamp_>` (CLIP: a learnable tau's parameter stays at
-        or below its cap), then a temperature method's own update (:meth:`Method.end_step
-        <contrastkit.methods.Method.end_step>`)."""
+        """The optimizer's step, then :func:`contrastkit.methods.step.after_optimizer_step`:
+        :meth:`Temperature.clamp_ <contrastkit.losses.Temperature.clamp_>` (CLIP: a learnable
+        tau's parameter stays at or below its cap) and a temperature method's own update
+        (iSogCLR's per-sample temperatures, the moving estimates)."""
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        self.model.temperature.clamp_()
-        self.method.end_step(self.model)
+        after_optimizer_step(self.method, self.model)
 
     def validation_step(self, batch: Any, batch_idx: int) -> Optional[Tensor]:
-        images, labels = _unpack(batch)
+        images, labels, _ = _unpack(batch)
         if not self._every_rank_has_a_batch(images):  # skipped on every rank together (the loss gathers)
             return None
         loss = self.loss(images, labels)
@@ -369,18 +388,23 @@ class ContrastiveModule(lightning.LightningModule):
         return self.embed(_unpack(batch)[0])
 
 
-def _unpack(batch: Any) -> Tuple[Tensor, Optional[Tensor]]:
-    """``(images, labels)`` of a batch of ``(images, labels)`` or of images alone."""
+def _unpack(batch: Any) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """``(images, labels, indices)`` of a batch of ``(images, labels, indices)``, ``(images,
+    labels)`` or images alone (what is missing ``None``)."""
     if isinstance(batch, Tensor):
-        return batch, None
+        return batch, None, None
     if isinstance(batch, (tuple, list)) and len(batch) >= 1 and isinstance(batch[0], Tensor):
-        labels = batch[1] if len(batch) > 1 and isinstance(batch[1], Tensor) else None
-        return batch[0], labels
-    raise TypeError(f"a batch must be images or (images, labels) tensors, got {type(batch).__name__}")
+        labels, indices = (list(batch[1:3]) + [None, None])[:2]
+        return (batch[0], labels if isinstance(labels, Tensor) else None,
+                indices if isinstance(indices, Tensor) else None)
+    raise TypeError(f"a batch must be images, (images, labels) or (images, labels, indices) tensors, "
+                    f"got {type(batch).__name__}")
 
 
 class ContrastiveDataModule(lightning.LightningDataModule):
-    """Loaders of ``(images, labels)`` batches over the splits of a data set.
+    """Loaders over the splits of a data set: training batches ``(images, labels, indices)``
+    (``indices`` ``(B,)`` int64, the items' indices in the training split, the same under any
+    number of processes), the others ``(images, labels)``.
 
     Args:
         dataset: a contrastkit data set (:func:`contrastkit.data.load_dataset`, a streamed
@@ -447,22 +471,25 @@ class ContrastiveDataModule(lightning.LightningDataModule):
                              "2 images: a contrastive batch needs negatives")
         return batch
 
-    def _loader(self, name: str, batch: int, *, sampler: Any = None, drop_last: bool = False) -> DataLoader:
+    def _loader(self, name: str, batch: int, *, sampler: Any = None, drop_last: bool = False,
+                with_index: bool = False) -> DataLoader:
         split = getattr(self.dataset, name)
         on_cuda = self.trainer is not None and getattr(self.trainer.strategy.root_device, "type", "cpu") == "cuda"
-        items, skipping = item_dataset(split), {}
+        items, skipping = item_dataset(split, with_index=with_index), {}
         if skips_bad_files(split):  # damaged files leave their batch (recorded in on_before_batch_transfer)
-            items, skipping = SkippingItems(items, name), {"collate_fn": collate_skipping}
+            collate = functools.partial(collate_skipping, fields=3 if with_index else 2)
+            items, skipping = SkippingItems(items, name), {"collate_fn": collate}
         return DataLoader(items, batch_size=batch, sampler=sampler, drop_last=drop_last,
                           num_workers=self.workers, persistent_workers=self.workers > 0,
                           pin_memory=on_cuda and reads_files(split), **skipping)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """A batch of a collection that skips damaged files: its damaged items recorded (in this
-        process, whatever worker met them), the batch ``(images, labels)``."""
-        if isinstance(batch, (tuple, list)) and len(batch) == 3 and isinstance(batch[2], list):
-            record_damaged({name: split for name, split in self.dataset.splits()}, batch[2])
-            return batch[0], batch[1]
+        process, whatever worker met them), the batch without them (``(images, labels)``, with
+        the ``indices`` in training)."""
+        if isinstance(batch, (tuple, list)) and len(batch) in (3, 4) and isinstance(batch[-1], list):
+            record_damaged({name: split for name, split in self.dataset.splits()}, batch[-1])
+            return tuple(batch[:-1])
         return batch
 
     def skipped_files(self) -> List[str]:
@@ -490,17 +517,19 @@ class ContrastiveDataModule(lightning.LightningDataModule):
             + "; ".join(line.split("\t")[0] for line in skipped)), stacklevel=2)
 
     def train_dataloader(self) -> DataLoader:
-        """This process's batches of the training split. The sampler is a
-        ``DistributedSampler`` over the trainer's processes (one of one in a single process;
-        Lightning sets its epoch), so that the global batches of an epoch -- this rank's rows
-        interleaved with the others' -- are the same for any number of processes."""
+        """This process's batches ``(images, labels, indices)`` of the training split. The
+        sampler is a ``DistributedSampler`` over the trainer's processes (one of one in a single
+        process; Lightning sets its epoch), so that the global batches of an epoch -- this
+        rank's rows interleaved with the others' -- are the same for any number of processes;
+        ``indices`` are the items' indices in the whole training split, whichever rank loads them."""
         from torch.utils.data import DistributedSampler
 
         split = self.dataset.train
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
         sampler = DistributedSampler(range(len(split)), num_replicas=world, rank=rank, shuffle=self.shuffle,
                                      seed=self.seed, drop_last=True)
-        return self._loader("train", self._rank_batch(split, "train"), sampler=sampler, drop_last=True)
+        return self._loader("train", self._rank_batch(split, "train"), sampler=sampler, drop_last=True,
+                            with_index=True)
 
     def val_dataloader(self) -> DataLoader:
         # Full batches only: a val batch is a contrastive batch too.

@@ -29,7 +29,8 @@ from contrastkit.metrics.batch import BatchProblem
 
 from .accumulation import cached_gradient_loss
 from .config import PretrainConfig
-from .tap import observe_batch
+from .step import keeps_sample_state
+from .tap import BatchTap, observe_batch
 
 __all__ = ["Method", "EvalContext", "Batch", "across_ranks"]
 
@@ -94,7 +95,9 @@ class Method:
     cached_gradients: ClassVar[bool] = False
     #: Whether the method's loss is NT-Xent on two views, so that a temperature method
     #: (:class:`contrastkit.temperature.TemperatureMethod`: MACL, dual, individual, network)
-    #: can take its place; the model then holds it as ``temperature_method``.
+    #: can take its place; the model then holds it as ``temperature_method``, and where it
+    #: keeps per-sample state the method's :meth:`objective` gets the batch's sample indices
+    #: as the keyword ``indices=`` (``(N,)``, in the training split).
     temperature_methods: ClassVar[bool] = False
 
     # -- data ---------------------------------------------------------------------------
@@ -145,12 +148,26 @@ class Method:
         taken here); ``labels`` ``(N,)`` class ids or ``None``."""
         raise NotImplementedError
 
-    def loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor] = None) -> Tensor:
+    def loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor] = None, *,
+             indices: Optional[Tensor] = None, tap: Optional[BatchTap] = None) -> Tensor:
         """Mean loss over the batch: ``objective(model, embed(model, batch), labels)`` (the
-        forward of one training step; MoCo also enqueues its keys afterwards)."""
+        forward of one training step; MoCo also enqueues its keys afterwards). ``indices``
+        ``(N,)``: the batch's sample indices in the training split, which the objective gets
+        (as ``indices=``) when the model keeps per-sample state
+        (:func:`~contrastkit.methods.step.keeps_sample_state`); ``tap``: the step's
+        :class:`~contrastkit.methods.tap.BatchTap` (:func:`~contrastkit.methods.step.step_loss`)."""
         self._check_cross_rank(model)
         embeddings = self.embed(model, batch)
-        observe_batch(self, model, embeddings)
+        observe_batch(self, model, embeddings, tap)
+        return self._step_objective(model, embeddings, labels, indices)
+
+    def _step_objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor],
+                        indices: Optional[Tensor]) -> Tensor:
+        """:meth:`objective`, with the sample indices where the model keeps per-sample state
+        (only a method with :attr:`temperature_methods` has such a model: its objective takes
+        ``indices=``; every other objective keeps its three arguments)."""
+        if keeps_sample_state(model):
+            return self.objective(model, embeddings, labels, indices=indices)  # type: ignore[call-arg]
         return self.objective(model, embeddings, labels)
 
     def batch_problem(self, model: nn.Module, embeddings: Tuple[Tensor, ...]) -> Optional[BatchProblem]:
@@ -161,12 +178,6 @@ class Method:
         the report's pictures of one real batch are read from it. ``None`` (the default, for a
         method that does not say): no diagnostics."""
         return None
-
-    def begin_step(self, model: nn.Module, indices: Tensor) -> None:
-        """Before a training step's loss: the sample indices ``(N,)`` of its batch (in the
-        training split), for a temperature method that keeps per-sample state."""
-        if getattr(model, "temperature_method", None) is not None:
-            model.batch_indices = indices
 
     def end_step(self, model: nn.Module) -> None:
         """After the optimizer's step: a temperature method updates the state it keeps
@@ -179,17 +190,19 @@ class Method:
             model.temperature.set_(method.mean_temperature().clamp(min=floor))  # no host read
 
     def cached_gradient_loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor],
-                             micro_batch: int, **precision: Any) -> Tensor:
+                             micro_batch: int, *, indices: Optional[Tensor] = None, tap: Optional[BatchTap] = None,
+                             **precision: Any) -> Tensor:
         """The loss of one training step with its gradients accumulated in micro-batches of
         ``micro_batch`` rows (:func:`~contrastkit.methods.cached_gradient_loss`):
         the parameters' ``.grad`` are those of ``loss(model, batch, labels).backward()`` when
         no layer has batch statistics; returns the (detached) loss. ``precision``: that
-        function's ``autocast`` and ``backward`` (:class:`~contrastkit.methods.precision.StepPrecision`)."""
+        function's ``autocast`` and ``backward`` (:class:`~contrastkit.methods.precision.StepPrecision`);
+        ``indices`` and ``tap`` as in :meth:`loss`."""
         self.require_cached_gradients()
         self._check_cross_rank(model)
         def objective(embeddings: Tuple[Tensor, ...]) -> Tensor:
-            observe_batch(self, model, embeddings)
-            return self.objective(model, embeddings, labels)
+            observe_batch(self, model, embeddings, tap)
+            return self._step_objective(model, embeddings, labels, indices)
 
         return cached_gradient_loss(lambda part: self.embed(model, part), objective, batch, micro_batch, model=model,
                                     **precision)

@@ -16,7 +16,7 @@ from contrastkit.metrics.batch import NOT_AN_ITEM, OWN_ITEM, QUEUED, VIEW_A, VIE
 
 from .accumulation import cached_gradient_loss
 from .base import Batch
-from .tap import observe_batch
+from .tap import BatchTap, observe_batch
 from .two_view import ContrastiveModel, TwoViewMethod, _similarity_dtype
 
 __all__ = ["MoCo"]
@@ -75,17 +75,19 @@ class MoCo(TwoViewMethod):
                             torch.tensor([VIEW_B] + [QUEUED] * m, device=device),
                             "each query (view A) against its own key (view B) and the queue of earlier keys")
 
-    def loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor] = None) -> Tensor:
+    def loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor] = None, *,
+             indices: Optional[Tensor] = None, tap: Optional[BatchTap] = None) -> Tensor:
         self._check_cross_rank(model)
         embeddings = self.embed(model, batch)
-        observe_batch(self, model, embeddings)  # before the keys are enqueued: the queue the loss saw
+        observe_batch(self, model, embeddings, tap)  # before the keys are enqueued: the queue the loss saw
         loss = self.objective(model, embeddings, labels)
         if model.training:
             model.queue.enqueue(embeddings[1], group=model.distributed)
         return loss
 
     def cached_gradient_loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor],
-                             micro_batch: int, **precision: Any) -> Tensor:
+                             micro_batch: int, *, indices: Optional[Tensor] = None, tap: Optional[BatchTap] = None,
+                             **precision: Any) -> Tensor:
         """Only the queries are accumulated: the key side has no gradient and runs once per
         step, between the two passes (one momentum update after the queries' first pass, as
         in :meth:`embed`; the keys in micro-batches; one enqueue at the end)."""
@@ -95,7 +97,7 @@ class MoCo(TwoViewMethod):
 
         def objective(embeddings: Tuple[Tensor, ...]) -> Tensor:
             keys.append(_keys(model, view_b, micro_batch))
-            observe_batch(self, model, (embeddings[0], keys[0]))
+            observe_batch(self, model, (embeddings[0], keys[0]), tap)
             return self.objective(model, (embeddings[0], keys[0]), labels)
 
         loss = cached_gradient_loss(lambda part: (model.head(model.encoder(part)),), objective, view_a,

@@ -1,8 +1,9 @@
 """The training batch as the loss saw it, for a loop that asks: :class:`BatchTap`.
 
-A training loop that wants a step's diagnostics (:mod:`contrastkit.metrics.batch`) sets a
-:class:`BatchTap` on the model (``model.batch_tap``) and arms it before that step. The method's
-loss (:meth:`~contrastkit.methods.Method.loss`, and its micro-batch form) hands the step's
+A training loop that wants a step's diagnostics (:mod:`contrastkit.metrics.batch`) keeps a
+:class:`BatchTap`, arms it before that step and passes it to the step's loss
+(:func:`contrastkit.methods.step.step_loss`, ``tap=``). The method's loss
+(:meth:`~contrastkit.methods.Method.loss`, and its micro-batch form) hands the step's
 embeddings to :func:`observe_batch` between :meth:`~contrastkit.methods.Method.embed` and
 :meth:`~contrastkit.methods.Method.objective`; an armed tap then keeps the method's
 :meth:`~contrastkit.methods.Method.batch_problem` of them and its diagnostics at the model's
@@ -46,9 +47,9 @@ class BatchTap:
         return kept
 
 
-def observe_batch(method: Any, model: nn.Module, embeddings: Tuple[Tensor, ...]) -> None:
-    """Hand a step's ``embeddings`` to the model's armed tap, if it has one (a no-op otherwise)."""
-    tap = getattr(model, "batch_tap", None)
+def observe_batch(method: Any, model: nn.Module, embeddings: Tuple[Tensor, ...],
+                  tap: Optional[BatchTap] = None) -> None:
+    """Hand a step's ``embeddings`` to ``tap`` if it is armed (a no-op otherwise)."""
     if tap is None or not tap.armed:
         return
     tap.armed = False  # one loss call per step: a second (an evaluation) is not the step's

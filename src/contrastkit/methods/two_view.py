@@ -111,14 +111,19 @@ class SimCLR(TwoViewMethod):
     name = "simclr"
     temperature_methods = True
 
-    def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor]) -> Tensor:
+    def objective(self, model: nn.Module, embeddings: Tuple[Tensor, ...], labels: Optional[Tensor],
+                  indices: Optional[Tensor] = None) -> Tensor:
+        """``indices`` ``(N,)``: the batch's sample indices in the training split, for a
+        temperature method with per-sample state (a training step needs them). Outside training
+        (``model.eval()``: a validation loss) the batch's images have no state of their own: its
+        loss is NT-Xent at the model's ``tau``, the mean temperature of the last training step's
+        anchors, the ``tau`` the run's evaluation reads too."""
         z_a, z_b = embeddings
         method = getattr(model, "temperature_method", None)
-        if method is not None:
-            indices = getattr(model, "batch_indices", None) if method.needs_indices else None
-            if indices is not None:
+        if method is not None and not (method.needs_indices and indices is None and not model.training):
+            if method.needs_indices and indices is not None:
                 indices = indices.to(z_a.device)
-            return method(z_a, z_b, indices, **across_ranks(model))
+            return method(z_a, z_b, indices if method.needs_indices else None, **across_ranks(model))
         return losses.nt_xent_views(z_a, z_b, temperature=model.temperature, **across_ranks(model))
 
 
@@ -215,7 +220,6 @@ class ContrastiveModel(nn.Module):
             raise ValueError(f"a temperature method replaces NT-Xent on two views; method {two_view.name!r} "
                              "has another loss")
         self.temperature_method = temperature_method
-        self.batch_indices: Optional[Tensor] = None
         self.momentum = momentum
         two_view.extend_model(self, queue_size)
         self.register_load_state_dict_pre_hook(_rename_old_queue)

@@ -47,6 +47,7 @@ from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, Pretrai
                                  warmup_cosine)
 from contrastkit.methods.optimization import warmup_steps
 from contrastkit.methods.precision import StepPrecision, channels_last_batch
+from contrastkit.methods.step import after_optimizer_step, before_loss
 from contrastkit.methods.tap import BatchTap
 from contrastkit.metrics.batch import batch_warnings, diagnostics_record
 from contrastkit.metrics.readout import extract_features
@@ -331,7 +332,8 @@ class _Run:
     batches: Any            # the method's batch maker: batches(split, indices) -> batch
     tokenizer: Any          # the run's text tokenizer (paired methods), else None
     model: torch.nn.Module
-    step_loss: Callable[[Any, Optional[torch.Tensor]], torch.Tensor]  # DDP-wrapped under torchrun
+    # step_loss(batch, labels, indices=, tap=): contrastkit.methods.step.step_loss, DDP-wrapped under torchrun
+    step_loss: Callable[..., torch.Tensor]
     optimizer: torch.optim.Optimizer
     scheduler: Any
     schedule: Any           # the temperature schedule
@@ -460,7 +462,6 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None, precision=precision, guard=guard,
                faults=StepFaults(config.on_nan, parallel, guard.signals, layout.RunFolder(config.out).last_checkpoint),
                resumed=resume)
-    model.batch_tap = run.tap  # the method's loss hands an armed step's embeddings to it
     if getattr(model, "temperature_method", None) is not None:
         run.tau_histogram = TemperatureHistogram(device)
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
@@ -735,11 +736,11 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     batch = run.batches(run.dataset.train, indices)
     if run.config.channels_last:
         batch = channels_last_batch(batch)
-    tau_now = _follow_schedule(run.model, run.schedule, run.step, run.total_steps)
+    tau_now = before_loss(run.model, run.schedule, run.step, run.total_steps)
     if tau_now is not None:  # a varying tau is logged at every step
         metrics.write(json.dumps({"kind": "tau", "step": run.step + 1, "tau": tau_now}) + "\n")
-    batch_labels = None if labels is None else labels[indices.to(run.device, non_blocking=True)]
-    run.method.begin_step(run.model, indices.to(run.device, non_blocking=True))  # a temperature method's per-sample state
+    on_device = indices.to(run.device, non_blocking=True)  # the batch's sample indices: labels, per-sample state
+    batch_labels = None if labels is None else labels[on_device]
     precision = run.precision
     # On an accelerator a run that reads its loss only at logging steps (faults.defers) lets a
     # non-finite value through the losses' input checks, which would otherwise end the run in a
@@ -750,19 +751,20 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
         with value_checks(checked):
             loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
                                                    _micro_batch(run.config.micro_batch, int(indices.shape[0])),
+                                                   indices=on_device, tap=run.tap,
                                                    autocast=precision.autocast, backward=precision.backward)
         average_gradients(run.model.parameters())
     else:
         with precision.autocast(), value_checks(checked):
-            loss = run.step_loss(batch, batch_labels)
+            loss = run.step_loss(batch, batch_labels, indices=on_device, tap=run.tap)  # step_loss, DDP-wrapped
         run.optimizer.zero_grad(set_to_none=True)
         precision.backward(loss)
     if run.faults.keep_update(loss, run.step + 1):  # (a stop signal is agreed on here too)
         precision.step(run.optimizer)
-    run.model.temperature.clamp_()  # CLIP: keep a learnable tau's parameter at or below its cap
-    run.method.end_step(run.model)  # a temperature method's own update (iSogCLR's temperatures)
-    if run.tau_histogram is not None and run.model.temperature_method.last_temperatures is not None:
-        run.tau_histogram.add(run.model.temperature_method.last_temperatures)
+    # The clamp of a learnable tau, a temperature method's own update (iSogCLR's temperatures).
+    temperatures = after_optimizer_step(run.method, run.model)
+    if run.tau_histogram is not None and temperatures is not None:
+        run.tau_histogram.add(temperatures)
     run.scheduler.step()
     run.step += 1
     return loss, batch
@@ -933,12 +935,6 @@ def _evaluate_snapshot(run: _Run, state: Dict[str, torch.Tensor]) -> Dict[str, A
     context = EvalContext(model, run.dataset, run.batches, run.device, run.config, run.batch_size)
     numbers.update(run.method.test_metrics(context))
     return numbers
-
-
-def _follow_schedule(model: Any, schedule: Any, step: int, total_steps: int) -> Optional[float]:
-    """Set the model's tau for this step of a varying schedule and return it (``None`` for a
-    constant or learnable tau, which the optimizer or nobody changes)."""
-    return schedule.apply(model.temperature, step, total_steps)
 
 
 def _val_knn(features: Tuple[np.ndarray, np.ndarray], dataset: DataSplits, config: PretrainConfig) -> float:

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from contrastkit.methods.step import step_loss
+
 __all__ = ["Parallel", "setup", "LossForward"]
 
 
@@ -137,13 +139,15 @@ def setup(device: torch.device) -> Parallel:
 
 
 class LossForward(nn.Module):
-    """``forward(batch, labels) = method.loss(model, batch, labels)``, so that DDP (which hooks
-    ``forward``) wraps the training step; its state is the model's."""
+    """``forward(batch, labels, indices=, tap=)`` is the step's loss
+    (:func:`contrastkit.methods.step.step_loss`), so that DDP (which hooks ``forward``) wraps
+    the training step; its state is the model's."""
 
     def __init__(self, model: nn.Module, method: Any) -> None:
         super().__init__()
         self.model = model
         self.method = method
 
-    def forward(self, batch: Any, labels: Optional[torch.Tensor]) -> torch.Tensor:
-        return self.method.loss(self.model, batch, labels)
+    def forward(self, batch: Any, labels: Optional[torch.Tensor], *, indices: Optional[torch.Tensor] = None,
+                tap: Any = None) -> torch.Tensor:
+        return step_loss(self.method, self.model, batch, labels, indices=indices, tap=tap)
