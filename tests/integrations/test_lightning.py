@@ -255,6 +255,12 @@ def test_bad_input_gets_one_clear_error(tiny):
         ContrastiveModule(PretrainConfig(views="A"), data)
     with pytest.raises(ValueError, match="micro_batch"):
         ContrastiveModule(PretrainConfig(batch_size=16, micro_batch=4), data)
+    with pytest.raises(ValueError, match="temperature_schedule 'dual' is a temperature method"):
+        ContrastiveModule(PretrainConfig(batch_size=16, temperature_schedule="dual"), data, loss=losses.dcl)
+    # A loader of one's own without the sample indices: a per-sample temperature method's step refuses it.
+    individual = ContrastiveModule(PretrainConfig(batch_size=16, temperature_schedule="individual"), data)
+    with pytest.raises(ValueError, match="temperature_schedule 'individual' keeps one state per training sample"):
+        individual.training_step((tiny.train.images[:8], tiny.train.labels[:8]), 0)
     with pytest.raises(TypeError, match="encoder must be"):
         ContrastiveModule(PretrainConfig(), data, encoder=3)
     with pytest.raises(TypeError, match="data must be"):

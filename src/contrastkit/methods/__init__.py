@@ -9,7 +9,8 @@ takes a batch larger than the encoder's activations fit, exactly, in micro-batch
 training loop; :func:`build_optimizer` and :func:`build_lr_scheduler` are a run's optimizer and
 learning-rate schedule; :class:`StepPrecision` is a training step's arithmetic (float32, or
 autocast to bfloat16 / float16 with a gradient scaler) and :func:`channels_last_batch` its
-images' memory format. The trainer (:mod:`contrastkit.train`) and the Lightning integration
+images' memory format. :func:`before_loss`, :func:`step_loss` and :func:`after_optimizer_step`
+(:mod:`.step`) are one training step, the same in every loop. The trainer (:mod:`contrastkit.train`) and the Lightning integration
 (:mod:`contrastkit.integrations.lightning`) build on this package; it imports neither.
 
 Adding a method is one subclass, registered::
@@ -35,6 +36,7 @@ from .optimization import build_lr_scheduler, build_optimizer, warmup_cosine
 from .precision import StepPrecision, channels_last_batch, check_precision
 from .registry import METHOD_REGISTRY, get_method, method_names, register_method, unregister_method
 from .siglip import Siglip, SiglipModel
+from .step import after_optimizer_step, before_loss, keeps_sample_state, step_loss
 from .tap import BatchTap, observe_batch
 from .two_view import DCL, ContrastiveModel, HardNegative, Simple, SimCLR, SupCon, TwoViewMethod
 
@@ -48,4 +50,5 @@ __all__ = ["Method", "TwoViewMethod", "EvalContext", "Batch", "across_ranks", "M
            "load_data", "limit_data", "build_model", "ContrastiveModel", "ConvirtModel", "SiglipModel", "SimCLR",
            "MoCo", "SupCon", "DCL", "Simple", "HardNegative", "Convirt", "Siglip", "cached_gradient_loss",
            "average_gradients", "build_optimizer", "build_lr_scheduler", "warmup_cosine", "BatchTap", "observe_batch",
-           "StepPrecision", "channels_last_batch", "check_precision"]
+           "StepPrecision", "channels_last_batch", "check_precision", "before_loss", "step_loss",
+           "after_optimizer_step", "keeps_sample_state"]
