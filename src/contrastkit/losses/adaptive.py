@@ -329,7 +329,10 @@ def robust_nt_xent(
         positives = _positive_similarity(z_a, z_b, normalize).to(dtype)
         s_pos = torch.cat([positives, positives])
         lse = per_anchor_dcl + s_pos / taus  # log sum_j exp(s_ij / tau_i) over the negatives
-        pairs = float(_global_sum(z_a.new_tensor(float(n), dtype=torch.float64), distributed))
+        # The global batch's pairs: one rank's count is known on the host (no read back from the
+        # device); across ranks it is summed on the device and read once.
+        pairs = (float(n) if Shard(distributed, "local").group is None
+                 else float(_global_sum(z_a.new_tensor(float(n), dtype=torch.float64), distributed)))
         with torch.no_grad():
             log_g = lse - math.log(2 * pairs - 2)
             log_g_a, log_g_b = log_g[:n], log_g[n:]
