@@ -550,6 +550,7 @@ def test_under_ddp_a_batch_short_of_readable_images_on_one_rank_is_skipped_by_ev
     assert max(float((second[key] - value).abs().max()) for key, value in run["initial"].items()) > 1e-4
     assert run["steps"] == 2
 
+
 # ------------------------------------------------------------- one step protocol, every method
 
 def _registered_runs():
