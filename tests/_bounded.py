@@ -66,7 +66,10 @@ _CHILD = textwrap.dedent('''
         from contrastkit.cli import main
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(argv))
+            try:
+                code = main(list(argv))
+            except SystemExit as exit:  # argparse's usage error: its usage and one error line, status 2
+                code = exit.code
         return {"rc": code, "out": out.getvalue(), "err": err.getvalue()}
 
     def load_path(path, options):

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from contrastkit._io import open_input
 from contrastkit.extras import import_extra
 from contrastkit.manifest import file_sha256
 
@@ -74,8 +75,14 @@ def read_state_dict(path: "str | os.PathLike[str]") -> Dict[str, Tensor]:
     ``FileNotFoundError`` / ``ValueError`` naming the file when it is missing, cannot be read
     without running code, or holds no tensors."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise FileNotFoundError(f"encoder weights file {path} does not exist")
+    with open_input(path, f"encoder weights file {path}") as handle:  # a FIFO, /dev/zero: refused unread
+        return _read_tensors(path, handle)
+
+
+def _read_tensors(path: str, handle: Any) -> Dict[str, Tensor]:
+    """:func:`read_state_dict` of the file ``path`` opened as ``handle``."""
     if path.lower().endswith(".safetensors"):
         safetensors = import_extra("safetensors.torch", "safetensors", f"--encoder-weights {path}", "safetensors")
         try:
@@ -83,12 +90,14 @@ def read_state_dict(path: "str | os.PathLike[str]") -> Dict[str, Tensor]:
         except Exception as err:  # safetensors raises its own SafetensorError on a damaged file
             raise ValueError(f"encoder weights file {path} is not a readable .safetensors file ({_line(err)})") from None
     try:
-        stored = torch.load(path, map_location="cpu", weights_only=True)
+        stored = torch.load(handle, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise ValueError(f"encoder weights file {path} holds more than tensors (torch.load with weights_only=True "
                          f"refused it: {_line(err)}); save module.state_dict() with torch.save, or a .safetensors "
                          "file") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
+    except MemoryError:
+        raise  # not a damaged file's doing: never reported as one
+    except Exception as err:  # a damaged file: torch's readers raise many kinds (IndexError, KeyError, ...)
         raise ValueError(f"encoder weights file {path} cannot be read as a torch.save file or .safetensors "
                          f"({_line(err)})") from None
     tensors = _state_dict(stored)
