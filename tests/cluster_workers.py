@@ -5,7 +5,11 @@
 process of global rank ``R`` in the ``A``-th start of the group (``TORCHELASTIC_RESTART_COUNT``)
 acts at its ``N``-th backward pass (the ``N``-th training step it runs): ``"SIGKILL"`` kills
 itself (a rank that dies); ``"SIGTERM"`` / ``"SIGUSR1"`` sends the signal to its torchrun agent
-(a scheduler preempting the job), which passes it on to every rank of its node.
+(a scheduler preempting the job), which passes it on to every rank of its node. With
+``"checkpoint": N`` instead of ``"backward"`` it acts when the run starts its ``N``-th checkpoint
+(every rank takes part in each; the first, with restarts allowed, comes before the first step:
+acting there is a rank dying while the run is set up). ``"leave": NAME`` first writes the file
+``NAME`` into the run's ``--out`` (a file of the user's, put there meanwhile).
 """
 
 import json
@@ -16,15 +20,36 @@ import sys
 import torch
 
 
+def _act(fault: dict) -> None:
+    if fault.get("leave"):
+        out = sys.argv[sys.argv.index("--out") + 1]
+        with open(os.path.join(out, fault["leave"]), "w", encoding="utf-8") as handle:
+            handle.write("mine\n")
+    if fault["action"] == "SIGKILL":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getppid(), getattr(signal, fault["action"]))  # the agent started this process
+
+
 def _arm(fault: dict) -> None:
+    if "checkpoint" in fault:
+        from contrastkit.train import loop
+
+        real_write, writes = loop._write_checkpoint, [0]
+
+        def write_checkpoint(*args, **kwargs):
+            writes[0] += 1
+            if writes[0] == fault["checkpoint"]:
+                _act(fault)
+            return real_write(*args, **kwargs)
+
+        loop._write_checkpoint = write_checkpoint
+        return
     real, calls = torch.Tensor.backward, [0]
 
     def backward(self, *args, **kwargs):
         calls[0] += 1
         if calls[0] == fault["backward"]:
-            if fault["action"] == "SIGKILL":
-                os.kill(os.getpid(), signal.SIGKILL)
-            os.kill(os.getppid(), getattr(signal, fault["action"]))  # the agent started this process
+            _act(fault)
         return real(self, *args, **kwargs)
 
     torch.Tensor.backward = backward

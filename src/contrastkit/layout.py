@@ -78,7 +78,7 @@ __all__ = [
     "CONFIG", "CONFIG_FILE", "METRICS", "METRICS_CSV", "TENSORBOARD", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT",
     "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "LOCK", "TOKENIZER", "PROBE", "REPORT", "SKIPPED", "LAST_BATCH", "EXPLORER",
     "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EXPORT_MARKER", "EMBEDDINGS_MARKER", "embedding_files",
-    "MODEL_FORMATS", "model_export_files", "model_format",
+    "MODEL_FORMATS", "model_export_files", "model_format", "refuse_folder_out",
     "NEIGHBORS_PICTURE", "NEIGHBOR_INDEXES", "neighbor_index_files",
     "RUNS", "VERDICTS", "SWEEP_SETTINGS", "SWEEP_TABLE", "SWEEP_PLOTS", "EXPERIMENT_SETTINGS",
     "EXPERIMENT_TABLE", "POSITIVE_PAIRS_PLOT", "CONVIRT_ABLATION_PLOT", "SCHEDULES_PLOT", "TEMPERATURE_METHODS_PLOT",
@@ -232,8 +232,10 @@ EMBEDDINGS_MARKER = EXPORT_MARKER
 def embedding_files(out: "str | os.PathLike[str]", projection: bool) -> Dict[str, str]:
     """The files ``contrastkit embed --out OUT`` writes, by role: ``archive`` (``OUT`` ending in
     ``.npz``) or ``h`` / ``z`` (with ``projection``) / ``rows`` (``.npy`` + ``.csv``), and
-    ``marker``. ``OUT`` without either suffix is a stem: ``OUT.npy``, ``OUT_z.npy``, ``OUT.csv``."""
+    ``marker``. ``OUT`` without either suffix is a stem: ``OUT.npy``, ``OUT_z.npy``, ``OUT.csv``;
+    an ``OUT`` that is a folder is refused (:func:`refuse_folder_out`)."""
     out = os.fspath(out)
+    refuse_folder_out(out, "embeddings.npz")
     stem, suffix = os.path.splitext(out)
     if suffix.lower() == ".npz":
         files = {"archive": out}
@@ -250,14 +252,24 @@ def embedding_files(out: "str | os.PathLike[str]", projection: bool) -> Dict[str
 MODEL_FORMATS: Dict[str, str] = {"safetensors": ".safetensors", "onnx": ".onnx", "torchscript": ".pt"}
 
 
+def refuse_folder_out(out: "str | os.PathLike[str]", example: str) -> None:
+    """``ValueError`` when ``--out`` names an existing folder: its files would otherwise be
+    written beside it under the folder's name (``DIR.onnx``); ``example`` is a file name the
+    message suggests inside it."""
+    if os.path.isdir(out):
+        raise ValueError(f"--out {os.fspath(out)} is a folder: give a file name such as "
+                         f"{os.path.join(os.fspath(out), example)}")
+
+
 def model_export_files(out: "str | os.PathLike[str]", fmt: str) -> Dict[str, str]:
     """The files ``contrastkit export --format FMT --out OUT`` writes, by role: ``model``
     (``OUT``, given the format's suffix when it has none) and ``marker`` (the input contract,
-    ``<model>.contrastkit.json``). ``ValueError`` for an unknown format, or an ``OUT`` whose
-    suffix is another format's."""
+    ``<model>.contrastkit.json``). ``ValueError`` for an unknown format, an ``OUT`` whose
+    suffix is another format's, or one that is a folder (:func:`refuse_folder_out`)."""
     if fmt not in MODEL_FORMATS:
         raise ValueError(f"format must be one of {', '.join(MODEL_FORMATS)}, got {fmt!r}")
     out = os.fspath(out)
+    refuse_folder_out(out, f"model{MODEL_FORMATS[fmt]}")
     suffix = os.path.splitext(out)[1].lower()
     other = next((name for name, known in MODEL_FORMATS.items() if known == suffix and name != fmt), None)
     if other is not None:
@@ -267,7 +279,8 @@ def model_export_files(out: "str | os.PathLike[str]", fmt: str) -> Dict[str, str
 
 
 def model_format(out: "str | os.PathLike[str]") -> str:
-    """The format whose suffix ``out`` has (``ValueError`` when none has it)."""
+    """The format whose suffix ``out`` has (``ValueError`` when none has it, or ``out`` is a folder)."""
+    refuse_folder_out(out, f"model{MODEL_FORMATS['onnx']}")
     suffix = os.path.splitext(os.fspath(out))[1].lower()
     for name, known in MODEL_FORMATS.items():
         if known == suffix:

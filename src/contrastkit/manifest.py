@@ -13,7 +13,10 @@ report or the explorer page is written to) holds ``contrastkit-manifest.json``::
 contrastkit wrote there. A writer marks its file ``writing`` before it starts and records the
 size and hash when it is done (:meth:`Manifest.writing`), so a process killed mid-write leaves
 the mark, and the file counts as contrastkit's whatever its content. ``nested`` lists
-sub-folders that have manifests of their own (the runs of a study). The manifest is rewritten
+sub-folders that have manifests of their own (the runs of a study). ``launch``, only in a run
+started under torchrun, is the launch (``TORCHELASTIC_RUN_ID``) that started the folder's run:
+a group that torchrun restarts before the run's first checkpoint knows the folder as its own
+start (``contrastkit.train.faults.restart_starts_over``). The manifest is rewritten
 atomically (a temporary file, then ``os.replace``) after every change, re-read first, so that
 two writers of one folder (a report written while the run trains) keep each other's entries.
 
@@ -156,6 +159,11 @@ class Manifest:
         """The listed sub-folders that have manifests of their own."""
         return self.read()["nested"]
 
+    @property
+    def launch(self) -> Optional[str]:
+        """The torchrun launch that started the folder's run (:meth:`reset`), or ``None``."""
+        return self.read().get("launch")
+
     def check(self) -> List[str]:
         """What no longer matches: one line per listed file that is missing, changed, or not
         a plain file any more (an empty list for an intact folder; files marked ``writing``
@@ -212,8 +220,11 @@ class Manifest:
         for name in nested:
             _check_name(name, where)
         kind = data.get("kind") if isinstance(data.get("kind"), str) else self.kind
+        launch = data.get("launch")
+        if launch is not None and not isinstance(launch, str):
+            raise ValueError(f"{where} is malformed: 'launch' must be a string")
         return {"format": FORMAT, "version": VERSION, "kind": kind, "files": dict(files),
-                "nested": list(dict.fromkeys(nested))}
+                "nested": list(dict.fromkeys(nested)), **({"launch": launch} if launch is not None else {})}
 
     # -- writing ------------------------------------------------------------------------
     def _save(self, data: Dict[str, Any]) -> None:
@@ -231,9 +242,10 @@ class Manifest:
         change(data)
         self._save(data)
 
-    def reset(self) -> None:
-        """Start an empty manifest of this ``kind`` (the folder's files are left as they are)."""
-        self._save(self._empty())
+    def reset(self, launch: Optional[str] = None) -> None:
+        """Start an empty manifest of this ``kind`` (the folder's files are left as they are);
+        ``launch``: the torchrun launch starting the folder's run (:attr:`launch`)."""
+        self._save({**self._empty(), **({"launch": launch} if launch is not None else {})})
 
     def record(self, *names: "str | os.PathLike[str]", sha256: Optional[Mapping[str, str]] = None) -> None:
         """List ``names`` with their current size and SHA-256; a name that is not a plain file

@@ -118,3 +118,35 @@ def test_a_runs_config_yaml_reproduces_it(tmp_path, capsys, one_torch_thread):
     assert without_timings(again) == without_timings(summary)
     with open(second / "config.json", encoding="utf-8") as a, open(first / "config.json", encoding="utf-8") as b:
         assert {**json.load(a)["config"], "out": None} == {**json.load(b)["config"], "out": None}
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("run.yaml", "epochs: 3\nlr: 1e-3\nepochs: 5\n", r"run.yaml: key 'epochs' is given twice \(lines 1 and 3\)"),
+    ("run.yaml", "data-option:\n  size: 28\n  clutter: 2\n  size: 32\n",
+     r"run.yaml: key 'size' under 'data-option' is given twice \(lines 2 and 4\)"),
+    ("run.yaml", "data-option: {size: 28, size: 32}\n", r"key 'size' under 'data-option' is given twice \(both on line 1\)"),
+    ("run.json", '{\n  "epochs": 3,\n  "lr": 0.001,\n  "epochs": 5\n}\n',
+     r"run.json: key 'epochs' is given twice \(lines 2 and 4\)"),
+    ("run.json", '{"lr": 0.1,\n "data_options": {"size": 28,\n   "clutter": [2, {"size": 1}],\n   "size": 32}}\n',
+     r"run.json: key 'size' under 'data_options' is given twice \(lines 2 and 4\)"),
+    ("run.yaml", '{"epochs": 3, "epochs": 5}', r"run.yaml: key 'epochs' is given twice \(both on line 1\)"),  # JSON in .yaml
+])
+def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_the_lines(tmp_path, name, text, message):
+    with pytest.raises(ValueError, match=message):
+        _parse(tmp_path, text, name=name)
+
+
+def test_the_same_key_in_different_mappings_is_no_duplicate(tmp_path):
+    args = _parse(tmp_path, '{"data_options": {"size": 28, "clutter": {"size": 3}}}', name="run.json")
+    assert args.data_option == ["size=28", 'clutter={"size": 3}']
+    args = _parse(tmp_path, "data-option:\n  size: 28\n  clutter: {size: 3}\n")
+    assert args.data_option == ["size=28", 'clutter={"size": 3}']
+
+
+def test_cli_refuses_a_key_given_twice(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("epochs: 1\nseed: 3\nepochs: 2\n", encoding="utf-8")
+    assert main(["pretrain", "--config", str(config), *TINY_ARGS, "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and f"config file {config}: key 'epochs' is given twice (lines 1 and 3)" in error
+    assert not (tmp_path / "out").exists()

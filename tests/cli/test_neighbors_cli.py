@@ -3,6 +3,7 @@ the run's h (as contrastkit embed writes it), printed, as JSON and drawn; bad in
 exit status 2, naming what is wrong."""
 
 import json
+import os
 import struct
 
 import numpy as np
@@ -198,3 +199,179 @@ def test_help_lists_the_command(capsys):
         main(["neighbors", "--help"])
     text = capsys.readouterr().out
     assert "SPLIT:INDEX" in text and "--index {exact,faiss}" in text
+
+
+# ------------------------------------------------------------------------------ a collection with damaged files
+
+DAMAGED = ("zero.jpg", "notimage.png")  # both land in train (by the hash of their names)
+
+
+@pytest.fixture(scope="module")
+def damaged_run(tmp_path_factory, one_torch_thread):
+    """A run on a folder of 12 tiny images and two damaged files, which the run skipped; the
+    ``(split, index)`` of each file of the collection."""
+    from _data_fixtures import write_collection
+    from contrastkit.data import open_collection
+
+    folder = write_collection(tmp_path_factory.mktemp("photos") / "photos", 12, DAMAGED)
+    out = tmp_path_factory.mktemp("damaged") / "run"
+    pretrain(tiny_config(out, data=str(folder), data_options={"size": 16}, batch_size=4), progress=False,
+             baselines=False)
+    assert sorted(line.split("\t")[0] for line in (out / "skipped.txt").read_text().splitlines()) == \
+        sorted(str(folder / name) for name in DAMAGED)
+    where = {split.relative_path(i): (name, i) for name, split in open_collection(folder, size=16).splits()
+             for i in range(len(split))}
+    return out, folder, where
+
+
+def _embedded_rows(run_dir, tmp_path):
+    """h and ``split:index`` of each row of contrastkit embed's output of the run."""
+    import csv
+
+    assert main(["embed", str(run_dir), "--out", str(tmp_path / "h.npy"), "--quiet"]) == 0
+    with open(tmp_path / "h.csv", newline="") as handle:
+        ids = [f"{row['split']}:{row['index']}" for row in csv.DictReader(handle)]
+    return np.load(tmp_path / "h.npy").astype(np.float64), ids
+
+
+def test_skipped_files_are_named_never_neighbours_and_rows_are_embeds(damaged_run, tmp_path, capsys):
+    run_dir, folder, where = damaged_run
+    h, ids = _embedded_rows(run_dir, tmp_path)
+    capsys.readouterr()
+    listed, embedded = len(where), len(where) - len(DAMAGED)
+    assert h.shape[0] == embedded == 12
+    skipped_ids = sorted(f"{where[name][0]}:{where[name][1]}" for name in DAMAGED)
+    last = max(where.values(), key=lambda item: (("train", "val", "test").index(item[0]), item[1]))
+    query_file = tmp_path / "query.jpg"
+    query_file.write_bytes((folder / "p001.jpg").read_bytes())
+    readable_train = next(f"train:{i}" for name, (split, i) in sorted(where.items())
+                          if split == "train" and name not in DAMAGED)
+    last_id = f"{last[0]}:{last[1]}"  # the last row of the listing: past the embedded rows' count
+    found = _search(capsys, run_dir, query_file, readable_train, last_id, "--k", "4", "--no-picture")
+    assert found["rows"] == embedded
+    assert sorted(f"{s['split']}:{s['index']}" for s in found["skipped"]) == skipped_ids
+    assert sorted(s["name"] for s in found["skipped"]) == sorted(DAMAGED)
+    assert all("cannot read image" in s["reason"] for s in found["skipped"])
+    for query in found["queries"]:
+        assert not {n["image"]["id"] for n in query["neighbors"]} & set(skipped_ids)
+        assert all(ids[n["row"]] == n["image"]["id"] for n in query["neighbors"])  # the rows of embed
+    file_query, train_query, last_query = found["queries"]
+    assert file_query["row"] is None and file_query["neighbors"][0]["image"]["name"] == "p001.jpg"
+    assert file_query["neighbors"][0]["similarity"] == pytest.approx(1.0, abs=1e-5)
+    for query, query_id in ((train_query, readable_train), (last_query, last_id)):
+        assert ids[query["row"]] == query_id
+        expected_rows, expected_similarities = _brute_force(h, query["row"], 4)
+        assert [n["row"] for n in query["neighbors"]] == expected_rows
+        np.testing.assert_allclose([n["similarity"] for n in query["neighbors"]], expected_similarities,
+                                   rtol=0, atol=1e-6)
+    # The printed header counts the images embedded and names the skipped ones.
+    assert main(["neighbors", str(run_dir), "test:0", "--k", "2", "--no-picture"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"the 2 nearest of {embedded} images (train+val+test of {folder}; {listed - embedded} damaged "
+                      "files skipped, not embedded) by cosine similarity of h, exact search")
+    assert sorted(line.split()[1] for line in out[1:3]) == skipped_ids and out[1].startswith("skipped ")
+    assert sorted(line.split()[2] for line in out[1:3]) == sorted(DAMAGED)
+
+
+def test_a_file_query_reads_only_the_query_file(damaged_run, tmp_path, capsys):
+    run_dir, folder, _ = damaged_run
+    query_file = tmp_path / "query.png"
+    query_file.write_bytes((folder / "p004.png").read_bytes())
+    picture = tmp_path / "pic.png"
+    # Every embedded image is a neighbour: the picture reads each of them, never a damaged file.
+    found = _search(capsys, run_dir, query_file, "--k", "12", "--out", picture)
+    assert found["picture"] == str(picture) and picture.is_file()
+    names = [n["image"]["name"] for n in found["queries"][0]["neighbors"]]
+    assert len(set(names)) == 12 and not set(names) & set(DAMAGED) and names[0] == "p004.png"
+    assert main(["neighbors", str(run_dir), str(query_file), "--k", "13", "--no-picture"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "k=13 is more than the 12 images of the collection" in error
+    assert "2 damaged files skipped" in error
+
+
+def test_a_query_naming_a_skipped_file_is_refused_in_one_line(damaged_run, capsys):
+    run_dir, folder, where = damaged_run
+    for name in DAMAGED:
+        split, index = where[name]
+        for extra in ((), ("--split", "val")):  # in the collection, or not
+            assert main(["neighbors", str(run_dir), "test:0", f"{split}:{index}", *extra, "--k", "1",
+                         "--no-picture"]) == 2
+            error = capsys.readouterr().err.strip()
+            assert error.count("\n") == 0 and error.startswith("contrastkit neighbors: error: ")
+            assert f"query '{split}:{index}': {split}:{index} ({name}) is a damaged file" in error, error
+            assert "cannot read image" in error
+
+
+def test_a_list_whose_first_row_is_not_an_image(damaged_run, tmp_path, capsys):
+    run_dir, folder, _ = damaged_run
+    (tmp_path / "a_passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    import shutil
+
+    shutil.copytree(folder, tmp_path / "photos")  # beside the list: a_passwd comes first in path order
+    images = sorted(p.relative_to(tmp_path) for p in (tmp_path / "photos").rglob("p*") if p.is_file())
+    (tmp_path / "list.txt").write_text("\n".join(["a_passwd", *map(str, images)]) + "\n")
+    data = ["--data", str(tmp_path / "list.txt"), "--data-option", "size=16"]
+    from contrastkit.data import open_collection
+
+    assert open_collection(tmp_path / "list.txt").train.relative_path(0) == "a_passwd"  # train:0, as listed
+    found = _search(capsys, run_dir, "0", *data, "--k", "3", "--no-picture")
+    assert found["rows"] == len(images)
+    assert [(s["split"], s["index"], s["name"]) for s in found["skipped"]] == [("train", 0, "a_passwd")]
+    query = found["queries"][0]
+    assert query["row"] == 0 and query["image"]["id"] == "train:1"  # row 0: the first image embedded
+    assert query["image"]["name"] != "a_passwd"
+    assert all(n["image"]["name"] != "a_passwd" for n in query["neighbors"])
+    assert main(["neighbors", str(run_dir), "train:0", *data, "--no-picture"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "query 'train:0': train:0 (a_passwd) is a damaged file" in error
+
+
+def test_faiss_over_a_collection_with_skipped_files(damaged_run, tmp_path, capsys):
+    pytest.importorskip("faiss", reason="FAISS is not installed (pip install 'contrastkit[faiss]')")
+    run_dir, _, _ = damaged_run
+    exact = _search(capsys, run_dir, "test:0", "5", "--k", "5", "--no-picture")
+    built = _search(capsys, run_dir, "test:0", "5", "--k", "5", "--no-picture", "--index", "faiss")
+    reused = _search(capsys, run_dir, "test:0", "5", "--k", "5", "--no-picture", "--index", "faiss")
+    assert not built["index_reused"] and reused["index_reused"]
+    for found in (built, reused):
+        assert found["rows"] == exact["rows"] == 12 and found["skipped"] == exact["skipped"]
+        assert [[n["row"] for n in q["neighbors"]] for q in found["queries"]] == \
+            [[n["row"] for n in q["neighbors"]] for q in exact["queries"]]
+    key = os.path.basename(built["index_file"])[:-len(".faiss")]
+    description = json.loads((run_dir / "neighbors" / f"{key}.json").read_text())
+    assert description["rows"] == 12 and description["skipped"] == 2
+
+
+def test_embed_names_the_skipped_rows_as_neighbors_does(damaged_run, tmp_path, capsys):
+    run_dir, _, where = damaged_run
+    skipped_ids = sorted(f"{where[name][0]}:{where[name][1]}" for name in DAMAGED)
+    assert main(["embed", str(run_dir), "--out", str(tmp_path / "e.npz"), "--json", "--quiet"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["rows"] == 12
+    neighbors = _search(capsys, run_dir, "0", "--k", "1", "--no-picture")
+    assert result["skipped"] == neighbors["skipped"]
+    assert sorted(f"{s['split']}:{s['index']}" for s in result["skipped"]) == skipped_ids
+    sidecar = json.loads((tmp_path / "e.npz.contrastkit.json").read_text())
+    assert sidecar["rows"] == 12 and sidecar["skipped"] == result["skipped"]
+    with np.load(tmp_path / "e.npz", allow_pickle=False) as archive:
+        assert archive["h"].shape[0] == 12 and not set(archive["names"].tolist()) & set(DAMAGED)
+    assert main(["embed", str(run_dir), "--out", str(tmp_path / "t.npy"), "--split", "train", "--quiet"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    train_rows = sum(split == "train" for split, _ in where.values()) - len(DAMAGED)
+    assert out[0].startswith(f"wrote {train_rows} rows (h ") and out[0].endswith("; 2 damaged files skipped, not embedded")
+    assert sorted(line.split()[1] for line in out[1:]) == skipped_ids and len(out) == 3
+
+
+def test_a_collection_of_damaged_files_only_is_one_line(damaged_run, tmp_path, capsys):
+    run_dir, _, _ = damaged_run
+    for i in range(6):
+        (tmp_path / f"f{i}.png").write_text("text, not pixels")
+    (tmp_path / "bad.txt").write_text("\n".join(f"f{i}.png" for i in range(6)) + "\n")
+    data = ["--data", str(tmp_path / "bad.txt"), "--data-option", "size=16"]
+    for argv in (["neighbors", str(run_dir), "0", "--k", "1", "--no-picture", *data],
+                 ["embed", str(run_dir), "--out", str(tmp_path / "e.npz"), "--quiet", *data]):
+        assert main(argv) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.count("\n") == 0 and "is a damaged file (6 damaged files skipped, not embedded)" in error, error
+        assert "cannot read image" in error
+    assert not (tmp_path / "e.npz").exists() and not (tmp_path / "e.npz.contrastkit.json").exists()

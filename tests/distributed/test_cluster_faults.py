@@ -6,7 +6,7 @@ The faults are armed in the ranks by ``tests/cluster_workers.py``; the two-node 
 SLURM script of docs/distributed.md, run with stand-ins for ``srun`` (the command once per
 node, here twice on this machine) and ``scontrol`` (the nodes are 127.0.0.1), so the commands
 the documentation gives are the ones tested. Each launch starts fresh interpreters (about a
-minute per launch on a busy 2-core machine; six launches).
+minute per launch on a busy 2-core machine; seven launches).
 """
 
 from __future__ import annotations
@@ -141,6 +141,22 @@ def test_a_rank_that_dies_restarts_the_group_which_resumes_without_a_flag(config
         in result.stderr  # ...and the restarted group resumed on its own
     assert _summary(out) == _summary(reference)
     assert _steps(out) == _steps(reference)
+
+
+def test_a_rank_that_dies_before_the_first_checkpoint_restarts_the_group_which_starts_the_run_over(config, reference):
+    out = config.parent / "died-setting-up"
+    # Rank 1 dies as the run starts its first checkpoint (before the first step): rank 0 has
+    # started the folder (its manifest, config.json...), no checkpoint exists. A file of the
+    # user's lands in the folder meanwhile.
+    result = _torchrun(config, out, "--max-restarts", "1",
+                       fault={"rank": 1, "attempt": 0, "checkpoint": 1, "action": "SIGKILL", "leave": "notes.txt"})
+    assert result.returncode == 0, _log(result)
+    assert "exitcode: -9" in result.stderr  # the rank did die...
+    assert f"torchrun restarted the group before the run's first checkpoint: starting the run over in {out}" \
+        in result.stderr  # ...and the restarted group took the folder as its own start
+    assert _summary(out) == _summary(reference)
+    assert _steps(out) == _steps(reference)
+    assert (out / "notes.txt").read_text() == "mine\n"  # not contrastkit's: kept
 
 
 def _doc_blocks() -> list:

@@ -461,3 +461,84 @@ def test_under_ddp_rank_zero_names_the_damaged_files_every_rank_skipped(tmp_path
     assert "rank 0 steps 5 named 4" in result.stdout
     named = [line.split("\t")[0] for line in (tmp_path / "logs" / "skipped.txt").read_text().splitlines()]
     assert sorted(os.path.basename(path) for path in named) == sorted(damaged)
+
+
+_DDP_SHORT_BATCH_SCRIPT = '''
+"""Two steps of a ContrastiveModule on 2 CPU processes, rank 1's first batch left with one
+readable image; a collective that waits longer than 90 s raises instead of blocking."""
+import datetime
+import os
+import sys
+
+import lightning
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+
+from contrastkit.data import open_data
+from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+from contrastkit.train import PretrainConfig
+
+photos, out = sys.argv[1], sys.argv[2]
+torch.set_num_threads(1)
+data = ContrastiveDataModule(open_data(photos), batch_size=8, shuffle=False)
+module = ContrastiveModule(PretrainConfig(method="simclr", batch_size=8, seed=0), data)
+initial = {key: value.clone() for key, value in module.model.state_dict().items()}
+after = []
+
+
+class Weights(lightning.Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        after.append({key: value.clone() for key, value in module.model.state_dict().items()})
+
+
+trainer = lightning.Trainer(max_epochs=1, limit_train_batches=2, accelerator="cpu", devices=2, callbacks=[Weights()],
+                            strategy=DDPStrategy(timeout=datetime.timedelta(seconds=90)), logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            limit_val_batches=0, default_root_dir=out + ".lightning")
+trainer.fit(module, data)
+if trainer.global_rank == 0:
+    torch.save({"initial": initial, "after": after, "steps": trainer.global_step}, out)
+'''
+
+
+def _bounded_python(script: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """:func:`_python` in a session of its own: past ``timeout`` the whole session (the ranks
+    Lightning started too) is killed, and the test fails instead of blocking."""
+    import signal
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env, cwd=ROOT, start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        out, err = child.communicate()
+        pytest.fail(f"the ranks did not finish in {timeout} s (a hang): {err[-3000:]}")
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+
+@needs_lightning
+def test_under_ddp_a_batch_short_of_readable_images_on_one_rank_is_skipped_by_every_rank(tmp_path):
+    from _data_fixtures import write_collection
+    from contrastkit.data import open_data
+
+    photos = write_collection(tmp_path / "photos", 40, damaged=())
+    train = open_data(photos).train
+    assert len(train) >= 16
+    # Unshuffled, rank r loads items r, r + 2, ... of the training split: rank 1's first batch is
+    # items 1, 3, 5, 7. Three of them emptied leave it one readable image; rank 0's batch has 4.
+    for index in (1, 3, 5):
+        Path(train.path(index)).write_bytes(b"")
+    script = tmp_path / "ddp_short_batch.py"
+    script.write_text(_DDP_SHORT_BATCH_SCRIPT, encoding="utf-8")
+    out = tmp_path / "short.pt"
+    result = _bounded_python(str(script), str(photos), str(out), timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = torch.load(out)
+    # Rank 1's first batch was skipped on both ranks: no update (the weights after it are the
+    # initial ones, exactly); the second batch trained.
+    first, second = run["after"]
+    assert all(torch.equal(first[key], value) for key, value in run["initial"].items())
+    assert max(float((second[key] - value).abs().max()) for key, value in run["initial"].items()) > 1e-4
+    assert run["steps"] == 2

@@ -218,3 +218,13 @@ def test_force_in_a_run_folder_replaces_only_the_export(tmp_path):
     assert before <= left, before - left  # config.json, summary.json, metrics.jsonl, ... all still there
     assert {"h.npz", "other.npy", "other.csv"} <= left
     assert np.load(out)["h"].shape[0] == TINY_GLYPHLAB["val_scenes"]
+
+
+def test_out_of_an_existing_folder_is_refused(run_dir, tmp_path, capsys):
+    folder = tmp_path / "embeddings"
+    folder.mkdir()
+    assert main(["embed", str(run_dir), "--out", str(folder), "--quiet"]) == 2  # was embeddings.npy beside it
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"contrastkit embed: error: --out {folder} is a folder: give a file name such as "
+                                f"{folder / 'embeddings.npz'}"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["embeddings"] and not any(folder.iterdir())

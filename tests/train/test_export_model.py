@@ -87,3 +87,80 @@ def test_an_export_that_disagrees_with_the_encoder_is_not_kept(tmp_path, one_tor
     with pytest.raises(ValueError, match="disagrees with the PyTorch encoder.*not written"):
         export_model(str(run), str(out / "enc.pt"))
     assert sorted(p.name for p in out.iterdir()) == []  # nothing left behind, not even a manifest entry
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_out_of_an_existing_folder_is_refused(run_dir, tmp_path, capsys, fmt):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for argv in (["--format", fmt], []):  # with a format, the model went to models.onnx beside the folder
+        assert main(["export", str(run_dir), "--out", str(folder), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.splitlines() == [f"contrastkit export: error: --out {folder} is a folder: give a file name such "
+                                    f"as {folder / 'model'}{'.pt' if fmt == 'torchscript' and argv else '.onnx'}"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"] and not any(folder.iterdir())
+
+
+def test_the_input_contract_reproduces_embed_on_a_photo_folder(tmp_path, capsys, one_torch_thread):
+    """The contract of a collection's run states its resize-and-crop rule, and
+    ``preprocess_image`` applied by it feeds the ONNX model what ``embed`` feeds the encoder;
+    stretching the photos to the size instead (the rule left out) gives other embeddings."""
+    import csv
+
+    import numpy as np
+    from PIL import Image
+
+    from _data_fixtures import write_collection
+    from contrastkit.data import preprocess_image
+    from contrastkit.data.collection import fit_image
+    from contrastkit.train.export_model import TOLERANCE
+
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'contrastkit[onnx]')")
+    pytest.importorskip("onnx", reason="onnx is not installed (pip install 'contrastkit[onnx]')")
+    photos = write_collection(tmp_path / "photos", 48, damaged=())  # 24 x 28..32 pixels: wider than high
+    run = tmp_path / "run"
+    assert main(["pretrain", "--data", str(photos), "--out", str(run), "--epochs", "1", "--batch-size", "8",
+                 "--image-size", "16", "--device", "cpu", "--quiet", "--no-report", "--no-baselines", "--json"]) == 0
+    assert main(["embed", str(run), "--split", "test", "--out", str(tmp_path / "h.npy"), "--quiet"]) == 0
+    assert main(["export", str(run), "--out", str(tmp_path / "enc.onnx")]) == 0
+    capsys.readouterr()
+    embedded = np.load(tmp_path / "h.npy")
+    with open(tmp_path / "h.csv", encoding="utf-8") as handle:
+        names = [row["name"] for row in csv.DictReader(handle)]
+    contract = json.loads((tmp_path / "enc.onnx.contrastkit.json").read_text())
+    stated = contract["input"]
+    assert stated["resize"] == "shorter-side-then-centre-crop" and stated["height"] == stated["width"] == 16
+    assert "CenterCrop(16)" in stated["resize_rule"] and stated["interpolation"].startswith("bilinear")
+    assert stated["channel_order"] == "RGB" and stated["range"] == [0.0, 1.0] and stated["mean"] == [0.0] * 3
+    session = ort.InferenceSession(str(tmp_path / "enc.onnx"), providers=["CPUExecutionProvider"])
+
+    def run_onnx(images):
+        return session.run(["h"], {"images": images})[0]
+
+    files = [photos / name for name in names]
+    inputs = np.concatenate([preprocess_image(path, contract) for path in files])
+    assert inputs.dtype == np.float32 and inputs.shape == (len(files), 3, 16, 16)
+    # What the run's data gives for the same files, as the model reads it: exactly the same input.
+    read = np.stack([fit_image(path, "RGB", 16) for path in files]).astype(np.float32) / np.float32(255)
+    assert np.array_equal(inputs, read)
+    h = run_onnx(inputs)
+    # The same network on the same input in another runtime: within the bound the export was
+    # checked to (the summation order of each kernel differs, nothing else).
+    assert h.shape == embedded.shape
+    assert np.all(np.abs(h - embedded) <= TOLERANCE * (1 + np.abs(embedded))), np.abs(h - embedded).max()
+    squashed = np.stack([np.asarray(Image.open(path).convert("RGB").resize((16, 16), Image.BILINEAR))
+                         for path in files]).transpose(0, 3, 1, 2).astype(np.float32) / np.float32(255)
+    h_squashed = run_onnx(squashed)
+    def relative(a):  # per image: the largest difference from embed's h, as the tolerance measures it
+        return (np.abs(a - embedded) / (1 + np.abs(embedded))).max(axis=1)
+
+    off, runtimes = relative(h_squashed), relative(h)
+    # Every image's embedding moves beyond the export's tolerance and by far more than the two
+    # runtimes differ on the same input.
+    assert np.all(off > TOLERANCE) and off.min() > 10 * runtimes.max(), (off, runtimes)
+
+    def cosine_gap(a):  # 1 - the cosine of each row with embed's, in float64
+        a, b = a.astype(np.float64), embedded.astype(np.float64)
+        return 1 - (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+    assert cosine_gap(h_squashed).min() > 10 * max(cosine_gap(h).max(), 1e-12)

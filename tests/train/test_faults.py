@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -208,3 +209,67 @@ def test_the_stops_carry_their_facts_across_processes():
     assert (str(diverged), diverged.step, diverged.loss) == ("the loss became inf", 7, float("inf"))
     full = pickle.loads(pickle.dumps(CheckpointWriteError("ckpt", OSError(errno.ENOSPC, "No space"), False)))
     assert full.errno == errno.ENOSPC and str(full) == "could not write the checkpoint ckpt: No space"
+
+
+class _Died(BaseException):
+    """A rank that dies (nothing in the run catches it)."""
+
+
+def _torchrun_start(monkeypatch, launch, start):
+    """This process as the rank of torchrun launch ``launch``, in its ``start``-th start of the
+    group, with restarts allowed."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", launch)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(start))
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+
+
+def test_a_restart_before_the_first_checkpoint_starts_its_own_run_over_keeping_the_users_files(
+        tmp_path, monkeypatch, capsys):
+    from _tiny_run import without_timings
+    from contrastkit.manifest import Manifest
+    from contrastkit.train import loop
+
+    _torchrun_start(monkeypatch, "launch-a", 0)
+    reference = pretrain(tiny_config(tmp_path / "reference", threads=1), progress=False, baselines=False)
+
+    out = tmp_path / "run"
+    real = loop._write_checkpoint
+
+    def die(*args, **kwargs):  # the group dies while the run is set up: no checkpoint yet
+        (out / "notes.txt").write_text("mine")  # a file of the user's, put there meanwhile
+        raise _Died
+
+    monkeypatch.setattr(loop, "_write_checkpoint", die)
+    with pytest.raises(_Died):
+        pretrain(tiny_config(out, threads=1), progress=False, baselines=False)
+    monkeypatch.setattr(loop, "_write_checkpoint", real)
+    assert not (out / "checkpoints" / "last.pt").exists()
+    spare = tmp_path / "spare"  # the same unfinished start, for the refusals below
+    shutil.copytree(out, spare)
+    capsys.readouterr()
+
+    # The restarted group of the launch that started it: the run starts over, as one never stopped.
+    _torchrun_start(monkeypatch, "launch-a", 1)
+    summary = pretrain(tiny_config(out, threads=1), progress=False, baselines=False)
+    assert f"torchrun restarted the group before the run's first checkpoint: starting the run over in {out}" \
+        in capsys.readouterr().err
+    assert without_timings(summary) == without_timings(reference)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert "notes.txt" not in Manifest(out).files
+    ours = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    theirs = [json.loads(line) for line in (tmp_path / "reference" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"], r["loss"]) for r in ours] == [(r["kind"], r["step"], r["loss"]) for r in theirs]
+
+    # Another launch (a torchrun started again by hand), or this launch's first start, finds a
+    # folder that is not its own restart's: refused as before, nothing deleted.
+    before = sorted(path.name for path in spare.rglob("*"))
+    for launch, start in (("launch-b", 1), ("launch-a", 0)):
+        _torchrun_start(monkeypatch, launch, start)
+        with pytest.raises(FileExistsError, match="is not empty"):
+            pretrain(tiny_config(spare, threads=1), progress=False, baselines=False)
+    # A listed file changed since the run wrote it is no longer contrastkit's to replace.
+    _torchrun_start(monkeypatch, "launch-a", 1)
+    (spare / "config.yaml").write_text((spare / "config.yaml").read_text() + "# my note\n")
+    with pytest.raises(FileExistsError, match=r"config.yaml \(changed since contrastkit wrote it\)"):
+        pretrain(tiny_config(spare, threads=1), progress=False, baselines=False)
+    assert sorted(path.name for path in spare.rglob("*")) == before

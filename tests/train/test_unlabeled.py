@@ -265,3 +265,16 @@ def test_a_folder_of_only_unreadable_files_is_refused_naming_it(tmp_path, capsys
     assert str(tmp_path / "run" / "skipped.txt") in error
     listed = (tmp_path / "run" / "skipped.txt").read_text().splitlines()
     assert listed and all(os.path.basename(line.split("\t")[0]).startswith("scan") for line in listed)
+
+
+def test_the_printed_label_free_table_ends_with_its_verdict(tmp_path, capsys):
+    data = _collection(tmp_path / "photos", damaged=False)
+    code, out = _run(capsys, [arg for arg in _args(data, tmp_path / "run") if arg != "--json"])
+    assert code == 0, out.err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    verdicts = [line for line in out.out.splitlines() if line.startswith("view retrieval top-1: the pretrained")]
+    assert len(verdicts) == 1, out.out
+    lost = any(words in verdicts[0] for words in ("but not", "neither", "does not beat"))
+    assert lost == (not summary["beats_baselines_view_retrieval"]), verdicts[0]  # as the summary judges it
+    assert f"({summary['view_retrieval_top1']:.3f})" in verdicts[0] or \
+        f"({summary['view_retrieval_top1']:.6g})" in verdicts[0]

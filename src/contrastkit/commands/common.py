@@ -8,11 +8,14 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["UsageError", "parse_data_options", "parse_numbers", "parse_names", "add_config_argument",
            "apply_config_file", "config_defaults", "add_study_arguments", "study_options", "run_study_command",
-           "print_result_table", "print_study", "print_budgets"]
+           "print_result_table", "verdict_line", "print_study", "print_budgets", "print_skipped"]
+
+#: Skipped rows printed by name; the JSON output lists them all.
+_SKIPPED_SHOWN = 10
 
 
 class UsageError(Exception):
@@ -275,6 +278,47 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+#: The baselines of a results table: (summary-key prefix, what the verdict calls it).
+_BASELINES = (("random_init_", "the random-init encoder"), ("raw_pixel_", "the raw pixels"))
+
+
+def _shown(value: float, other: float) -> str:
+    """``value`` at the table's digits, or with more where those would make it equal ``other``."""
+    return f"{value:.6g}" if value != other and _fmt(value) == _fmt(other) else _fmt(value)
+
+
+def verdict_line(summary: Dict[str, Any], key: str, title: str) -> Optional[Tuple[str, bool]]:
+    """Which baselines the pretrained encoder beats on the table's row ``key`` (higher is better,
+    a tie is no win), from the row's numbers: ``(line, beats every baseline)``, or ``None`` when
+    the row has no pretrained number or no baseline's."""
+    own = summary.get(key)
+    compared = [(name, summary[prefix + key]) for prefix, name in _BASELINES if summary.get(prefix + key) is not None]
+    if own is None or not compared:
+        return None
+    beaten = [f"{name} ({_shown(value, own)})" for name, value in compared if own > value]
+    unbeaten = [f"{name} ({_shown(value, own)})" for name, value in compared if not own > value]
+    shown = max((_shown(own, value) for _, value in compared), key=len)
+    if not unbeaten:
+        judged = "beats " + " and ".join(beaten)
+    elif beaten:
+        judged = "beats " + " and ".join(beaten) + " but not " + " nor ".join(unbeaten)
+    elif len(unbeaten) == 1:
+        judged = "does not beat " + unbeaten[0]
+    else:
+        judged = "beats neither " + " nor ".join(unbeaten)
+    return f"{title}: the pretrained encoder ({shown}) {judged}", not unbeaten
+
+
+def print_skipped(skipped: Sequence[Any]) -> None:
+    """One line per skipped row (``SkippedRow`` of ``contrastkit embed`` / ``neighbors``): its
+    ``SPLIT:INDEX``, name and why it could not be read; the first few, then a count."""
+    for row in skipped[:_SKIPPED_SHOWN]:
+        path, sep, why = row.reason.partition(": ")
+        print(f"skipped {row.split}:{row.index}  {row.name}  ({why if sep and path.endswith(row.name) else row.reason})")
+    if len(skipped) > _SKIPPED_SHOWN:
+        print(f"skipped {len(skipped) - _SKIPPED_SHOWN} more (--json lists them all)")
+
+
 def print_result_table(summary: Dict[str, Any], title: str) -> None:
     """A run's test-split numbers next to its baselines (``summary.json`` or ``contrastkit probe``)."""
     from rich.console import Console
@@ -286,9 +330,11 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
     table.add_column("random init", justify="right")
     table.add_column("raw pixels", justify="right")
     rows = [("linear probe accuracy", "probe_accuracy"), ("kNN accuracy (k=20)", "knn_accuracy")]
+    judged = [rows[0]]  # the rows a verdict line judges the encoder by, each its table's first
     if "view_retrieval_top1" in summary:  # an unlabeled collection: the label-free read-out first
         from contrastkit.metrics.readout import LABEL_FREE_ROWS
 
+        judged = [LABEL_FREE_ROWS[0]] + (judged if "probe_accuracy" in summary else [])
         rows = list(LABEL_FREE_ROWS) + (rows if "probe_accuracy" in summary else [])
     for label, key in rows:
         table.add_row(label, *(_fmt(summary.get(prefix + key)) for prefix in ("", "random_init_", "raw_pixel_")))
@@ -307,5 +353,7 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
             console.print(f"[yellow]warning: the linear probe of {name} stopped at its evaluation cap at C = "
                           f"{', '.join(f'{c:g}' for c in summary[prefix + 'probe_capped_c'])} (not converged; "
                           f"{prefix}probe_capped_c in the summary)[/yellow]")
-    if summary.get("beats_baselines") is False:  # None: a run without baselines (--no-baselines)
-        console.print("[yellow]the pretrained encoder does not beat both baselines on the linear probe[/yellow]")
+    for row_title, key in judged:  # none without baselines (--no-baselines): nothing was compared
+        verdict = verdict_line(summary, key, row_title)
+        if verdict is not None:
+            console.print(verdict[0], style="green" if verdict[1] else "yellow", soft_wrap=True, markup=False)

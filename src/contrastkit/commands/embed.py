@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from contrastkit.commands.common import parse_data_options
+from contrastkit.commands.common import parse_data_options, print_skipped
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contrastkit.train.export import export_embeddings
+    from contrastkit.train.export import export_embeddings, skipped_note
 
     if args.data_option is not None and args.data is None:
         raise ValueError("--data-option applies to --data (the run's own data set keeps its options)")
@@ -50,5 +50,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     widths = f"h {result.h_dim}" + (f", z {result.z_dim}" if result.z_dim is not None else "")
     written = ", ".join(path for role, path in result.files.items() if role != "marker")
-    print(f"wrote {result.rows} rows ({widths}) of {'+'.join(result.splits)} to {written}")
+    print(f"wrote {result.rows} rows ({widths}) of {'+'.join(result.splits)} to {written}"
+          + (f"; {skipped_note(len(result.skipped))}" if result.skipped else ""))
+    print_skipped(result.skipped)
     return 0

@@ -13,7 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Write a pretraining run's encoder (and, with --projection, its projection head) as a safetensors state "
         "dict, an ONNX graph or a TorchScript file, with FILE.contrastkit.json: its input contract (channels, "
-        "size, pixel scale and normalisation), outputs and the check of the export against the PyTorch encoder "
+        "size, the resize and crop rule of the run's data, interpolation, pixel scale and normalisation; "
+        "contrastkit.data.preprocess_image applies it), outputs and the check of the export against the PyTorch encoder "
         "(ONNX read back with onnxruntime, TorchScript with torch.jit.load). The encoder is rebuilt from RUN "
         "(config.json and its checkpoint).")
     parser.add_argument("run_dir", metavar="RUN", help="output folder of contrastkit pretrain")

@@ -8,7 +8,7 @@ import argparse
 import json
 import os
 
-from contrastkit.commands.common import UsageError, parse_data_options
+from contrastkit.commands.common import UsageError, parse_data_options, print_skipped
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,9 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "discards what the augmentations change), and draw them in a PNG. The collection is the run's own "
         "data set (train, val and test; --split for one, --data for another data set). A QUERY is an image "
         "file, SPLIT:INDEX (test:12: image 12 of the test split) or ROW (12: row 12 of the collection, rows "
-        "numbered train, val, test); a query that is an image of the collection is left out of its own "
-        "neighbours. The search is exact (torch, in chunks); --index faiss builds a FAISS flat index, "
-        "saved in RUN/neighbors/ and reused while the checkpoint and the data are unchanged.")
+        "numbered train, val, test, as contrastkit embed numbers its rows); a query that is an image of the "
+        "collection is left out of its own neighbours. The damaged files an unlabeled collection skips are named "
+        "and have no row: never a neighbour, and refused as a query. The search is exact (torch, in chunks); "
+        "--index faiss builds a FAISS flat index, saved in RUN/neighbors/ and reused while the checkpoint and "
+        "the data are unchanged.")
     parser.add_argument("run_dir", metavar="RUN", help="output folder of contrastkit pretrain")
     parser.add_argument("queries", metavar="QUERY", nargs="+",
                         help="an image file, SPLIT:INDEX (e.g. test:12) or a collection ROW (e.g. 12); "
@@ -54,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from contrastkit import layout
     from contrastkit.metrics.search import DEFAULT_CHUNK, FaissMissingError
+    from contrastkit.train.export import skipped_note
     from contrastkit.train.neighbors import find_neighbors
 
     if args.k < 1:
@@ -78,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(search.to_dict(), indent=2, sort_keys=True))
         return 0
-    print(f"the {search.k} nearest of {search.rows} images ({'+'.join(search.splits)} of {search.data}) by cosine "
-          f"similarity of h, {search.index} search"
+    skipped = f"; {skipped_note(len(search.skipped))}" if search.skipped else ""
+    print(f"the {search.k} nearest of {search.rows} images ({'+'.join(search.splits)} of {search.data}{skipped}) by "
+          f"cosine similarity of h, {search.index} search"
           + (f" ({'reused' if search.index_reused else 'built and saved'} {search.index_file})"
              if search.index_file else ""))
+    print_skipped(search.skipped)
     for query in search.queries:
         print()
         print(f"{query.query}{_described(query.image, query.query)}")

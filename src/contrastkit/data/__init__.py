@@ -18,6 +18,10 @@ keeps only the file index of a class-folder tree and decodes images in ``DataLoa
 Views are made by kornia on the training device (:func:`make_views`), or by a per-image
 transform such as a torchvision ``transforms.v2`` pipeline in the ``DataLoader`` workers
 (:class:`TransformViews`).
+
+How an image file becomes the encoder's input (colour, the resize and crop rule of the data's
+kind, the scale) is defined once, in :mod:`contrastkit.data.preprocess`; :func:`preprocess_image`
+applies an export's input contract to an image.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from contrastkit.data.base import (NO_LABEL, Dataset, Split, call_with_options, 
                                    stratified_subset_indices)
 from contrastkit.data.batches import PairedImages
 from contrastkit.data.collection import (CollectionDataset, ImageCollection, add_skipped, open_collection,
-                                         skipped_files, skipped_reasons, skips_bad_files)
+                                         skipped_files, skipped_reason, skipped_reasons,
+                                         skips_bad_files)
 from contrastkit.data.contract import (DataSplit, DataSplits, as_data, data_record, image_batches, indexed_image_batches,
                                        item_dataset, limit_split, limit_splits, open_data, reads_files,
                                        training_views)
@@ -41,6 +46,7 @@ from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFol
                                         subset_split, unit_float)
 from contrastkit.data.loading import BUILTIN, load_dataset, load_paired
 from contrastkit.data.paired import PairedDataset, PairedSplit
+from contrastkit.data.preprocess import ImagePreprocessing, preprocess_image, preprocessing_of
 from contrastkit.data.views import MODES, ViewMaker, make_views
 from contrastkit.data.transform_views import TransformViews
 
@@ -51,7 +57,7 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "stratified_subset", "stratified_subset_indices", "DataSplit", "DataSplits", "open_data", "as_data",
            "image_batches", "limit_split", "limit_splits", "item_dataset", "reads_files", "training_views",
            "PairedImages", "indexed_image_batches", "data_record", "call_with_options", "check_positive_int", "unit_float",
-           "NO_LABEL", "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files", "DamagedItem", "SkippingItems",
+           "NO_LABEL", "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "skipped_reason", "skipped_reasons", "add_skipped", "skips_bad_files", "DamagedItem", "SkippingItems",
            "collate_skipping", "record_damaged", "DeviceIndexBatches",
            "DeviceImages", "OnDevicePlan", "choose_on_device", "compact_images", "device_free_bytes", "hold_on_device",
-           "TransformViews"]
+           "TransformViews", "ImagePreprocessing", "preprocess_image", "preprocessing_of"]

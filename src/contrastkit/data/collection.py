@@ -15,7 +15,8 @@ images are decoded in the ``DataLoader``'s workers. The rules:
   over white, 16-bit images rescaled by their full range and 32-bit ones by their maximum.
 * **Size**: the shorter side resized to ``size`` (bilinear, antialiased), then the centre
   ``size x size`` square cropped (what torchvision's ``Resize`` + ``CenterCrop`` does for
-  evaluation); ``size`` defaults to 32, the built-in encoders' natural size.
+  evaluation); ``size`` defaults to 32, the built-in encoders' natural size. These rules are
+  defined once, in :mod:`contrastkit.data.preprocess` (which an export's input contract states).
 * **Splits**: a file belongs to val or test by a hash of its path relative to the collection
   (SHA-1, ``val_fraction`` / ``test_fraction`` of the hash range), never by its position, so
   adding files never moves a file between splits (a collection too small to put a file in val
@@ -53,7 +54,8 @@ from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
 from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
 __all__ = ["ImageCollection", "CollectionDataset", "open_collection", "collection_files", "is_collection_source",
-           "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons", "add_skipped", "skips_bad_files"]
+           "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons",
+           "skipped_reason", "add_skipped", "skips_bad_files"]
 
 #: What a damaged file does: dropped from its batch and named, or the run stops.
 BAD_FILES = ("skip", "fail")
@@ -246,24 +248,12 @@ class ImageCollection(torch.utils.data.Dataset):
 def fit_image(path: Path, color: str, size: int) -> np.ndarray:
     """The image at ``path`` as ``(C, size, size)`` uint8 by the collection's rules; a
     ``ValueError`` naming the file when it cannot be read (or is over the pixel ceiling)."""
-    from PIL import Image
-
-    from contrastkit.data.files import decode_image, open_image, to_array
+    from contrastkit.data.files import decode_image, open_image
+    from contrastkit.data.preprocess import SHORTER_SIDE_THEN_CENTRE_CROP, ImagePreprocessing
 
     with open_image(path) as opened:
         image = decode_image(opened, path)
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(white, rgba).convert("RGB")
-    elif image.mode in ("P", "CMYK", "YCbCr", "LAB", "HSV", "1"):
-        image = image.convert("RGB" if color == "RGB" or image.mode != "1" else "L")
-    width, height = image.size
-    scale = size / min(width, height)
-    resized = (max(size, round(height * scale)), max(size, round(width * scale)))
-    array = to_array([image], color, resized)[0]
-    top, left = (resized[0] - size) // 2, (resized[1] - size) // 2
-    return np.ascontiguousarray(array[:, top:top + size, left:left + size])
+    return ImagePreprocessing(color, (size, size), SHORTER_SIDE_THEN_CENTRE_CROP).fit(image, str(path))
 
 
 class CollectionDataset:
@@ -290,6 +280,13 @@ class CollectionDataset:
 
     def splits(self) -> List[Tuple[str, ImageCollection]]:
         return [("train", self.train), ("val", self.val), ("test", self.test)]
+
+    def read_image(self, path: Union[str, os.PathLike]) -> Tensor:
+        """Any image file read by the collection's rules (its colour, resize and centre crop), as
+        its images are: ``(C, size, size)`` uint8; a ``ValueError`` naming the file when it
+        cannot be read (e.g. a query compared with the collection's images)."""
+        channels, size, _ = self.image_shape
+        return torch.from_numpy(fit_image(Path(path), "L" if channels == 1 else "RGB", size))
 
     def summary(self) -> str:
         c, h, w = self.image_shape
@@ -368,6 +365,16 @@ def skips_bad_files(split: Any) -> bool:
 def skip_item(split: Any, index: int, error: BadItemError) -> None:
     """Record item ``index`` of ``split`` as skipped (its file and why)."""
     _base_split(split).record_skipped(_base_index(split, index), str(error))
+
+
+def skipped_reason(split: Any, index: int) -> Optional[str]:
+    """Why item ``index`` of ``split`` (a collection's split, or a ``Subset`` of one) was
+    skipped as damaged in this process (the file named), or ``None`` if it was not."""
+    base = _base_split(split)
+    skipped = getattr(base, "skipped", None)
+    if not skipped:
+        return None
+    return skipped.get(base.path(_base_index(split, index)))
 
 
 def skipped_reasons(dataset: Any) -> Dict[str, str]:

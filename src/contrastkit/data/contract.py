@@ -259,9 +259,11 @@ def training_views(dataset: Any, mode: str = "augment", device: Union[torch.devi
 
 
 def data_record(dataset: Any) -> Dict[str, Any]:
-    """What a run's ``config.json`` records of its data: name, classes, image shape, split
-    sizes and whether the images were streamed."""
-    return {"name": dataset.name, "num_classes": int(dataset.num_classes),
+    """What a run's ``config.json`` records of its data: name, kind (``source``: what decides
+    how image files are sized, :func:`~contrastkit.data.preprocessing_of`), classes, image
+    shape, split sizes and whether the images were streamed."""
+    return {"name": dataset.name, "source": str(getattr(dataset, "source", "") or dataset.name),
+            "num_classes": int(dataset.num_classes),
             "image_shape": list(dataset.image_shape),
             "sizes": {s: len(getattr(dataset, s)) for s in ("train", "val", "test")},
             "streamed": is_streaming(dataset)}

@@ -461,6 +461,18 @@ def _open_images(files: Sequence[Path]):
     return images
 
 
+#: The PIL resampling filter of every resize of an image file (``Image.BILINEAR``); an
+#: export's input contract names it (:mod:`contrastkit.data.preprocess`).
+RESAMPLE = "bilinear"
+
+
+def pil_resample() -> Any:
+    """PIL's constant for :data:`RESAMPLE`."""
+    from PIL import Image
+
+    return getattr(Image, RESAMPLE.upper())
+
+
 def to_array(images, color: str, size: Tuple[int, int]) -> np.ndarray:
     from PIL import Image
 
@@ -477,7 +489,7 @@ def to_array(images, color: str, size: Tuple[int, int]) -> np.ndarray:
             img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8))
         converted = img.convert(color)
         if converted.size != (w, h):
-            converted = converted.resize((w, h), Image.BILINEAR)
+            converted = converted.resize((w, h), pil_resample())
         arr = np.asarray(converted, dtype=np.uint8)
         out[i] = arr[None] if color == "L" else arr.transpose(2, 0, 1)
     return out

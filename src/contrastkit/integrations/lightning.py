@@ -206,6 +206,8 @@ class ContrastiveModule(lightning.LightningModule):
             self.model = self.model.to(memory_format=torch.channels_last)
         self._views: Any = None
         self._total_steps: Optional[int] = None
+        self._skip_batch = False          # this training batch is skipped on every rank
+        self._trained_since_step = False  # a batch since the last optimizer step reached the loss
         self.save_hyperparameters({"config": config.to_dict()})
 
     # -- the pieces -----------------------------------------------------------------------
@@ -295,11 +297,34 @@ class ContrastiveModule(lightning.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # A varying temperature schedule sets this step's tau (constant and learnable ones: no-op).
         self.config.schedule.apply(self.model.temperature, self.global_step, self._total_steps or 1)
+        # Decided here, before the step's closure runs, on every rank alike.
+        self._skip_batch = not self._every_rank_has_a_batch(_unpack(batch)[0])
+
+    def _every_rank_has_a_batch(self, images: Tensor) -> bool:
+        """Whether this batch, and under several processes every rank's batch, holds at least
+        2 readable images (damaged files skipped by the collate may leave fewer). One
+        all-reduce of a flag per batch: a rank that skipped its step alone would leave the
+        others waiting in the loss's gathers and DDP's gradient all-reduce."""
+        short = images.shape[0] < 2
+        if self.model.distributed:
+            flag = torch.tensor([float(short)], device=self.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            short = bool(flag.item())
+        return not short
+
+    def _zero_weight_loss(self) -> Tensor:
+        """A loss of 0 through every trained parameter: a skipped batch's step under DDP, whose
+        backward pass gives every rank's reducer its zero gradients (Lightning refuses a
+        ``None`` step under several processes)."""
+        return sum((p.sum() * 0.0 for p in self.parameters() if p.requires_grad), torch.zeros((), device=self.device))
 
     def training_step(self, batch: Any, batch_idx: int) -> Optional[Tensor]:
         images, labels = _unpack(batch)
-        if images.shape[0] < 2:  # damaged files skipped left no negatives: no step (Lightning skips None)
-            return None
+        if self._skip_batch or images.shape[0] < 2:  # damaged files skipped left no negatives
+            # One process: no step (Lightning skips None). Several: every rank skips together
+            # (:meth:`on_train_batch_start`); the update is dropped in on_before_optimizer_step.
+            return self._zero_weight_loss() if self.model.distributed else None
+        self._trained_since_step = True
         loss = self.loss(images, labels)
         rows = images.shape[0]
         self.log("loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=rows)
@@ -308,6 +333,17 @@ class ContrastiveModule(lightning.LightningModule):
         self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False,
                  batch_size=rows)
         return loss
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """Drop the update of a step none of whose batches reached the loss (skipped on every
+        rank, its gradients the zero ones of a zero loss): without gradients the
+        optimizer leaves the weights and its own state alone, as for a skipped step in one
+        process (a momentum or weight decay would otherwise still move the weights)."""
+        if not self._trained_since_step:
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    parameter.grad = None
+        self._trained_since_step = False
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
                        optimizer_closure: Optional[Callable[[], Any]] = None) -> None:
@@ -321,7 +357,7 @@ class ContrastiveModule(lightning.LightningModule):
 
     def validation_step(self, batch: Any, batch_idx: int) -> Optional[Tensor]:
         images, labels = _unpack(batch)
-        if images.shape[0] < 2:
+        if not self._every_rank_has_a_batch(images):  # skipped on every rank together (the loss gathers)
             return None
         loss = self.loss(images, labels)
         self.log("val_loss", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True,
@@ -371,7 +407,8 @@ class ContrastiveDataModule(lightning.LightningDataModule):
     to ``skipped.txt`` in the trainer's ``log_dir`` (listed in that folder's
     ``contrastkit-manifest.json``; a ``skipped.txt`` of the user's is never replaced) and warns
     with the count. Under several processes each rank meets its own share; the list holds all.
-    A batch left with fewer than 2 readable images is skipped by :class:`ContrastiveModule`.
+    A batch left with fewer than 2 readable images is skipped by :class:`ContrastiveModule`; under
+    several processes, when any rank's batch is, every rank skips that step (no update).
     """
 
     def __init__(self, dataset: Any, *, batch_size: Optional[int] = None, workers: int = 0, shuffle: bool = True,

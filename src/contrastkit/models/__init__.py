@@ -15,11 +15,12 @@ from .external import (CIFAR_STEM, EXTERNAL_PREFIXES, TIMM_PREFIX, TORCHVISION_P
                        apply_cifar_stem, external_encoder, is_external_spec, remove_classifier, timm_encoder,
                        torchvision_encoder)
 from .text import TEXT_ENCODERS, TextEncoder, WordTokenizer
-from .weights import WeightsReport, load_encoder_weights, read_state_dict
+from .weights import TensorFileError, WeightsReport, load_encoder_weights, load_tensors, read_state_dict
 
 __all__ = ["ENCODERS", "NORMS", "ProjectionHead", "ResNet18", "ResNet50", "SmallCNN", "SmallViT", "PooledEncoder",
            "build_encoder", "norm_layer", "load_factory", "encoder_from_spec", "describe_encoder", "prepare_encoder",
            "unwrap_encoder", "OBJECT_PREFIX", "TextEncoder", "WordTokenizer", "TEXT_ENCODERS",
            "CIFAR_STEM", "EXTERNAL_PREFIXES", "TIMM_PREFIX", "TORCHVISION_PREFIX", "adapt_input_channels",
            "apply_cifar_stem", "external_encoder", "is_external_spec", "remove_classifier", "timm_encoder",
-           "torchvision_encoder", "WeightsReport", "load_encoder_weights", "read_state_dict"]
+           "torchvision_encoder", "WeightsReport", "load_encoder_weights", "read_state_dict", "TensorFileError",
+           "load_tensors"]

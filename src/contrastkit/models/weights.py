@@ -13,24 +13,31 @@ have the encoder's shape (a mismatch is refused naming the key); keys of the enc
 file lacks keep their initialisation (*missing*), keys of the file the encoder lacks are
 ignored (*unexpected*, e.g. the classifier ``fc.weight`` of an ImageNet checkpoint), and both
 are reported (:class:`WeightsReport`). A file none of whose keys match is refused.
+
+Every file of the user's that contrastkit reads with ``torch.load`` (weights, a run's
+checkpoints) goes through :func:`load_tensors`, which reads with ``weights_only=True`` and says
+in its own words why a file cannot be read: damaged, or pickling an object (named). torch's
+own message advises loading such a file with ``weights_only=False``, which runs whatever code
+the file holds, and is never passed on.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from contrastkit._io import open_input
+from contrastkit._io import one_line, open_input
 from contrastkit.extras import import_extra
 from contrastkit.manifest import file_sha256
 
-__all__ = ["WeightsReport", "read_state_dict", "load_encoder_weights", "NESTED_KEYS"]
+__all__ = ["WeightsReport", "read_state_dict", "load_encoder_weights", "NESTED_KEYS", "TensorFileError",
+           "load_tensors"]
 
 #: Where a checkpoint may keep its state dict, looked for in this order (and again inside).
 NESTED_KEYS = ("state_dict", "model")
@@ -70,6 +77,73 @@ def _some(keys: Sequence[str]) -> str:
     return f": {shown}" + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else "")
 
 
+class TensorFileError(ValueError):
+    """A file :func:`load_tensors` cannot read. ``reason``: why, in a few words (never torch's
+    advice to load with ``weights_only=False``); ``pickled_class``: the class or function the
+    file pickles when that is why (the file holds more than tensors), else ``None``."""
+
+    def __init__(self, reason: str, pickled_class: Optional[str] = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.pickled_class = pickled_class
+
+
+# What torch's weights-only unpickler says when a file pickles a class it does not allow.
+_PICKLED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+_UNPICKLER_SAYS = re.compile(r"WeightsUnpickler error:\s*(.*?)\s*(?:Check the documentation|$)", re.S)
+# torch.save writes a zip archive (local file header "PK\3\4"); before torch 1.6 a pickle of
+# protocol 2 (PROTO opcode 0x80, then the protocol) followed by the tensors' bytes.
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_PROTOCOLS = tuple(bytes([0x80, protocol]) for protocol in range(2, 6))
+
+
+def _head(source: Union[str, BinaryIO], size: int) -> bytes:
+    if isinstance(source, str):
+        with open(source, "rb") as handle:
+            return handle.read(size)
+    start = source.tell()
+    head = source.read(size)
+    source.seek(start)
+    return head
+
+
+def _why_unreadable(err: BaseException) -> TensorFileError:
+    message = str(err)
+    pickled = _PICKLED_GLOBAL.search(message)
+    if pickled:
+        return TensorFileError(f"it pickles {pickled.group(1)}, an object rather than tensors, containers or numbers",
+                               pickled.group(1))
+    said = _UNPICKLER_SAYS.search(message)
+    detail = " ".join(said.group(1).split()) if said else one_line(err).split(". ")[0]  # torch's first sentence
+    if "weights_only" in detail or "trust" in detail or not detail:  # torch's advice, not a reason
+        detail = ""
+    return TensorFileError(f"damaged: {type(err).__name__}" + (f": {detail}" if detail else ""))
+
+
+def load_tensors(source: "Union[str, os.PathLike[str], BinaryIO]") -> Any:
+    """``torch.load(source, map_location="cpu", weights_only=True)``: what a ``torch.save`` file
+    holds, when that is tensors, containers and numbers only (no code runs while reading).
+
+    Raises:
+        TensorFileError: (a ``ValueError``) the file is not a ``torch.save`` file, is damaged,
+            or pickles an object (``pickled_class`` names it); the message is a few words to
+            put after the file's name, never torch's advice to load with ``weights_only=False``.
+        OSError: the file cannot be opened.
+    """
+    if not hasattr(source, "read"):
+        source = os.fspath(source)
+    head = _head(source, 4)  # type: ignore[arg-type]
+    if not (head.startswith(_ZIP_MAGIC) or head[:2] in _PICKLE_PROTOCOLS):
+        raise TensorFileError("damaged or another kind of file: it is neither the zip archive torch.save writes "
+                              "nor an older torch.save pickle")
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as err:  # torch raises many types for a damaged file (UnpicklingError, IndexError, ...)
+        raise _why_unreadable(err) from None
+
+
 def read_state_dict(path: "str | os.PathLike[str]") -> Dict[str, Tensor]:
     """The tensors of the weights file ``path`` by key (see the module's description);
     ``FileNotFoundError`` / ``ValueError`` naming the file when it is missing, cannot be read
@@ -81,8 +155,8 @@ def read_state_dict(path: "str | os.PathLike[str]") -> Dict[str, Tensor]:
         return _read_tensors(path, handle)
 
 
-def _read_tensors(path: str, handle: Any) -> Dict[str, Tensor]:
-    """:func:`read_state_dict` of the file ``path`` opened as ``handle``."""
+def _read_tensors(path: str, handle: BinaryIO) -> Dict[str, Tensor]:
+    """:func:`read_state_dict` of the file ``path``, opened as ``handle``."""
     if path.lower().endswith(".safetensors"):
         safetensors = import_extra("safetensors.torch", "safetensors", f"--encoder-weights {path}", "safetensors")
         try:
@@ -90,16 +164,16 @@ def _read_tensors(path: str, handle: Any) -> Dict[str, Tensor]:
         except Exception as err:  # safetensors raises its own SafetensorError on a damaged file
             raise ValueError(f"encoder weights file {path} is not a readable .safetensors file ({_line(err)})") from None
     try:
-        stored = torch.load(handle, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(f"encoder weights file {path} holds more than tensors (torch.load with weights_only=True "
-                         f"refused it: {_line(err)}); save module.state_dict() with torch.save, or a .safetensors "
-                         "file") from None
-    except MemoryError:
-        raise  # not a damaged file's doing: never reported as one
-    except Exception as err:  # a damaged file: torch's readers raise many kinds (IndexError, KeyError, ...)
-        raise ValueError(f"encoder weights file {path} cannot be read as a torch.save file or .safetensors "
-                         f"({_line(err)})") from None
+        stored = load_tensors(handle)
+    except TensorFileError as err:
+        if err.pickled_class is not None:
+            raise ValueError(f"encoder weights file {path} holds more than tensors ({err.reason}; contrastkit does "
+                             "not unpickle objects, as that could run code): save module.state_dict() with "
+                             "torch.save, or a .safetensors file") from None
+        raise ValueError(f"encoder weights file {path} is not a readable PyTorch/safetensors weights file "
+                         f"({err.reason})") from None
+    except OSError as err:
+        raise ValueError(f"encoder weights file {path} cannot be read ({_line(err)})") from None
     tensors = _state_dict(stored)
     if not tensors:
         raise ValueError(f"encoder weights file {path} holds no tensors (expected a state dict, possibly under "

@@ -33,6 +33,7 @@ import torch
 
 from contrastkit import layout
 from contrastkit._io import file_digest, memory_guard, one_line, open_input, read_exactly, stream_digest
+from contrastkit.models import TensorFileError, load_tensors
 
 __all__ = ["FORMAT", "VERSION", "CheckpointWriteError", "save_checkpoint", "load_checkpoint", "previous_checkpoint", "digest_file",
            "rng_state", "set_rng_state"]
@@ -361,10 +362,9 @@ def _load_one(path: str) -> Dict[str, Any]:
         try:
             _check_archive(handle, path)
             try:
-                data = torch.load(handle, map_location="cpu", weights_only=True)
-            except Exception as err:  # torch raises many types (RuntimeError, UnpicklingError, EOFError, ...)
-                raise _CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(err).__name__}: "
-                                       f"{one_line(err)})") from None
+                data = load_tensors(handle)
+            except TensorFileError as err:
+                raise _CheckpointError(f"checkpoint {path} is corrupt or unreadable ({err.reason})") from None
             _check_content(data, path)
         except _CheckpointError as err:
             if matches:

@@ -2,13 +2,16 @@
 linear probe reads) and optionally ``z`` (the projection head's output, not normalised) of
 every image of a data set, with its split, label and name.
 
-The encoder is rebuilt from the run folder (:func:`~contrastkit.train.runs.load_run`),
+The encoder is rebuilt from the run folder (``contrastkit.train.runs.load_run``).
 Each split is read as the read-out reads it (:func:`~contrastkit.data.image_batches`:
 slices of an in-memory split, or a streamed split decoded one batch at a time in ``workers``
 processes, never whole) and ``h`` computed by :func:`~contrastkit.metrics.readout.extract_features`
 (the probe's own feature extractor, so the numbers are the probe's), then streamed into the
 output: no more than one batch of images and features is held in memory. A row's ``name`` is
-its image file where the split knows it (an image folder, streamed), else its index. Files (see
+its image file where the split knows it (an image folder, streamed), else its index. A damaged
+file an unlabeled collection skips (``bad_files="skip"``, its default) has no row: the rows are
+the images embedded, in order, and the skipped ones are named (:class:`SkippedRow`, found by
+:func:`skipped_rows`) in the result, the sidecar and the command's output. Files (see
 :func:`contrastkit.layout.embedding_files`): ``OUT.npz`` with ``h``, ``z``, ``labels``,
 ``splits``, ``names``; or ``OUT.npy`` (``h``), ``OUT_z.npy`` (``z``) and ``OUT.csv`` (``split,
 index, label, name`` per row). A sidecar (``OUT.npz.contrastkit.json`` or
@@ -26,8 +29,8 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -36,30 +39,62 @@ from torch.utils.data import Subset
 
 from contrastkit import layout
 
-from contrastkit.data import check_positive_int, indexed_image_batches
+from contrastkit.data import check_positive_int, indexed_image_batches, skipped_reason
 from contrastkit.metrics.readout import extract_features
 
 from .export_files import check_targets, finish_export, mark_export, projection_head, remove_earlier_export
 from .runs import load_run
 from .setup import limit_threads, resolve_device
 
-__all__ = ["SPLITS", "EmbeddingExport", "export_embeddings"]
+__all__ = ["SPLITS", "EmbeddingExport", "SkippedRow", "export_embeddings", "skipped_rows", "skipped_note"]
 
 #: What ``split`` accepts (``all``: train, val and test, in that order).
 SPLITS = ("train", "val", "test", "all")
 
 
+@dataclass(frozen=True)
+class SkippedRow:
+    """An image of a split that has no embedding: a damaged file an unlabeled collection
+    skipped. ``split`` and ``index`` say where it is (``SPLIT:INDEX``), ``name`` is its name as
+    :func:`export_embeddings` names rows (the file relative to the collection), ``reason`` why it
+    could not be read (the file named)."""
+
+    split: str
+    index: int
+    name: str
+    reason: str
+
+
+def skipped_rows(name: str, split: Any, embedded: Iterable[int]) -> List[SkippedRow]:
+    """The images of ``split`` (called ``name``) that a pass over it left out, in index order:
+    those not in ``embedded`` (the item indices :func:`~contrastkit.data.indexed_image_batches`
+    yielded), i.e. the damaged files an unlabeled collection skipped. The one account of which
+    rows were skipped, for ``contrastkit embed`` and ``contrastkit neighbors``."""
+    came = np.zeros(len(split), dtype=bool)
+    came[np.fromiter(embedded, dtype=np.int64)] = True
+    return [SkippedRow(name, int(i), _item_name(split, int(i)), skipped_reason(split, int(i)) or "not read")
+            for i in np.flatnonzero(~came)]
+
+
+def skipped_note(count: int) -> str:
+    """How a count of skipped rows is said (``"2 damaged files skipped, not embedded"``), the
+    same in every output that counts images."""
+    return f"{count} damaged file{'' if count == 1 else 's'} skipped, not embedded"
+
+
 @dataclass
 class EmbeddingExport:
     """What :func:`export_embeddings` wrote: ``files`` by role (``archive`` or ``h`` / ``z`` /
-    ``rows``, and ``marker``), the number of ``rows`` and the widths of ``h`` and ``z``
-    (``z_dim`` ``None`` without the projection)."""
+    ``rows``, and ``marker``), the number of ``rows`` (the images embedded) and the widths of
+    ``h`` and ``z`` (``z_dim`` ``None`` without the projection); ``skipped``: the damaged files
+    an unlabeled collection skipped, which have no row."""
 
     files: Dict[str, str]
     rows: int
     h_dim: int
     z_dim: Optional[int]
     splits: Tuple[str, ...]
+    skipped: List[SkippedRow] = field(default_factory=list)
 
 
 def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
@@ -186,11 +221,14 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
         labels: List[np.ndarray] = []
         row_splits: List[str] = []
         row_names: List[str] = []
+        skipped: List[SkippedRow] = []
         with open(rows_path, "w", newline="", encoding="utf-8") as handle, _Bar(progress, total) as bar:
             writer = csv.writer(handle)
             writer.writerow(("split", "index", "label", "name"))
             for name, split in splits:
+                embedded: List[int] = []
                 for images, indices, batch_labels, batch_names in _chunks(split, read):
+                    embedded.extend(indices)
                     features = _features(encoder, images, device, facts)
                     h.add(features.astype(np.float32))
                     if z is not None:
@@ -201,7 +239,13 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
                     row_splits.extend([name] * len(batch_names))
                     row_names.extend(batch_names)
                     bar.advance(len(batch_names))
+                missing = skipped_rows(name, split, embedded)
+                skipped.extend(missing)
+                bar.advance(len(missing))  # the bar counts the images read, embedded or not
         total = h.filled  # less than the splits' sizes where damaged files were skipped
+        if total == 0:
+            raise ValueError(f"every image of {'+'.join(names)} of {facts['data']} is a damaged file "
+                             f"({skipped_note(len(skipped))}), e.g. {skipped[0].reason}")
         h.close()
         if z is not None:
             z.close()
@@ -220,8 +264,9 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
     finish_export(files, marked, {
         "written_by": "contrastkit embed", **facts, "rows": total,
         "h_dim": h.width, "z_dim": z.width if z is not None else None,
+        "skipped": [asdict(row) for row in skipped],
     })
-    return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names))
+    return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names), skipped)
 
 
 def _features(encoder: nn.Module, images: torch.Tensor, device: torch.device, facts: Dict[str, Any]) -> np.ndarray:

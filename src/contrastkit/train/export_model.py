@@ -19,10 +19,11 @@ installed (``pip install 'contrastkit[onnx]'``), the TorchScript file through ``
 the safetensors file loaded into a copy of the architecture whose tensors were zeroed first. An
 export that disagrees by more than ``1e-4 * (1 + |value|)`` anywhere is not kept.
 
-Next to the file, ``FILE.contrastkit.json`` holds its input contract: channels, height and
-width, the pixel scale (float32 in ``[0, 1]``: 8-bit values divided by 255) and the
-normalisation (none: per-channel mean 0 and std 1, which is what the encoder trained on), the
-run's data and its options (how the images were sized), the encoder's spec and options (to
+Next to the file, ``FILE.contrastkit.json`` holds its input contract: how an image file
+becomes the model's input as the run's data made it (:meth:`contrastkit.data.ImagePreprocessing.contract`
+of :func:`contrastkit.data.preprocessing_of`: the resize and crop rule, the interpolation, the
+colour and channel order, the pixel scale, float32 in ``[0, 1]``, and the normalisation, none),
+channels, height and width, the run's data kind, data and options, the encoder's spec and options (to
 rebuild its architecture), the outputs' sizes and the check. Files are guarded as every export's
 (:mod:`contrastkit.train.export_files`): nothing a user wrote is replaced.
 """
@@ -42,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from contrastkit import layout
+from contrastkit.data import preprocessing_of
 from contrastkit.extras import import_extra
 from contrastkit.models import PooledEncoder, unwrap_encoder
 
@@ -119,7 +121,9 @@ def export_model(run_dir: str, out: str, *, format: Optional[str] = None, projec
     check_targets(files, force, "contrastkit export")
     saved = load_run(run_dir, checkpoint=checkpoint)
     with limit_threads(saved.config.threads if threads is None else threads):
-        shape = tuple(int(s) for s in (saved.image_shape or saved.load_data().image_shape))
+        dataset = None if saved.image_shape and saved.data_source else saved.load_data()  # older runs record neither
+        shape = tuple(int(s) for s in (saved.image_shape or dataset.image_shape))
+        source = saved.data_source or str(getattr(dataset, "source", "") or dataset.name)
         model = saved.build_model(shape, torch.device("cpu")).eval()
         head = projection_head(model) if projection else None
         module = (_EncoderAndHead(model.encoder, head) if head is not None else model.encoder).eval()
@@ -148,7 +152,7 @@ def export_model(run_dir: str, out: str, *, format: Optional[str] = None, projec
         "written_by": "contrastkit export", "format": fmt, "run": os.path.abspath(run_dir),
         "checkpoint": os.path.abspath(saved.checkpoint), "epoch": int(saved.state.get("epoch", 0)),
         "encoder": saved.config.encoder, "encoder_options": saved.config.encoder_options,
-        "input": _input_contract(shape, saved.config.data, saved.config.data_options),
+        "input": _input_contract(shape, source, saved.config.data, saved.config.data_options),
         "outputs": _output_contract(h_dim, z_dim, model.encoder, fmt),
         "check": {"max_abs_diff": diff, "tolerance": TOLERANCE, "read_back_with": checked_with,
                   "batch": _CHECK_BATCH} if checked_with is not None else None,
@@ -176,14 +180,18 @@ def _difference(got: Tuple[Any, ...], expected: Tuple[Tensor, ...]) -> Tuple[flo
     return worst, close
 
 
-def _input_contract(shape: Tuple[int, ...], data: str, data_options: Dict[str, Any]) -> Dict[str, Any]:
+def _input_contract(shape: Tuple[int, ...], source: str, data: str, data_options: Dict[str, Any]) -> Dict[str, Any]:
+    """The model's input, and how an image file becomes it: the preprocessing the run's data
+    applied (:func:`contrastkit.data.preprocessing_of`, its one definition), so that code
+    without contrastkit feeds the model what ``contrastkit embed`` feeds the encoder."""
     channels, height, width = shape
-    return {"name": "images", "shape": ["batch", channels, height, width], "layout": "NCHW",
-            "channels": channels, "height": height, "width": width, "dtype": "float32",
-            "color": {1: "grayscale", 3: "RGB"}.get(channels, f"{channels} channels"),
-            "range": [0.0, 1.0], "scale": "8-bit pixel values divided by 255",
-            "normalisation": "none (what the encoder trained on): mean 0 and std 1 per channel",
-            "mean": [0.0] * channels, "std": [1.0] * channels,
+    preprocessing = preprocessing_of(shape, source)
+    stated = preprocessing.contract() if preprocessing is not None else {
+        "layout": "NCHW", "height": height, "width": width, "dtype": "float32", "range": [0.0, 1.0],
+        "mean": [0.0] * channels, "std": [1.0] * channels,
+        "normalisation": "none (what the encoder trained on): mean 0 and std 1 per channel"}
+    return {"name": "images", "shape": ["batch", channels, height, width], "channels": channels, **stated,
+            "data_source": source,
             "data": data if not os.path.isabs(data) else os.path.basename(data), "data_options": data_options}
 
 

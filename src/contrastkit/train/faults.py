@@ -13,7 +13,11 @@
 * **A restarted torchrun group** (:func:`restart_resumes`). ``torchrun --max-restarts N``
   restarts every rank when one dies; the restarted run finds the checkpoint its own launch
   wrote (it records ``TORCHELASTIC_RUN_ID``) and resumes from it without ``--resume``. With
-  restarts allowed the run checkpoints before its first step, so a restart always has one.
+  restarts allowed the run checkpoints before its first step, so a restart finds one unless a
+  rank died while the run was being set up: then the folder's manifest, which records the
+  launch that started it, says the folder is this launch's own start, and the restarted run
+  starts over in it (:func:`restart_starts_over`; replacing only the files that manifest lists,
+  as ``--force`` does).
 * **Two runs on one folder** (:class:`RunLock`). The run holds ``OUT/contrastkit.lock``
   (its process id, host and start time) while it works; a second run on ``OUT`` is refused
   naming the holder. The lock is an ``flock`` on that file where the file system has one (the
@@ -48,11 +52,13 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from contrastkit import layout
+from contrastkit.manifest import Manifest
 
 from .checkpoint import CheckpointWriteError, load_checkpoint
 
 __all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "NonFiniteLoss", "CheckpointWriteError", "StopSignals",
-           "RunLock", "RunGuard", "StepFaults", "launch_id", "restart_resumes", "restarts_allowed", "write_failed"]
+           "RunLock", "RunGuard", "StepFaults", "launch_id", "restart_resumes", "restart_starts_over", "restarts_allowed",
+           "write_failed"]
 
 #: The exit status of a run stopped by a preemption signal after its checkpoint, ``EX_TEMPFAIL``
 #: of ``sysexits.h`` ("a temporary failure, the user is invited to retry", with ``--resume``).
@@ -289,20 +295,42 @@ def restarts_allowed() -> bool:
         return False
 
 
+def _restarted() -> bool:
+    """Whether torchrun restarted this group (``TORCHELASTIC_RESTART_COUNT > 0``) of a launch."""
+    try:
+        return int(os.environ.get(_RESTART_COUNT, "0")) > 0 and launch_id() is not None
+    except ValueError:
+        return False
+
+
 def restart_resumes(folder: str) -> Optional[Dict[str, Any]]:
     """On a restart of a torchrun group (``TORCHELASTIC_RESTART_COUNT > 0``), the checkpoint in
     ``folder`` that this same launch wrote (it then resumes from it without ``--resume``); else
     ``None``. A checkpoint of another launch is left to the usual rules (refused without
     ``--resume`` or ``--force``)."""
-    try:
-        restarted = int(os.environ.get(_RESTART_COUNT, "0")) > 0
-    except ValueError:
-        restarted = False
     path = layout.RunFolder(folder).last_checkpoint
-    if not restarted or launch_id() is None or not os.path.isfile(path):
+    if not _restarted() or not os.path.isfile(path):
         return None
     state = load_checkpoint(path)
     return state if state.get("launch") == launch_id() else None
+
+
+def restart_starts_over(folder: str) -> bool:
+    """On a restart of a torchrun group, whether ``folder`` is this launch's own start that
+    wrote no checkpoint (a rank died while the run was being set up): its manifest records
+    this launch (``Manifest.launch``, written when the run started the folder) and there is no
+    checkpoint (``checkpoints/last.pt`` or ``previous.pt``). The restarted run then starts over in it as ``--force`` would:
+    only the files the manifest lists, unchanged, are replaced (one changed since, or a file
+    of the user's where the run writes, still refuses it); the user's other files stay. A
+    folder another launch started (an earlier torchrun, a run by hand), or an unreadable
+    manifest, is left to the usual rules."""
+    run = layout.RunFolder(folder)
+    if not _restarted() or any(os.path.lexists(path) for path in (run.last_checkpoint, run.previous_checkpoint)):
+        return False
+    try:
+        return Manifest(folder).launch == launch_id()
+    except ValueError:  # an unreadable manifest: refused by the usual rules, with their message
+        return False
 
 
 # ------------------------------------------------------------------------------ each step

@@ -29,9 +29,11 @@ import torch
 from torch import Tensor
 
 from contrastkit import layout
+from contrastkit._io import one_line
 from contrastkit.data.loader import read_images
 from contrastkit.manifest import Manifest
 from contrastkit.metrics.batch import IMAGE, TEXT, VIEW_A, VIEW_B, BatchProblem
+from contrastkit.models import TensorFileError, load_tensors
 
 __all__ = ["LastBatch", "save_last_batch", "read_last_batch", "FORMAT", "SHOWN_ELEMENTS", "HARDEST_SHOWN",
            "MAX_ENTRIES", "MAX_PICTURES", "MAX_SIDE", "ANCHOR_ROLES"]
@@ -256,9 +258,9 @@ def read_last_batch(run_dir: str) -> Optional[LastBatch]:
     if not os.path.isfile(path):
         return None
     try:
-        record = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several kinds for a damaged or foreign file
-        raise ValueError(f"{path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+        record = load_tensors(path)
+    except (TensorFileError, OSError) as err:
+        raise ValueError(f"{path} cannot be read ({err.reason if isinstance(err, TensorFileError) else one_line(err)}); "
                          "run the training again to write it") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"{path} is not a last-batch file of this contrastkit (format "

@@ -54,7 +54,8 @@ from contrastkit.metrics.temperatures import TemperatureHistogram
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .checkpoint import CheckpointWriteError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .faults import Preempted, RunGuard, StepFaults, launch_id, restart_resumes, restarts_allowed, write_failed
+from .faults import (Preempted, RunGuard, StepFaults, launch_id, restart_resumes, restart_starts_over, restarts_allowed,
+                     write_failed)
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
@@ -102,7 +103,7 @@ def _prepare_out(out: str, resume: bool, plan: Optional[RemovalPlan] = None) -> 
     else:
         if plan is not None:
             plan.apply()
-        manifest.reset()
+        manifest.reset(launch=launch_id())  # a restarted torchrun group knows its own start by it
     os.makedirs(layout.RunFolder(out).checkpoints, exist_ok=True)
 
 
@@ -392,11 +393,19 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     precision = StepPrecision(config.precision, device)  # an unsupported precision is refused before any work
     parallel.run_on_main(lambda: guard.hold(config.out))  # a folder another run holds is refused
     restart_state = parallel.run_on_main(lambda: restart_resumes(config.out))
-    if not resume and parallel.gather_objects(restart_state is not None)[0]:
+    # A restart before the first checkpoint: the folder this launch started (its manifest says so).
+    own_start = parallel.run_on_main(lambda: restart_state is None and restart_starts_over(config.out))
+    resumes, starts_over = parallel.gather_objects((restart_state is not None, bool(own_start)))[0]
+    if not resume and resumes:
         resume, force = True, False
         if parallel.is_main:
             print(f"torchrun restarted the group: resuming from {layout.RunFolder(config.out).last_checkpoint} "
                   f"(step {restart_state['step']})", file=sys.stderr, flush=True)
+    elif not resume and starts_over:
+        force = True  # only the files its manifest lists (its own start's) are replaced
+        if parallel.is_main:
+            print(f"torchrun restarted the group before the run's first checkpoint: starting the run over in "
+                  f"{config.out}", file=sys.stderr, flush=True)
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
     dataset = limit_data(method.load_data(config) if dataset is None else as_data(dataset), config)

@@ -17,13 +17,22 @@ collection has a *row* (its place in that order) and an id ``SPLIT:INDEX``; its 
 one ``contrastkit embed`` gives the row: the image file where the data know it (an image
 folder read lazily), else the index.
 
+**Damaged files.** An unlabeled collection skips the files it cannot read (``bad_files="skip"``,
+its default): they have no embedding, hence no row. The rows are the images embedded, numbered
+in that order as ``contrastkit embed`` numbers its rows (row ``r`` of both is the same image),
+and their number is the collection's size (``rows``); the skipped files are named
+(``contrastkit.train.export.SkippedRow``: ``SPLIT:INDEX``, file, reason; ``skipped``),
+never returned as neighbours, and a query naming one (``SPLIT:INDEX``) is refused in one line
+naming it (a ``ROW`` is always an image embedded). ``SPLIT:INDEX`` names an image by its place
+in its split, skipped files included, so it does not move when a file is damaged or repaired.
+
 **Queries.** Each query is one of
 
 * ``SPLIT:INDEX``, e.g. ``test:12``: image 12 of the test split of the same data (whether or
   not that split is in the collection);
 * ``ROW``, e.g. ``12``: row 12 of the collection;
-* anything else: an image file, decoded and resized as the data set's images are (name a file
-  called ``12`` as ``./12``).
+* anything else: an image file, decoded and resized as the data set's images are (an unlabeled
+  collection's own rules; only that file is read; name a file called ``12`` as ``./12``).
 
 A query that is an image of the collection (``SPLIT:INDEX`` of a collected split, or ``ROW``)
 is left out of its own neighbours, which would otherwise start with itself at similarity 1; an
@@ -55,7 +64,7 @@ import json
 import os
 import re
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -64,14 +73,15 @@ from torch import nn
 
 from contrastkit import __version__, layout
 from contrastkit._io import read_json, write_json
-from contrastkit.data import ImageFolderDataset, image_batches, item_dataset, unit_float
+from contrastkit.data import (BadItemError, ImageFolderDataset, indexed_image_batches, item_dataset, skips_bad_files,
+                              unit_float)
 from contrastkit.manifest import Manifest, file_sha256
 from contrastkit.metrics.readout import extract_features
 from contrastkit.metrics.search import (DEFAULT_CHUNK, Neighbors, faiss_flat_index, faiss_nearest, import_faiss,
                                         nearest, read_faiss_index, write_faiss_index)
 
 from .baselines import data_digest, encoder_digest
-from .export import SPLITS, _item_name
+from .export import SPLITS, SkippedRow, _item_name, skipped_note, skipped_rows
 from .neighbor_picture import Thumbnail, neighbor_picture_png
 from .runs import load_run
 from .setup import limit_threads, resolve_device
@@ -131,7 +141,8 @@ class QueryNeighbors:
 @dataclass
 class NeighborSearch:
     """What :func:`find_neighbors` found: the ``run`` and ``checkpoint``, the collection (``data``,
-    its ``splits`` and number of ``rows``), ``k``, the ``index`` (``exact`` / ``faiss``; for
+    its ``splits``, its number of ``rows``: the images embedded, and the ``skipped`` files),
+    ``k``, the ``index`` (``exact`` / ``faiss``; for
     FAISS the ``index_file`` and whether it was ``index_reused``), the ``picture`` written (or
     ``None``) and the ``queries``."""
 
@@ -146,6 +157,9 @@ class NeighborSearch:
     index_reused: bool
     picture: Optional[str]
     queries: List[QueryNeighbors] = field(default_factory=list)
+    #: The damaged files an unlabeled collection skipped in the collection's splits (never
+    #: embedded, so never a neighbour nor a query, and not counted in ``rows``).
+    skipped: List[SkippedRow] = field(default_factory=list)
     #: The quantity compared, the cosine similarity of the encoder's output h (see the module's description).
     similarity: str = "cosine of h"
 
@@ -159,32 +173,67 @@ class NeighborSearch:
 # ------------------------------------------------------------------------------ the collection
 
 class _Collection:
-    """The splits ``names`` of ``dataset`` in that order: row ``r`` is image ``r - start`` of
-    the split that starts at ``start``."""
+    """The splits ``names`` of ``dataset`` in that order. Its rows are the images a pass over
+    them (:meth:`batches`, then :meth:`settle`) embedded, in that order: a damaged file an
+    unlabeled collection skips has no row (it is in ``skipped``), so row ``r`` is row ``r`` of
+    ``contrastkit embed``'s output of the same splits. ``listed``: the images of the splits,
+    skipped ones included; ``rows``: those embedded (``listed`` until a pass says otherwise)."""
 
     def __init__(self, dataset: Any, names: Sequence[str], description: str) -> None:
         self.dataset = dataset
         self.names = tuple(names)
         self.splits = {name: getattr(dataset, name) for name in _SPLIT_NAMES}
-        self.starts: Dict[str, int] = {}
-        rows = 0
-        for name in self.names:
-            self.starts[name] = rows
-            rows += len(self.splits[name])
-        self.rows = rows
+        self.listed = sum(len(self.splits[name]) for name in self.names)
+        #: Whether a pass may leave images out (an unlabeled collection skipping damaged files).
+        self.may_skip = any(skips_bad_files(self.splits[name]) for name in self.names)
+        self.rows = self.listed
+        self.skipped: List[SkippedRow] = []
         self.description = description
         self.class_names = list(getattr(dataset, "class_names", []) or [])
+        self._came: Dict[str, List[torch.Tensor]] = {}
+        self._row_split = np.zeros(0, dtype=np.int64)   # (rows,) position of its split in names
+        self._row_index = np.zeros(0, dtype=np.int64)   # (rows,) its index in that split
+        self._row_by_index: Dict[str, np.ndarray] = {}  # split -> (len(split),) its row, -1 if skipped
+
+    def batches(self, name: str, read: "_Reading") -> Iterator[torch.Tensor]:
+        """The image batches of split ``name`` (as the read-out reads them), noting which images came."""
+        came = self._came[name] = []
+        for batch, indices in indexed_image_batches(self.splits[name], read.batch_size, read.workers):
+            came.append(indices.reshape(-1).long())
+            yield batch
+
+    def settle(self) -> None:
+        """Number the rows by the pass just made over every collected split (:meth:`batches`)."""
+        split_codes, indices, self.skipped, self._row_by_index = [], [], [], {}
+        rows = 0
+        for code, name in enumerate(self.names):
+            parts = self._came.get(name) or [torch.zeros(0, dtype=torch.int64)]
+            came = torch.cat(parts).numpy().astype(np.int64)
+            row_by_index = np.full(len(self.splits[name]), -1, dtype=np.int64)
+            row_by_index[came] = np.arange(rows, rows + came.shape[0])
+            self._row_by_index[name] = row_by_index
+            split_codes.append(np.full(came.shape[0], code, dtype=np.int64))
+            indices.append(came)
+            self.skipped.extend(skipped_rows(name, self.splits[name], came))
+            rows += came.shape[0]
+        self._row_split, self._row_index = np.concatenate(split_codes), np.concatenate(indices)
+        self.rows = rows
+
+    def skipped_note(self) -> str:
+        """``"; N damaged files skipped, not embedded"`` when the pass skipped any, else ``""``."""
+        return f"; {skipped_note(len(self.skipped))}" if self.skipped else ""
 
     def locate(self, row: int) -> Tuple[str, int]:
-        """``(split, index)`` of collection row ``row``."""
-        for name in reversed(self.names):
-            if row >= self.starts[name]:
-                return name, row - self.starts[name]
-        raise IndexError(row)
+        """``(split, index)`` of collection row ``row`` (after :meth:`settle`)."""
+        return self.names[int(self._row_split[row])], int(self._row_index[row])
 
     def row_of(self, split: str, index: int) -> Optional[int]:
-        """The collection row of image ``index`` of ``split``, or ``None`` if the split is not collected."""
-        return self.starts[split] + index if split in self.starts else None
+        """The collection row of image ``index`` of ``split`` (after :meth:`settle`), or ``None`` if
+        the split is not collected or the image was skipped."""
+        if split not in self._row_by_index:
+            return None
+        row = int(self._row_by_index[split][index])
+        return None if row < 0 else row
 
     def describe(self, split: str, index: int) -> ImageRef:
         part = self.splits[split]
@@ -197,46 +246,87 @@ class _Collection:
 @dataclass(frozen=True)
 class _Query:
     text: str
-    image: ImageRef
+    image: Optional[ImageRef]       # None for a ROW query until the rows are numbered (_resolve_query)
     row: Optional[int]              # its collection row, when it is an image of the collection
     file_image: Optional[torch.Tensor] = None  # (C, H, W) float in [0, 1], for a file query
+    asked_row: Optional[int] = None  # the row a ROW query names
 
 
 def _parse_query(text: str, collection: _Collection) -> _Query:
-    """A query (see the module's description) checked against the data; one-line errors name it."""
+    """A query (see the module's description) checked against the data before the collection
+    is read (a ROW query is checked against the rows after it: :func:`_resolve_query`); one-line
+    errors name it. A ``SPLIT:INDEX`` query that is a damaged file is refused here, reading that
+    one file."""
     if not isinstance(text, str) or not text:
         raise ValueError(f"a query must be a non-empty string (an image file, SPLIT:INDEX or ROW), got {text!r}")
     item = _ITEM_QUERY.fullmatch(text)
     if item:
         split, index = item.group(1), int(item.group(2))
-        size = len(collection.splits[split])
+        part = collection.splits[split]
+        size = len(part)
         if index >= size:
             raise ValueError(f"query {text!r}: the {split} split of {collection.dataset.name} has {size} images"
                              + (f" (indices 0 to {size - 1})" if size else ""))
-        return _Query(text, collection.describe(split, index), collection.row_of(split, index))
+        if skips_bad_files(part):
+            try:
+                item_dataset(part)[index]
+            except BadItemError as err:
+                raise ValueError(_skipped_query(text, SkippedRow(split, index, _item_name(part, index),
+                                                                 str(err)))) from None
+        return _Query(text, collection.describe(split, index), None)
     if _ROW_QUERY.fullmatch(text):
         row = int(text)
-        if row >= collection.rows:
-            raise ValueError(f"query {text!r}: the collection ({collection.description}) has {collection.rows} "
-                             f"images (rows 0 to {collection.rows - 1}); SPLIT:INDEX names an image of a split")
-        split, index = collection.locate(row)
-        return _Query(text, collection.describe(split, index), row)
+        if not collection.may_skip:  # the rows are known before the pass: refused before any work
+            _check_row(text, row, collection.listed, collection)
+        return _Query(text, None, None, asked_row=row)
     if not os.path.isfile(text):
         raise FileNotFoundError(f"query {text!r} is no image file, nor SPLIT:INDEX (e.g. test:12) nor a row of the "
                                 f"collection (e.g. 12)")
     return _Query(text, ImageRef(text, None, None, text, None, None), None, _read_image_file(text, collection))
 
 
+def _resolve_query(query: _Query, collection: _Collection) -> _Query:
+    """``query`` with its collection row, once the rows are numbered (after the collection's pass,
+    or before it where nothing can be skipped): a ROW query's image, a SPLIT:INDEX query's row."""
+    if query.asked_row is not None:
+        _check_row(query.text, query.asked_row, collection.rows, collection)
+        return replace(query, image=collection.describe(*collection.locate(query.asked_row)), row=query.asked_row)
+    if query.image is None or query.image.split not in collection.names:
+        return query  # a file, or an image of a split outside the collection
+    split, index = query.image.split, int(query.image.index)  # type: ignore[arg-type]
+    row = collection.row_of(split, index)
+    if row is None:  # it read when parsed, not in the pass: the pass decides
+        skipped = next(s for s in collection.skipped if (s.split, s.index) == (split, index))
+        raise ValueError(_skipped_query(query.text, skipped))
+    return replace(query, row=row)
+
+
+def _check_row(text: str, row: int, rows: int, collection: _Collection) -> None:
+    if row >= rows:
+        raise ValueError(f"query {text!r}: the collection ({collection.description}) has {rows} images "
+                         f"(rows 0 to {rows - 1}{collection.skipped_note()}); SPLIT:INDEX names an image of a split")
+
+
+def _skipped_query(text: str, skipped: SkippedRow) -> str:
+    return (f"query {text!r}: {skipped.split}:{skipped.index} ({skipped.name}) is a damaged file, skipped and not "
+            f"embedded: {skipped.reason}")
+
+
 def _read_image_file(path: str, collection: _Collection) -> torch.Tensor:
     """The image file ``path`` as the data set's images are: its channels (grey or RGB) and
-    size, ``(C, H, W)`` float in ``[0, 1]``."""
+    size (an unlabeled collection's own rules: resized and centre-cropped), ``(C, H, W)``
+    float in ``[0, 1]``. Only that file is read."""
     channels, height, width = (int(v) for v in collection.dataset.image_shape)
     if channels not in (1, 3):
         raise ValueError(f"query {path!r}: the data set's images have {channels} channels; an image file can "
                          "be compared with images of 1 (grey) or 3 (RGB) channels only")
-    reader = ImageFolderDataset([path], [0], color="L" if channels == 1 else "RGB", size=(height, width))
+    read_image = getattr(collection.dataset, "read_image", None)  # a collection's rules (CollectionDataset)
     try:
-        image, _ = reader[0]
+        if callable(read_image):
+            image = read_image(path)
+        else:
+            image, _ = ImageFolderDataset([path], [0], color="L" if channels == 1 else "RGB",
+                                          size=(height, width))[0]
     except ValueError as err:  # UnreadableImageError: the file named, and why
         raise ValueError(f"query {path!r}: {str(err).splitlines()[0]}") from None
     return unit_float(image)
@@ -277,14 +367,13 @@ def _batches_encoded(collection: _Collection, encoder: nn.Module, read: _Reading
                      into: List[np.ndarray]) -> Iterator[Tuple[Iterator[torch.Tensor], Any]]:
     """Per collected split: ``(its image batches, its labels)`` as :func:`data_digest` reads
     them, each batch's ``h`` appended to ``into`` on the way (one pass for both)."""
-    def encoded(part: Any) -> Iterator[torch.Tensor]:
-        for batch in image_batches(part, read.batch_size, read.workers):
+    def encoded(name: str) -> Iterator[torch.Tensor]:
+        for batch in collection.batches(name, read):
             into.append(_encode(encoder, batch, read, collection))
             yield batch
 
     for name in collection.names:
-        part = collection.splits[name]
-        yield encoded(part), _labels_for_digest(part)
+        yield encoded(name), _labels_for_digest(collection.splits[name])
 
 
 def _labels_for_digest(part: Any) -> torch.Tensor:
@@ -304,16 +393,25 @@ def _encode(encoder: nn.Module, images: torch.Tensor, read: _Reading, collection
 def _collection_features(collection: _Collection, encoder: nn.Module, read: _Reading,
                          with_digest: bool) -> Tuple[torch.Tensor, Optional[str]]:
     """``h`` of every collected image ``(rows, d)`` float32, and (``with_digest``) the
-    collection's :func:`data_digest`, from one pass over the images."""
+    collection's :func:`data_digest`, from one pass over the images, which numbers the rows."""
     chunks: List[np.ndarray] = []
     if with_digest:
         digest: Optional[str] = data_digest(_batches_encoded(collection, encoder, read, chunks))
     else:
         digest = None
         for name in collection.names:
-            for batch in image_batches(collection.splits[name], read.batch_size, read.workers):
+            for batch in collection.batches(name, read):
                 chunks.append(_encode(encoder, batch, read, collection))
+    _settle(collection)
     return torch.from_numpy(np.concatenate(chunks)), digest
+
+
+def _settle(collection: _Collection) -> None:
+    """Number the collection's rows after a pass; a collection left with no image is refused."""
+    collection.settle()
+    if collection.rows == 0:
+        raise ValueError(f"every image of the collection ({collection.description}) is a damaged file "
+                         f"({skipped_note(len(collection.skipped))}), e.g. {collection.skipped[0].reason}")
 
 
 # ------------------------------------------------------------------------------ the FAISS index
@@ -372,8 +470,9 @@ def _faiss_index(run_dir: str, collection: _Collection, encoder: nn.Module, read
     features: Optional[torch.Tensor] = None
     if any(description.get("encoder") == encoder_key for description in saved.values()):
         # One of this encoder's indexes may fit: the images' digest decides, before any encoding.
-        data_key = data_digest((image_batches(collection.splits[name], read.batch_size, read.workers),
-                                _labels_for_digest(collection.splits[name])) for name in collection.names)
+        data_key = data_digest((collection.batches(name, read), _labels_for_digest(collection.splits[name]))
+                               for name in collection.names)
+        _settle(collection)
     else:
         features, data_key = _collection_features(collection, encoder, read, with_digest=True)
     assert data_key is not None
@@ -389,7 +488,8 @@ def _faiss_index(run_dir: str, collection: _Collection, encoder: nn.Module, read
     index = faiss_flat_index(features, chunk=chunk)
     description = {"format": _INDEX_FORMAT, "key": key, "encoder": encoder_key, "data": data_key,
                    "collection": collection.description, "splits": list(collection.names),
-                   "rows": collection.rows, "dim": int(features.shape[1]), "index": "IndexFlatIP",
+                   "rows": collection.rows, "skipped": len(collection.skipped), "dim": int(features.shape[1]),
+                   "index": "IndexFlatIP",
                    "features": "h, L2-normalised", "written_by": f"contrastkit {__version__} neighbors"}
     written = _save_index(run_dir, index, index_name, description_name, description)
     if written:
@@ -580,14 +680,13 @@ def find_neighbors(run_dir: str, queries: Sequence[str], *, k: int = DEFAULT_K, 
         names = _SPLIT_NAMES if split == "all" else (split,)
         data_name = data or saved.config.data
         collection = _Collection(dataset, names, f"{'+'.join(names)} of {data_name}")
-        if collection.rows == 0:
+        if collection.listed == 0:
             raise ValueError(f"the collection ({collection.description}) has no images")
         parsed = [_parse_query(text, collection) for text in queries]
-        excluded = any(query.row is not None for query in parsed)
-        if k > collection.rows - excluded:
-            others = " besides the query itself" if excluded else ""
-            raise ValueError(f"k={k} is more than the {collection.rows - excluded} images of the collection "
-                             f"({collection.description}){others}")
+        excluded = any(query.asked_row is not None or (query.image is not None and query.image.split in names)
+                       for query in parsed)
+        if not collection.may_skip:  # the rows are known before the pass: refused before any work
+            _check_k(k, collection, excluded)
         encoder = model.encoder
         reader = _ImageReader(collection, read)
         if index == "faiss":
@@ -596,6 +695,8 @@ def find_neighbors(run_dir: str, queries: Sequence[str], *, k: int = DEFAULT_K, 
         else:
             found_index = None
             features, _ = _collection_features(collection, encoder, read, with_digest=False)
+        parsed = [_resolve_query(query, collection) for query in parsed]
+        _check_k(k, collection, excluded)
         query_features = _query_features(parsed, collection, encoder, read, reader, features, found_index)
         exclude = torch.tensor([-1 if q.row is None else q.row for q in parsed], dtype=torch.int64)
         if found_index is None:
@@ -609,13 +710,22 @@ def find_neighbors(run_dir: str, queries: Sequence[str], *, k: int = DEFAULT_K, 
                  for query, rows, similarities in zip(parsed, result.indices.tolist(), result.similarities.tolist())]
         search = NeighborSearch(os.path.abspath(run_dir), os.path.abspath(saved.checkpoint), data_name, tuple(names),
                                 collection.rows, k, index, found_index.file if found_index else None,
-                                bool(found_index and found_index.reused), None, found)
+                                bool(found_index and found_index.reused), None, found, list(collection.skipped))
         if picture is not None:
             title = (f"{os.path.basename(os.path.abspath(run_dir))}: the {k} nearest images of "
-                     f"{collection.description} ({collection.rows} images) by cosine similarity of h, {index} search")
+                     f"{collection.description} ({collection.rows} images{collection.skipped_note()}) by cosine "
+                     f"similarity of h, {index} search")
             _write_picture(picture, found, parsed, reader, title)
             search.picture = os.path.abspath(picture)
         return search
+
+
+def _check_k(k: int, collection: _Collection, excluded: bool) -> None:
+    """``k`` no more than the collection's images, less the query where one is in it."""
+    if k > collection.rows - excluded:
+        others = " besides the query itself" if excluded else ""
+        raise ValueError(f"k={k} is more than the {collection.rows - excluded} images of the collection "
+                         f"({collection.description}{collection.skipped_note()}){others}")
 
 
 def _query_features(parsed: List[_Query], collection: _Collection, encoder: nn.Module, read: _Reading,

@@ -45,6 +45,7 @@ class SavedRun:
     image_shape: Optional[Tuple[int, ...]] = None  # (C, H, W) of the training images, if recorded
     # The SHA-256 of the encoder weights file the run started from, as the run read it (if any).
     encoder_weights_sha256: Optional[str] = None
+    data_source: Optional[str] = None  # the data's kind (``source``), if recorded
 
     def load_data(self, data: Optional[str] = None, data_options: Optional[Dict[str, Any]] = None) -> Any:
         """The run's own data set (its loader and options, as it trained), or ``data`` (with
@@ -111,5 +112,7 @@ def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
     derived = stored.get("derived") or {}
     shape = derived.get("dataset", {}).get("image_shape")
     weights = derived.get("encoder_weights") or {}
+    source = derived.get("dataset", {}).get("source")
     return SavedRun(run_dir, config, state, path, config_path, tuple(shape) if isinstance(shape, list) else None,
-                    weights.get("sha256") if isinstance(weights, dict) else None)
+                    weights.get("sha256") if isinstance(weights, dict) else None,
+                    source if isinstance(source, str) else None)

@@ -1,0 +1,170 @@
+"""How an image file becomes what the encoder reads: the one definition of the preprocessing
+that training, the read-out and ``contrastkit embed`` apply to image files, and that an export's
+input contract carries (:meth:`ImagePreprocessing.contract`) for code that runs the exported
+model without contrastkit.
+
+The steps, in order:
+
+1. **Colour**: transparent pixels (RGBA, LA, a palette's transparency) composited over white,
+   palette / CMYK / other modes converted, 16-bit images rescaled by their full range and 32-bit
+   ones by their maximum (not clipped), then ``L`` (1 channel) or ``RGB`` (3 channels, in that
+   order).
+2. **Size**, by the data's rule (``resize``):
+
+   * ``shorter-side-then-centre-crop`` (unlabeled collections): the shorter side resized to
+     ``S`` keeping the aspect ratio (each side ``round(side * S / shorter)``, at least ``S``),
+     then the centre ``S x S`` square cropped (offsets ``(side - S) // 2``), what torchvision's
+     ``Resize(S)`` + ``CenterCrop(S)`` does for evaluation;
+   * ``stretch`` (class folders): resized to ``H x W`` whatever its aspect ratio;
+   * ``none`` (data held as arrays): the image must already be ``H x W``.
+
+   Resizing is PIL's ``Image.resize`` with the filter :data:`contrastkit.data.files.RESAMPLE`
+   names (antialiased when shrinking, as PIL's filters are), in
+   :func:`contrastkit.data.files.to_array`, which also does the 16- and 32-bit rescaling.
+3. **Scale**: 8-bit values divided by 255, float32 in ``[0, 1]``; **normalisation**: none (mean
+   0, std 1 per channel), which is what the encoders train on.
+
+:func:`preprocess_image` applies an export's contract to a PIL image or a file and returns the
+model's input, ``(1, C, H, W)`` float32 NCHW.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+import numpy as np
+
+from contrastkit.data.files import RESAMPLE, decode_image, open_image, to_array
+
+__all__ = ["ImagePreprocessing", "preprocess_image", "preprocessing_of", "RESAMPLE", "RESIZE_RULES",
+           "SHORTER_SIDE_THEN_CENTRE_CROP", "STRETCH", "NO_RESIZE"]
+
+SHORTER_SIDE_THEN_CENTRE_CROP = "shorter-side-then-centre-crop"
+STRETCH = "stretch"
+NO_RESIZE = "none"
+#: How each rule sizes an image, as the input contract says it.
+RESIZE_RULES = {
+    SHORTER_SIDE_THEN_CENTRE_CROP: "resize the shorter side to S keeping the aspect ratio (each side "
+                                   "round(side * S / shorter side), at least S), then crop the centre S x S square "
+                                   "(top = (height - S) // 2, left = (width - S) // 2): torchvision's Resize(S) + "
+                                   "CenterCrop(S)",
+    STRETCH: "resize to height x width whatever the aspect ratio",
+    NO_RESIZE: "none: the run's data set holds images of this size (arrays); give images of height x width",
+}
+#: 8-bit pixel values are divided by this.
+PIXEL_SCALE = 255.0
+ImageLike = Union[str, "os.PathLike[str]", Any]
+
+
+@dataclass(frozen=True)
+class ImagePreprocessing:
+    """The preprocessing of image files to ``(C, H, W)`` (see the module's description):
+    ``color`` ``"L"`` or ``"RGB"``, ``size`` ``(H, W)`` (``S x S`` for the crop rule),
+    ``resize`` one of ``contrastkit.data.preprocess.RESIZE_RULES`` (``shorter-side-then-centre-crop``,
+    ``stretch``, ``none``)."""
+
+    color: str
+    size: Tuple[int, int]
+    resize: str
+
+    def __post_init__(self) -> None:
+        if self.color not in ("L", "RGB"):
+            raise ValueError(f"color must be 'L' or 'RGB', got {self.color!r}")
+        if self.resize not in RESIZE_RULES:
+            raise ValueError(f"resize must be one of {', '.join(RESIZE_RULES)}, got {self.resize!r}")
+        object.__setattr__(self, "size", (int(self.size[0]), int(self.size[1])))
+
+    @property
+    def channels(self) -> int:
+        return 1 if self.color == "L" else 3
+
+    def fit(self, image: Any, name: str = "the image") -> np.ndarray:
+        """A decoded PIL ``image`` as ``(C, H, W)`` uint8 (steps 1 and 2)."""
+        from PIL import Image
+
+        if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+            rgba = image.convert("RGBA")
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            image = Image.alpha_composite(white, rgba).convert("RGB")
+        elif image.mode in ("P", "CMYK", "YCbCr", "LAB", "HSV", "1"):
+            image = image.convert("RGB" if self.color == "RGB" or image.mode != "1" else "L")
+        height, width = self.size
+        if self.resize == STRETCH:
+            return to_array([image], self.color, (height, width))[0]
+        if self.resize == NO_RESIZE:
+            if image.size != (width, height):
+                raise ValueError(f"{name} is {image.size[0]}x{image.size[1]}, not {width}x{height}: the run's "
+                                 "data set holds images of that size, and the contract resizes none")
+            return to_array([image], self.color, (height, width))[0]
+        side = height
+        image_width, image_height = image.size
+        scale = side / min(image_width, image_height)
+        resized = (max(side, round(image_height * scale)), max(side, round(image_width * scale)))
+        array = to_array([image], self.color, resized)[0]
+        top, left = (resized[0] - side) // 2, (resized[1] - side) // 2
+        return np.ascontiguousarray(array[:, top:top + side, left:left + side])
+
+    def __call__(self, image: ImageLike) -> np.ndarray:
+        """A PIL image, or the image file at a path, as the model's input: ``(1, C, H, W)``
+        float32 in ``[0, 1]`` (all three steps)."""
+        if isinstance(image, (str, os.PathLike)):
+            path = Path(image)
+            with open_image(path) as opened:
+                decoded = decode_image(opened, path)
+            return self(decoded)
+        return (self.fit(image).astype(np.float32) / np.float32(PIXEL_SCALE))[None]
+
+    def contract(self) -> Dict[str, Any]:
+        """The preprocessing as an export's input contract states it (JSON values)."""
+        height, width = self.size
+        return {"resize": self.resize, "resize_rule": RESIZE_RULES[self.resize].replace("S", str(height))
+                if self.resize == SHORTER_SIDE_THEN_CENTRE_CROP else RESIZE_RULES[self.resize],
+                "interpolation": f"{RESAMPLE} (PIL Image.resize with Image.{RESAMPLE.upper()}, antialiased when "
+                                 "shrinking)",
+                "color": self.color, "channel_order": "L" if self.color == "L" else "RGB",
+                "height": height, "width": width, "layout": "NCHW", "dtype": "float32",
+                "scale": f"8-bit pixel values divided by {PIXEL_SCALE:g}", "range": [0.0, 1.0],
+                "normalisation": "none (what the encoder trained on): mean 0 and std 1 per channel",
+                "mean": [0.0] * self.channels, "std": [1.0] * self.channels,
+                "reference": "contrastkit.data.preprocess_image(image_or_file, contract)"}
+
+    @classmethod
+    def from_contract(cls, contract: Mapping[str, Any]) -> "ImagePreprocessing":
+        """The preprocessing an export's input contract states: the contract's ``input``
+        mapping, or the whole ``FILE.contrastkit.json`` record."""
+        stated = contract.get("input", contract)
+        stated = stated.get("preprocessing", stated)
+        try:
+            return cls(str(stated["color"]), (int(stated["height"]), int(stated["width"])), str(stated["resize"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not an input contract of contrastkit export (its preprocessing lacks or has a bad "
+                             f"{err})") from None
+
+
+def preprocess_image(image: ImageLike, contract: "Union[Mapping[str, Any], str, os.PathLike[str]]") -> np.ndarray:
+    """``image`` (a PIL image, or the path of an image file) as an exported model's input:
+    ``(1, C, H, W)`` float32 NCHW in ``[0, 1]``, by the export's input ``contract`` (the
+    ``FILE.contrastkit.json`` record, its path, or its ``input`` mapping). This is what
+    ``contrastkit embed`` feeds the encoder for the same file."""
+    if isinstance(contract, (str, os.PathLike)):
+        from contrastkit._io import read_json
+
+        contract = read_json(os.fspath(contract))
+        if not isinstance(contract, Mapping):
+            raise ValueError("an input contract is a JSON object")
+    return ImagePreprocessing.from_contract(contract)(image)
+
+
+def preprocessing_of(image_shape: Tuple[int, ...], source: str) -> Optional[ImagePreprocessing]:
+    """The preprocessing of image files that a data set of ``source``'s kind (a data set's
+    ``source``: ``"collection"``, ``"imagefolder"``, ...) applies to give images of
+    ``image_shape`` ``(C, H, W)``: unlabeled collections crop, class folders stretch, data held
+    as arrays resize nothing; ``None`` when ``C`` is neither 1 nor 3."""
+    channels, height, width = (int(s) for s in image_shape)
+    if channels not in (1, 3):
+        return None
+    rule = {"collection": SHORTER_SIDE_THEN_CENTRE_CROP, "imagefolder": STRETCH}.get(source, NO_RESIZE)
+    return ImagePreprocessing("L" if channels == 1 else "RGB", (height, width), rule)
