@@ -48,7 +48,7 @@ _CHILD = textwrap.dedent('''
     import numpy, PIL.Image, torch
     torch.set_num_threads(1)
     import contrastkit.cli, contrastkit.commands.explain_input, contrastkit.data.files
-    import contrastkit.data.paired_csv, contrastkit.train, contrastkit.train.checkpoint
+    import contrastkit.data.paired_csv, contrastkit.models.weights, contrastkit.train, contrastkit.train.checkpoint
 
     def status(key):
         with open("/proc/self/status") as lines:
@@ -66,13 +66,30 @@ _CHILD = textwrap.dedent('''
         from contrastkit.cli import main
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(argv))
+            try:
+                code = main(list(argv))
+            except SystemExit as exit:  # argparse's usage error: its usage and one error line, status 2
+                code = exit.code
         return {"rc": code, "out": out.getvalue(), "err": err.getvalue()}
 
     def load_path(path, options):
         from contrastkit.data.files import load_path
         ds = load_path(path, **options)
         return [len(ds.train), len(ds.val), len(ds.test), list(ds.image_shape)]
+
+    def open_and_read(path, options):
+        """Open ``path`` as ``--data`` (open_data) and decode every image of every split:
+        ``{"rows": {split: images read}, "sizes": {split: len}, "skipped": skipped_files lines}``."""
+        from contrastkit.data import image_batches, open_data, skipped_files
+        ds = open_data(path, **options)
+        rows = {name: sum(int(batch.shape[0]) for batch in image_batches(getattr(ds, name), batch_size=16))
+                for name in ("train", "val", "test")}
+        skipped = skipped_files(ds) if hasattr(ds, "splits") else []
+        return {"rows": rows, "sizes": {name: len(getattr(ds, name)) for name in rows}, "skipped": skipped}
+
+    def read_state_dict(path):
+        from contrastkit.models.weights import read_state_dict
+        return len(read_state_dict(path))
 
     def load_pair_csv(path, options):
         from contrastkit.data.paired_csv import load_pair_csv
@@ -118,7 +135,8 @@ _CHILD = textwrap.dedent('''
         """Bytes the child may still allocate: the limit minus its data size now."""
         return resource.getrlimit(resource.RLIMIT_DATA)[0] - status("VmData")
 
-    calls = dict(cli=cli, load_path=load_path, load_pair_csv=load_pair_csv, read_idx=read_idx,
+    calls = dict(cli=cli, load_path=load_path, open_and_read=open_and_read, read_state_dict=read_state_dict,
+                 load_pair_csv=load_pair_csv, read_idx=read_idx,
                  load_matrix=load_matrix, load_checkpoint=load_checkpoint, pretrain=pretrain, peak=peak,
                  hog=hog, budget=budget)
     answers.write("ready\\n")

@@ -196,6 +196,13 @@ def escape_undecodable(text: "str | os.PathLike[str]") -> str:
     return os.fsencode(text).decode("utf-8", "backslashreplace")
 
 
+def escape_line(text: "str | os.PathLike[str]") -> str:
+    """:func:`escape_undecodable`, and a control character (a newline, a tab, a carriage
+    return... that a file name may hold) written ``\\xNN`` too: text that stays one field of
+    one line in a line-oriented file such as skipped.txt (``path<TAB>reason``)."""
+    return "".join(f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7f else c for c in escape_undecodable(text))
+
+
 def is_utf8_name(path: "str | os.PathLike[str]") -> bool:
     """Whether every byte of the file name ``path`` decodes as UTF-8 (so that it can be written
     as it is in UTF-8 text: skipped.txt, a CSV of embedding names, JSON)."""

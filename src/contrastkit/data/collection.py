@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import os
 import stat
 from pathlib import Path
@@ -48,7 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contrastkit._io import escape_undecodable, file_kind, is_utf8_name
+from contrastkit._io import escape_line, escape_undecodable, file_kind, is_utf8_name, open_input
 from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
 from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
@@ -130,14 +131,15 @@ def _index(source: Union[str, os.PathLike], bad_files: str) -> Tuple[Path, List[
 
 
 def _read_list(source: Path) -> List[Path]:
-    """The image files a ``.txt`` / ``.csv`` list names, each a regular file named once."""
+    """The image files a ``.txt`` / ``.csv`` list names, each a regular file named once; the
+    list itself a regular file within the input ceiling."""
     root = source.parent
     files: List[Path] = []
     seen: Dict[Tuple[int, int], Tuple[int, str]] = {}  # (device, inode) -> (line, entry): one file however spelled
     repeated: List[str] = []
     number = 0
     try:
-        with open(source, encoding="utf-8", newline="") as handle:
+        with open_input(source) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as handle:
             rows = csv.reader(handle) if source.suffix.lower() == ".csv" else ([line] for line in handle)
             for number, row in enumerate(rows, 1):
                 entry = (row[0] if row else "").strip()
@@ -146,22 +148,24 @@ def _read_list(source: Path) -> List[Path]:
                 path = Path(entry) if os.path.isabs(entry) else root / entry
                 try:
                     info = os.stat(path)
-                except (OSError, ValueError):  # missing, a broken link, a name with a NUL byte
-                    raise ValueError(f"{source}: line {number}: no such image file {entry!r}") from None
+                except (OSError, ValueError):  # missing, a broken link, a name with a NUL byte, too long
+                    raise ValueError(f"{source}: line {number}: no such image file {_shown(entry)}") from None
                 if not stat.S_ISREG(info.st_mode):
-                    raise ValueError(f"{source}: line {number}: {entry!r} is {file_kind(info.st_mode)}, not a "
+                    raise ValueError(f"{source}: line {number}: {_shown(entry)} is {file_kind(info.st_mode)}, not a "
                                      "regular image file")
                 key = (info.st_dev, info.st_ino)
                 if key in seen:
                     line, first = seen[key]
-                    named = f"both name {entry!r}" if first == entry else \
-                        f"name the same file ({first!r} and {entry!r})"
+                    named = f"both name {_shown(entry)}" if first == entry else \
+                        f"name the same file ({_shown(first)} and {_shown(entry)})"
                     repeated.append(f"lines {line} and {number} {named}")
                     continue
                 seen[key] = (number, entry)
                 files.append(path)
     except UnicodeDecodeError:
         raise ValueError(f"{source}: line {number + 1} is not UTF-8 text (save the list as UTF-8)") from None
+    except csv.Error as err:  # e.g. a quoted field running past the csv module's field size limit
+        raise ValueError(f"{source}: line {number + 1} is not a CSV row ({err})") from None
     if repeated:
         more = f" (and {len(repeated) - 1} more repeated entries)" if len(repeated) > 1 else ""
         raise ValueError(f"{source}: {repeated[0]}{more}; a list names each image once (a repeated one would be "
@@ -169,6 +173,16 @@ def _read_list(source: Path) -> List[Path]:
     if not files:
         raise ValueError(f"{source}: lists no image files")
     return files
+
+
+_SHOWN_ENTRY = 200  # characters of a list entry an error shows
+
+
+def _shown(entry: str) -> str:
+    """An entry of a list file as an error names it: quoted, cut short when long."""
+    if len(entry) <= _SHOWN_ENTRY:
+        return repr(entry)
+    return f"{entry[:_SHOWN_ENTRY]!r}... ({len(entry)} characters)"
 
 
 def _hash_fraction(relative: str) -> float:
@@ -319,6 +333,10 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
             parts["train"].remove(lowest)
             parts[part].append(lowest)
     parts = {part: sorted(paths) for part, paths in parts.items()}
+    for part, paths in parts.items():  # named by its path here (the data set's name is only its stem)
+        if not paths:
+            raise ValueError(f"{source}: the {part} split is empty ({len(files)} images in all: too few for the "
+                             "val and test fractions)")
     splits = {part: ImageCollection(paths, root, color=color, size=size, bad_files=bad_files)
               for part, paths in parts.items()}
     splits["train"].skipped.update(left_out)  # named with the damaged files the run meets
@@ -382,6 +400,7 @@ def add_skipped(dataset: Any, found: Dict[str, str]) -> None:
 
 
 def skipped_files(dataset: Any) -> List[str]:
-    """``"path<TAB>reason"`` of every damaged file a run met in ``dataset``'s splits, sorted; a
-    byte of a path that is not UTF-8 written ``\\xNN``."""
-    return [f"{escape_undecodable(path)}\t{reason}" for path, reason in sorted(skipped_reasons(dataset).items())]
+    """``"path<TAB>reason"`` of every damaged file a run met in ``dataset``'s splits, sorted, one
+    line each: a byte of a path that is not UTF-8, and a control character (a newline or a tab
+    in a file name), written ``\\xNN``."""
+    return [f"{escape_line(path)}\t{escape_line(reason)}" for path, reason in sorted(skipped_reasons(dataset).items())]

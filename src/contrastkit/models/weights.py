@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from contrastkit._io import one_line
+from contrastkit._io import one_line, open_input
 from contrastkit.extras import import_extra
 from contrastkit.manifest import file_sha256
 
@@ -149,8 +149,14 @@ def read_state_dict(path: "str | os.PathLike[str]") -> Dict[str, Tensor]:
     ``FileNotFoundError`` / ``ValueError`` naming the file when it is missing, cannot be read
     without running code, or holds no tensors."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise FileNotFoundError(f"encoder weights file {path} does not exist")
+    with open_input(path, f"encoder weights file {path}") as handle:  # a FIFO, /dev/zero: refused unread
+        return _read_tensors(path, handle)
+
+
+def _read_tensors(path: str, handle: BinaryIO) -> Dict[str, Tensor]:
+    """:func:`read_state_dict` of the file ``path``, opened as ``handle``."""
     if path.lower().endswith(".safetensors"):
         safetensors = import_extra("safetensors.torch", "safetensors", f"--encoder-weights {path}", "safetensors")
         try:
@@ -158,7 +164,7 @@ def read_state_dict(path: "str | os.PathLike[str]") -> Dict[str, Tensor]:
         except Exception as err:  # safetensors raises its own SafetensorError on a damaged file
             raise ValueError(f"encoder weights file {path} is not a readable .safetensors file ({_line(err)})") from None
     try:
-        stored = load_tensors(path)
+        stored = load_tensors(handle)
     except TensorFileError as err:
         if err.pickled_class is not None:
             raise ValueError(f"encoder weights file {path} holds more than tensors ({err.reason}; contrastkit does "
