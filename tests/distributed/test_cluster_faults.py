@@ -6,7 +6,7 @@ The faults are armed in the ranks by ``tests/cluster_workers.py``; the two-node 
 SLURM script of docs/distributed.md, run with stand-ins for ``srun`` (the command once per
 node, here twice on this machine) and ``scontrol`` (the nodes are 127.0.0.1), so the commands
 the documentation gives are the ones tested. Each launch starts fresh interpreters (about a
-minute per launch on a busy 2-core machine; seven launches).
+minute per launch on a busy 2-core machine; eight launches).
 """
 
 from __future__ import annotations
@@ -179,7 +179,9 @@ def _stand_in(folder: Path, name: str, script: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def test_two_nodes_from_the_documented_slurm_script_train_as_one_node(config, reference):
+def _slurm_job(config: Path, out: Path, job_id: str, **extra: str) -> subprocess.CompletedProcess:
+    """The documented SLURM script as SLURM would run it on a 2-node allocation (``extra``: more
+    of SLURM's variables), with stand-ins for ``srun`` and ``scontrol``."""
     blocks = _doc_blocks()
     per_node = [block for block in blocks if block.startswith("torchrun --nnodes 2")]
     script = [block for block in blocks if "#SBATCH" in block]
@@ -188,23 +190,70 @@ def test_two_nodes_from_the_documented_slurm_script_train_as_one_node(config, re
     assert "srun " + _one_line(per_node[0]) in _one_line(script[0])
 
     bin_dir = config.parent / "slurm-bin"
-    bin_dir.mkdir()
-    # srun on a 2-node allocation: the command once per node (here both on this machine).
-    _stand_in(bin_dir, "srun", 'pids=()\nfor node in 0 1; do SLURM_NODEID=$node SLURM_PROCID=$node "$@" & pids+=($!); done\n'
-                               'status=0\nfor pid in "${pids[@]}"; do wait "$pid" || status=$?; done\nexit $status\n')
-    # `show hostnames`: the two nodes, the second written after a pause, so that a reader that
-    # stops at the first name (and the SIGPIPE scontrol then gets) is always seen.
-    _stand_in(bin_dir, "scontrol", 'echo 127.0.0.1\nsleep 0.5\necho 127.0.0.1\n')
-    out = config.parent / "two-nodes"
-    env = _env(CONFIG=str(config), OUT=str(out), MASTER_PORT=str(_free_port()), SLURM_JOB_ID=uuid.uuid4().hex[:12],
-               SLURM_JOB_NODELIST="node[1-2]", SLURM_GPUS_ON_NODE="1")
+    if not bin_dir.is_dir():
+        bin_dir.mkdir()
+        # srun on a 2-node allocation: the command once per node (here both on this machine).
+        _stand_in(bin_dir, "srun", 'pids=()\nfor node in 0 1; do SLURM_NODEID=$node SLURM_PROCID=$node "$@" & '
+                                   'pids+=($!); done\n'
+                                   'status=0\nfor pid in "${pids[@]}"; do wait "$pid" || status=$?; done\nexit $status\n')
+        # `show hostnames`: the two nodes, the second written after a pause, so that a reader that
+        # stops at the first name (and the SIGPIPE scontrol then gets) is always seen.
+        _stand_in(bin_dir, "scontrol", 'echo 127.0.0.1\nsleep 0.5\necho 127.0.0.1\n')
+    env = _env(CONFIG=str(config), OUT=str(out), MASTER_PORT=str(_free_port()), SLURM_JOB_ID=job_id,
+               SLURM_JOB_NODELIST="node[1-2]", SLURM_GPUS_ON_NODE="1", **extra)
     env["PATH"] = os.pathsep.join([str(bin_dir), env["PATH"]])
     job = config.parent / "job.sbatch"
     job.write_text(script[0])
-    result = subprocess.run(["bash", str(job)], env=env, capture_output=True, text=True, timeout=600,
-                            cwd=str(config.parent))
+    return subprocess.run(["bash", str(job)], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=str(config.parent))
+
+
+def test_two_nodes_from_the_documented_slurm_script_train_as_one_node(config, reference):
+    out = config.parent / "two-nodes"
+    result = _slurm_job(config, out, uuid.uuid4().hex[:12])
     assert result.returncode == 0, _log(result)
     with open(out / "config.json", encoding="utf-8") as handle:
         assert json.load(handle)["derived"]["world_size"] == 2  # one rank on each of the two agents
     assert _summary(out) == _summary(reference)
     assert _steps(out) == _steps(reference)
+
+
+class _Died(BaseException):
+    """Every rank of the job dies (a lost node): nothing in the run catches it."""
+
+
+def test_a_requeued_slurm_job_whose_ranks_died_before_the_first_checkpoint_starts_the_run_over(
+        config, reference, monkeypatch):
+    from contrastkit.cli import main
+    from contrastkit.train import loop
+
+    out, job_id = config.parent / "requeued", uuid.uuid4().hex[:12]
+    # The job's first allocation (torchrun's launch: the script's --rdzv-id, the job id) dies
+    # as the run starts its first checkpoint, before the first step: rank 0 had started the
+    # folder (its manifest, config.json...), no checkpoint exists. A file of the user's lands
+    # in the folder meanwhile. (Here in this process: the folder is what that start leaves.)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", job_id)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+
+    def die(*args, **kwargs):
+        (out / "notes.txt").write_text("mine\n")
+        raise _Died
+
+    monkeypatch.setattr(loop, "_write_checkpoint", die)
+    with pytest.raises(_Died):
+        main(["pretrain", "--config", str(config), "--out", str(out), "--quiet"])
+    assert not (out / "checkpoints" / "last.pt").exists() and (out / "config.json").is_file()
+    for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"):
+        monkeypatch.delenv(name)
+
+    # SLURM requeues the job (the same job id, SLURM_RESTART_COUNT 1): the script passes
+    # --resume, and the run, finding no checkpoint in the folder its own launch started,
+    # starts over there instead of stopping with "nothing to resume".
+    result = _slurm_job(config, out, job_id, SLURM_RESTART_COUNT="1")
+    assert result.returncode == 0, _log(result)
+    assert f"--resume: {out} holds no checkpoint; this launch ({job_id}) started it and stopped before the run's " \
+           "first checkpoint: starting the run over in it" in result.stderr
+    assert _summary(out) == _summary(reference)
+    assert _steps(out) == _steps(reference)
+    assert (out / "notes.txt").read_text() == "mine\n"  # not contrastkit's: kept

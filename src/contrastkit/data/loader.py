@@ -155,10 +155,12 @@ class _StreamLoader:
     """Iterates a ``DataLoader`` of :class:`_WithIndex` items and raises, in this process, the
     error of an item a worker could not use (by reading it again here); a split that skips
     damaged files (an unlabeled collection's default) has the item dropped from its batch and
-    recorded instead (:mod:`contrastkit.data.collection`)."""
+    recorded instead (:mod:`contrastkit.data.collection`). A batch that loses every image is
+    left out, or with ``keep_emptied`` yielded with 0 rows (a training loop that counts its
+    batches: the ranks of a data-parallel run step together)."""
 
-    def __init__(self, loader: DataLoader, split: Any) -> None:
-        self.loader, self.split = loader, split
+    def __init__(self, loader: DataLoader, split: Any, keep_emptied: bool = False) -> None:
+        self.loader, self.split, self.keep_emptied = loader, split, keep_emptied
         self.skip = skips_bad_files(split)
 
     def __len__(self) -> int:
@@ -176,10 +178,9 @@ class _StreamLoader:
                 for index, reason in marked:
                     skip_item(self.split, index, BadItemError(reason))
                 images, indices = images[~bad], indices[~bad]
-                if indices.numel() == 0:
+                if indices.numel() == 0 and not self.keep_emptied:
                     continue
             yield images, indices
-
 
     def _key(self, index: int) -> Any:
         """The key the workers read item ``index`` by (with the epoch for a keyed split)."""
@@ -188,7 +189,7 @@ class _StreamLoader:
 
 
 def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sampler: Optional[Sampler] = None,
-                pin_memory: bool = False, seed: int = 0) -> Any:
+                pin_memory: bool = False, seed: int = 0, keep_emptied: bool = False) -> Any:
     """A ``DataLoader`` over ``split``.
 
     An in-memory :class:`~contrastkit.data.Split` yields batches of indices ``(b,)`` int64 (the
@@ -199,7 +200,9 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
     ``batch_size`` in order, the last one partial. The loader draws its base seed from its own
     generator (``seed``), never from torch's global RNG, which the views use. An image that
     cannot be read raises :class:`UnreadableImageError` naming it, a bad item of a user's data
-    set :class:`BadItemError` naming its index, in this process.
+    set :class:`BadItemError` naming its index, in this process. A split that skips damaged
+    files leaves them out of their batch; a batch left with none is not yielded, or with
+    ``keep_emptied`` yielded with 0 rows (so that each batch the sampler draws is one item).
     """
     if in_memory(split):
         dataset: torch.utils.data.Dataset = _Indices(len(split))
@@ -218,7 +221,7 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
         loader = DataLoader(dataset, batch_sampler=batch_sampler, **options)
     else:
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=False, **options)
-    return loader if in_memory(split) else _StreamLoader(loader, split)
+    return loader if in_memory(split) else _StreamLoader(loader, split, keep_emptied)
 
 
 def read_images(split: Any, indices: Tensor) -> Tensor:

@@ -331,6 +331,8 @@ def _check_content(data: Any, path: str) -> Dict[str, Any]:
     _check_number(data, "train_seconds", path, float, optional=True)
     _check_number(data, "epoch_step", path, int, optional=True)
     _check_number(data, "skipped_steps", path, int, optional=True)
+    _check_number(data, "short_batches", path, int, optional=True)
+    _check_number(data, "epoch_short_batches", path, int, optional=True)
     sums = data.get("epoch_loss_sums", [])
     if not isinstance(sums, list) or not all(type(v) in (int, float) for v in sums):
         raise _CheckpointError(f"checkpoint {path} is damaged: epoch_loss_sums is not a list of numbers")

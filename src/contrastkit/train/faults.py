@@ -17,7 +17,8 @@
   rank died while the run was being set up: then the folder's manifest, which records the
   launch that started it, says the folder is this launch's own start, and the restarted run
   starts over in it (:func:`restart_starts_over`; replacing only the files that manifest lists,
-  as ``--force`` does).
+  as ``--force`` does). So does ``--resume`` of a job requeued by its scheduler under the same
+  launch (SLURM keeps the job id) after such a start (:func:`resume_starts_over`).
 * **Two runs on one folder** (:class:`RunLock`). The run holds ``OUT/contrastkit.lock``
   (its process id, host and start time) while it works; a second run on ``OUT`` is refused
   naming the holder. The lock is an ``flock`` on that file where the file system has one (the
@@ -58,7 +59,7 @@ from .checkpoint import CheckpointWriteError, load_checkpoint
 
 __all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "NonFiniteLoss", "CheckpointWriteError", "StopSignals",
            "RunLock", "RunGuard", "StepFaults", "launch_id", "restart_resumes", "restart_starts_over", "restarts_allowed",
-           "write_failed"]
+           "resume_starts_over", "write_failed"]
 
 #: The exit status of a run stopped by a preemption signal after its checkpoint, ``EX_TEMPFAIL``
 #: of ``sysexits.h`` ("a temporary failure, the user is invited to retry", with ``--resume``).
@@ -317,28 +318,50 @@ def restart_resumes(folder: str) -> Optional[Dict[str, Any]]:
 
 def restart_starts_over(folder: str) -> bool:
     """On a restart of a torchrun group, whether ``folder`` is this launch's own start that
-    wrote no checkpoint (a rank died while the run was being set up): its manifest records
-    this launch (``Manifest.launch``, written when the run started the folder) and there is no
-    checkpoint (``checkpoints/last.pt`` or ``previous.pt``). The restarted run then starts over in it as ``--force`` would:
-    only the files the manifest lists, unchanged, are replaced (one changed since, or a file
-    of the user's where the run writes, still refuses it); the user's other files stay. A
-    folder another launch started (an earlier torchrun, a run by hand), or an unreadable
-    manifest, is left to the usual rules."""
+    wrote no checkpoint (a rank died while the run was being set up, :func:`_own_start_unsaved`).
+    The restarted run then starts over in it as ``--force`` would: only the files the manifest
+    lists, unchanged, are replaced (one changed since, or a file of the user's where the run
+    writes, still refuses it); the user's other files stay. A folder another launch started
+    (an earlier torchrun, a run by hand), or an unreadable manifest, is left to the usual rules."""
+    return _restarted() and _own_start_unsaved(folder)
+
+
+def resume_starts_over(folder: str) -> bool:
+    """Whether ``--resume`` on ``folder``, which holds no checkpoint, starts the run over
+    instead of finding nothing to resume: the folder is this launch's own start that never
+    wrote a checkpoint (:func:`_own_start_unsaved`). A job that a scheduler requeued after its
+    ranks died while the run was being set up passes ``--resume`` with the same launch
+    (SLURM keeps the job id, the ``--rdzv-id`` of docs/distributed.md's script); the run is
+    then replaced as on a torchrun restart (:func:`restart_starts_over`), nothing of the
+    user's deleted. Without torchrun, or in a folder another launch started, ``--resume``
+    still needs a checkpoint."""
+    return _own_start_unsaved(folder)
+
+
+def _own_start_unsaved(folder: str) -> bool:
+    """Whether ``folder``'s manifest records this torchrun launch as the one that started it
+    (``Manifest.launch``) and no checkpoint was ever completed there: none on disk
+    (``checkpoints/last.pt``, ``previous.pt``) and none recorded in the manifest (a finished
+    run whose checkpoints were deleted since is not an unstarted one; one marked as being
+    written, by a rank that died writing it, is)."""
     run = layout.RunFolder(folder)
-    if not _restarted() or any(os.path.lexists(path) for path in (run.last_checkpoint, run.previous_checkpoint)):
+    if launch_id() is None or any(os.path.lexists(path) for path in (run.last_checkpoint, run.previous_checkpoint)):
         return False
     try:
-        return Manifest(folder).launch == launch_id()
+        record = Manifest(folder).read()
     except ValueError:  # an unreadable manifest: refused by the usual rules, with their message
         return False
+    written = [name for name in layout.CHECKPOINT_FILES if "sha256" in record["files"].get(name, {})]
+    return record.get("launch") == launch_id() and not written
 
 
 # ------------------------------------------------------------------------------ each step
 
 
 class StepFaults:
-    """A run's per-step fault handling: the stop signals (agreed on by every rank) and the
-    non-finite losses (``on_nan``). The counters live in the checkpoint."""
+    """A run's per-step fault handling: the stop signals (agreed on by every rank), the
+    non-finite losses (``on_nan``) and the batches left too short by damaged files
+    (:meth:`agree_short`). The counters live in the checkpoint."""
 
     def __init__(self, on_nan: str, parallel: Any, signals: StopSignals, checkpoint: str) -> None:
         self.on_nan, self.parallel, self.signals, self.checkpoint = on_nan, parallel, signals, checkpoint
@@ -346,6 +369,8 @@ class StepFaults:
         self.kept = True                         # whether the last step's update was applied
         self.skipped = 0                         # steps skipped in the whole run (on_nan="skip")
         self.epoch_skipped = 0                   # ... in the current epoch
+        self.short = 0                           # steps skipped: a batch short of readable images on some rank
+        self.epoch_short = 0                     # ... in the current epoch
         self.last_checkpoint: Optional[Tuple[int, int]] = None  # (step, epochs done) of the last good one
         # on_nan="stop" in one process reads nothing back in a step (on an accelerator a read
         # waits for the step): the first non-finite step and its loss are kept on the device and
@@ -392,6 +417,20 @@ class StepFaults:
         if first:
             raise self.nonfinite(first, float(self._bad_loss), stopped_at=step)
 
+    def agree_short(self, short: bool) -> bool:
+        """Before a step's forward pass: whether to skip it because this rank's batch, or under
+        a process group any rank's, was left with too few readable images (``short``: damaged
+        files skipped). The ranks agree in one all-reduce of two flags, the stop signal's with
+        it (the step reaches no :meth:`keep_update`); a single process asks nothing of anyone.
+        Every rank calls it at the same point; a skipped step is counted (:attr:`short`)."""
+        if self.parallel.active:
+            stop, short = self.parallel.any(self.signals.received is not None, short)
+            self._agreed(stop)
+        if short:
+            self.short += 1
+            self.epoch_short += 1
+        return bool(short)
+
     def agree_stop(self) -> bool:
         """Whether to stop now (after a checkpoint: a signal that came while it was written stops
         the run there, not a step later). Every rank calls it at the same point."""
@@ -416,6 +455,7 @@ class StepFaults:
 
     def start_epoch(self) -> None:
         self.epoch_skipped = 0
+        self.epoch_short = 0
 
     def nonfinite(self, step: int, loss: float, stopped_at: Optional[int] = None) -> NonFiniteLoss:
         """The error of a run stopped by the non-finite loss ``loss`` of step ``step``
@@ -440,11 +480,14 @@ class StepFaults:
         return f"the last good checkpoint is {self.checkpoint} (step {step}, {epochs} epoch(s) done), unchanged"
 
     def state(self) -> Dict[str, Any]:
-        return {"skipped_steps": self.skipped, "epoch_skipped": self.epoch_skipped}
+        return {"skipped_steps": self.skipped, "epoch_skipped": self.epoch_skipped,
+                "short_batches": self.short, "epoch_short_batches": self.epoch_short}
 
     def load_state(self, state: Dict[str, Any]) -> None:
         self.skipped = int(state.get("skipped_steps", 0))
         self.epoch_skipped = int(state.get("epoch_skipped", 0))
+        self.short = int(state.get("short_batches", 0))
+        self.epoch_short = int(state.get("epoch_short_batches", 0))
 
 
 def write_failed(err: CheckpointWriteError, step: int, last_good: Optional[Tuple[int, int]]) -> CheckpointWriteError:

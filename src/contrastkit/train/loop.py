@@ -40,7 +40,8 @@ from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
 from contrastkit.data import (DataSplits, DeviceIndexBatches, EpochBatchSampler, OnDevicePlan, add_skipped, as_data,
-                              data_record, hold_on_device, make_loader, skipped_files, skipped_reasons)
+                              data_record, hold_on_device, make_loader, skipped_files, skipped_reasons,
+                              skips_bad_files)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
@@ -56,7 +57,7 @@ from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .checkpoint import CheckpointWriteError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .faults import (Preempted, RunGuard, StepFaults, launch_id, restart_resumes, restart_starts_over, restarts_allowed,
-                     write_failed)
+                     resume_starts_over, write_failed)
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
@@ -368,6 +369,9 @@ class _Run:
     epoch_step: int = 0                  # on resume: the batches of the epoch in progress already done
     epoch_loss_sum: float = 0.0          # ... and this rank's sum of their losses
     epoch_started: float = 0.0           # when this invocation started the epoch in progress
+    # The loader may hand over batches short of readable images (damaged files skipped): each
+    # step then asks whether to skip (every rank alike, :meth:`StepFaults.agree_short`).
+    short_batches: bool = False
 
     @property
     def n_train(self) -> int:
@@ -396,7 +400,10 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     parallel.run_on_main(lambda: guard.hold(config.out))  # a folder another run holds is refused
     restart_state = parallel.run_on_main(lambda: restart_resumes(config.out))
     # A restart before the first checkpoint: the folder this launch started (its manifest says so).
-    own_start = parallel.run_on_main(lambda: restart_state is None and restart_starts_over(config.out))
+    # A restart before the first checkpoint: the folder this launch started (its manifest says so);
+    # so is --resume of a requeued job (the same launch) that never reached its first checkpoint.
+    own_start = parallel.run_on_main(lambda: restart_state is None and (restart_starts_over(config.out) if not resume
+                                                                        else resume_starts_over(config.out)))
     resumes, starts_over = parallel.gather_objects((restart_state is not None, bool(own_start)))[0]
     if not resume and resumes:
         resume, force = True, False
@@ -408,6 +415,11 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         if parallel.is_main:
             print(f"torchrun restarted the group before the run's first checkpoint: starting the run over in "
                   f"{config.out}", file=sys.stderr, flush=True)
+    elif resume and starts_over:
+        resume, force = False, True  # as above: the launch's own start, which wrote no checkpoint
+        if parallel.is_main:
+            print(f"--resume: {config.out} holds no checkpoint; this launch ({launch_id()}) started it and stopped "
+                  "before the run's first checkpoint: starting the run over in it", file=sys.stderr, flush=True)
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
     dataset = limit_data(method.load_data(config) if dataset is None else as_data(dataset), config)
@@ -475,8 +487,11 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     if run.on_device.hold:  # the epoch's order on the device, a batch a slice of it: no loader, no copy
         run.loader = DeviceIndexBatches(run.sampler, device)
     else:
+        # A batch that lost every image is still handed over: each rank then counts the
+        # sampler's batches, and every rank skips that step together.
         run.loader = make_loader(items, batch_sampler=run.sampler, workers=config.workers,
-                                 pin_memory=device.type == "cuda", seed=config.seed)
+                                 pin_memory=device.type == "cuda", seed=config.seed, keep_emptied=True)
+        run.short_batches = skips_bad_files(items)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
     parallel.run_on_main(lambda: _save_run_files(run))
     # What the data chose; a resumed run keeps the record of the run it continues (its saved
@@ -638,36 +653,43 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
     window_started, window_steps = time.perf_counter(), 0
     drawn, delivered = len(run.loader), 0  # batches the epoch draws, and those with an image left
     for batch, item in enumerate(run.loader, start):
-        delivered += 1
         if isinstance(item, torch.Tensor):  # an in-memory split: the batch's indices
             indices = item
         else:  # a streamed split: the decoded images and their indices, handed to the batch maker
             images, indices = item
-            if hasattr(run.batches, "hold"):  # a caller's own views read the split themselves
-                run.batches.hold(indices, images)
-        logging = (run.step + 1) % config.log_every == 0 or batch == run.steps_per_epoch - 1
-        last = run.step + 1 == run.total_steps
-        if run.parallel.is_main and (logging or last):
-            run.tap.arm()
-        try:
-            loss, made = _train_step(run, indices, labels, metrics)
-        except ValueError:  # e.g. the losses refusing non-finite embeddings: a non-finite loss before it is the cause
-            run.faults.check_deferred(run.step)
-            raise
-        step_tau = run.tap.tau
-        problem, diagnostics = run.tap.take()
-        if run.faults.kept:
-            loss_sum += loss.detach()
+        rows = int(indices.shape[0])  # known on the host: no read from the device
+        delivered += rows > 0
+        # Fewer than 2 readable images (damaged files skipped) leave the loss no negative and
+        # BatchNorm one row: the step is skipped, on every rank if on any (they step together).
+        if run.short_batches and run.faults.agree_short(rows < min(2, run.rank_batch)):
+            _skip_short_batch(run, metrics, bar)
+            window_steps += 1
         else:
-            _skip_step(run, loss, metrics, bar)
-        window_steps += 1
-        if logging and run.faults.kept:
-            window_started = _log_step(run, loss, window_started, window_steps, metrics, bar,
-                                       diagnostics, problem.negatives if problem is not None else 0)
-            window_steps = 0
-        if last and problem is not None:
-            save_last_batch(run.folder, problem, made, indices, run.dataset, method=config.method,
-                            temperature=float(step_tau), step=run.step, epoch=run.epoch + 1)
+            if not isinstance(item, torch.Tensor) and hasattr(run.batches, "hold"):
+                run.batches.hold(indices, images)  # a caller's own views read the split themselves
+            logging = (run.step + 1) % config.log_every == 0 or batch == run.steps_per_epoch - 1
+            last = run.step + 1 == run.total_steps
+            if run.parallel.is_main and (logging or last):
+                run.tap.arm()
+            try:
+                loss, made = _train_step(run, indices, labels, metrics)
+            except ValueError:  # e.g. the losses refusing non-finite embeddings: a non-finite loss before it is the cause
+                run.faults.check_deferred(run.step)
+                raise
+            step_tau = run.tap.tau
+            problem, diagnostics = run.tap.take()
+            if run.faults.kept:
+                loss_sum += loss.detach()
+            else:
+                _skip_step(run, loss, metrics, bar)
+            window_steps += 1
+            if logging and run.faults.kept:
+                window_started = _log_step(run, loss, window_started, window_steps, metrics, bar,
+                                           diagnostics, problem.negatives if problem is not None else 0)
+                window_steps = 0
+            if last and problem is not None:
+                save_last_batch(run.folder, problem, made, indices, run.dataset, method=config.method,
+                                temperature=float(step_tau), step=run.step, epoch=run.epoch + 1)
         if batch + 1 < run.steps_per_epoch:  # (the epoch's end writes its own checkpoint)
             if run.faults.stop or (config.checkpoint_every and run.step % config.checkpoint_every == 0):
                 _write_checkpoint(run, loss_sum, batch + 1)
@@ -675,14 +697,15 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
             if run.faults.stop:
                 return None
     if drawn and not run.parallel.any(delivered > 0)[0]:
-        raise _nothing_read(run, drawn * run.batch_size)
+        raise _nothing_read(run, f"no image could be read: all {drawn * run.batch_size} training images of "
+                                 f"epoch {run.epoch + 1} were damaged and skipped")
     return loss_sum
 
 
-def _nothing_read(run: _Run, images: int) -> ValueError:
-    """The error of an epoch whose every batch lost all its images (an unlabeled collection's
-    damaged files skipped): nothing trains. The skipped files are listed first (every rank
-    calls this: each names the files of its own share)."""
+def _nothing_read(run: _Run, what: str) -> ValueError:
+    """The error of an epoch none of whose batches trained because an unlabeled collection's
+    damaged files were skipped (``what`` happened): all their images lost, or too many. The
+    skipped files are listed first (every rank calls this: each names the files of its own share)."""
     met_by_rank = run.parallel.gather_objects(skipped_reasons(run.dataset))
     where = "skipped files"
     if run.parallel.is_main:
@@ -690,8 +713,7 @@ def _nothing_read(run: _Run, images: int) -> ValueError:
             add_skipped(run.dataset, found)
         if _write_skipped(run):
             where = run.folder.skipped
-    return ValueError(f"{run.config.data}: no image could be read: all {images} training images of epoch "
-                      f"{run.epoch + 1} were damaged and skipped (they are named in {where})")
+    return ValueError(f"{run.config.data}: {what} (they are named in {where})")
 
 
 def _write_skipped(run: _Run) -> List[str]:
@@ -702,6 +724,24 @@ def _write_skipped(run: _Run) -> List[str]:
             with open(run.folder.skipped, "w", encoding="utf-8") as handle:
                 handle.writelines(line + "\n" for line in skipped)
     return skipped
+
+
+def _skip_short_batch(run: _Run, metrics: IO[str], bar: "_Progress") -> None:
+    """A step whose batch (on this rank or another) was left with fewer than 2 readable images
+    by the damaged files skipped: no forward pass and no update, but the step counts (the
+    schedules go on, every rank runs the epoch's steps); its record in metrics.jsonl, and a
+    warning the first time. The files are named in skipped.txt as the loader recorded them."""
+    run.scheduler.step()
+    run.step += 1
+    metrics.write(json.dumps({"kind": "skipped", "epoch": run.epoch + 1, "step": run.step,
+                              "reason": _SHORT_BATCH}) + "\n")
+    if run.parallel.is_main and "short_batch" not in run.warned:
+        run.warned["short_batch"] = run.step
+        bar.warn(f"warning: step {run.step}: {_SHORT_BATCH}; the step was skipped"
+                 + (" on every process" if run.parallel.active else ""))
+
+
+_SHORT_BATCH = "the batch was left with fewer than 2 readable images (damaged files skipped)"
 
 
 def _skip_step(run: _Run, loss: torch.Tensor, metrics: IO[str], bar: "_Progress") -> None:
@@ -810,7 +850,11 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
 def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[str]) -> Dict[str, Any]:
     """The epoch record (with the val numbers every ``eval_every`` epochs) and the checkpoint."""
     config, parallel = run.config, run.parallel
-    kept_steps = run.steps_per_epoch - run.faults.epoch_skipped
+    kept_steps = run.steps_per_epoch - run.faults.epoch_skipped - run.faults.epoch_short
+    if kept_steps == 0 and run.faults.epoch_short:  # damaged files left no batch of 2 readable images
+        raise _nothing_read(run, f"every batch of epoch {run.epoch + 1} was left with fewer than 2 readable "
+                                 "images" + (" on some process" if parallel.active else "")
+                                 + " by its damaged files, which were skipped")
     if kept_steps == 0:  # --on-nan skip skipped the whole epoch: nothing trains
         raise run.faults.all_skipped(run.epoch + 1, run.step)
     run.epoch += 1
@@ -917,6 +961,8 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
             and numbers["view_retrieval_top1"] > numbers["raw_pixel_view_retrieval_top1"]) if baselines else None
     if config.on_nan == "skip":
         summary["skipped_steps"] = run.faults.skipped
+    if run.short_batches:  # steps skipped for a batch short of readable images (damaged files)
+        summary["skipped_batches"] = run.faults.short
     skipped = _write_skipped(run)
     if skipped or getattr(run.dataset, "source", None) == "collection":
         summary["skipped_files"] = len(skipped)
