@@ -27,6 +27,7 @@ import platform
 import random
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
@@ -731,7 +732,9 @@ def _skip_short_batch(run: _Run, metrics: IO[str], bar: "_Progress") -> None:
     by the damaged files skipped: no forward pass and no update, but the step counts (the
     schedules go on, every rank runs the epoch's steps); its record in metrics.jsonl, and a
     warning the first time. The files are named in skipped.txt as the loader recorded them."""
-    run.scheduler.step()
+    with warnings.catch_warnings():  # torch's "scheduler before optimizer" warning: no update, on purpose
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+        run.scheduler.step()
     run.step += 1
     metrics.write(json.dumps({"kind": "skipped", "epoch": run.epoch + 1, "step": run.step,
                               "reason": _SHORT_BATCH}) + "\n")
