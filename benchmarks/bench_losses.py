@@ -173,7 +173,7 @@ def build(method: str, n: int, dim: int, tau: float, device: str = "cpu",
         normalize = torch.nn.functional.normalize
         if group == "sigmoid":
             # Fixed scale and bias as tensors; on one process SigLipLoss is dense (its chunks are
-            # the other ranks' texts, exchanged between neighbours).
+            # the other ranks' texts, exchanged between neighbors).
             loss_fn = module.SigLipLoss()
             bias = torch.tensor(SIGMOID_BIAS, device=device)
             return (lambda: loss_fn(normalize(a, dim=-1), normalize(b, dim=-1), scale, bias)), [a, b]

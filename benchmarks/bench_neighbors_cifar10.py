@@ -1,4 +1,4 @@
-"""Nearest neighbours on CIFAR-10: how often a test image's nearest training images share its
+"""Nearest neighbors on CIFAR-10: how often a test image's nearest training images share its
 class, under a briefly trained encoder, the same network at its random initialisation and the
 raw pixels (issue 30, item 4: ``contrastkit neighbors``).
 
@@ -20,7 +20,7 @@ their class (chance: 0.10 each, ten balanced classes).
 
 The command's own path is timed on the trained run too: :func:`contrastkit.train.neighbors.find_neighbors`
 with every test image as a ``test:INDEX`` query against ``split="train"``, exact, then FAISS
-(building and saving the index) and FAISS again (reusing it); its exact neighbours must equal
+(building and saving the index) and FAISS again (reusing it); its exact neighbors must equal
 the ones computed here, and the FAISS lists are compared with them.
 
 The CIFAR-10 images (Krizhevsky, 2009) are the JPEG class-folder tree of
@@ -77,7 +77,7 @@ def extract_subset(tarball: str, root: str, train_per_class: int, test_per_class
 
 def scores(neighbor_rows: torch.Tensor, collection_labels: torch.Tensor,
            query_labels: torch.Tensor) -> Dict[str, float]:
-    """agreement@1 and precision@k of neighbour lists ``(q, k)`` (labels only score)."""
+    """agreement@1 and precision@k of neighbor lists ``(q, k)`` (labels only score)."""
     same = collection_labels[neighbor_rows] == query_labels[:, None]
     return {"agreement@1": float(same[:, 0].float().mean()), f"precision@{same.shape[1]}": float(same.float().mean())}
 
@@ -87,7 +87,7 @@ def load() -> str:
 
 
 def train_and_score(data: str, run_dir: str, seed: int, args: argparse.Namespace) -> Dict[str, Any]:
-    """Train the run of ``seed`` (unless ``run_dir`` holds it already) and score the neighbours of
+    """Train the run of ``seed`` (unless ``run_dir`` holds it already) and score the neighbors of
     its trained and random-init encoders and of the raw pixels."""
     start = time.perf_counter()
     config = PretrainConfig(data=data, epochs=args.epochs, batch_size=args.batch_size, seed=seed, device="cpu",
@@ -265,7 +265,7 @@ def markdown(record: Dict[str, Any], args: argparse.Namespace) -> str:
         "",
         f"FAISS lists identical to the exact ones (in order) for {scale['faiss lists identical share']:.4f} of the "
         f"queries; in the {scale['lists differing']} other(s), the similarities rank by rank differ by at most "
-        f"{scale['largest similarity difference rank by rank where lists differ']:.1e}: the same neighbours, "
+        f"{scale['largest similarity difference rank by rank where lists differ']:.1e}: the same neighbors, "
         "ordered differently where two similarities tie (the exact search puts the smaller row first).",
         "",
     ])

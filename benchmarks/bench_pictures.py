@@ -7,7 +7,7 @@
    run's time is the wall time of :func:`contrastkit.train.pretrain`), the settings of the
    CIFAR-10 study runs by default (``experiments/cifar10/run.sh``).
 2. Writes its report without the pictures (``pictures=False``) and with them (the default:
-   views, neighbours and map of a 1000-image held-out sample, one real batch, and the explorer
+   views, neighbors and map of a 1000-image held-out sample, one real batch, and the explorer
    page), and takes the difference as the pictures' cost, with their parts (opening the data,
    reading the sample, encoding it twice, the t-SNE map) from the page's own timings.
 3. ``--default-steps N``: also times N steps of ``contrastkit pretrain``'s default configuration

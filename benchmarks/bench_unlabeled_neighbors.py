@@ -112,7 +112,7 @@ def contrastkit(*args: str) -> str:
 
 
 def scores(neighbor_classes: List[List[str]], query_classes: List[str]) -> Dict[str, float]:
-    """agreement@1 and precision@k of neighbour class lists (labels only score)."""
+    """agreement@1 and precision@k of neighbor class lists (labels only score)."""
     same = np.array([[c == q for c in row] for row, q in zip(neighbor_classes, query_classes)])
     return {"agreement@1": float(same[:, 0].mean()), f"precision@{same.shape[1]}": float(same.mean())}
 

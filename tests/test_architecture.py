@@ -211,3 +211,21 @@ def test_the_checks_see_a_violation(kind, tmp_path):
             assert raw["contrastkit.methods.base"] == [("contrastkit.data.files", ["_helper"])]
     finally:
         ROOT = saved
+
+
+@pytest.mark.parametrize("command, function", [("embed", "export_embeddings"), ("export", "export_model"),
+                                                ("neighbors", "find_neighbors")])
+def test_the_trainer_module_behind_a_command_is_named_after_it(command, function):
+    """``contrastkit embed`` ran ``train/export.py`` and ``contrastkit export`` ran ``train/export_model.py``."""
+    import importlib
+
+    assert hasattr(importlib.import_module(f"contrastkit.train.{command}"), function)
+
+
+def test_one_spelling_of_neighbors():
+    """The CLI says ``neighbors``; the code, its output and the docs say it the same way."""
+    root = Path(__file__).resolve().parents[1]
+    spelt = [str(path.relative_to(root)) for folder in ("src", "docs") for path in (root / folder).rglob("*")
+             if path.is_file() and path.suffix in (".py", ".md", ".rst", ".js", ".html", ".css")
+             and "neighbou" in path.read_text(encoding="utf-8", errors="replace").lower()]
+    assert not spelt, spelt

@@ -17,7 +17,7 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/probe.json           ``contrastkit probe RUN`` re-evaluation
     RUN/report.html          ``contrastkit report`` / written after a run
     RUN/skipped.txt          the damaged files an unlabeled collection's run skipped
-    RUN/neighbors.png        ``contrastkit neighbors RUN ...``: the queries and their neighbours
+    RUN/neighbors.png        ``contrastkit neighbors RUN ...``: the queries and their neighbors
     RUN/neighbors/<sha256>.faiss  ``neighbors --index faiss``: a FAISS index of the collection's
                              features, named by the SHA-256 of the encoder and the data it holds,
     RUN/neighbors/<sha256>.json   and what it was built from (``contrastkit.train.neighbors``)

@@ -1,4 +1,4 @@
-"""contrastkit neighbors end to end on a tiny run: the neighbours are those of a brute force over
+"""contrastkit neighbors end to end on a tiny run: the neighbors are those of a brute force over
 the run's h (as contrastkit embed writes it), printed, as JSON and drawn; bad input is one line,
 exit status 2, naming what is wrong."""
 
@@ -13,7 +13,7 @@ from _tiny_run import TINY_GLYPHLAB, tiny_config
 from contrastkit.cli import main
 from contrastkit.manifest import Manifest, file_sha256
 from contrastkit.train import pretrain
-from contrastkit.train.export import export_embeddings
+from contrastkit.train.embed import export_embeddings
 
 SIZES = {split: TINY_GLYPHLAB[f"{split}_scenes"] for split in ("train", "val", "test")}  # 16, 9, 12
 ROWS = sum(SIZES.values())
@@ -50,14 +50,14 @@ def _search(capsys, *argv):
     return json.loads(capsys.readouterr().out)
 
 
-def test_neighbours_are_those_of_a_brute_force_over_the_runs_h(run_dir, embedded, tmp_path, capsys):
+def test_neighbors_are_those_of_a_brute_force_over_the_runs_h(run_dir, embedded, tmp_path, capsys):
     h, labels, splits = embedded
     picture = tmp_path / "pic.png"
     found = _search(capsys, run_dir, "test:3", "5", "val:0", "--k", "6", "--out", picture)
     assert found["rows"] == ROWS and found["splits"] == ["train", "val", "test"] and found["k"] == 6
     assert found["index"] == "exact" and found["similarity"] == "cosine of h" and found["data"] == "glyphlab"
     for query, row in zip(found["queries"], (START["test"] + 3, 5, START["val"])):
-        assert query["row"] == row  # an image of the collection: left out of its own neighbours
+        assert query["row"] == row  # an image of the collection: left out of its own neighbors
         expected_rows, expected_similarities = _brute_force(h, row, 6)
         assert [n["row"] for n in query["neighbors"]] == expected_rows
         np.testing.assert_allclose([n["similarity"] for n in query["neighbors"]], expected_similarities,
@@ -75,7 +75,7 @@ def test_neighbours_are_those_of_a_brute_force_over_the_runs_h(run_dir, embedded
     data = picture.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
-    assert width > 6 * 100 and height > 3 * 150  # 3 rows of a query and 6 neighbours
+    assert width > 6 * 100 and height > 3 * 150  # 3 rows of a query and 6 neighbors
     assert Manifest(tmp_path).files["pic.png"] == {"size": len(data), "sha256": file_sha256(picture)}
 
 
@@ -234,7 +234,7 @@ def _embedded_rows(run_dir, tmp_path):
     return np.load(tmp_path / "h.npy").astype(np.float64), ids
 
 
-def test_skipped_files_are_named_never_neighbours_and_rows_are_embeds(damaged_run, tmp_path, capsys):
+def test_skipped_files_are_named_never_neighbors_and_rows_are_embeds(damaged_run, tmp_path, capsys):
     run_dir, folder, where = damaged_run
     h, ids = _embedded_rows(run_dir, tmp_path)
     capsys.readouterr()
@@ -278,7 +278,7 @@ def test_a_file_query_reads_only_the_query_file(damaged_run, tmp_path, capsys):
     query_file = tmp_path / "query.png"
     query_file.write_bytes((folder / "p004.png").read_bytes())
     picture = tmp_path / "pic.png"
-    # Every embedded image is a neighbour: the picture reads each of them, never a damaged file.
+    # Every embedded image is a neighbor: the picture reads each of them, never a damaged file.
     found = _search(capsys, run_dir, query_file, "--k", "12", "--out", picture)
     assert found["picture"] == str(picture) and picture.is_file()
     names = [n["image"]["name"] for n in found["queries"][0]["neighbors"]]

@@ -141,7 +141,7 @@ def test_the_knn_on_bytes_gives_the_float64_predictions(monkeypatch, request, sp
     assert np.array_equal(predicted, _knn_reference(memory, labels, queries, 15, 0.07, 4))
     as_float = knn_predict(memory.astype(np.float32) / 255, labels, queries.astype(np.float32) / 255, k=15)
     assert np.array_equal(predicted, as_float)
-    # more neighbours asked for than there are memory rows: all of them vote
+    # more neighbors asked for than there are memory rows: all of them vote
     assert np.array_equal(knn_predict(memory[:9], labels[:9], queries, k=20),
                           _knn_reference(memory[:9], labels[:9], queries, 9, 0.07, 4))
 

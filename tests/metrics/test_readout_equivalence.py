@@ -73,11 +73,11 @@ def _knn_float64(memory_x, memory_y, query_x, k, temperature, classes):
     """The former kNN: float64 numpy, the whole (m, n) similarity matrix at once."""
     unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # noqa: E731
     similarity = unit(query_x) @ unit(memory_x).T
-    neighbours = np.argpartition(-similarity, k - 1, axis=1)[:, :k]
-    neighbour_sim = np.take_along_axis(similarity, neighbours, axis=1)
-    weights = np.exp((neighbour_sim - neighbour_sim.max(axis=1, keepdims=True)) / temperature)
+    neighbors = np.argpartition(-similarity, k - 1, axis=1)[:, :k]
+    neighbor_sim = np.take_along_axis(similarity, neighbors, axis=1)
+    weights = np.exp((neighbor_sim - neighbor_sim.max(axis=1, keepdims=True)) / temperature)
     votes = np.zeros((query_x.shape[0], classes))
-    np.add.at(votes, (np.arange(query_x.shape[0])[:, None], memory_y[neighbours]), weights)
+    np.add.at(votes, (np.arange(query_x.shape[0])[:, None], memory_y[neighbors]), weights)
     return votes.argmax(axis=1)
 
 
@@ -91,7 +91,7 @@ def test_knn_matches_the_float64_reference(monkeypatch, block):
     for k, temperature in ((20, 0.07), (5, 0.5), (1, 0.07)):
         expected = _knn_float64(memory_x, memory_y, query_x, k, temperature, 5)
         got = knn_predict(memory_x, memory_y, query_x, k=k, temperature=temperature, num_classes=5)
-        # float32 similarities may reorder two neighbours whose cosines agree to ~1e-7.
+        # float32 similarities may reorder two neighbors whose cosines agree to ~1e-7.
         assert (got == expected).mean() >= 0.99, (k, temperature)
 
 

@@ -89,7 +89,7 @@ def test_ties_are_broken_by_the_smaller_row_across_chunks(chunk):
     assert tied > 50  # the data do tie, a lot
 
 
-def test_an_excluded_row_is_never_a_neighbour():
+def test_an_excluded_row_is_never_a_neighbor():
     queries, collection = _data(3)
     exclude = torch.full((37,), -1, dtype=torch.int64)
     exclude[::2] = torch.arange(0, 37, 2) * 5

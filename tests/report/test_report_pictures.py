@@ -1,5 +1,5 @@
-"""The pictures of a run's report (views, neighbours, map, one real batch), the explorer on the
-run's real rows and the sweep report's neighbours per temperature, checked against the run's own
+"""The pictures of a run's report (views, neighbors, map, one real batch), the explorer on the
+run's real rows and the sweep report's neighbors per temperature, checked against the run's own
 data and checkpoint recomputed here; a CIFAR-10 run's report screenshotted in Chromium.
 
 The browser tests skip, with the reason, where Playwright or a Chromium cannot be found; the
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("CONTRASTKIT_TEST_ARTIFACTS", ROOT / "test-artifacts"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SECTIONS = ("views", "neighbours", "map", "batch")
+SECTIONS = ("views", "neighbors", "map", "batch")
 
 
 # ------------------------------------------------------------------------------ reading a page
@@ -81,7 +81,7 @@ def as_hwc(image):
 
 def check_pictures(run, page):
     """Each picture is present and made of the run's own data: every image is the data set's image
-    it names, the views are the last batch's, the neighbours those of the run's checkpoint."""
+    it names, the views are the last batch's, the neighbors those of the run's checkpoint."""
     parsed = parse(page)
     for section in SECTIONS:
         assert section in parsed.sections, f"the report has no {section} picture"
@@ -106,7 +106,7 @@ def check_pictures(run, page):
             expected = as_hwc(read_images(splits[img["data-split"]], torch.tensor([index]))[0])
             assert np.array_equal(pixels, expected), (img["section"], img["data-split"], index)
     assert len(by_section["views"]) == 3 * len(batch.shown)  # source, view A, view B of each shown element
-    # Neighbours: recomputed from the checkpoint's encoder on the held-out images.
+    # Neighbors: recomputed from the checkpoint's encoder on the held-out images.
     test = splits["test"]
     from contrastkit.data.loader import read_images
 
@@ -115,7 +115,7 @@ def check_pictures(run, page):
     encoder = saved.build_model(tuple(dataset.image_shape), torch.device("cpu")).encoder.eval()
     with torch.no_grad():
         h = torch.nn.functional.normalize(encoder(images).double(), dim=1)
-    rows = [img for img in by_section["neighbours"]]
+    rows = [img for img in by_section["neighbors"]]
     queries = [img for img in rows if "anchor" in img["class"]]
     assert 1 <= len(queries) <= 8
     trained = [img for img in rows if "anchor" not in img["class"] and "trained" in img.get("title", "")]
@@ -223,7 +223,7 @@ def test_a_damaged_last_batch_is_one_line_in_the_report_and_for_explore(tiny_run
         path.write_bytes(damage)
     page = report_html(run)
     assert "last_batch.pt" in page and ("cannot be read" in page or "format 99" in page)
-    assert 'id="views"' not in page and 'id="neighbours"' in page  # the held-out pictures need no batch
+    assert 'id="views"' not in page and 'id="neighbors"' in page  # the held-out pictures need no batch
     assert main(["explore", str(run), "--no-open", "--out", str(tmp_path / "e.html")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("contrastkit explore: error: ") and "last_batch.pt" in err and len(err.splitlines()) == 1
@@ -360,11 +360,11 @@ def test_sweep_report_shows_the_same_queries_per_temperature(tmp_path):
               no_variants=True, data_options=dict(TINY_GLYPHLAB), device="cpu")
     page = report_html(out)
     parsed = parse(page)
-    assert "neighbours-by-tau" in parsed.sections and "diagnostics-by-tau" in parsed.sections
-    header = page[page.index('id="neighbours-by-tau-table"'):]
+    assert "neighbors-by-tau" in parsed.sections and "diagnostics-by-tau" in parsed.sections
+    header = page[page.index('id="neighbors-by-tau-table"'):]
     header = header[:header.index("</thead>")]
     assert ">random init<" in header and ">τ = 0.1<" in header and ">τ = 0.5<" in header
-    images = [img for img in parsed.images if img["section"] == "neighbours-by-tau"]
+    images = [img for img in parsed.images if img["section"] == "neighbors-by-tau"]
     queries = [int(img["data-index"]) for img in images if "anchor" in img["class"]]
     by_encoder = {}
     for img in images:

@@ -12,7 +12,7 @@ from contrastkit.cli import main
 from contrastkit.data import load_dataset
 from contrastkit.train import extract_features, pretrain
 from contrastkit.train.runs import load_run
-from contrastkit.train.export import export_embeddings
+from contrastkit.train.embed import export_embeddings
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ def test_knn_weighted_vote_worked_example():
         vote1 = math.exp(math.cos(0.5) / temperature) + math.exp(math.cos(0.6) / temperature)
         expected = 0 if vote0 > vote1 else 1
         assert knn_predict(memory, labels, query, k=3, temperature=temperature)[0] == expected
-    # The two regimes really differ: sharp votes follow the nearest neighbour, soft the majority.
+    # The two regimes really differ: sharp votes follow the nearest neighbor, soft the majority.
     assert knn_predict(memory, labels, query, k=3, temperature=0.07)[0] == 0
     assert knn_predict(memory, labels, query, k=3, temperature=5.0)[0] == 1
 

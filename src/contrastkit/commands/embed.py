@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contrastkit.train.export import export_embeddings, skipped_note
+    from contrastkit.train.embed import export_embeddings, skipped_note
 
     if args.data_option is not None and args.data is None:
         raise ValueError("--data-option applies to --data (the run's own data set keeps its options)")

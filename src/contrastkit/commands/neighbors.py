@@ -19,15 +19,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "data set (train, val and test; --split for one, --data for another data set). A QUERY is an image "
         "file, SPLIT:INDEX (test:12: image 12 of the test split) or ROW (12: row 12 of the collection, rows "
         "numbered train, val, test, as contrastkit embed numbers its rows); a query that is an image of the "
-        "collection is left out of its own neighbours. The damaged files an unlabeled collection skips are named "
-        "and have no row: never a neighbour, and refused as a query. The search is exact (torch, in chunks); "
+        "collection is left out of its own neighbors. The damaged files an unlabeled collection skips are named "
+        "and have no row: never a neighbor, and refused as a query. The search is exact (torch, in chunks); "
         "--index faiss builds a FAISS flat index, saved in RUN/neighbors/ and reused while the checkpoint and "
         "the data are unchanged.")
     parser.add_argument("run_dir", metavar="RUN", help="output folder of contrastkit pretrain")
     parser.add_argument("queries", metavar="QUERY", nargs="+",
                         help="an image file, SPLIT:INDEX (e.g. test:12) or a collection ROW (e.g. 12); "
                              "write a file named like a number as ./12")
-    parser.add_argument("--k", type=int, default=8, help="neighbours per query (default 8)")
+    parser.add_argument("--k", type=int, default=8, help="neighbors per query (default 8)")
     parser.add_argument("--data", default=None,
                         help="data set to search: glyphlab, digits or a path "
                              "(default: the run's own, with its options)")
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=int, default=None, metavar="N",
                         help="rows compared at once by the exact search (default 4096: a 64 MiB block)")
     parser.add_argument("--out", default=None, metavar="PNG",
-                        help="where to draw the queries and their neighbours (default RUN/neighbors.png; "
+                        help="where to draw the queries and their neighbors (default RUN/neighbors.png; "
                              "an earlier picture of this command is replaced, any other file never)")
     parser.add_argument("--no-picture", action="store_true", help="draw no picture")
     parser.add_argument("--checkpoint", default=None, help="checkpoint file (default RUN/checkpoints/last.pt)")
@@ -50,13 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the run's setting)")
     parser.add_argument("--workers", type=int, default=None,
                         help="processes decoding a streamed data set's images (default: the run's setting)")
-    parser.add_argument("--json", action="store_true", help="print the neighbours as JSON")
+    parser.add_argument("--json", action="store_true", help="print the neighbors as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     from contrastkit import layout
     from contrastkit.metrics.search import DEFAULT_CHUNK, FaissMissingError
-    from contrastkit.train.export import skipped_note
+    from contrastkit.train.embed import skipped_note
     from contrastkit.train.neighbors import find_neighbors
 
     if args.k < 1:

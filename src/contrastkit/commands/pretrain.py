@@ -147,7 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--on-nan", choices=ON_NAN, default=None,
         help="a non-finite training loss: stop the run naming the step and the last good checkpoint (stop), or "
              "drop that step's update and count it in summary.json's skipped_steps (skip) (default stop)")
-    add("--knn-k", type=int, default=None, help=f"neighbours of the kNN read-out (default {d.knn_k})")
+    add("--knn-k", type=int, default=None, help=f"neighbors of the kNN read-out (default {d.knn_k})")
     add("--knn-temperature", type=float, default=None,
         help=f"temperature of the weighted kNN read-out (default {d.knn_temperature})")
     add("--logger", default=None, metavar="NAMES",

@@ -12,8 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace FILE even if it was not written by contrastkit")
     parser.add_argument("--open", action="store_true", help="open the report in a web browser")
     parser.add_argument("--no-pictures", action="store_true",
-                        help="leave out the pictures of the run's images (views, neighbours, map, one real batch; "
-                             "for a sweep, its temperatures' neighbours), which read the checkpoints and data")
+                        help="leave out the pictures of the run's images (views, neighbors, map, one real batch; "
+                             "for a sweep, its temperatures' neighbors), which read the checkpoints and data")
 
 
 def run(args: argparse.Namespace) -> int:

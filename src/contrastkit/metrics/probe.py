@@ -530,7 +530,7 @@ def knn_predict(
             come from exact integer dot products.
         memory_y: ``(n,)`` integer labels in ``[0, num_classes)``.
         query_x: ``(m, d)`` features to classify.
-        k: neighbours per query (capped at ``n``).
+        k: neighbors per query (capped at ``n``).
         temperature: vote temperature (Wu et al. 2018 use 0.07).
         num_classes: defaults to ``max(memory_y) + 1``.
 
@@ -580,13 +580,13 @@ def _vote(similarity: torch.Tensor, labels: torch.Tensor, k: int, temperature: f
           row_scale: Optional[torch.Tensor] = None) -> np.ndarray:
     """The weighted vote of each row's ``k`` most similar memory rows: ``(rows,)`` classes
     (``row_scale``: the similarities of each row are ``similarity * row_scale``)."""
-    neighbour_sim, neighbours = similarity.topk(k, dim=1)
+    neighbor_sim, neighbors = similarity.topk(k, dim=1)
     if row_scale is not None:
-        neighbour_sim = neighbour_sim * row_scale[:, None]
+        neighbor_sim = neighbor_sim * row_scale[:, None]
     # Subtracting the row maximum keeps exp() finite; it scales every vote of a row equally.
-    weights = ((neighbour_sim - neighbour_sim[:, :1]) / temperature).double().exp_()
-    votes = torch.zeros(neighbours.shape[0], classes, dtype=torch.float64)
-    votes.scatter_add_(1, labels[neighbours], weights)
+    weights = ((neighbor_sim - neighbor_sim[:, :1]) / temperature).double().exp_()
+    votes = torch.zeros(neighbors.shape[0], classes, dtype=torch.float64)
+    votes.scatter_add_(1, labels[neighbors], weights)
     return votes.numpy().argmax(axis=1)
 
 
@@ -619,7 +619,7 @@ def _byte_knn(memory_x: np.ndarray, memory_y: np.ndarray, query_x: np.ndarray, k
         for first in range(SUM_CHUNK, d, SUM_CHUNK):
             dots += integer_matmul(queries[:, first:first + SUM_CHUNK], memory_t[first:first + SUM_CHUNK]).double()
         dots.add_(memory_shift).add_((query_shift + CENTRE * CENTRE * d)[:, None]).mul_(inverse_norms)
-        # dots / |p_memory| ranks each row's neighbours; / |p_query| (one per row) makes the cosines
+        # dots / |p_memory| ranks each row's neighbors; / |p_query| (one per row) makes the cosines
         predictions[start:start + block] = _vote(dots, labels, k, temperature, classes, query_norms.reciprocal())
     return predictions
 

@@ -1,4 +1,4 @@
-"""Nearest neighbours by cosine similarity: exact and memory-bounded in torch, or through a
+"""Nearest neighbors by cosine similarity: exact and memory-bounded in torch, or through a
 FAISS index (optional).
 
 :func:`nearest` compares every query with every row of a collection, ``chunk`` queries against
@@ -11,7 +11,7 @@ the same way as within one).
 :func:`faiss_flat_index` and :func:`faiss_nearest` do the same search through FAISS (Johnson,
 Douze & Jegou, "Billion-scale similarity search with GPUs", IEEE Transactions on Big Data 2019;
 https://github.com/facebookresearch/faiss): an ``IndexFlatIP`` over the L2-normalised rows is
-an exhaustive inner-product search, so it finds the same neighbours (up to float32 rounding of
+an exhaustive inner-product search, so it finds the same neighbors (up to float32 rounding of
 the similarities, and the order of exact ties, which FAISS does not define). FAISS is imported
 only when one of these functions is called; without it they raise :class:`FaissMissingError`,
 a one-line ``ImportError`` naming the extra to install (``pip install 'contrastkit[faiss]'``).
@@ -21,7 +21,7 @@ device; with ``normalize=True`` (the default) rows are L2-normalised first, so s
 are cosines. A zero row (an encoder whose every unit is off for an image) cannot be normalised:
 it is kept as zeros, so its similarity to everything is 0 (a search over thousands of images
 should not stop at one such row). ``exclude`` ``(q,)`` int64 names, for each query, one
-collection row left out of its neighbours (the query itself, when it is a row of the
+collection row left out of its neighbors (the query itself, when it is a row of the
 collection), ``-1`` for none.
 """
 
@@ -162,7 +162,7 @@ def nearest(queries: Tensor, collection: Tensor, k: int, *, chunk: int = DEFAULT
     Args:
         queries: ``(q, d)`` floating tensor.
         collection: ``(n, d)`` floating tensor on the same device.
-        k: neighbours per query, ``1 <= k <= n`` (``n - 1`` when a row is excluded).
+        k: neighbors per query, ``1 <= k <= n`` (``n - 1`` when a row is excluded).
         chunk: queries, and collection rows, compared at once: memory is one ``(chunk, chunk)``
             block of similarities and a few ``(chunk, k)`` lists, whatever ``q`` and ``n``.
         exclude: ``(q,)`` int64, a collection row to leave out per query (``-1``: none).

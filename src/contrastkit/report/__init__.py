@@ -2,8 +2,8 @@
 
 :func:`write_report` turns a run, sweep or experiment folder into one HTML file with its plots
 embedded (:func:`report_after_run` is what ``contrastkit pretrain`` calls at the end of a run);
-a run's report shows pictures of its own images (views, neighbours, a map, one real batch) and
-a sweep's the neighbours of the same queries per temperature. :func:`write_explorer` writes the
+a run's report shows pictures of its own images (views, neighbors, a map, one real batch) and
+a sweep's the neighbors of the same queries per temperature. :func:`write_explorer` writes the
 interactive temperature explorer (one static page), :func:`write_run_explorer` the same on real
 rows of a run's last batch (:func:`run_presets`). Neither page needs a network; matplotlib is
 imported only when a report is drawn.

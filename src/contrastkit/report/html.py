@@ -5,7 +5,7 @@ The kind of folder is read from its files:
 * a pretraining run (``contrastkit pretrain``): ``config.json``, ``metrics.jsonl``,
   ``summary.json`` -> configuration, loss / temperature / learning-rate curves with the batch
   diagnostics and their warnings, the read-out table against the baselines, representation
-  metrics when present, and the pictures of its own images (views, neighbours, map, one real
+  metrics when present, and the pictures of its own images (views, neighbors, map, one real
   batch: :mod:`.run_pictures`), drawn from its checkpoint, data and ``last_batch.pt``; next to
   the report, ``explorer.html``: the temperature explorer on the last batch's rows, linked
   from the page;

@@ -1,4 +1,4 @@
-"""What a run learned, shown on its own held-out images: the data of the "neighbours" and "map"
+"""What a run learned, shown on its own held-out images: the data of the "neighbors" and "map"
 pictures of a report, computed from the run folder when the report is written.
 
 The run is read back through :func:`contrastkit.train.runs.load_run` (its configuration and
@@ -11,11 +11,11 @@ read-out.
 The pictures use a sample of the held-out (test) split: :data:`PICTURE_SAMPLE` images, a
 class-stratified subset drawn with a fixed seed, so every run on the same data (the runs of a
 sweep) shows the same queries. Why 1000: it is 100 images per class of CIFAR-10, enough that a
-query's 6 nearest neighbours are chosen among many images of every class, while encoding them
+query's 6 nearest neighbors are chosen among many images of every class, while encoding them
 twice (trained and random-init) and the t-SNE map stay a few seconds on a CPU (measured in
 ``benchmarks/results/pictures.md``). A smaller split is used whole.
 
-The map is t-SNE (scikit-learn's ``TSNE``, exact neighbours of the encoder's ``h`` under cosine
+The map is t-SNE (scikit-learn's ``TSNE``, exact neighbors of the encoder's ``h`` under cosine
 distance, PCA initialisation, fixed seed). Why t-SNE and not UMAP: scikit-learn is already what
 the read-out needs, so the map needs no new dependency; at 1000 points t-SNE's cost (seconds)
 is not where UMAP's speed would matter; and t-SNE with PCA initialisation and a fixed seed is
@@ -33,14 +33,14 @@ import numpy as np
 import torch
 
 __all__ = ["HeldOutPictures", "held_out_pictures", "encode", "open_run_data", "pick_queries", "nearest",
-           "PICTURE_SAMPLE", "QUERIES", "NEIGHBOURS", "SAMPLE_SEED", "PICTURE_ERRORS"]
+           "PICTURE_SAMPLE", "QUERIES", "NEIGHBORS", "SAMPLE_SEED", "PICTURE_ERRORS"]
 
-#: Held-out images the neighbours and the map are drawn from (see the module docstring).
+#: Held-out images the neighbors and the map are drawn from (see the module docstring).
 PICTURE_SAMPLE = 1000
-#: Query images of the neighbours picture (one per class in turn).
+#: Query images of the neighbors picture (one per class in turn).
 QUERIES = 8
-#: Nearest neighbours shown per query.
-NEIGHBOURS = 6
+#: Nearest neighbors shown per query.
+NEIGHBORS = 6
 #: The seed of the sample (the same for every run, so that a sweep's runs share their queries).
 SAMPLE_SEED = 0
 #: What stops the pictures of held-out images (a run's data or checkpoint cannot be read): the
@@ -76,7 +76,7 @@ class HeldOutPictures:
             return ""
         return self.class_names[label] if label < len(self.class_names) else str(label)
 
-    def neighbours(self, trained: bool = True, k: int = NEIGHBOURS) -> List[List[int]]:
+    def neighbors(self, trained: bool = True, k: int = NEIGHBORS) -> List[List[int]]:
         """The ``k`` nearest sample positions of each query (cosine of ``h``, the query itself left out)."""
         features = self.trained if trained else self.untrained
         if features is None:

@@ -1,6 +1,6 @@
 """The report page of a pretraining run (``contrastkit pretrain``): its result, the warnings of
 its batch diagnostics, the read-out against the baselines, the pictures of its own images
-(views, neighbours, map, one real batch: :mod:`.run_pictures`), the training curves, the
+(views, neighbors, map, one real batch: :mod:`.run_pictures`), the training curves, the
 representation metrics, everything else in ``summary.json``, and the configuration. Each
 section is one function; a section the run has no data for is left out."""
 
@@ -19,7 +19,7 @@ from .document import Page, fmt
 from .images import PICTURE_CSS
 from .figures import geometry_figure, profile_figure, readout_figure, tau_histogram_figure, training_figure
 from .reading import BASELINES, READOUTS, REPRESENTATION_KEYS, number, read_metrics
-from .run_pictures import batch_section, map_section, neighbours_section, views_section, warnings_section
+from .run_pictures import batch_section, map_section, neighbors_section, views_section, warnings_section
 from .sections import MAX_TABLE_ROWS, report_page, settings_pairs
 
 __all__ = ["RunFiles", "read_run", "run_page"]
@@ -73,7 +73,7 @@ def run_page(folder: Path, *, pictures: bool = True, explorer_link: Optional[str
 
 
 def _picture_sections(page: Page, folder: Path, explorer_link: Optional[str]) -> None:
-    """Views, neighbours, map and one real batch, from the run's last batch, checkpoint and data
+    """Views, neighbors, map and one real batch, from the run's last batch, checkpoint and data
     (a run without a checkpoint has none of them; one whose data cannot be read says why)."""
     from contrastkit.train.last_batch import read_last_batch
 
@@ -99,7 +99,7 @@ def _picture_sections(page: Page, folder: Path, explorer_link: Optional[str]) ->
     if batch is not None:
         views_section(page, batch)
     if held is not None:
-        neighbours_section(page, held)
+        neighbors_section(page, held)
         map_section(page, held)
     if batch is not None:
         batch_section(page, batch, explorer_link=explorer_link)

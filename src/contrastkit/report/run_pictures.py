@@ -3,8 +3,8 @@ temperature did, on the run's own images.
 
 * **Views** (:func:`views_section`): training images with the two augmented views the run made
   of them (an image with its text for image-text pairs), from ``RUN/last_batch.pt``.
-* **Neighbours** (:func:`neighbours_section`): fixed held-out queries and their nearest held-out
-  images under the trained encoder, next to the random-init encoder's; a neighbour of the
+* **Neighbors** (:func:`neighbors_section`): fixed held-out queries and their nearest held-out
+  images under the trained encoder, next to the random-init encoder's; a neighbor of the
   query's class is marked.
 * **Map** (:func:`map_section`): a 2-D t-SNE map of the held-out sample, coloured by class,
   with thumbnails for a sample of points.
@@ -28,9 +28,9 @@ from contrastkit.metrics.batch import IMAGE, QUEUED, TEXT, VIEW_A, VIEW_B
 from .document import Page, fmt
 from .figures import batch_figure, map_figure
 from .images import thumbnail, to_hwc
-from .pictures import NEIGHBOURS, HeldOutPictures
+from .pictures import NEIGHBORS, HeldOutPictures
 
-__all__ = ["views_section", "neighbours_section", "map_section", "batch_section", "warnings_section",
+__all__ = ["views_section", "neighbors_section", "map_section", "batch_section", "warnings_section",
            "MAP_THUMBNAILS", "VIEW_NAMES"]
 
 #: Points of the map drawn as thumbnails (evenly over the sample).
@@ -83,7 +83,7 @@ def views_section(page: Page, batch: Any) -> None:
                  f'<div class="tiles">{"".join(tiles)}</div>', section_id="views")
 
 
-# ------------------------------------------------------------------------------ neighbours
+# ------------------------------------------------------------------------------ neighbors
 
 def _held_thumb(held: HeldOutPictures, position: int, css: str, title: str = "") -> str:
     index = int(held.indices[position])
@@ -91,8 +91,8 @@ def _held_thumb(held: HeldOutPictures, position: int, css: str, title: str = "")
                      attributes={"split": held.split, "index": index}, css_class=css)
 
 
-def _precision(held: HeldOutPictures, features: Optional[np.ndarray], k: int = NEIGHBOURS) -> Optional[float]:
-    """Share of the ``k`` nearest neighbours of every sample image that share its class."""
+def _precision(held: HeldOutPictures, features: Optional[np.ndarray], k: int = NEIGHBORS) -> Optional[float]:
+    """Share of the ``k`` nearest neighbors of every sample image that share its class."""
     if features is None or held.labels is None or len(held.labels) <= k:
         return None
     similarity = features @ features.T
@@ -101,13 +101,13 @@ def _precision(held: HeldOutPictures, features: Optional[np.ndarray], k: int = N
     return float((held.labels[nearest] == held.labels[:, None]).mean())
 
 
-def _neighbour_cells(held: HeldOutPictures, query: int, neighbours: Sequence[int], features: np.ndarray,
+def _neighbor_cells(held: HeldOutPictures, query: int, neighbors: Sequence[int], features: np.ndarray,
                      encoder: str) -> str:
-    """The ``<td>`` of one query's neighbours under one encoder (same class marked)."""
+    """The ``<td>`` of one query's neighbors under one encoder (same class marked)."""
     label = held.label(query)
     cells = []
     same = 0
-    for position in neighbours:
+    for position in neighbors:
         similarity = float(features[position] @ features[query])
         match = label is not None and held.label(position) == label
         same += match
@@ -115,41 +115,41 @@ def _neighbour_cells(held: HeldOutPictures, query: int, neighbours: Sequence[int
         caption = (("✓ " if match else "") + (name or "")).strip() or f"#{int(held.indices[position])}"
         cells.append(_figure_html(_held_thumb(held, position, "thumb same" if match else "thumb other",
                                               f"{encoder}: cosine {similarity:.3f}"), caption))
-    count = f'<div class="note">{same}/{len(neighbours)} same class</div>' if label is not None else ""
+    count = f'<div class="note">{same}/{len(neighbors)} same class</div>' if label is not None else ""
     return f'<td class="gap"><div class="strip">{"".join(cells)}</div>{count}</td>'
 
 
-def neighbours_section(page: Page, held: HeldOutPictures, *, note: str = "") -> None:
+def neighbors_section(page: Page, held: HeldOutPictures, *, note: str = "") -> None:
     """Each query's nearest held-out images under the trained and the random-init encoder."""
-    trained = held.neighbours(True)
-    untrained = held.neighbours(False)
+    trained = held.neighbors(True)
+    untrained = held.neighbors(False)
     rows = []
     for q, query in enumerate(held.queries):
         name = held.label_name(query)
         cells = [f'<th scope="row">{_figure_html(_held_thumb(held, query, "thumb big anchor"), name or "query")}</th>',
-                 _neighbour_cells(held, query, trained[q], held.trained, "trained")]
+                 _neighbor_cells(held, query, trained[q], held.trained, "trained")]
         if untrained:
-            cells.append(_neighbour_cells(held, query, untrained[q], held.untrained, "random init"))
+            cells.append(_neighbor_cells(held, query, untrained[q], held.untrained, "random init"))
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    header = ["query", f"{NEIGHBOURS} nearest, trained encoder"] + (
-        [f"{NEIGHBOURS} nearest, random-init encoder"] if untrained else [])
+    header = ["query", f"{NEIGHBORS} nearest, trained encoder"] + (
+        [f"{NEIGHBORS} nearest, random-init encoder"] if untrained else [])
     table = ('<div class="scroll"><table class="pictures"><thead><tr>'
              + "".join(f'<th scope="col">{html.escape(h)}</th>' for h in header) + "</tr></thead><tbody>"
              + "".join(rows) + "</tbody></table></div>")
     parts = [page.paragraph(f"{len(held.queries)} fixed query images of the {held.split} split and their "
-                            f"{NEIGHBOURS} nearest neighbours among a sample of {len(held.indices)} {held.split} images "
+                            f"{NEIGHBORS} nearest neighbors among a sample of {len(held.indices)} {held.split} images "
                             "(cosine similarity of the encoder's output h, what the probe reads)"
-                            + ("; a neighbour of the query's class has a green frame and a ✓" if held.labels is not None
+                            + ("; a neighbor of the query's class has a green frame and a ✓" if held.labels is not None
                                else "") + "." + (f" {note}" if note else ""))]
     trained_precision = _precision(held, held.trained)
     if trained_precision is not None:
         base = _precision(held, held.untrained)
-        parts.append(page.cards([("same-class neighbours, trained", trained_precision,
-                                  f"share of the {NEIGHBOURS} nearest, over all {len(held.indices)} sample images"),
-                                 ("same-class neighbours, random init", base if base is not None else "–",
+        parts.append(page.cards([("same-class neighbors, trained", trained_precision,
+                                  f"share of the {NEIGHBORS} nearest, over all {len(held.indices)} sample images"),
+                                 ("same-class neighbors, random init", base if base is not None else "–",
                                   "the same network at its initialisation")]))
     parts.append(table)
-    page.section("Neighbours: what the encoder finds similar", *parts, section_id="neighbours")
+    page.section("Neighbors: what the encoder finds similar", *parts, section_id="neighbors")
 
 
 # ------------------------------------------------------------------------------ map

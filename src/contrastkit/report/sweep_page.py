@@ -1,5 +1,5 @@
 """The report page of a temperature sweep (``contrastkit sweep``): its verdicts, mean ± std per
-(loss, tau), the study's plots, per tau the neighbours of the same queries and the batch
+(loss, tau), the study's plots, per tau the neighbors of the same queries and the batch
 diagnostics (:mod:`.sweep_pictures`), every run and the sweep's settings."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ Groups = Dict[Tuple[str, Optional[float]], List[Dict[str, Any]]]
 
 def sweep_page(folder: Path, *, pictures: bool = True) -> Page:
     """The report page of the sweep folder ``folder``; ValueError if its sweep.csv has no runs.
-    ``pictures``: with the neighbours and batch diagnostics of each temperature (:mod:`.sweep_pictures`)."""
+    ``pictures``: with the neighbors and batch diagnostics of each temperature (:mod:`.sweep_pictures`)."""
     header, rows = read_csv(folder / layout.SWEEP_TABLE)
     if not rows:
         raise ValueError(f"{folder / layout.SWEEP_TABLE} has no runs yet")

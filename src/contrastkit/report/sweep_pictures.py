@@ -1,4 +1,4 @@
-"""The pictures of a temperature sweep's report: per ``tau``, the neighbours of the same held-out
+"""The pictures of a temperature sweep's report: per ``tau``, the neighbors of the same held-out
 queries and the batch diagnostics, side by side.
 
 One run per temperature is shown: the first loss of ``sweep.csv`` (NT-Xent) at its lowest seed,
@@ -25,10 +25,10 @@ from .images import PICTURE_CSS, thumbnail
 from .pictures import PICTURE_ERRORS, HeldOutPictures, encode, held_out_pictures, nearest
 from .reading import number, read_metrics
 
-__all__ = ["sweep_picture_sections", "runs_per_tau", "SWEEP_NEIGHBOURS"]
+__all__ = ["sweep_picture_sections", "runs_per_tau", "SWEEP_NEIGHBORS"]
 
-#: Neighbours per query and temperature (fewer than a run's report: the columns sit side by side).
-SWEEP_NEIGHBOURS = 4
+#: Neighbors per query and temperature (fewer than a run's report: the columns sit side by side).
+SWEEP_NEIGHBORS = 4
 
 
 def runs_per_tau(folder: Path, rows: Sequence[Dict[str, Any]]) -> List[Tuple[float, Path]]:
@@ -85,22 +85,22 @@ img.thumb.small { width: 44px; height: 44px; border-width: 2px; }
 
 
 def sweep_picture_sections(page: Page, folder: Path, rows: Sequence[Dict[str, Any]]) -> None:
-    """The neighbours of the same queries per temperature and the batch diagnostics per
+    """The neighbors of the same queries per temperature and the batch diagnostics per
     temperature (nothing when no run of the sweep has a checkpoint)."""
     runs = runs_per_tau(folder, rows)
     if not runs:
         return
     page.add_style(PICTURE_CSS)
     page.add_style(SWEEP_CSS)
-    _neighbours_by_tau(page, runs)
+    _neighbors_by_tau(page, runs)
     _diagnostics_by_tau(page, runs)
 
 
-def _neighbours_by_tau(page: Page, runs: List[Tuple[float, Path]]) -> None:
+def _neighbors_by_tau(page: Page, runs: List[Tuple[float, Path]]) -> None:
     from contrastkit.train.runs import load_run
     from contrastkit.train.setup import limit_threads, resolve_device
 
-    k = SWEEP_NEIGHBOURS
+    k = SWEEP_NEIGHBORS
     try:
         held = held_out_pictures(str(runs[0][1]), with_map=False)
         device = resolve_device("auto")
@@ -113,9 +113,9 @@ def _neighbours_by_tau(page: Page, runs: List[Tuple[float, Path]]) -> None:
                 features = held.trained if run == runs[0][1] else encode(saved, held.images, device)
             columns.append((f"τ = {tau:g}", features))
     except PICTURE_ERRORS as err:
-        page.section("Neighbours per temperature", page.paragraph(
+        page.section("Neighbors per temperature", page.paragraph(
             f"no pictures of held-out images: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
-            "warning"), section_id="neighbours-by-tau")
+            "warning"), section_id="neighbors-by-tau")
         return
     header = ["query"] + [name for name, _ in columns]
     precision = [_precision(held, features, k) for _, features in columns]
@@ -131,17 +131,17 @@ def _neighbours_by_tau(page: Page, runs: List[Tuple[float, Path]]) -> None:
     if any(p is not None for p in precision):
         footer = ('<tr><th scope="row" class="note">same class, all images</th>'
                   + "".join(f'<td class="gap num">{"–" if p is None else f"{p:.3f}"}</td>' for p in precision) + "</tr>")
-    table = ('<div class="scroll"><table class="pictures" id="neighbours-by-tau-table"><thead><tr>'
+    table = ('<div class="scroll"><table class="pictures" id="neighbors-by-tau-table"><thead><tr>'
              + "".join(f'<th scope="col">{html.escape(h)}</th>' for h in header) + "</tr></thead><tbody>"
              + "".join(body) + footer + "</tbody></table></div>")
     names = ", ".join(f"τ = {tau:g}: {run.name}" for tau, run in runs)
-    page.section("Neighbours per temperature: the same queries, side by side",
+    page.section("Neighbors per temperature: the same queries, side by side",
                  page.paragraph(f"{len(held.queries)} fixed query images of the {held.split} split and their {k} "
-                                f"nearest neighbours among the same {len(held.indices)} {held.split} images under each "
+                                f"nearest neighbors among the same {len(held.indices)} {held.split} images under each "
                                 f"temperature's trained encoder (runs {names}) and under the random-init encoder "
-                                "(cosine similarity of h). A neighbour of the query's class has a green frame; the "
-                                f"last row is the share of same-class neighbours over all {len(held.indices)} images."),
-                 table, section_id="neighbours-by-tau")
+                                "(cosine similarity of h). A neighbor of the query's class has a green frame; the "
+                                f"last row is the share of same-class neighbors over all {len(held.indices)} images."),
+                 table, section_id="neighbors-by-tau")
 
 
 DIAGNOSTIC_COLUMNS = (("mean p+", "positive_probability", 3), ("lowest p+", "min_positive_probability", 3),

@@ -17,7 +17,7 @@ from contrastkit.methods import (METHOD_REGISTRY, ContrastiveModel, EvalContext,
 from contrastkit.metrics.readout import evaluate_encoders, evaluate_features, extract_features
 
 from .evaluate import evaluate_run
-from .export_model import ModelExport, export_model
+from .export import ModelExport, export_model
 from .last_batch import LastBatch, read_last_batch
 from .loop import pretrain
 from .selection import EpochSelection, selected_numbers

@@ -1,326 +1,292 @@
-"""Embeddings out of a run folder (``contrastkit embed``): ``h`` (encoder output, what the
-linear probe reads) and optionally ``z`` (the projection head's output, not normalised) of
-every image of a data set, with its split, label and name.
+"""A run's encoder for deployment (``contrastkit export RUN --format F --out FILE``).
 
-The encoder is rebuilt from the run folder (``contrastkit.train.runs.load_run``).
-Each split is read as the read-out reads it (:func:`~contrastkit.data.image_batches`:
-slices of an in-memory split, or a streamed split decoded one batch at a time in ``workers``
-processes, never whole) and ``h`` computed by :func:`~contrastkit.metrics.readout.extract_features`
-(the probe's own feature extractor, so the numbers are the probe's), then streamed into the
-output: no more than one batch of images and features is held in memory. A row's ``name`` is
-its image file where the split knows it (an image folder, streamed), else its index. A damaged
-file an unlabeled collection skips (``bad_files="skip"``, its default) has no row: the rows are
-the images embedded, in order, and the skipped ones are named (:class:`SkippedRow`, found by
-:func:`skipped_rows`) in the result, the sidecar and the command's output. Files (see
-:func:`contrastkit.layout.embedding_files`): ``OUT.npz`` with ``h``, ``z``, ``labels``,
-``splits``, ``names``; or ``OUT.npy`` (``h``), ``OUT_z.npy`` (``z``) and ``OUT.csv`` (``split,
-index, label, name`` per row). A sidecar (``OUT.npz.contrastkit.json`` or
-``OUT.npy.contrastkit.json``) records what was written and from which run; every file is
-listed in the output folder's manifest (:mod:`contrastkit.manifest`): an existing file is
-replaced only with ``force`` and only if the manifest lists it with the size and SHA-256 it
-still has.
+Formats (:data:`contrastkit.layout.MODEL_FORMATS`):
+
+* ``safetensors``: the encoder's state dict under the keys of the module as it was built (a
+  timm model's, a torchvision model's, a factory's), so that ``load_state_dict`` of the same
+  architecture reads it, and so does ``--encoder-weights`` of another run; with the projection
+  head, the keys are ``encoder.*`` and ``head.*``. Needs the safetensors package.
+* ``onnx``: the encoder as an ONNX graph (input ``images`` ``(batch, C, H, W)``, output ``h``
+  ``(batch, D)``, and ``z`` with the head; the batch size is free), written by torch's
+  TorchScript-based exporter (``dynamo=False``, which needs no onnxscript), opset 17 by default.
+* ``torchscript``: ``torch.jit.trace`` of the encoder (same inputs and outputs), for
+  ``torch.jit.load`` without contrastkit. torch deprecates TorchScript in favour of
+  ``torch.export``; its deprecation warnings are not repeated here.
+
+Every export is read back and compared with the PyTorch encoder on a batch of 3 random images
+(another batch size than the one traced): the ONNX file through onnxruntime when it is
+installed (``pip install 'contrastkit[onnx]'``), the TorchScript file through ``torch.jit.load``,
+the safetensors file loaded into a copy of the architecture whose tensors were zeroed first. An
+export that disagrees by more than ``1e-4 * (1 + |value|)`` anywhere is not kept.
+
+Next to the file, ``FILE.contrastkit.json`` holds its input contract: how an image file
+becomes the model's input as the run's data made it (:meth:`contrastkit.data.ImagePreprocessing.contract`
+of :func:`contrastkit.data.preprocessing_of`: the resize and crop rule, the interpolation, the
+colour and channel order, the pixel scale, float32 in ``[0, 1]``, and the normalisation, none),
+channels, height and width, the run's data kind, data and options, the encoder's spec and options (to
+rebuild its architecture), the outputs' sizes and the check. Files are guarded as every export's
+(:mod:`contrastkit.train.export_files`): nothing a user wrote is replaced.
 """
 
 from __future__ import annotations
 
-import csv
+import copy
+import inspect
 import os
 import shutil
-import sys
 import tempfile
-import zipfile
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
 
-import numpy as np
 import torch
-from torch import nn
-from torch.utils.data import Subset
+from torch import Tensor, nn
 
 from contrastkit import layout
-
-from contrastkit.data import check_positive_int, indexed_image_batches, skipped_reason
-from contrastkit.metrics.readout import extract_features
+from contrastkit.data import preprocessing_of
+from contrastkit.extras import import_extra
+from contrastkit.models import PooledEncoder, unwrap_encoder
 
 from .export_files import check_targets, finish_export, mark_export, projection_head, remove_earlier_export
 from .runs import load_run
-from .setup import limit_threads, resolve_device
+from .setup import limit_threads
 
-__all__ = ["SPLITS", "EmbeddingExport", "SkippedRow", "export_embeddings", "skipped_rows", "skipped_note"]
+__all__ = ["ModelExport", "export_model", "DEFAULT_OPSET", "TOLERANCE"]
 
-#: What ``split`` accepts (``all``: train, val and test, in that order).
-SPLITS = ("train", "val", "test", "all")
-
-
-@dataclass(frozen=True)
-class SkippedRow:
-    """An image of a split that has no embedding: a damaged file an unlabeled collection
-    skipped. ``split`` and ``index`` say where it is (``SPLIT:INDEX``), ``name`` is its name as
-    :func:`export_embeddings` names rows (the file relative to the collection), ``reason`` why it
-    could not be read (the file named)."""
-
-    split: str
-    index: int
-    name: str
-    reason: str
-
-
-def skipped_rows(name: str, split: Any, embedded: Iterable[int]) -> List[SkippedRow]:
-    """The images of ``split`` (called ``name``) that a pass over it left out, in index order:
-    those not in ``embedded`` (the item indices :func:`~contrastkit.data.indexed_image_batches`
-    yielded), i.e. the damaged files an unlabeled collection skipped. The one account of which
-    rows were skipped, for ``contrastkit embed`` and ``contrastkit neighbors``."""
-    came = np.zeros(len(split), dtype=bool)
-    came[np.fromiter(embedded, dtype=np.int64)] = True
-    return [SkippedRow(name, int(i), _item_name(split, int(i)), skipped_reason(split, int(i)) or "not read")
-            for i in np.flatnonzero(~came)]
-
-
-def skipped_note(count: int) -> str:
-    """How a count of skipped rows is said (``"2 damaged files skipped, not embedded"``), the
-    same in every output that counts images."""
-    return f"{count} damaged file{'' if count == 1 else 's'} skipped, not embedded"
+#: The ONNX opset written by default (onnxruntime has run it for years).
+DEFAULT_OPSET = 17
+#: The largest disagreement an export may have with the PyTorch encoder: ``|a - b| <= TOLERANCE * (1 + |b|)``.
+TOLERANCE = 1e-4
+_CHECK_BATCH = 3
+_TRACE_BATCH = 2
 
 
 @dataclass
-class EmbeddingExport:
-    """What :func:`export_embeddings` wrote: ``files`` by role (``archive`` or ``h`` / ``z`` /
-    ``rows``, and ``marker``), the number of ``rows`` (the images embedded) and the widths of
-    ``h`` and ``z`` (``z_dim`` ``None`` without the projection); ``skipped``: the damaged files
-    an unlabeled collection skipped, which have no row."""
+class ModelExport:
+    """What :func:`export_model` wrote: ``files`` by role (``model``, ``marker``: the input
+    contract), the ``format``, the images' ``input_shape`` ``(C, H, W)``, the widths of ``h``
+    and ``z`` (``None`` without the head), and the check: the largest absolute difference
+    between the export read back and the PyTorch encoder (``max_abs_diff``) and what read it
+    back (``checked_with``; both ``None`` when nothing could: an ONNX file without onnxruntime)."""
 
     files: Dict[str, str]
-    rows: int
+    format: str
+    input_shape: Tuple[int, int, int]
     h_dim: int
     z_dim: Optional[int]
-    splits: Tuple[str, ...]
-    skipped: List[SkippedRow] = field(default_factory=list)
+    max_abs_diff: Optional[float]
+    checked_with: Optional[str]
 
 
-def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
-                      data_options: Optional[Dict[str, Any]] = None, split: str = "all",
-                      projection: bool = False, checkpoint: Optional[str] = None, force: bool = False,
-                      device: str = "auto", batch_size: int = 256, threads: Optional[int] = None,
-                      workers: Optional[int] = None, progress: Optional[bool] = None) -> EmbeddingExport:
-    """Write the embeddings of ``data`` (default: the run's own data set and options) under
-    the encoder of the run in ``run_dir``.
+class _EncoderAndHead(nn.Module):
+    """``images`` -> ``(h, z)``: the encoder, then the projection head on its output."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.encoder, self.head = encoder, head
+
+    def forward(self, images: Tensor) -> Tuple[Tensor, Tensor]:
+        h = self.encoder(images)
+        return h, self.head(h)
+
+
+def export_model(run_dir: str, out: str, *, format: Optional[str] = None, projection: bool = False,
+                 checkpoint: Optional[str] = None, force: bool = False, opset: int = DEFAULT_OPSET,
+                 threads: Optional[int] = None) -> ModelExport:
+    """Write the encoder of the run in ``run_dir`` (and, with ``projection``, its projection
+    head) to ``out`` in ``format`` with its input contract (see the module's description).
 
     Args:
         run_dir: a ``contrastkit pretrain`` output folder.
-        out: ``PATH.npz`` (one archive) or ``PATH.npy`` / ``PATH`` (``.npy`` files + ``.csv``).
-        data, data_options: another data set for the same encoder (its loader options; the
-            run's own options when ``data`` is not given).
-        split: ``train``, ``val``, ``test`` or ``all``.
-        projection: also write ``z``, the projection head's output.
+        out: the file to write; without a suffix it gets the format's (``.safetensors``,
+            ``.onnx``, ``.pt``).
+        format: ``safetensors``, ``onnx`` or ``torchscript``; ``None``: the one ``out``'s
+            suffix names.
+        projection: also export the projection head (a second output, ``z``).
         checkpoint: another checkpoint of the run (default ``checkpoints/last.pt``).
         force: replace the files of an earlier export (only files its marker lists).
-        threads, workers: CPU threads, and processes decoding a streamed split's images
-            (default: the run's settings).
-        progress: show a progress bar; ``None``: when stderr is a terminal.
+        opset: the ONNX opset.
+        threads: CPU threads (default: the run's setting).
 
     Raises:
         FileNotFoundError: ``run_dir`` is not a run, or the folder of ``out`` does not exist.
         FileExistsError: an output file exists (without ``force``, or not written by an export).
-        ValueError: a bad option, or data whose images the encoder cannot read.
+        ValueError: a bad option, an export that disagrees with the encoder, or a missing
+            optional package (:class:`~contrastkit.extras.MissingExtraError` names its extra).
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    check_positive_int(batch_size, "batch_size")
-    if workers is not None:
-        check_positive_int(workers, "workers", 0)
-    files = layout.embedding_files(out, projection)
-    check_targets(files, force, "contrastkit embed")
+    fmt = layout.model_format(out) if format is None else format
+    files = layout.model_export_files(out, fmt)
+    if fmt == "onnx" and (isinstance(opset, bool) or not isinstance(opset, int) or opset < 7):
+        raise ValueError(f"opset must be an ONNX opset number >= 7, got {opset!r}")
+    check_targets(files, force, "contrastkit export")
     saved = load_run(run_dir, checkpoint=checkpoint)
     with limit_threads(saved.config.threads if threads is None else threads):
-        torch_device = resolve_device(device)
-        dataset = saved.load_data(data, data_options)
-        model = saved.build_model(saved.image_shape if saved.image_shape else dataset.image_shape, torch_device)
-        if saved.image_shape and dataset.image_shape[0] != saved.image_shape[0]:
-            raise ValueError(f"{data or saved.config.data} has {dataset.image_shape[0]}-channel images; the run "
-                             f"in {run_dir} was trained on {saved.image_shape[0]} channels")
-        names = ("train", "val", "test") if split == "all" else (split,)
+        dataset = None if saved.image_shape and saved.data_source else saved.load_data()  # older runs record neither
+        shape = tuple(int(s) for s in (saved.image_shape or dataset.image_shape))
+        source = saved.data_source or str(getattr(dataset, "source", "") or dataset.name)
+        model = saved.build_model(shape, torch.device("cpu")).eval()
         head = projection_head(model) if projection else None
-        read = _Reading(batch_size, saved.config.workers if workers is None else workers)
-        return _write(files, dataset, names, model.encoder, head, torch_device, read, progress,
-                      {"run": os.path.abspath(run_dir), "checkpoint": os.path.abspath(saved.checkpoint),
-                       "data": data or saved.config.data, "split": split})
-
-
-@dataclass(frozen=True)
-class _Reading:
-    """How the splits are read: images per forward pass, and decoding processes."""
-
-    batch_size: int
-    workers: int
-
-
-def _chunks(split: Any, read: _Reading) -> Iterator[Tuple[torch.Tensor, List[int], np.ndarray, List[str]]]:
-    """``(images, indices, labels, names)`` of consecutive batches of ``split``, read as the read-out
-    reads it (labels -1 where the data have none; names: see :func:`_item_name`)."""
-    labels = getattr(split, "labels", None)
-    for batch, indices in indexed_image_batches(split, read.batch_size, read.workers):
-        n = int(batch.shape[0])
-        batch_labels = (np.full(n, -1, dtype=np.int64) if labels is None
-                        else np.asarray(labels[indices].cpu().numpy(), dtype=np.int64))
-        yield batch, indices.tolist(), batch_labels, [_item_name(split, int(i)) for i in indices.tolist()]
-
-
-def _item_name(split: Any, index: int) -> str:
-    """Item ``index``'s image file where the split knows it (an image folder read lazily, or a
-    ``Subset`` of one: :class:`~contrastkit.data.ImageFolderDataset` ``.path``; an unlabeled
-    collection's path relative to it), else the index."""
-    while isinstance(split, Subset):
-        split, index = split.dataset, int(split.indices[index])
-    path = getattr(split, "relative_path", None) or getattr(split, "path", None)
-    return str(path(index)) if callable(path) else str(index)
-
-
-class _Columns:
-    """Streams float32 rows into a ``.npy`` file whose width is known at the first batch."""
-
-    def __init__(self, path: str, rows: int) -> None:
-        self.path, self.rows, self.filled, self.width = path, rows, 0, 0
-        self.array: Optional[np.memmap] = None
-
-    def add(self, values: np.ndarray) -> None:
-        if self.array is None:
-            self.array = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.float32,
-                                                   shape=(self.rows, values.shape[1]))
-            self.width = int(values.shape[1])
-        self.array[self.filled:self.filled + values.shape[0]] = values
-        self.filled += values.shape[0]
-
-    def close(self) -> None:
-        if self.array is not None:
-            self.array.flush()
-            if self.filled < self.rows:  # damaged files an unlabeled collection skipped: fewer rows
-                shorter = np.lib.format.open_memmap(self.path + ".part", mode="w+", dtype=np.float32,
-                                                    shape=(self.filled, self.width))
-                for start in range(0, self.filled, 65536):
-                    stop = min(start + 65536, self.filled)
-                    shorter[start:stop] = self.array[start:stop]
-                shorter.flush()
-                del shorter
-                os.replace(self.path + ".part", self.path)
-            del self.array
-            self.array = None
-
-
-def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: nn.Module,
-           head: Optional[nn.Module], device: torch.device, read: _Reading, progress: Optional[bool],
-           facts: Dict[str, Any]) -> EmbeddingExport:
-    splits = [(name, getattr(dataset, name)) for name in names]
-    total = sum(len(split) for _, split in splits)
-    if total == 0:
-        raise ValueError(f"{facts['data']} has no images in the {facts['split']} split")
-    work = tempfile.mkdtemp(prefix=".embed-", dir=os.path.dirname(os.path.abspath(files["marker"])))
-    try:
-        h = _Columns(os.path.join(work, "h.npy"), total)
-        z = _Columns(os.path.join(work, "z.npy"), total) if head is not None else None
-        rows_path = os.path.join(work, "rows.csv")
-        labels: List[np.ndarray] = []
-        row_splits: List[str] = []
-        row_names: List[str] = []
-        skipped: List[SkippedRow] = []
-        with open(rows_path, "w", newline="", encoding="utf-8") as handle, _Bar(progress, total) as bar:
-            writer = csv.writer(handle)
-            writer.writerow(("split", "index", "label", "name"))
-            for name, split in splits:
-                embedded: List[int] = []
-                for images, indices, batch_labels, batch_names in _chunks(split, read):
-                    embedded.extend(indices)
-                    features = _features(encoder, images, device, facts)
-                    h.add(features.astype(np.float32))
-                    if z is not None:
-                        z.add(_project(head, features, device))
-                    writer.writerows((name, index, int(label), label_name) for index, label, label_name
-                                     in zip(indices, batch_labels, batch_names))
-                    labels.append(batch_labels)
-                    row_splits.extend([name] * len(batch_names))
-                    row_names.extend(batch_names)
-                    bar.advance(len(batch_names))
-                missing = skipped_rows(name, split, embedded)
-                skipped.extend(missing)
-                bar.advance(len(missing))  # the bar counts the images read, embedded or not
-        total = h.filled  # less than the splits' sizes where damaged files were skipped
-        if total == 0:
-            raise ValueError(f"every image of {'+'.join(names)} of {facts['data']} is a damaged file "
-                             f"({skipped_note(len(skipped))}), e.g. {skipped[0].reason}")
-        h.close()
-        if z is not None:
-            z.close()
-        remove_earlier_export(files)
-        marked = mark_export(files)
-        if "archive" in files:
-            _zip(files["archive"], {"h": h.path, **({"z": z.path} if z is not None else {})},
-                 {"labels": np.concatenate(labels), "splits": np.array(row_splits), "names": np.array(row_names)})
-        else:
-            os.replace(h.path, files["h"])
-            if z is not None:
-                os.replace(z.path, files["z"])
-            os.replace(rows_path, files["rows"])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        module = (_EncoderAndHead(model.encoder, head) if head is not None else model.encoder).eval()
+        check = torch.rand((_CHECK_BATCH, *shape), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            expected = _outputs(module(check))
+        work = tempfile.mkdtemp(prefix=".export-", dir=os.path.dirname(os.path.abspath(files["model"])))
+        try:
+            written = os.path.join(work, "model")
+            writer = {"safetensors": _write_safetensors, "onnx": _write_onnx, "torchscript": _write_torchscript}[fmt]
+            got, checked_with = writer(module, head, written, shape, check, opset)
+            diff, close = _difference(got, expected) if got is not None else (None, True)
+            if not close:
+                raise ValueError(f"the {fmt} export of {run_dir} read back with {checked_with} disagrees with the "
+                                 f"PyTorch encoder by up to {diff:.3g} (more than {TOLERANCE:g} * (1 + |value|)); "
+                                 "not written")
+            os.chmod(written, 0o666 & ~_umask())  # as a file the user wrote (some writers make it private)
+            remove_earlier_export(files)
+            marked = mark_export(files)
+            os.replace(written, files["model"])
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    h_dim = int(expected[0].shape[1])
+    z_dim = int(expected[1].shape[1]) if head is not None else None
     finish_export(files, marked, {
-        "written_by": "contrastkit embed", **facts, "rows": total,
-        "h_dim": h.width, "z_dim": z.width if z is not None else None,
-        "skipped": [asdict(row) for row in skipped],
+        "written_by": "contrastkit export", "format": fmt, "run": os.path.abspath(run_dir),
+        "checkpoint": os.path.abspath(saved.checkpoint), "epoch": int(saved.state.get("epoch", 0)),
+        "encoder": saved.config.encoder, "encoder_options": saved.config.encoder_options,
+        "input": _input_contract(shape, source, saved.config.data, saved.config.data_options),
+        "outputs": _output_contract(h_dim, z_dim, model.encoder, fmt),
+        "check": {"max_abs_diff": diff, "tolerance": TOLERANCE, "read_back_with": checked_with,
+                  "batch": _CHECK_BATCH} if checked_with is not None else None,
     })
-    return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names), skipped)
+    return ModelExport(files, fmt, shape, h_dim, z_dim, diff, checked_with)  # type: ignore[arg-type]
 
 
-def _features(encoder: nn.Module, images: torch.Tensor, device: torch.device, facts: Dict[str, Any]) -> np.ndarray:
-    """``h`` of one batch (already read: one forward pass)."""
+def _outputs(value: Any) -> Tuple[Tensor, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _difference(got: Tuple[Any, ...], expected: Tuple[Tensor, ...]) -> Tuple[float, bool]:
+    """The largest ``|got - expected|`` over the outputs, and whether every element is within
+    ``TOLERANCE * (1 + |expected|)``; outputs of another number or shape are infinitely far."""
+    if len(got) != len(expected):
+        return float("inf"), False
+    worst, close = 0.0, True
+    for a, b in zip(got, expected):
+        a = torch.as_tensor(a, dtype=torch.float32)
+        if tuple(a.shape) != tuple(b.shape):
+            return float("inf"), False
+        error = (a - b).abs()
+        worst = max(worst, float(error.max()) if error.numel() else 0.0)
+        close = close and bool((error <= TOLERANCE * (1 + b.abs())).all())
+    return worst, close
+
+
+def _input_contract(shape: Tuple[int, ...], source: str, data: str, data_options: Dict[str, Any]) -> Dict[str, Any]:
+    """The model's input, and how an image file becomes it: the preprocessing the run's data
+    applied (:func:`contrastkit.data.preprocessing_of`, its one definition), so that code
+    without contrastkit feeds the model what ``contrastkit embed`` feeds the encoder."""
+    channels, height, width = shape
+    preprocessing = preprocessing_of(shape, source)
+    stated = preprocessing.contract() if preprocessing is not None else {
+        "layout": "NCHW", "height": height, "width": width, "dtype": "float32", "range": [0.0, 1.0],
+        "mean": [0.0] * channels, "std": [1.0] * channels,
+        "normalisation": "none (what the encoder trained on): mean 0 and std 1 per channel"}
+    return {"name": "images", "shape": ["batch", channels, height, width], "channels": channels, **stated,
+            "data_source": source,
+            "data": data if not os.path.isabs(data) else os.path.basename(data), "data_options": data_options}
+
+
+def _output_contract(h_dim: int, z_dim: Optional[int], encoder: nn.Module, fmt: str) -> Dict[str, Any]:
+    pooled = isinstance(encoder, PooledEncoder)
+    h = {"name": "h", "shape": ["batch", h_dim],
+         "what": "the representation (the encoder's output, what the linear probe reads)"}
+    if pooled:
+        h["pooling"] = ("the encoder outputs (N, D, ...), averaged over the trailing dimensions"
+                        + ("; the safetensors file holds the encoder before that pooling" if fmt == "safetensors"
+                           else ""))
+    outputs = {"h": h}
+    if z_dim is not None:
+        outputs["z"] = {"name": "z", "shape": ["batch", z_dim],
+                        "what": "the projection head's output (not normalised), what the loss compared"}
+    return outputs
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# -- the formats: each writes ``path`` and returns the outputs of the file read back on ``check``
+# (``None`` when nothing here can read it) and what read it ------------------------------------
+
+Written = Tuple[Optional[Tuple[Tensor, ...]], Optional[str]]
+
+
+def _write_safetensors(module: nn.Module, head: Optional[nn.Module], path: str, shape: Tuple[int, ...],
+                       check: Tensor, opset: int) -> Written:
+    """The state dict (see the module's description), read back into a copy of ``module`` whose
+    every tensor was zeroed first: the file alone must give the outputs."""
+    library = import_extra("safetensors.torch", "safetensors", "--format safetensors", "safetensors")
+    parts = {"encoder.": module.encoder, "head.": module.head} if head is not None else {"": module}
+    state = {f"{prefix}{key}": value for prefix, part in parts.items()
+             for key, value in unwrap_encoder(part).state_dict().items()}
+    # contiguous copies: safetensors refuses views and tensors that share storage (tied weights)
+    library.save_file({key: value.detach().to("cpu").contiguous().clone() for key, value in state.items()}, path,
+                      metadata={"written_by": "contrastkit export",
+                                "keys": "encoder.*, head.*" if head is not None else "the encoder's own"})
+    back = library.load_file(path)
+    restored = copy.deepcopy(module)
+    with torch.no_grad():
+        for tensor in restored.state_dict().values():
+            tensor.zero_()
+        restored_parts = {"encoder.": restored.encoder, "head.": restored.head} if head is not None else {"": restored}
+        for prefix, part in restored_parts.items():
+            unwrap_encoder(part).load_state_dict({key[len(prefix):]: value for key, value in back.items()
+                                                  if key.startswith(prefix)}, strict=True)
+        return _outputs(restored.eval()(check)), "safetensors (loaded into the architecture)"
+
+
+def _write_onnx(module: nn.Module, head: Optional[nn.Module], path: str, shape: Tuple[int, ...],
+                check: Tensor, opset: int) -> Written:
+    import_extra("onnx", "onnx", "--format onnx")
+    outputs = ["h", "z"] if head is not None else ["h"]
+    options: Dict[str, Any] = {}
+    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+        options["dynamo"] = False  # the TorchScript-based exporter: no onnxscript needed
+    example = torch.rand((_TRACE_BATCH, *shape), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes
+        try:
+            torch.onnx.export(module, (example,), path, input_names=["images"], output_names=outputs,
+                              dynamic_axes={name: {0: "batch"} for name in ["images", *outputs]},
+                              opset_version=opset, **options)
+        except Exception as err:  # the exporter's errors name an operator the opset lacks, and so on
+            raise ValueError(f"the encoder cannot be exported to ONNX (opset {opset}): {_line(err)}") from None
     try:
-        return extract_features(encoder, images, device, int(images.shape[0]))
-    except RuntimeError as err:  # e.g. images of a size the encoder was not built for
-        raise ValueError(f"the encoder of {facts['run']} cannot read the images of {facts['data']} "
-                         f"({tuple(images.shape[1:])}): {str(err).splitlines()[0]}") from None
+        runtime = import_extra("onnxruntime", "onnx", "checking the ONNX export")
+    except ImportError:
+        return None, None
+    session = runtime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = session.run(outputs, {"images": check.numpy()})
+    return tuple(torch.from_numpy(values) for values in got), f"onnxruntime {runtime.__version__}"
 
 
-@torch.no_grad()
-def _project(head: nn.Module, features: np.ndarray, device: torch.device) -> np.ndarray:
-    """``z`` of float64 copies of float32 ``h`` (exact: the same numbers the head would see)."""
-    was_training = head.training
-    head.eval()
-    try:
-        return head(torch.from_numpy(features).float().to(device)).cpu().numpy().astype(np.float32)
-    finally:
-        head.train(was_training)
+def _write_torchscript(module: nn.Module, head: Optional[nn.Module], path: str, shape: Tuple[int, ...],
+                       check: Tensor, opset: int) -> Written:
+    example = torch.rand((_TRACE_BATCH, *shape), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's TorchScript deprecation notes
+        with torch.no_grad():
+            try:
+                traced = torch.jit.trace(module, example)
+            except Exception as err:  # the tracer's errors name the Python construct it cannot follow
+                raise ValueError(f"the encoder cannot be traced to TorchScript: {_line(err)}") from None
+        traced.save(path)
+        loaded = torch.jit.load(path, map_location="cpu")
+        with torch.no_grad():
+            return _outputs(loaded(check)), f"torch.jit.load (torch {torch.__version__})"
 
 
-def _zip(path: str, npy_files: Dict[str, str], arrays: Dict[str, np.ndarray]) -> None:
-    """An ``.npz`` (what :func:`numpy.savez` writes) from ``.npy`` files on disk and small arrays."""
-    tmp = f"{path}.tmp"
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for name, source in npy_files.items():
-            archive.write(source, arcname=f"{name}.npy")
-        for name, array in arrays.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
-    os.replace(tmp, path)
-
-
-class _Bar:
-    """A rich progress bar over the rows (a no-op when disabled)."""
-
-    def __init__(self, enabled: Optional[bool], total: int) -> None:
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.total = total
-
-    def __enter__(self) -> "_Bar":
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.progress = Progress(TextColumn("embed"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-            self.task = self.progress.add_task("embed", total=self.total)
-            self.progress.start()
-        return self
-
-    def advance(self, rows: int) -> None:
-        if self.enabled:
-            self.progress.update(self.task, advance=rows)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.enabled:
-            self.progress.stop()
+def _line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

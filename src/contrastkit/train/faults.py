@@ -318,7 +318,7 @@ def restart_resumes(folder: str) -> Optional[Dict[str, Any]]:
 
 def restart_starts_over(folder: str) -> bool:
     """On a restart of a torchrun group, whether ``folder`` is this launch's own start that
-    wrote no checkpoint (a rank died while the run was being set up, :func:`_own_start_unsaved`).
+    wrote no checkpoint (a rank died while the run was being set up, ``_own_start_unsaved``).
     The restarted run then starts over in it as ``--force`` would: only the files the manifest
     lists, unchanged, are replaced (one changed since, or a file of the user's where the run
     writes, still refuses it); the user's other files stay. A folder another launch started
@@ -329,7 +329,7 @@ def restart_starts_over(folder: str) -> bool:
 def resume_starts_over(folder: str) -> bool:
     """Whether ``--resume`` on ``folder``, which holds no checkpoint, starts the run over
     instead of finding nothing to resume: the folder is this launch's own start that never
-    wrote a checkpoint (:func:`_own_start_unsaved`). A job that a scheduler requeued after its
+    wrote a checkpoint (``_own_start_unsaved``). A job that a scheduler requeued after its
     ranks died while the run was being set up passes ``--resume`` with the same launch
     (SLURM keeps the job id, the ``--rdzv-id`` of docs/distributed.md's script); the run is
     then replaced as on a torchrun restart (:func:`restart_starts_over`), nothing of the
@@ -422,7 +422,7 @@ class StepFaults:
         a process group any rank's, was left with too few readable images (``short``: damaged
         files skipped). The ranks agree in one all-reduce of two flags, the stop signal's with
         it (the step reaches no :meth:`keep_update`); a single process asks nothing of anyone.
-        Every rank calls it at the same point; a skipped step is counted (:attr:`short`)."""
+        Every rank calls it at the same point; a skipped step is counted (``short``)."""
         if self.parallel.active:
             stop, short = self.parallel.any(self.signals.received is not None, short)
             self._agreed(stop)

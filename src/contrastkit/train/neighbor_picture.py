@@ -1,6 +1,6 @@
-"""The picture of a neighbour search (``contrastkit neighbors``): one row per query, the query
-first, then its neighbours, best first, each a thumbnail with a caption (its rank and cosine
-similarity, its name, and its class when the data have labels; a neighbour of the query's own
+"""The picture of a neighbor search (``contrastkit neighbors``): one row per query, the query
+first, then its neighbors, best first, each a thumbnail with a caption (its rank and cosine
+similarity, its name, and its class when the data have labels; a neighbor of the query's own
 class is captioned in green, one of another class in red).
 
 Drawn with matplotlib's Agg canvas (imported when a picture is drawn, so the pyplot backend of
@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["Thumbnail", "MAX_QUERIES_SHOWN", "MAX_NEIGHBORS_SHOWN", "neighbor_picture_png"]
 
-#: At most this many queries (rows) and neighbours per query (columns) are drawn; the text and
+#: At most this many queries (rows) and neighbors per query (columns) are drawn; the text and
 #: JSON output hold them all.
 MAX_QUERIES_SHOWN = 32
 MAX_NEIGHBORS_SHOWN = 16
@@ -31,7 +31,7 @@ _AGREE, _DISAGREE, _NEUTRAL = "#1a7f37", "#cf222e", "#24292f"
 @dataclass(frozen=True)
 class Thumbnail:
     """One image of the picture: ``image`` ``(C, H, W)`` float in ``[0, 1]`` and its caption
-    lines; ``label`` (a class index, or ``None``) decides a neighbour's caption colour."""
+    lines; ``label`` (a class index, or ``None``) decides a neighbor's caption colour."""
 
     image: torch.Tensor
     caption: str
@@ -48,21 +48,21 @@ def _pixels(image: torch.Tensor) -> "tuple[np.ndarray, Optional[str]]":
 
 def neighbor_picture_png(rows: Sequence[Tuple[Thumbnail, Sequence[Thumbnail]]], title: str,
                          metadata: Optional[Dict[str, str]] = None) -> bytes:
-    """The PNG of ``rows`` (each a query and its neighbours, best first) under ``title``, with
+    """The PNG of ``rows`` (each a query and its neighbors, best first) under ``title``, with
     the text fields ``metadata``; only the first :data:`MAX_QUERIES_SHOWN` queries and
-    :data:`MAX_NEIGHBORS_SHOWN` neighbours of each are drawn (the title says when some are left
+    :data:`MAX_NEIGHBORS_SHOWN` neighbors of each are drawn (the title says when some are left
     out)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     if not rows:
-        raise ValueError("a neighbour picture needs at least one query")
+        raise ValueError("a neighbor picture needs at least one query")
     shown = [(query, list(neighbors[:MAX_NEIGHBORS_SHOWN])) for query, neighbors in rows[:MAX_QUERIES_SHOWN]]
     left_out = []
     if len(rows) > len(shown):
         left_out.append(f"the first {len(shown)} of {len(rows)} queries")
     if any(len(neighbors) > MAX_NEIGHBORS_SHOWN for _, neighbors in rows):
-        left_out.append(f"the first {MAX_NEIGHBORS_SHOWN} neighbours of each")
+        left_out.append(f"the first {MAX_NEIGHBORS_SHOWN} neighbors of each")
     if left_out:
         title = f"{title}\n(shown: {' and '.join(left_out)}; the text and JSON output list them all)"
     columns = 1 + max(len(neighbors) for _, neighbors in shown)

@@ -21,8 +21,8 @@ folder read lazily), else the index.
 its default): they have no embedding, hence no row. The rows are the images embedded, numbered
 in that order as ``contrastkit embed`` numbers its rows (row ``r`` of both is the same image),
 and their number is the collection's size (``rows``); the skipped files are named
-(``contrastkit.train.export.SkippedRow``: ``SPLIT:INDEX``, file, reason; ``skipped``),
-never returned as neighbours, and a query naming one (``SPLIT:INDEX``) is refused in one line
+(``contrastkit.train.embed.SkippedRow``: ``SPLIT:INDEX``, file, reason; ``skipped``),
+never returned as neighbors, and a query naming one (``SPLIT:INDEX``) is refused in one line
 naming it (a ``ROW`` is always an image embedded). ``SPLIT:INDEX`` names an image by its place
 in its split, skipped files included, so it does not move when a file is damaged or repaired.
 
@@ -35,7 +35,7 @@ in its split, skipped files included, so it does not move when a file is damaged
   collection's own rules; only that file is read; name a file called ``12`` as ``./12``).
 
 A query that is an image of the collection (``SPLIT:INDEX`` of a collected split, or ``ROW``)
-is left out of its own neighbours, which would otherwise start with itself at similarity 1; an
+is left out of its own neighbors, which would otherwise start with itself at similarity 1; an
 image file is compared with every image (a file of the collection finds itself first).
 
 **Search.** ``index="exact"`` (the default): :func:`contrastkit.metrics.search.nearest`, exact,
@@ -51,7 +51,7 @@ so ``pretrain --force`` removes them; a file the manifest does not list unchange
 read back nor replaced. When an index is saved, those of another checkpoint of the run are
 removed.
 
-**Picture.** ``picture=PATH.png``: the queries and their neighbours as thumbnails
+**Picture.** ``picture=PATH.png``: the queries and their neighbors as thumbnails
 (:mod:`contrastkit.train.neighbor_picture`), written atomically and listed in the manifest of
 its folder; an existing file is replaced only when it is a picture this function wrote,
 unchanged since (listed in the folder's manifest, marked in its PNG metadata).
@@ -81,7 +81,7 @@ from contrastkit.metrics.search import (DEFAULT_CHUNK, Neighbors, faiss_flat_ind
                                         nearest, read_faiss_index, write_faiss_index)
 
 from .baselines import data_digest, encoder_digest
-from .export import SPLITS, SkippedRow, _item_name, skipped_note, skipped_rows
+from .embed import SPLITS, SkippedRow, _item_name, skipped_note, skipped_rows
 from .neighbor_picture import Thumbnail, neighbor_picture_png
 from .runs import load_run
 from .setup import limit_threads, resolve_device
@@ -91,7 +91,7 @@ __all__ = ["INDEXES", "DEFAULT_K", "ImageRef", "Neighbor", "QueryNeighbors", "Ne
 
 #: What ``index`` accepts.
 INDEXES = ("exact", "faiss")
-#: Neighbours per query unless asked otherwise.
+#: Neighbors per query unless asked otherwise.
 DEFAULT_K = 8
 
 _SPLIT_NAMES = ("train", "val", "test")
@@ -104,7 +104,7 @@ _PICTURE_MARK = ("Source", "contrastkit neighbors")
 
 @dataclass(frozen=True)
 class ImageRef:
-    """One image: a query or a neighbour. ``id`` is ``SPLIT:INDEX`` (or the file a query names);
+    """One image: a query or a neighbor. ``id`` is ``SPLIT:INDEX`` (or the file a query names);
     ``name`` as ``contrastkit embed`` names the row (the image file where known, else the index);
     ``label`` and ``class_name`` ``None`` where the data have no labels."""
 
@@ -118,7 +118,7 @@ class ImageRef:
 
 @dataclass(frozen=True)
 class Neighbor:
-    """A neighbour of a query: its ``rank`` (1 = nearest), collection ``row``, cosine
+    """A neighbor of a query: its ``rank`` (1 = nearest), collection ``row``, cosine
     ``similarity`` of ``h`` and the image."""
 
     rank: int
@@ -130,7 +130,7 @@ class Neighbor:
 @dataclass(frozen=True)
 class QueryNeighbors:
     """One query as given (``query``), the image it names, its collection ``row`` when it is one
-    (then left out of its own neighbours) and its ``neighbors``, nearest first."""
+    (then left out of its own neighbors) and its ``neighbors``, nearest first."""
 
     query: str
     image: ImageRef
@@ -158,7 +158,7 @@ class NeighborSearch:
     picture: Optional[str]
     queries: List[QueryNeighbors] = field(default_factory=list)
     #: The damaged files an unlabeled collection skipped in the collection's splits (never
-    #: embedded, so never a neighbour nor a query, and not counted in ``rows``).
+    #: embedded, so never a neighbor nor a query, and not counted in ``rows``).
     skipped: List[SkippedRow] = field(default_factory=list)
     #: The quantity compared, the cosine similarity of the encoder's output h (see the module's description).
     similarity: str = "cosine of h"
@@ -638,11 +638,11 @@ def find_neighbors(run_dir: str, queries: Sequence[str], *, k: int = DEFAULT_K, 
     Args:
         run_dir: a ``contrastkit pretrain`` output folder.
         queries: image files, ``SPLIT:INDEX`` or collection rows (strings).
-        k: neighbours per query.
+        k: neighbors per query.
         data, data_options: another data set to search (default: the run's own, with its options).
         split: the collection: ``train``, ``val``, ``test`` or ``all`` (the three, in that order).
         index: ``exact`` (torch, chunked) or ``faiss`` (a FAISS flat index, saved in the run folder).
-        picture: a ``.png`` to draw the queries and their neighbours in (``None``: no picture).
+        picture: a ``.png`` to draw the queries and their neighbors in (``None``: no picture).
         checkpoint: another checkpoint of the run (default ``checkpoints/last.pt``).
         chunk: rows compared at once in the exact search (memory ``chunk x chunk`` similarities).
         device, batch_size, threads, workers: where and how the images are encoded (threads and
@@ -731,7 +731,7 @@ def _check_k(k: int, collection: _Collection, excluded: bool) -> None:
 def _query_features(parsed: List[_Query], collection: _Collection, encoder: nn.Module, read: _Reading,
                     reader: _ImageReader, features: Optional[torch.Tensor],
                     found_index: Optional[_FaissIndex]) -> torch.Tensor:
-    """``h`` of each query ``(q, d)``: a collected image's own row (the numbers its neighbours
+    """``h`` of each query ``(q, d)``: a collected image's own row (the numbers its neighbors
     were compared with); other images encoded, in batches."""
     to_encode = [i for i, q in enumerate(parsed) if q.row is None]
     from_data = reader.images([(parsed[i].image.split, parsed[i].image.index) for i in to_encode

@@ -113,7 +113,7 @@ def test_the_input_contract_reproduces_embed_on_a_photo_folder(tmp_path, capsys,
     from _data_fixtures import write_collection
     from contrastkit.data import preprocess_image
     from contrastkit.data.collection import fit_image
-    from contrastkit.train.export_model import TOLERANCE
+    from contrastkit.train.export import TOLERANCE
 
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'contrastkit[onnx]')")
     pytest.importorskip("onnx", reason="onnx is not installed (pip install 'contrastkit[onnx]')")
