@@ -40,7 +40,7 @@ from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
 from contrastkit.data import (DataSplits, DeviceIndexBatches, EpochBatchSampler, OnDevicePlan, add_skipped, as_data,
-                              data_record, hold_on_device, make_loader, skipped_files, skipped_reasons)
+                              check_indexed, data_record, hold_on_device, make_loader, skipped_files, skipped_reasons)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
@@ -410,7 +410,9 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                   f"{config.out}", file=sys.stderr, flush=True)
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
-    dataset = limit_data(method.load_data(config) if dataset is None else as_data(dataset), config)
+    opened = method.load_data(config) if dataset is None else as_data(dataset)
+    check_indexed(opened, "pretrain")
+    dataset = limit_data(opened, config)
     if config.paired and getattr(dataset.train, "texts", None) is None:
         raise ValueError(f"{config.method} trains on (image, text) pairs; the data set's items are (image, label) "
                          "(pass paired data: contrastkit.data.as_streaming_pairs, or items (image, str))")
