@@ -118,6 +118,28 @@ def test_the_training_loop_refuses_an_iterable_source_naming_it(toy, tmp_path):
                  progress=False)
 
 
+def test_a_plugin_that_fails_to_load_is_one_error_naming_its_entry_point(monkeypatch):
+    import importlib.metadata
+
+    import contrastkit.data.sources as sources
+
+    broken = importlib.metadata.EntryPoint(name="shards", value="no_such_package_of_shards:SOURCE",
+                                           group=sources.ENTRY_POINT_GROUP)
+    not_a_source = importlib.metadata.EntryPoint(name="odd", value="toy_source:toy_images",
+                                                 group=sources.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(sources, "_plugins_loaded", False)
+    for point, message in ((broken, "plug-in 'shards' .*no_such_package_of_shards:SOURCE.* failed to load: "
+                                    "ModuleNotFoundError"),
+                           (not_a_source, "plug-in 'odd' .* names a function, not a contrastkit.data.DataSource")):
+        monkeypatch.setattr(importlib.metadata, "entry_points", lambda group, point=point: [point])
+        with pytest.raises(ValueError, match=message):
+            open_data("digits")
+        with pytest.raises(ValueError, match=message):  # every time, not only the first
+            data_sources()
+    monkeypatch.undo()
+    assert find_data_source("digits").name == "digits"
+
+
 def test_split_of_key_is_the_collections_hash_rule():
     keys = [f"shard-{i // 100}/{i}" for i in range(2000)]
     parts = [split_of_key(key, 0.1, 0.2) for key in keys]

@@ -138,7 +138,6 @@ def _load_plugins() -> None:
     global _plugins_loaded
     if _plugins_loaded:
         return
-    _plugins_loaded = True
     from importlib.metadata import entry_points
 
     for point in entry_points(group=ENTRY_POINT_GROUP):
@@ -155,6 +154,7 @@ def _load_plugins() -> None:
                                  f"{type(source).__name__}, not a contrastkit.data.DataSource (or a list of them, "
                                  "or a module that registers them)")
             register_data_source(source)
+    _plugins_loaded = True  # (a plug-in that failed to load fails every resolution, not only the first)
 
 
 # -- one look at a path per resolution ------------------------------------------------------
