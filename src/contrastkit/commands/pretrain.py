@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--data", default=None, help=f"glyphlab, digits, or a path (image folder, MNIST idx, CIFAR-10 "
                                      f"batches, .npz); for --method convirt: glyphlab-text, digits-text "
-                                     f"or a .csv of image,text rows (default {d.data})")
+                                     f"or a .csv of image,text rows; or what an installed data source "
+                                     f"(entry point group contrastkit.data_sources) names (default {d.data})")
     add("--data-option", action="append", default=None, metavar="KEY=VALUE",
         help="loader option, repeatable, e.g. train_scenes=480 for glyphlab (VALUE parsed as JSON if it can be)")
     add("--unlabeled", action="store_true", default=None,

@@ -7,7 +7,10 @@
 
 ``load_dataset`` accepts a built-in name (``"glyphlab"``, ``"digits"``) or a filesystem path
 (a folder of class subfolders of images, a folder of MNIST idx files, a folder of CIFAR-10
-python batches, or a ``.npz`` file); see :func:`load_dataset`. Nothing is downloaded unless
+python batches, or a ``.npz`` file); see :func:`load_dataset`. What a ``--data`` names is
+decided by the registered data sources (:class:`DataSource`, :func:`register_data_source`;
+:mod:`contrastkit.data.sources`), asked in order by :func:`open_data`; a source may give an
+iterable (sharded) data set (:mod:`contrastkit.data.iterable`). Nothing is downloaded unless
 asked: :func:`download_mnist` and :func:`download_cifar10` fetch the official files into a
 folder to load.
 
@@ -45,6 +48,9 @@ from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFol
                                         UnreadableImageError, as_streaming, as_streaming_pairs, stream_image_folder,
                                         subset_split, unit_float)
 from contrastkit.data.loading import BUILTIN, load_dataset, load_paired
+from contrastkit.data.sources import (DataRequest, DataSource, data_sources, find_data_source, register_data_source,
+                                      unregister_data_source)
+from contrastkit.data.iterable import IterableDataSplits, IterableSplit, check_indexed, is_iterable_data, split_of_key
 from contrastkit.data.paired import PairedDataset, PairedSplit
 from contrastkit.data.preprocess import ImagePreprocessing, preprocess_image, preprocessing_of
 from contrastkit.data.views import MODES, ViewMaker, make_views
@@ -60,4 +66,7 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "NO_LABEL", "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "skipped_reason", "skipped_reasons", "add_skipped", "skips_bad_files", "DamagedItem", "SkippingItems",
            "collate_skipping", "record_damaged", "DeviceIndexBatches",
            "DeviceImages", "OnDevicePlan", "choose_on_device", "compact_images", "device_free_bytes", "hold_on_device",
-           "TransformViews", "ImagePreprocessing", "preprocess_image", "preprocessing_of"]
+           "TransformViews", "ImagePreprocessing", "preprocess_image", "preprocessing_of",
+           "DataSource", "DataRequest", "register_data_source", "unregister_data_source", "data_sources",
+           "find_data_source", "IterableSplit", "IterableDataSplits", "is_iterable_data", "check_indexed",
+           "split_of_key"]

@@ -55,7 +55,7 @@ from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
 __all__ = ["ImageCollection", "CollectionDataset", "open_collection", "collection_files", "is_collection_source",
            "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons",
-           "skipped_reason", "add_skipped", "skips_bad_files"]
+           "skipped_reason", "add_skipped", "skips_bad_files", "hash_fraction"]
 
 #: What a damaged file does: dropped from its batch and named, or the run stops.
 BAD_FILES = ("skip", "fail")
@@ -185,7 +185,10 @@ def _shown(entry: str) -> str:
     return f"{entry[:_SHOWN_ENTRY]!r}... ({len(entry)} characters)"
 
 
-def _hash_fraction(relative: str) -> float:
+def hash_fraction(relative: str) -> float:
+    """Where the name ``relative`` (a path relative to its collection, or a sample's key) falls
+    in ``[0, 1)``: the first 8 bytes of the SHA-1 of its UTF-8 (``/`` separators). What puts a
+    file, or a sample of an iterable source (:func:`~contrastkit.data.split_of_key`), in val or test."""
     # os.fsencode: a name's UTF-8 bytes (those of every name that reaches here are valid UTF-8)
     digest = hashlib.sha1(os.fsencode(relative.replace(os.sep, "/"))).digest()
     return int.from_bytes(digest[:8], "big") / 2.0 ** 64
@@ -321,7 +324,7 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
                 continue  # a damaged (or already removed) file decides nothing
         color = "L" if modes and all(mode in GRAY_MODES for mode in modes) else "RGB"
     parts: Dict[str, List[Path]] = {"train": [], "val": [], "test": []}
-    positions = sorted((_hash_fraction(os.path.relpath(path, root)), path) for path in files)
+    positions = sorted((hash_fraction(os.path.relpath(path, root)), path) for path in files)
     for position, path in positions:
         part = "test" if position < test_fraction else "val" if position < test_fraction + val_fraction else "train"
         parts[part].append(path)
@@ -329,7 +332,7 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
     # share of the hash range (the lowest positions): still a function of the paths alone.
     for part in ("test", "val"):
         if not parts[part] and len(parts["train"]) > 1:
-            lowest = min(parts["train"], key=lambda p: _hash_fraction(os.path.relpath(p, root)))
+            lowest = min(parts["train"], key=lambda p: hash_fraction(os.path.relpath(p, root)))
             parts["train"].remove(lowest)
             parts[part].append(lowest)
     parts = {part: sorted(paths) for part, paths in parts.items()}

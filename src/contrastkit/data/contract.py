@@ -54,13 +54,15 @@ class DataSplits(Protocol):
 
 def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0, paired: bool = False,
               unlabeled: bool = False, bad_files: Optional[str] = None, **options: Any) -> Any:
-    """The one entry point that opens any ``--data``: a built-in name or a path, as a
-    :class:`DataSplits`.
+    """The one entry point that opens any ``--data``: the first registered data source
+    (:mod:`contrastkit.data.sources`) whose ``detect`` recognises ``data`` opens it, as a
+    :class:`DataSplits` (or, for a source of that kind, an iterable data set:
+    :mod:`contrastkit.data.iterable`). A path's format is looked at once.
 
     Args:
-        data: for images, ``"glyphlab"``, ``"digits"`` or a path (:func:`~contrastkit.data.load_dataset`);
-            with ``paired``, ``"glyphlab-text"``, ``"digits-text"`` or a ``.csv`` of image, text
-            rows (``contrastkit.data.load_paired``).
+        data: for images, ``"glyphlab"``, ``"digits"``, a path (:func:`~contrastkit.data.load_dataset`)
+            or what a registered source recognises; with ``paired``, ``"glyphlab-text"``,
+            ``"digits-text"`` or a ``.csv`` of image, text rows (``contrastkit.data.load_paired``).
         seed: the generated data sets' seed (real data ignore it).
         workers: DataLoader worker processes the run will use: a folder of class subfolders is
             streamed (only its file index held, :func:`~contrastkit.data.stream_image_folder`)
@@ -73,45 +75,18 @@ def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0,
             image file does (collections only; the other kinds stop at a damaged file).
         options: the loader's options.
     """
-    if paired:
-        from .loading import load_paired
-
-        return load_paired(data, seed=seed, **options)
-    from .collection import BAD_FILES, open_collection
-    from .files import detect_format
-    from .loading import load_dataset
-    from .streaming import stream_image_folder
+    from .collection import BAD_FILES
+    from .sources import DataRequest, find_data_source, open_source
 
     if bad_files is not None and bad_files not in BAD_FILES:
         raise ValueError(f"bad_files must be one of {BAD_FILES}, got {bad_files!r}")
-    is_path = isinstance(data, (str, os.PathLike)) and os.path.exists(data)
-    if unlabeled or (is_path and detect_format(data) == "collection"):
-        if not is_path:
-            raise ValueError(f"--unlabeled reads a folder or a list of image files; {data!r} is neither")
-        options.pop("stream", None)  # a collection is always streamed
-        return open_collection(data, bad_files=bad_files or "skip", **options)
-    if bad_files == "skip":
-        raise ValueError("bad_files=skip applies to unlabeled collections; a labelled data set stops at a "
-                         "damaged file (fail)")
     stream = options.pop("stream", None)
     if stream is not None and not isinstance(stream, bool):
         raise ValueError(f"data option stream must be true or false, got {stream!r}")
-    folder = _is_image_folder(data)
-    if stream or (stream is None and workers > 0 and folder):
-        if not folder:
-            raise ValueError(f"data option stream=true streams a folder of class subfolders of images; "
-                             f"{data!r} is not one")
-        return stream_image_folder(data, **options)
-    return load_dataset(data, seed=seed, **options)
-
-
-def _is_image_folder(data: Any) -> bool:
-    from .files import detect_format
-
-    try:
-        return isinstance(data, (str, os.PathLike)) and os.path.isdir(data) and detect_format(data) == "imagefolder"
-    except (ValueError, FileNotFoundError):
-        return False
+    source = find_data_source(data, pairs=paired, unlabeled=unlabeled)
+    request = DataRequest(data=os.fspath(data), seed=seed, workers=workers, stream=stream, bad_files=bad_files,
+                          options=options)
+    return open_source(source, request)
 
 
 def as_data(dataset: Any) -> Any:

@@ -617,9 +617,28 @@ def detect_format(path: Path) -> str:
                      f"files, CIFAR-10 batches or a .npz file")
 
 
-def load_path(path: Union[str, os.PathLike], *, size: SizeLike = None, val_fraction: float = 0.1,
-              test_fraction: float = 0.2, split_seed: int = 0, color: Optional[str] = None) -> Dataset:
-    """Load the data set at ``path`` (format detected by :func:`detect_format`).
+#: The labelled kinds :func:`detect_format` names, each read whole by :func:`load_labelled`.
+LABELLED_KINDS = ("npz", "cifar10", "mnist", "imagefolder")
+
+
+def load_path(path: Union[str, os.PathLike], **options: Any) -> Dataset:
+    """Load the labelled data set at ``path``: its format detected by :func:`detect_format`,
+    then :func:`load_labelled` (options as there). ``--data`` does not come here: it is
+    resolved by the data-source registry (:func:`contrastkit.data.open_data`), which detects
+    the format once and opens the kind it found; this is the same reading for a caller who
+    has a path and wants it held in memory. An unlabeled collection is refused (it is streamed:
+    :func:`contrastkit.data.open_collection`)."""
+    kind = detect_format(Path(path))
+    if kind == "collection":
+        raise ValueError(f"{path} is an unlabeled image collection: open it with contrastkit.data.open_data or "
+                         "open_collection (it is streamed)")
+    return load_labelled(kind, path, **options)
+
+
+def load_labelled(kind: str, path: Union[str, os.PathLike], *, size: SizeLike = None, val_fraction: float = 0.1,
+                  test_fraction: float = 0.2, split_seed: int = 0, color: Optional[str] = None) -> Dataset:
+    """Load the data set at ``path``, of the format ``kind`` (one of :data:`LABELLED_KINDS`, as
+    :func:`detect_format` named it), held in memory.
 
     Args:
         size: resize every image to ``size`` (int or ``(H, W)``), bilinear with antialiasing;
@@ -631,28 +650,21 @@ def load_path(path: Union[str, os.PathLike], *, size: SizeLike = None, val_fract
         split_seed: seed of those carve-outs (fixed default, independent of training seeds).
         color: image folders only: ``"L"``, ``"RGB"`` or ``None`` (grayscale if all images are).
     """
+    if kind not in LABELLED_KINDS:
+        raise ValueError(f"kind must be one of {LABELLED_KINDS}, got {kind!r}")
     path = Path(path)
     val_fraction = check_fraction(val_fraction, "val_fraction")
     size_hw = resolve_size(size)
     if isinstance(split_seed, bool) or not isinstance(split_seed, (int, np.integer)) or split_seed < 0:
         raise ValueError(f"split_seed must be a non-negative integer, got {split_seed!r}")
-    kind = detect_format(path)
-    if kind not in ("imagefolder", "collection") and color is not None:
+    if kind != "imagefolder" and color is not None:
         raise ValueError(f"color applies to image folders only; {path} holds {kind} data")
-    if kind == "collection":
-        raise ValueError(f"{path} is an unlabeled image collection: open it with contrastkit.data.load_dataset or "
-                         "open_collection (it is streamed)")
     with memory_guard(str(path)):
-        return _load_kind(kind, path, size_hw, val_fraction, test_fraction, split_seed, color)
-
-
-def _load_kind(kind: str, path: Path, size_hw: Optional[Tuple[int, int]], val_fraction: float,
-               test_fraction: float, split_seed: int, color: Optional[str]) -> Dataset:
-    if kind == "npz":
-        return load_npz(path, size=size_hw, val_fraction=val_fraction, split_seed=split_seed)
-    if kind == "cifar10":
-        return load_cifar10(path, size=size_hw, val_fraction=val_fraction, split_seed=split_seed)
-    if kind == "mnist":
-        return load_mnist(path, size=size_hw, val_fraction=val_fraction, split_seed=split_seed)
-    return load_image_folder(path, size=size_hw, val_fraction=val_fraction, test_fraction=test_fraction,
-                             split_seed=split_seed, color=color)
+        if kind == "npz":
+            return load_npz(path, size=size_hw, val_fraction=val_fraction, split_seed=split_seed)
+        if kind == "cifar10":
+            return load_cifar10(path, size=size_hw, val_fraction=val_fraction, split_seed=split_seed)
+        if kind == "mnist":
+            return load_mnist(path, size=size_hw, val_fraction=val_fraction, split_seed=split_seed)
+        return load_image_folder(path, size=size_hw, val_fraction=val_fraction, test_fraction=test_fraction,
+                                 split_seed=split_seed, color=color)

@@ -46,8 +46,7 @@ from torch import Tensor
 
 from contrastkit.data.base import Dataset, Split
 
-__all__ = ["PairedSplit", "PairedDataset", "StreamingPairedDataset", "check_texts", "PAIRED_BUILTIN",
-           "check_paired_source"]
+__all__ = ["PairedSplit", "PairedDataset", "StreamingPairedDataset", "check_texts", "PAIRED_BUILTIN"]
 
 #: Built-in paired data set names.
 PAIRED_BUILTIN = ("glyphlab-text", "digits-text")
@@ -218,11 +217,3 @@ class StreamingPairedDataset(PairedDataset):
         carry their ``labels`` for the probe)."""
         raise ValueError(f"{self.name}: streamed pairs have no in-memory image classification data set; "
                          "the run's probe reads the streamed splits and their labels")
-
-
-def check_paired_source(data: Any, method: str) -> None:
-    """Refuse, naming ``method``, a ``data`` that cannot be paired image-text data: a built-in
-    paired name or a ``.csv`` path (whether the file exists is checked when it is read)."""
-    if isinstance(data, str) and data.lower() not in PAIRED_BUILTIN and not data.lower().endswith(".csv"):
-        raise ValueError(f"{method} needs paired data: {', '.join(PAIRED_BUILTIN)} or a .csv of image,text "
-                         f"rows, got {data!r}")

@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from contrastkit.data import DataSplits, limit_splits
+from contrastkit.data import DataSplits, check_indexed, limit_splits
 
 from .config import PretrainConfig
 from .registry import get_method
@@ -21,7 +21,9 @@ def load_data(config: PretrainConfig) -> DataSplits:
     """The data set of ``config.data`` as ``config.method`` reads it
     (:meth:`~contrastkit.methods.Method.load_data`), cut to the configured subsets
     (:func:`limit_data`)."""
-    return limit_data(get_method(config.method).load_data(config), config)
+    dataset = get_method(config.method).load_data(config)
+    check_indexed(dataset, f"the {config.method} run")
+    return limit_data(dataset, config)
 
 
 def limit_data(dataset: DataSplits, config: PretrainConfig) -> DataSplits:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from contrastkit import layout
 from contrastkit import losses
 from contrastkit.data import DataSplit, DataSplits, PairedImages
-from contrastkit.data.paired import check_paired_source
+from contrastkit.data.sources import check_paired_source
 from contrastkit.losses import validation
 from contrastkit.losses.validation import check_probability
 from contrastkit.metrics.batch import IMAGE, TEXT, BatchProblem

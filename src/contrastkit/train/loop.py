@@ -41,7 +41,7 @@ from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
 from contrastkit.data import (DataSplits, DeviceIndexBatches, EpochBatchSampler, OnDevicePlan, add_skipped, as_data,
-                              data_record, hold_on_device, make_loader, skipped_files, skipped_reasons,
+                              check_indexed, data_record, hold_on_device, make_loader, skipped_files, skipped_reasons,
                               skips_bad_files)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
@@ -423,7 +423,9 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                   "before the run's first checkpoint: starting the run over in it", file=sys.stderr, flush=True)
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
-    dataset = limit_data(method.load_data(config) if dataset is None else as_data(dataset), config)
+    opened = method.load_data(config) if dataset is None else as_data(dataset)
+    check_indexed(opened, "pretrain")
+    dataset = limit_data(opened, config)
     if config.paired and getattr(dataset.train, "texts", None) is None:
         raise ValueError(f"{config.method} trains on (image, text) pairs; the data set's items are (image, label) "
                          "(pass paired data: contrastkit.data.as_streaming_pairs, or items (image, str))")
