@@ -194,9 +194,12 @@ def _remove_after_indexing(monkeypatch, count=2):
     reads them: a photo folder cleaned up while a run reads it. Returns their paths."""
     from contrastkit.data import EpochBatchSampler, collection
 
+    import functools
+
     real_open = collection.open_collection
     removed = []
 
+    @functools.wraps(real_open)  # the data source reads the options open_collection takes from its signature
     def open_then_remove(*args, **options):
         data = real_open(*args, **options)
         first_batch = EpochBatchSampler(len(data.train), 8, seed=0).order()[:count].tolist()
