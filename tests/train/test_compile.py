@@ -92,6 +92,24 @@ def test_the_cli_flag_compiles_the_encoder(tmp_path, capsys, monkeypatch, compil
     assert "compile: true" in (out / "config.yaml").read_text()
 
 
+def test_kernels_torch_cannot_build_end_the_run_in_one_line_naming_compile(tmp_path, capsys, monkeypatch):
+    """Where inductor cannot build the encoder's kernels (a toolchain that cannot build for this
+    CPU, an operator it cannot lower), the run said so in torch's traceback of dynamo frames."""
+    real = torch.nn.Module.compile
+
+    def failing_backend(graph, example_inputs):
+        raise RuntimeError("C++ compile error: cannot build a kernel for this CPU")
+
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda module, **options: real(module, backend=failing_backend))
+    code = main(["pretrain", *TINY_ARGS, "--epochs", "1", "--threads", "1", "--compile", "--no-baselines",
+                 "--out", str(tmp_path / "run")])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, error
+    assert error[-1].startswith("contrastkit pretrain: error: --compile: torch.compile could not build"), error
+    assert "cannot build a kernel for this CPU" in error[-1] and "train without --compile" in error[-1]
+    assert not any(line.startswith("Traceback") for line in error)
+
+
 def test_bad_compile_settings_are_clear(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="compile must be true or false"):
         pretrain(tiny_config(tmp_path / "a", compile="yes"), progress=False)

@@ -64,7 +64,7 @@ from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
 from .parallel import LossForward, Parallel, setup
 from .selection import EpochSelection, val_probe_accuracy
-from .setup import compile_encoder, eager_calls, limit_threads, resolve_device
+from .setup import compile_encoder, compile_failure, eager_calls, limit_threads, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
 
@@ -770,6 +770,26 @@ def _micro_batch(configured: int, rows: int) -> int:
     return max(d for d in range(1, min(configured, rows) + 1) if rows % d == 0)
 
 
+def _step_loss_and_backward(run: _Run, batch: Any, batch_labels: Optional[torch.Tensor], on_device: torch.Tensor,
+                            indices: torch.Tensor, checked: bool) -> torch.Tensor:
+    """The step's loss and its gradients (zeroed first), under the run's precision."""
+    precision = run.precision
+    if run.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
+        run.optimizer.zero_grad(set_to_none=True)
+        with value_checks(checked):
+            loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
+                                                   _micro_batch(run.config.micro_batch, int(indices.shape[0])),
+                                                   indices=on_device, tap=run.tap,
+                                                   autocast=precision.autocast, backward=precision.backward)
+        average_gradients(run.model.parameters())
+    else:
+        with precision.autocast(), value_checks(checked):
+            loss = run.step_loss(batch, batch_labels, indices=on_device, tap=run.tap)  # step_loss, DDP-wrapped
+        run.optimizer.zero_grad(set_to_none=True)
+        precision.backward(loss)
+    return loss
+
+
 def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor],
                 metrics: IO[str]) -> Tuple[torch.Tensor, Any]:
     """One optimizer step on the batch of ``indices``; returns its loss (not synced) and the batch.
@@ -791,19 +811,13 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     # non-finite value through the losses' input checks, which would otherwise end the run in a
     # device-side assertion before the loss is read and the step that went wrong is named.
     checked = not run.faults.defers or run.device.type == "cpu"
-    if run.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
-        run.optimizer.zero_grad(set_to_none=True)
-        with value_checks(checked):
-            loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
-                                                   _micro_batch(run.config.micro_batch, int(indices.shape[0])),
-                                                   indices=on_device, tap=run.tap,
-                                                   autocast=precision.autocast, backward=precision.backward)
-        average_gradients(run.model.parameters())
-    else:
-        with precision.autocast(), value_checks(checked):
-            loss = run.step_loss(batch, batch_labels, indices=on_device, tap=run.tap)  # step_loss, DDP-wrapped
-        run.optimizer.zero_grad(set_to_none=True)
-        precision.backward(loss)
+    try:
+        loss = _step_loss_and_backward(run, batch, batch_labels, on_device, indices, checked)
+    except Exception as err:  # a --compile run whose kernels torch cannot build here: one line, not torch's trace
+        failure = compile_failure(err) if run.config.compile else None
+        if failure is None:
+            raise
+        raise failure from err
     if run.faults.keep_update(loss, run.step + 1):  # (a stop signal is agreed on here too)
         precision.step(run.optimizer)
     # The clamp of a learnable tau, a temperature method's own update (iSogCLR's temperatures).

@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
 
-__all__ = ["resolve_device", "limit_threads", "resolve_threads", "compile_encoder", "eager_calls"]
+__all__ = ["resolve_device", "limit_threads", "resolve_threads", "compile_encoder", "compile_failure", "eager_calls"]
 
 
 def resolve_threads(threads: int) -> int:
@@ -87,6 +87,22 @@ def compile_encoder(encoder: nn.Module) -> nn.Module:
                          "clang++, c++ is on the PATH): install one (e.g. apt install g++) or train without --compile")
     encoder.compile()
     return encoder
+
+
+def compile_failure(err: BaseException) -> Optional[ValueError]:
+    """The one-line error for ``err`` when it is torch.compile failing to build the encoder's
+    kernels (dynamo's ``BackendCompilerFailed``, inductor's errors: a toolchain that cannot build
+    for this CPU, an operator inductor cannot lower), else ``None``. Raised from the training step
+    of a ``--compile`` run, so that the user reads what failed and what to do instead of torch's
+    traceback (``contrastkit --traceback`` still shows it)."""
+    module = type(err).__module__ or ""
+    if not (module.startswith("torch._dynamo") or module.startswith("torch._inductor")):
+        return None
+    text = str(err).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    cause = next((line for line in lines if not line.startswith("backend=")), lines[0] if lines else "")
+    return ValueError(f"--compile: torch.compile could not build the encoder's kernels on this machine "
+                      f"({type(err).__name__}: {cause[:300]}); train without --compile")
 
 
 @contextlib.contextmanager
