@@ -71,7 +71,7 @@ def plain_rates(args) -> Dict[str, List[float]]:
                                              else torch.get_num_threads()))
     torch.manual_seed(config.seed)
     method = get_method(config.method)
-    dataset = limit_splits(method.load_data(config), config)
+    dataset = limit_data(method.load_data(config), config)
     train = dataset.train
     n = len(train)
     batch = min(config.batch_size, n)
