@@ -32,24 +32,11 @@ Kinds:
     returns the module itself, whose parameter the trainer must give to its optimizer
     (:attr:`TemperatureSchedule.module`).
 
-Temperature methods (:class:`TemperatureMethod`, :data:`METHODS`): the loss itself decides
-its temperatures (:mod:`contrastkit.losses.adaptive`); the form says which method and its
-settings, :meth:`TemperatureMethod.build` makes the module the two-view loss runs through.
-
-``macl`` (Huang et al., ICML 2023)
-    ``macl``, ``macl:TAU0``, ``macl:TAU0,ALPHA`` or ``macl:TAU0,ALPHA,A0``: the temperature
-    follows the alignment of the positives, ``tau_A = tau_0 (1 + alpha (A - A_0))``, with
-    MACL's reweighting (defaults 0.1, 0.5, 0).
-``dual`` (Zhang et al., CVPR 2022)
-    ``dual`` or ``dual:TAU_ALPHA,TAU_BETA``: intra-anchor ``tau_alpha`` and inter-anchor
-    ``tau_beta`` (defaults 0.1, 1.0).
-``individual`` (iSogCLR, Qiu et al., ICML 2023)
-    ``individual``, ``individual:INITIAL``, ``individual:INITIAL,RHO`` or
-    ``individual:INITIAL,RHO,TAU_MIN,TAU_MAX``: one learnt temperature per training sample
-    (defaults 0.1, 0.4, 0.05, 1.0).
-``network`` (TempNet, Qiu et al., ICML 2024)
-    ``network`` with the same optional values: a head on the embedding predicts each anchor's
-    temperature within ``[TAU_MIN, TAU_MAX]``.
+Temperature methods (:class:`TemperatureMethod`): the loss itself decides its temperatures;
+each is registered, with its defaults, form and explanation, in
+:mod:`contrastkit.temperature_methods` (``macl``, ``dual``, ``individual``, ``network`` and any
+plug-in). The form ``NAME[:VALUES]`` says which method and its settings (:func:`schedule_forms`),
+:meth:`TemperatureMethod.build` makes the loss the two-view method runs through.
 
 A trainer parses the schedule once and, at every step, calls :meth:`TemperatureSchedule.apply`
 on its model's :class:`~contrastkit.losses.Temperature`: a varying schedule sets ``tau`` there
@@ -63,9 +50,11 @@ the fraction of the run already done, so that equal segments hold equal numbers 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from contrastkit.losses import MIN_TEMPERATURE, Temperature
+from contrastkit.temperature_methods import (TEMPERATURE_METHOD_REGISTRY, TemperatureMethodSpec,
+                                             temperature_method_names)
 
 __all__ = [
     "TemperatureSchedule",
@@ -78,12 +67,35 @@ __all__ = [
     "TemperatureMethod",
     "parse_schedule",
     "SCHEDULES",
-    "METHODS",
+    "schedule_kinds",
+    "temperature_method_of",
+    "schedule_forms",
 ]
 
-#: Every temperature method, by name (the loss computes its own temperatures, :class:`TemperatureMethod`).
-METHODS = ("macl", "dual", "individual", "network")
-SCHEDULES = ("constant", "cosine", "kukleva", "linear", "step", "learnable") + METHODS
+#: The schedules of one ``tau``, by kind (the temperature methods are named by their registry,
+#: :func:`schedule_kinds`).
+SCHEDULES = ("constant", "cosine", "kukleva", "linear", "step", "learnable")
+
+
+def schedule_kinds() -> Tuple[str, ...]:
+    """Every kind ``parse_schedule`` reads: the schedules, then the registered temperature methods."""
+    return SCHEDULES + tuple(name for name in temperature_method_names() if name not in SCHEDULES)
+
+
+def temperature_method_of(spec: Optional[str]) -> Optional[TemperatureMethodSpec]:
+    """The record of the temperature method that a ``--temperature-schedule`` form names
+    (``"macl:0.2"`` -> MACL's), or ``None`` for a schedule of one ``tau`` (or no form)."""
+    if not isinstance(spec, str):
+        return None
+    kind = spec.strip().partition(":")[0].strip().lower()
+    return None if kind in SCHEDULES else TEMPERATURE_METHOD_REGISTRY.get(kind)
+
+
+def schedule_forms() -> Dict[str, str]:
+    """The command-line form of every kind (``{"cosine": "cosine:TAU_MIN,TAU_MAX or ...", ...}``),
+    the temperature methods' from their records."""
+    return {**_FORMS, **{name: spec.form for name, spec in TEMPERATURE_METHOD_REGISTRY.items()
+                         if name not in SCHEDULES}}
 
 
 def _tau(value: object, name: str) -> float:
@@ -359,31 +371,40 @@ class KuklevaSchedule(TemperatureSchedule):
 
 
 class TemperatureMethod(TemperatureSchedule):
-    """A temperature method (module docstring): no schedule sets ``tau``; :meth:`build` makes
-    the module (:class:`contrastkit.losses.AdaptiveTemperature`) that computes the two-view
-    loss with its own temperatures. :meth:`value` is the temperature it starts from (what a
-    run reports before its first step). :attr:`needs_indices`: whether it keeps per-sample
-    state (the trainer then passes each batch's sample indices)."""
+    """A temperature method (:mod:`contrastkit.temperature_methods`) with its settings: no
+    schedule sets ``tau``; :meth:`build` makes the loss
+    (:class:`contrastkit.losses.AdaptiveTemperatureLoss`) that computes the two-view loss with
+    its own temperatures. :meth:`value` is the temperature it starts from (what a run reports
+    before its first step). :attr:`needs_indices`: whether it keeps per-sample state (the
+    trainer then passes each batch's sample indices).
+
+    Args:
+        spec: the method's record (:class:`~contrastkit.temperature_methods.TemperatureMethodSpec`).
+        settings: values of its ``options`` (the rest take their defaults).
+    """
 
     varies = False
     adaptive = True
-    needs_indices = False
 
-    def __init__(self, **settings: float) -> None:
-        self.settings = {name: float(value) for name, value in settings.items()}
-        self.build(0, 1)  # the settings are checked once, here
+    def __init__(self, spec: TemperatureMethodSpec, **settings: float) -> None:
+        self.spec = spec
+        self.kind = spec.name
+        self.settings = {**spec.defaults, **settings}
+        self.settings = {name: float(self.settings[name]) for name in spec.options}
+        # The settings are checked once, here, by the loss itself.
+        self.initial = float(self.build(0, 1).initial_value)
+
+    @property
+    def needs_indices(self) -> bool:
+        return self.spec.keeps_sample_state
 
     def build(self, num_samples: int, dim: int) -> Any:
-        """The method's module for a training set of ``num_samples`` and embeddings of ``dim``."""
-        raise NotImplementedError
+        """The method's loss for a training set of ``num_samples`` and embeddings of ``dim``."""
+        return self.spec.build(self.settings, num_samples, dim)
 
     def value(self, step: int, total_steps: int) -> float:
         _check_step(step, total_steps)
         return self.initial
-
-    @property
-    def initial(self) -> float:
-        raise NotImplementedError
 
     @property
     def lowest(self) -> float:
@@ -392,63 +413,8 @@ class TemperatureMethod(TemperatureSchedule):
     def config(self) -> Dict[str, Any]:
         return {"kind": self.kind, **self.settings}
 
-
-class MACLMethod(TemperatureMethod):
-    kind = "macl"
-    _names = ("temperature", "alpha", "threshold")
-    _defaults = (0.1, 0.5, 0.0)
-
-    def build(self, num_samples: int, dim: int) -> Any:
-        from contrastkit.losses import MACL
-
-        return MACL(**self.settings)
-
-    @property
-    def initial(self) -> float:
-        return self.settings["temperature"]
-
-
-class DualMethod(TemperatureMethod):
-    kind = "dual"
-    _names = ("intra_temperature", "inter_temperature")
-    _defaults = (0.1, 1.0)
-
-    def build(self, num_samples: int, dim: int) -> Any:
-        from contrastkit.losses import DualTemperature
-
-        return DualTemperature(**self.settings)
-
-    @property
-    def initial(self) -> float:
-        return self.settings["intra_temperature"]
-
-
-class IndividualMethod(TemperatureMethod):
-    kind = "individual"
-    needs_indices = True
-    _names = ("initial", "rho", "tau_min", "tau_max")
-    _defaults = (0.1, 0.4, 0.05, 1.0)
-
-    def build(self, num_samples: int, dim: int) -> Any:
-        from contrastkit.losses import IndividualTemperatures
-
-        return IndividualTemperatures(num_samples, **self.settings)
-
-    @property
-    def initial(self) -> float:
-        return self.settings["initial"]
-
-
-class NetworkMethod(IndividualMethod):
-    kind = "network"
-
-    def build(self, num_samples: int, dim: int) -> Any:
-        from contrastkit.losses import TemperatureNetwork
-
-        return TemperatureNetwork(dim, num_samples, **self.settings)
-
-
-_METHOD_CLASSES = {cls.kind: cls for cls in (MACLMethod, DualMethod, IndividualMethod, NetworkMethod)}
+    def __repr__(self) -> str:
+        return f"TemperatureMethod({self.kind!r}, {', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
 
 
 _FORMS = {
@@ -458,10 +424,6 @@ _FORMS = {
     "step": "step:V1,V2,... or step:V1,V2,...@F1,... (fractions of the run)",
     "learnable": "learnable or learnable:INITIAL",
     "kukleva": "kukleva, kukleva:TAU_MIN,TAU_MAX or kukleva:TAU_MIN,TAU_MAX,T_EPOCHS",
-    "macl": "macl or macl:TAU0[,ALPHA[,A0]]",
-    "dual": "dual or dual:TAU_ALPHA,TAU_BETA",
-    "individual": "individual or individual:INITIAL[,RHO[,TAU_MIN,TAU_MAX]]",
-    "network": "network or network:INITIAL[,RHO[,TAU_MIN,TAU_MAX]]",
 }
 
 
@@ -471,17 +433,18 @@ def parse_schedule(spec: str, temperature: Optional[float] = None) -> Temperatur
     ``constant`` / ``learnable`` use ``temperature`` unless a value follows the colon;
     ``cosine:0.05,0.5`` (``tau_min, tau_max[, period]``), ``kukleva:0.1,1.0,200``
     (``tau-, tau+, T`` in epochs), ``linear:0.05,0.5`` (``start, end``),
-    ``step:0.05,0.1,0.2`` or ``step:0.05,0.5@0.3`` (values @ milestones); the temperature
-    methods ``macl``, ``dual``, ``individual``, ``network`` with their papers' defaults unless
-    values follow (module docstring).
+    ``step:0.05,0.1,0.2`` or ``step:0.05,0.5@0.3`` (values @ milestones); a registered
+    temperature method (:mod:`contrastkit.temperature_methods`) with its loss's defaults unless
+    values follow (its record's form).
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"temperature schedule must be one of {', '.join(SCHEDULES)}, got {spec!r}")
+        raise ValueError(f"temperature schedule must be one of {', '.join(schedule_kinds())}, got {spec!r}")
     kind, _, rest = spec.strip().partition(":")
     kind = kind.strip().lower()
-    if kind not in SCHEDULES:
-        raise ValueError(f"unknown temperature schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
-    form = _FORMS[kind]
+    method = None if kind in SCHEDULES else TEMPERATURE_METHOD_REGISTRY.get(kind)
+    if kind not in SCHEDULES and method is None:
+        raise ValueError(f"unknown temperature schedule {kind!r}; choose one of {', '.join(schedule_kinds())}")
+    form = _FORMS[kind] if method is None else method.form
 
     def numbers(text: str) -> list:
         try:
@@ -493,14 +456,9 @@ def parse_schedule(spec: str, temperature: Optional[float] = None) -> Temperatur
     if kind == "step" and "@" in rest:
         rest, milestones_text = rest.split("@", 1)
     args = numbers(rest)
-    if kind in _METHOD_CLASSES:
-        cls = _METHOD_CLASSES[kind]
-        allowed = {"macl": (0, 1, 2, 3), "dual": (0, 2)}.get(kind, (0, 1, 2, 4))
-        if len(args) not in allowed:
-            raise ValueError(f"temperature schedule {spec!r}: expected {form}")
-        values = list(args) + list(cls._defaults[len(args):])
+    if method is not None:
         try:
-            return cls(**dict(zip(cls._names, values)))
+            return TemperatureMethod(method, **method.settings(args))
         except (TypeError, ValueError) as err:
             raise ValueError(f"temperature schedule {spec!r}: {err}") from None
     if kind == "kukleva":

@@ -556,10 +556,10 @@ def test_under_ddp_a_batch_short_of_readable_images_on_one_rank_is_skipped_by_ev
 def _registered_runs():
     """Every registered method, and every temperature method with each method that takes one."""
     from contrastkit.methods import get_method, method_names
-    from contrastkit.temperature import METHODS
+    from contrastkit.temperature_methods import temperature_method_names
 
     runs = [(name, None) for name in method_names()]
-    runs += [(name, spec) for name in method_names() if get_method(name).temperature_methods for spec in METHODS]
+    runs += [(name, spec) for name in method_names() if get_method(name).temperature_methods for spec in temperature_method_names()]
     return runs
 
 

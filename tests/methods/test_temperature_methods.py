@@ -12,7 +12,8 @@ import torch
 
 from _tiny_run import tiny_config
 from contrastkit import losses as L
-from contrastkit.temperature import METHODS, KuklevaSchedule, parse_schedule
+from contrastkit.temperature import KuklevaSchedule, parse_schedule
+from contrastkit.temperature_methods import temperature_method_names
 from contrastkit.train import PretrainConfig, pretrain
 
 
@@ -30,7 +31,7 @@ def test_forms(spec, kind, settings):
     assert schedule.adaptive and not schedule.varies and schedule.kind == kind
     assert schedule.config() == {"kind": kind, **settings}
     module = schedule.build(10, 4)
-    assert isinstance(module, L.AdaptiveTemperature) and module.kind == kind
+    assert isinstance(module, L.AdaptiveTemperatureLoss) and module.kind == kind
     assert module.needs_indices == (kind in ("individual", "network"))
     assert schedule.value(0, 5) == module.initial_value
 
@@ -38,7 +39,7 @@ def test_forms(spec, kind, settings):
 @pytest.mark.parametrize("spec, message", [
     ("macl:0,1", "temperature must be positive"),
     ("macl:0.1,2", "alpha must lie in"),
-    ("dual:0.1", "expected dual or dual:TAU_ALPHA,TAU_BETA"),
+    ("dual:0.1", "expected dual or dual:INTRA_TEMPERATURE,INTER_TEMPERATURE"),
     ("individual:0.2,0.4,0.1", "expected individual"),
     ("network:0.01", "initial must lie inside"),
     ("kukleva:1", "expected kukleva"),
@@ -64,7 +65,7 @@ def test_kukleva_is_lightlys_periodic_cosine_of_the_epoch():
         KuklevaSchedule()(3, 10)
 
 
-@pytest.mark.parametrize("spec", METHODS)
+@pytest.mark.parametrize("spec", temperature_method_names())
 def test_methods_other_than_simclr_refuse_a_temperature_method(tmp_path, spec):
     with pytest.raises(ValueError, match="applies to the methods whose loss is NT-Xent on two views"):
         tiny_config(tmp_path, method="dcl", temperature_schedule=spec).resolved()

@@ -181,7 +181,7 @@ class Method:
 
     def end_step(self, model: nn.Module) -> None:
         """After the optimizer's step: a temperature method updates the state it keeps
-        outside the optimizer (:meth:`contrastkit.losses.AdaptiveTemperature.step_`), and the
+        outside the optimizer (:meth:`contrastkit.losses.AdaptiveTemperatureLoss.step_`), and the
         model's reported ``tau`` becomes the mean of the temperatures its anchors used."""
         method = getattr(model, "temperature_method", None)
         if method is not None:
