@@ -101,7 +101,7 @@ def test_the_temperature_methods_study_lists_and_runs_it(tmp_path, toy, capsys):
     assert "macl dual individual network toy" in " ".join(capsys.readouterr().out.split())
     result = studies.run_experiment("temperature-methods", str(tmp_path / "study"), progress=False, seeds=1,
                                     epochs=1, batch_size=20, train_limit=40, eval_every=1, temperatures=[0.2],
-                                    methods=["toy"], jobs=1)
+                                    methods=["toy"], jobs=2)  # two worker processes, the toy known to both
     assert {row["method"] for row in result.rows} == {"fixed", "toy"}
     (verdict,) = result.verdicts
     assert verdict.claim == "Toy (a test of contrastkit) beats the best fixed tau"

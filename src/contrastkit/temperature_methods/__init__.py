@@ -19,6 +19,7 @@ from .registry import (
     explain_at_setting,
     get_temperature_method,
     register_temperature_method,
+    registering_modules,
     temperature_method_names,
     unregister_temperature_method,
 )
@@ -26,4 +27,4 @@ from . import macl, dual, individual, network  # noqa: E402,F401  (the built-ins
 
 __all__ = ["TemperatureMethodSpec", "TEMPERATURE_METHOD_REGISTRY", "register_temperature_method",
            "unregister_temperature_method", "get_temperature_method", "temperature_method_names",
-           "explain_at_setting", "MethodRows"]
+           "explain_at_setting", "MethodRows", "registering_modules"]

@@ -22,6 +22,7 @@ rows of similarities, :func:`contrastkit.analysis.explain_methods`) and the stud
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -29,7 +30,7 @@ import numpy as np
 
 __all__ = ["TemperatureMethodSpec", "TEMPERATURE_METHOD_REGISTRY", "register_temperature_method",
            "unregister_temperature_method", "get_temperature_method", "temperature_method_names",
-           "explain_at_setting", "MethodRows"]
+           "explain_at_setting", "MethodRows", "registering_modules"]
 
 class MethodRows:
     """What an ``explain`` function of a record may ask of the rows it explains (implemented by
@@ -164,6 +165,8 @@ class TemperatureMethodSpec:
 
 #: Every registered temperature method by name, in the order of registration.
 TEMPERATURE_METHOD_REGISTRY: Dict[str, TemperatureMethodSpec] = {}
+#: The module whose import registered each method (a new process imports it to know the method).
+_REGISTERED_BY: Dict[str, str] = {}
 
 
 def register_temperature_method(spec: TemperatureMethodSpec) -> TemperatureMethodSpec:
@@ -175,12 +178,22 @@ def register_temperature_method(spec: TemperatureMethodSpec) -> TemperatureMetho
     if held is not None and held != spec:
         raise ValueError(f"temperature method {spec.name!r} is already registered ({held.loss.__name__})")
     TEMPERATURE_METHOD_REGISTRY[spec.name] = spec
+    _REGISTERED_BY[spec.name] = sys._getframe(1).f_globals.get("__name__", "")
     return spec
 
 
 def unregister_temperature_method(name: str) -> None:
     """Remove the temperature method ``name`` (one a test or a plug-in registered for a while)."""
     TEMPERATURE_METHOD_REGISTRY.pop(name, None)
+    _REGISTERED_BY.pop(name, None)
+
+
+def registering_modules() -> Tuple[str, ...]:
+    """The modules whose import registered the temperature methods (a plug-in's among them),
+    for a process started afresh (a study's workers) to import: it then knows every method
+    this one does. A script's own ``__main__`` is left out (a spawned process runs it as its
+    main module already)."""
+    return tuple(dict.fromkeys(module for module in _REGISTERED_BY.values() if module and module != "__main__"))
 
 
 def temperature_method_names() -> Tuple[str, ...]:
