@@ -35,8 +35,9 @@ Kinds:
 Temperature methods (:class:`TemperatureMethod`): the loss itself decides its temperatures;
 each is registered, with its defaults, form and explanation, in
 :mod:`contrastkit.temperature_methods` (``macl``, ``dual``, ``individual``, ``network`` and any
-plug-in). The form ``NAME[:VALUES]`` says which method and its settings (:func:`schedule_forms`),
-:meth:`TemperatureMethod.build` makes the loss the two-view method runs through.
+plug-in). They are not schedules: a run names one by its own option, ``--temperature-method
+NAME[:VALUES]`` (:func:`parse_temperature_method`), and :meth:`TemperatureMethod.build` makes the
+loss the two-view method runs through.
 
 A trainer parses the schedule once and, at every step, calls :meth:`TemperatureSchedule.apply`
 on its model's :class:`~contrastkit.losses.Temperature`: a varying schedule sets ``tau`` there
@@ -67,19 +68,13 @@ __all__ = [
     "TemperatureMethod",
     "parse_schedule",
     "SCHEDULES",
-    "schedule_kinds",
+    "parse_temperature_method",
     "temperature_method_of",
-    "schedule_forms",
 ]
 
 #: The schedules of one ``tau``, by kind (the temperature methods are named by their registry,
-#: :func:`schedule_kinds`).
+#: :mod:`contrastkit.temperature_methods`).
 SCHEDULES = ("constant", "cosine", "kukleva", "linear", "step", "learnable")
-
-
-def schedule_kinds() -> Tuple[str, ...]:
-    """Every kind ``parse_schedule`` reads: the schedules, then the registered temperature methods."""
-    return SCHEDULES + tuple(name for name in temperature_method_names() if name not in SCHEDULES)
 
 
 def temperature_method_of(spec: Optional[str]) -> Optional[TemperatureMethodSpec]:
@@ -89,13 +84,6 @@ def temperature_method_of(spec: Optional[str]) -> Optional[TemperatureMethodSpec
         return None
     kind = spec.strip().partition(":")[0].strip().lower()
     return None if kind in SCHEDULES else TEMPERATURE_METHOD_REGISTRY.get(kind)
-
-
-def schedule_forms() -> Dict[str, str]:
-    """The command-line form of every kind (``{"cosine": "cosine:TAU_MIN,TAU_MAX or ...", ...}``),
-    the temperature methods' from their records."""
-    return {**_FORMS, **{name: spec.form for name, spec in TEMPERATURE_METHOD_REGISTRY.items()
-                         if name not in SCHEDULES}}
 
 
 def _tau(value: object, name: str) -> float:
@@ -427,24 +415,52 @@ _FORMS = {
 }
 
 
+def parse_temperature_method(form: str) -> TemperatureMethod:
+    """A temperature method from its command-line form ``NAME[:VALUES]`` (its record's
+    :attr:`~contrastkit.temperature_methods.TemperatureMethodSpec.form`; the values not given
+    take its loss's defaults), e.g. ``parse_temperature_method("macl:0.2")``."""
+    names = ", ".join(temperature_method_names())
+    if not isinstance(form, str) or not form.strip():
+        raise ValueError(f"temperature method must be one of {names}, got {form!r}")
+    form = form.strip()
+    kind, _, rest = form.partition(":")
+    kind = kind.strip().lower()
+    method = temperature_method_of(form)
+    if method is None:
+        if kind in SCHEDULES:
+            raise ValueError(f"{form!r} is a schedule of tau (--temperature-schedule), not a temperature method; "
+                             f"choose one of {names}")
+        raise ValueError(f"unknown temperature method {kind!r}; choose one of {names}")
+    try:
+        values = [float(v) for v in rest.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"temperature method {form!r}: expected numbers, as in {method.form}") from None
+    try:
+        return TemperatureMethod(method, **method.settings(values))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"temperature method {form!r}: {err}") from None
+
+
 def parse_schedule(spec: str, temperature: Optional[float] = None) -> TemperatureSchedule:
     """Build a schedule from its command-line form.
 
     ``constant`` / ``learnable`` use ``temperature`` unless a value follows the colon;
     ``cosine:0.05,0.5`` (``tau_min, tau_max[, period]``), ``kukleva:0.1,1.0,200``
     (``tau-, tau+, T`` in epochs), ``linear:0.05,0.5`` (``start, end``),
-    ``step:0.05,0.1,0.2`` or ``step:0.05,0.5@0.3`` (values @ milestones); a registered
-    temperature method (:mod:`contrastkit.temperature_methods`) with its loss's defaults unless
-    values follow (its record's form).
+    ``step:0.05,0.1,0.2`` or ``step:0.05,0.5@0.3`` (values @ milestones). A temperature method
+    is not a schedule (:func:`parse_temperature_method`): its form is refused here, naming
+    ``--temperature-method``.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"temperature schedule must be one of {', '.join(schedule_kinds())}, got {spec!r}")
+        raise ValueError(f"temperature schedule must be one of {', '.join(SCHEDULES)}, got {spec!r}")
     kind, _, rest = spec.strip().partition(":")
     kind = kind.strip().lower()
-    method = None if kind in SCHEDULES else TEMPERATURE_METHOD_REGISTRY.get(kind)
-    if kind not in SCHEDULES and method is None:
-        raise ValueError(f"unknown temperature schedule {kind!r}; choose one of {', '.join(schedule_kinds())}")
-    form = _FORMS[kind] if method is None else method.form
+    if temperature_method_of(spec) is not None:
+        raise ValueError(f"temperature schedule {spec.strip()!r} is a temperature method, not a schedule of tau: "
+                         f"give it as the temperature method (--temperature-method {spec.strip()})")
+    if kind not in SCHEDULES:
+        raise ValueError(f"unknown temperature schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
+    form = _FORMS[kind]
 
     def numbers(text: str) -> list:
         try:
@@ -456,11 +472,6 @@ def parse_schedule(spec: str, temperature: Optional[float] = None) -> Temperatur
     if kind == "step" and "@" in rest:
         rest, milestones_text = rest.split("@", 1)
     args = numbers(rest)
-    if method is not None:
-        try:
-            return TemperatureMethod(method, **method.settings(args))
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"temperature schedule {spec!r}: {err}") from None
     if kind == "kukleva":
         if len(args) not in (0, 2, 3):
             raise ValueError(f"temperature schedule {spec!r}: expected {form}")

@@ -32,8 +32,8 @@ def toy():
 
 def test_without_its_file_the_toy_is_unknown():
     assert "toy" not in temperature_method_names()
-    with pytest.raises(ValueError, match="unknown temperature schedule 'toy'"):
-        tiny_config("unused", temperature_schedule="toy").resolved()
+    with pytest.raises(ValueError, match="unknown temperature method 'toy'"):
+        tiny_config("unused", temperature_method="toy").resolved()
 
 
 def test_its_form_defaults_and_state_come_from_its_loss(toy):
@@ -45,7 +45,7 @@ def test_its_form_defaults_and_state_come_from_its_loss(toy):
 
 def test_it_trains_in_the_loop(tmp_path, toy):
     out = tmp_path / "run"
-    train_only(tiny_config(out, temperature_schedule="toy:0.25,1.5", epochs=1))
+    train_only(tiny_config(out, temperature_method="toy:0.25,1.5", epochs=1))
     state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)["model"]
     # 16 training scenes, batches of 8: every scene trained once, its tau grown once.
     assert state["temperature_method.steps"].tolist() == [1] * 16
@@ -67,7 +67,7 @@ def test_it_trains_under_lightning(tmp_path, toy):
 
     data = ContrastiveDataModule(load_dataset("glyphlab", train_scenes=32, val_scenes=8, test_scenes=8),
                                  batch_size=16)
-    module = ContrastiveModule(PretrainConfig(data="glyphlab", batch_size=16, temperature_schedule="toy:0.2,2",
+    module = ContrastiveModule(PretrainConfig(data="glyphlab", batch_size=16, temperature_method="toy:0.2,2",
                                               seed=0), data)
     trainer = lightning.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                                 enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
@@ -106,4 +106,4 @@ def test_the_temperature_methods_study_lists_and_runs_it(tmp_path, toy, capsys):
     (verdict,) = result.verdicts
     assert verdict.claim == "Toy (a test of contrastkit) beats the best fixed tau"
     toy_run = next(s for s in result.specs if s.row == "toy")
-    assert toy_run.summary["temperature_schedule"] == "toy"
+    assert toy_run.summary["temperature_method"] == "toy"

@@ -25,8 +25,8 @@ similarity:
   the embedding (what it predicts for a real embedding depends on the network, so the row's
   view is the objective's optimum).
 
-Each method is given in its ``--temperature-schedule`` form (``"macl"``, ``"dual:0.1,1"``, ...,
-:func:`contrastkit.temperature.parse_schedule`), with its paper's defaults.
+Each method is given in its ``--temperature-method`` form (``"macl"``, ``"dual:0.1,1"``, ...,
+:func:`contrastkit.temperature.parse_temperature_method`), with its defaults.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from contrastkit.temperature import parse_schedule
+from contrastkit.temperature import parse_temperature_method
 from contrastkit.temperature_methods import MethodRows, temperature_method_names
 
 from .explanation import Explanation, PositiveLike, SimilaritiesLike, _check_tau, _dumps, _explain, _prepare
@@ -205,7 +205,7 @@ def explain_methods(
             (a row ``(K,)`` or ``N`` anchors ``(N, K)``; MACL's alignment is the mean of their
             positives' similarities).
         temperature: the fixed tau to compare with.
-        methods: ``--temperature-schedule`` forms of temperature methods (default: every
+        methods: ``--temperature-method`` forms of temperature methods (default: every
             registered one, :mod:`contrastkit.temperature_methods`, with its defaults).
 
     Example (a row whose positive leads: MACL pulls it by 1 / tau_A whatever P is):
@@ -225,11 +225,8 @@ def explain_methods(
                   rows.softmax(fixed_taus).gradients)
     views = []
     for form in methods:
-        schedule = parse_schedule(form)
-        if not schedule.adaptive:
-            raise ValueError(f"{form!r} is not a temperature method; choose among "
-                             f"{', '.join(temperature_method_names())}")
-        record, settings = schedule.spec, dict(schedule.settings)
+        method = parse_temperature_method(form)
+        record, settings = method.spec, dict(method.settings)
         taus, weights, gradients = record.explain(rows, settings)
         views.append(_view(rows, record.name, f"{record.title} ({record.citation}): {record.summary}", settings,
                            np.asarray(taus, dtype=np.float64), np.asarray(weights, dtype=np.float64),

@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the fixed taus of the sweep (default "
                              + ",".join(f"{t:g}" for t in TEMPERATURE_METHODS.defaults["temperatures"]) + ")")
     parser.add_argument("--method", action="append", default=None, metavar="FORM",
-                        help="temperature-methods: a method in its --temperature-schedule form, repeat for several "
+                        help="temperature-methods: a method in its --temperature-method form, repeat for several "
                              "(default: every registered method, " + " ".join(default_methods()) + ", with its "
                              "defaults)")
     parser.add_argument("--text-encoder", choices=("transformer", "mean"), default=None,

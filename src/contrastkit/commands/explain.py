@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "docs/temperature-methods.md) does to the probabilities, gradients and penalty, next "
                              "to the fixed --tau")
     parser.add_argument("--method", action="append", metavar="FORM",
-                        help="one temperature method in its --temperature-schedule form (repeat for several), "
+                        help="one temperature method in its --temperature-method form (repeat for several), "
                              "e.g. macl:0.1,1 or dual:0.1,0.5; implies --methods")
     # No number here: the default is contrastkit.losses.sigmoid.SIGLIP_BIAS, read when the command
     # runs (importing it loads torch, which --help and a mistyped argument should not wait for).

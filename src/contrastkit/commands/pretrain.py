@@ -83,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--temperature-schedule", default=None, metavar="SCHEDULE",
         help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], kukleva[:MIN,MAX[,T_EPOCHS]], "
              "linear:START,END, step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; siglip: "
-             "learnable, constant fixes its tau); or a temperature method of simclr: "
+             "learnable, constant fixes its tau)")
+    add("--temperature-method", default=None, metavar="METHOD",
+        help="a loss that decides its own temperatures, in place of simclr's NT-Xent at one tau: "
              + "; ".join(spec.form for spec in TEMPERATURE_METHOD_REGISTRY.values())
              + " (see docs/temperature-methods.md)")
     add("--epochs", type=int, default=None, help=f"(default {d.epochs})")

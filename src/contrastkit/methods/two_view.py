@@ -14,7 +14,7 @@ from contrastkit import losses
 from contrastkit.data import MODES, DataSplit, DataSplits, training_views
 from contrastkit.metrics.batch import VIEW_A, VIEW_B, BatchProblem
 from contrastkit.models import ProjectionHead, build_encoder
-from contrastkit.temperature import parse_schedule, temperature_method_of
+from contrastkit.temperature import parse_temperature_method
 
 from .base import Batch, EvalContext, Method, across_ranks
 from .geometry import geometry
@@ -55,12 +55,11 @@ class TwoViewMethod(Method):
     def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,
                     encoder: Optional[nn.Module] = None) -> nn.Module:
         temperature_method = None
-        if temperature_method_of(config.temperature_schedule) is not None:  # it replaces NT-Xent
-            # The schedule the configuration parsed (a run rebuilt from its saved configuration
+        if config.temperature_method is not None:  # it replaces NT-Xent
+            # The method the configuration parsed (a run rebuilt from its saved configuration
             # parses it here); without the data, the per-sample state's size comes from the checkpoint.
-            schedule = config.__dict__.get("_schedule") or parse_schedule(config.temperature_schedule,
-                                                                          config.temperature)
-            temperature_method = schedule.build(config.__dict__.get("_train_size", 0), config.projection_dim)
+            method = config.__dict__.get("_schedule") or parse_temperature_method(config.temperature_method)
+            temperature_method = method.build(config.__dict__.get("_train_size", 0), config.projection_dim)
         return ContrastiveModel(
             self, config.encoder if encoder is None else encoder, in_channels,
             temperature=config.temperature, learnable_temperature=config.learnable_temperature,
@@ -104,7 +103,7 @@ class TwoViewMethod(Method):
 
 class SimCLR(TwoViewMethod):
     """:func:`~contrastkit.losses.nt_xent_views` on the ``2N`` anchors of both views; with a
-    temperature method (``--temperature-schedule NAME``, :mod:`contrastkit.temperature_methods`), that method's
+    temperature method (``--temperature-method NAME``, :mod:`contrastkit.temperature_methods`), that method's
     loss on the same anchors (:mod:`contrastkit.losses.adaptive`)."""
 
     name = "simclr"

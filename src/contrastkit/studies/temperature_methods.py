@@ -10,7 +10,7 @@ a fixed tau:
 * TempNet (Qiu et al., ICML 2024): ``network``.
 
 Each seed trains SimCLR's NT-Xent at every fixed tau of a sweep (``temperatures``) and once with
-each method (``--temperature-schedule FORM``), all with the same data, epochs, batch, seed and
+each method (``--temperature-method FORM``), all with the same data, epochs, batch, seed and
 read-out (the textbook, section 30.2, exercise F5: with ``eval_every`` the val probe picks the
 epoch, the test probe of that epoch is compared). The best fixed tau is the one with the
 highest mean *val* probe accuracy over the seeds (its test accuracy when no run read the val
@@ -41,7 +41,7 @@ __all__ = ["TEMPERATURE_METHODS", "default_methods", "methods_rows", "methods_ve
            "best_fixed_temperature"]
 
 def default_methods() -> List[str]:
-    """Every registered temperature method, with its defaults (``--temperature-schedule``
+    """Every registered temperature method, with its defaults (``--temperature-method``
     forms; :mod:`contrastkit.temperature_methods`)."""
     from contrastkit.temperature_methods import temperature_method_names
 
@@ -58,7 +58,7 @@ DEFAULTS: Dict[str, Any] = {"data": "glyphlab", "data_options": {}, "seeds": 3,
 
 
 def _check(settings: Dict[str, Any]) -> Dict[str, Any]:
-    from contrastkit.temperature import parse_schedule
+    from contrastkit.temperature import parse_temperature_method
 
     check_counts(settings)
     if settings["methods"] is None:  # every registered method, as registered when the study runs
@@ -70,12 +70,9 @@ def _check(settings: Dict[str, Any]) -> Dict[str, Any]:
     kinds = []
     for text in methods:
         try:
-            schedule = parse_schedule(str(text))
+            kinds.append(parse_temperature_method(str(text)).kind)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"--method: {err}") from None
-        if not schedule.adaptive:
-            raise ValueError(f"--method {text!r} is not a temperature method ({', '.join(default_methods())})")
-        kinds.append(schedule.kind)
+            raise ValueError(f"--method {text!r} is not a temperature method: {err}") from None
     if len(set(kinds)) != len(kinds):
         raise ValueError(f"--method names a method twice: {list(methods)}")
     settings["methods"] = [str(text) for text in methods]
@@ -94,7 +91,7 @@ def _specs(settings: Dict[str, Any]) -> List[RunSpec]:
             specs.append(RunSpec(f"fixed-tau{tau:g}-seed{seed}", FIXED, f"tau {tau:g}, seed {seed}", config,
                                  baselines=k == 0))
         for form in settings["methods"]:
-            config = run_config(settings, data=settings["data"], method="simclr", temperature_schedule=form,
+            config = run_config(settings, data=settings["data"], method="simclr", temperature_method=form,
                                 seed=seed)
             specs.append(RunSpec(f"{_kind(form)}-seed{seed}", _kind(form), f"seed {seed}", config))
     return specs
@@ -115,7 +112,7 @@ def methods_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
     rows = []
     for spec in specs:
         s = spec.summary or {}
-        tau = (f"{spec.config['temperature']:g}" if spec.row == FIXED else spec.config["temperature_schedule"])
+        tau = (f"{spec.config['temperature']:g}" if spec.row == FIXED else spec.config["temperature_method"])
         columns = schedule_columns(s, spec.name)
         rows.append({"method": spec.row, "tau": tau, "seed": spec.config["seed"],
                      **{key: columns.pop(key) for key in ("probe_accuracy", "knn_accuracy", "epoch",
