@@ -32,12 +32,9 @@ Kinds:
     returns the module itself, whose parameter the trainer must give to its optimizer
     (:attr:`TemperatureSchedule.module`).
 
-Temperature methods (:class:`TemperatureMethod`): the loss itself decides its temperatures;
-each is registered, with its defaults, form and explanation, in
-:mod:`contrastkit.temperature_methods` (``macl``, ``dual``, ``individual``, ``network`` and any
-plug-in). They are not schedules: a run names one by its own option, ``--temperature-method
-NAME[:VALUES]`` (:func:`parse_temperature_method`), and :meth:`TemperatureMethod.build` makes the
-loss the two-view method runs through.
+Temperature methods, whose loss decides its own temperatures, are not schedules: they are
+:mod:`contrastkit.temperature_methods`, a run's own option (``--temperature-method``);
+:func:`parse_schedule` refuses their forms, naming that option.
 
 A trainer parses the schedule once and, at every step, calls :meth:`TemperatureSchedule.apply`
 on its model's :class:`~contrastkit.losses.Temperature`: a varying schedule sets ``tau`` there
@@ -54,8 +51,7 @@ import math
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from contrastkit.losses import MIN_TEMPERATURE, Temperature
-from contrastkit.temperature_methods import (TEMPERATURE_METHOD_REGISTRY, TemperatureMethodSpec,
-                                             temperature_method_names)
+from contrastkit.temperature_methods import SCHEDULE_KINDS, temperature_method_of
 
 __all__ = [
     "TemperatureSchedule",
@@ -65,25 +61,13 @@ __all__ = [
     "StepSchedule",
     "LearnableSchedule",
     "KuklevaSchedule",
-    "TemperatureMethod",
     "parse_schedule",
     "SCHEDULES",
-    "parse_temperature_method",
-    "temperature_method_of",
 ]
 
 #: The schedules of one ``tau``, by kind (the temperature methods are named by their registry,
 #: :mod:`contrastkit.temperature_methods`).
-SCHEDULES = ("constant", "cosine", "kukleva", "linear", "step", "learnable")
-
-
-def temperature_method_of(spec: Optional[str]) -> Optional[TemperatureMethodSpec]:
-    """The record of the temperature method that a ``--temperature-schedule`` form names
-    (``"macl:0.2"`` -> MACL's), or ``None`` for a schedule of one ``tau`` (or no form)."""
-    if not isinstance(spec, str):
-        return None
-    kind = spec.strip().partition(":")[0].strip().lower()
-    return None if kind in SCHEDULES else TEMPERATURE_METHOD_REGISTRY.get(kind)
+SCHEDULES = SCHEDULE_KINDS
 
 
 def _tau(value: object, name: str) -> float:
@@ -120,8 +104,6 @@ class TemperatureSchedule:
     kind = ""
     module: Optional[Temperature] = None
     varies = True  # tau is a function of the step, set on the model's Temperature by apply()
-    #: Whether the loss computes its own temperatures (a :class:`TemperatureMethod`).
-    adaptive = False
 
     def bind(self, *, epochs: int) -> "TemperatureSchedule":
         """Tell the schedule how many epochs the run has (a schedule that counts epochs needs
@@ -358,53 +340,6 @@ class KuklevaSchedule(TemperatureSchedule):
         return {"kind": self.kind, "tau_min": self.tau_min, "tau_max": self.tau_max, "half_period": self.half_period}
 
 
-class TemperatureMethod(TemperatureSchedule):
-    """A temperature method (:mod:`contrastkit.temperature_methods`) with its settings: no
-    schedule sets ``tau``; :meth:`build` makes the loss
-    (:class:`contrastkit.losses.AdaptiveTemperatureLoss`) that computes the two-view loss with
-    its own temperatures. :meth:`value` is the temperature it starts from (what a run reports
-    before its first step). :attr:`needs_indices`: whether it keeps per-sample state (the
-    trainer then passes each batch's sample indices).
-
-    Args:
-        spec: the method's record (:class:`~contrastkit.temperature_methods.TemperatureMethodSpec`).
-        settings: values of its ``options`` (the rest take their defaults).
-    """
-
-    varies = False
-    adaptive = True
-
-    def __init__(self, spec: TemperatureMethodSpec, **settings: float) -> None:
-        self.spec = spec
-        self.kind = spec.name
-        self.settings = {**spec.defaults, **settings}
-        self.settings = {name: float(self.settings[name]) for name in spec.options}
-        # The settings are checked once, here, by the loss itself.
-        self.initial = float(self.build(0, 1).initial_value)
-
-    @property
-    def needs_indices(self) -> bool:
-        return self.spec.keeps_sample_state
-
-    def build(self, num_samples: int, dim: int) -> Any:
-        """The method's loss for a training set of ``num_samples`` and embeddings of ``dim``."""
-        return self.spec.build(self.settings, num_samples, dim)
-
-    def value(self, step: int, total_steps: int) -> float:
-        _check_step(step, total_steps)
-        return self.initial
-
-    @property
-    def lowest(self) -> float:
-        return min(self.initial, self.settings.get("tau_min", self.initial))
-
-    def config(self) -> Dict[str, Any]:
-        return {"kind": self.kind, **self.settings}
-
-    def __repr__(self) -> str:
-        return f"TemperatureMethod({self.kind!r}, {', '.join(f'{k}={v!r}' for k, v in self.settings.items())})"
-
-
 _FORMS = {
     "constant": "constant or constant:TAU",
     "cosine": "cosine:TAU_MIN,TAU_MAX or cosine:TAU_MIN,TAU_MAX,PERIOD_STEPS",
@@ -415,32 +350,6 @@ _FORMS = {
 }
 
 
-def parse_temperature_method(form: str) -> TemperatureMethod:
-    """A temperature method from its command-line form ``NAME[:VALUES]`` (its record's
-    :attr:`~contrastkit.temperature_methods.TemperatureMethodSpec.form`; the values not given
-    take its loss's defaults), e.g. ``parse_temperature_method("macl:0.2")``."""
-    names = ", ".join(temperature_method_names())
-    if not isinstance(form, str) or not form.strip():
-        raise ValueError(f"temperature method must be one of {names}, got {form!r}")
-    form = form.strip()
-    kind, _, rest = form.partition(":")
-    kind = kind.strip().lower()
-    method = temperature_method_of(form)
-    if method is None:
-        if kind in SCHEDULES:
-            raise ValueError(f"{form!r} is a schedule of tau (--temperature-schedule), not a temperature method; "
-                             f"choose one of {names}")
-        raise ValueError(f"unknown temperature method {kind!r}; choose one of {names}")
-    try:
-        values = [float(v) for v in rest.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"temperature method {form!r}: expected numbers, as in {method.form}") from None
-    try:
-        return TemperatureMethod(method, **method.settings(values))
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"temperature method {form!r}: {err}") from None
-
-
 def parse_schedule(spec: str, temperature: Optional[float] = None) -> TemperatureSchedule:
     """Build a schedule from its command-line form.
 
@@ -448,8 +357,8 @@ def parse_schedule(spec: str, temperature: Optional[float] = None) -> Temperatur
     ``cosine:0.05,0.5`` (``tau_min, tau_max[, period]``), ``kukleva:0.1,1.0,200``
     (``tau-, tau+, T`` in epochs), ``linear:0.05,0.5`` (``start, end``),
     ``step:0.05,0.1,0.2`` or ``step:0.05,0.5@0.3`` (values @ milestones). A temperature method
-    is not a schedule (:func:`parse_temperature_method`): its form is refused here, naming
-    ``--temperature-method``.
+    is not a schedule (:func:`contrastkit.temperature_methods.parse_temperature_method`): its form
+    is refused here, naming ``--temperature-method``.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"temperature schedule must be one of {', '.join(SCHEDULES)}, got {spec!r}")

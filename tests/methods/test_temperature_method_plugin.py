@@ -41,6 +41,14 @@ def test_its_form_defaults_and_state_come_from_its_loss(toy):
     assert spec.defaults == {"temperature": 0.3, "growth": 1.1}  # ToyTemperatureLoss's signature
     assert spec.form == "toy or toy:TEMPERATURE[,GROWTH]" and spec.keeps_sample_state
     assert temperature_method_names()[-1] == "toy"
+    from dataclasses import replace
+
+    from contrastkit.temperature_methods import register_temperature_method
+
+    with pytest.raises(ValueError, match="'cosine' names a temperature schedule"):
+        register_temperature_method(replace(spec, name="cosine"))
+    with pytest.raises(ValueError, match="'toy' is already registered"):
+        register_temperature_method(replace(spec, summary="another toy"))
 
 
 def test_it_trains_in_the_loop(tmp_path, toy):

@@ -12,7 +12,8 @@ import torch
 
 from _tiny_run import tiny_config
 from contrastkit import losses as L
-from contrastkit.temperature import KuklevaSchedule, parse_schedule, parse_temperature_method
+from contrastkit.temperature import KuklevaSchedule, parse_schedule
+from contrastkit.temperature_methods import parse_temperature_method
 from contrastkit.temperature_methods import temperature_method_names
 from contrastkit.train import PretrainConfig, pretrain
 
@@ -28,12 +29,12 @@ from contrastkit.train import PretrainConfig, pretrain
 ])
 def test_forms(spec, kind, settings):
     schedule = parse_temperature_method(spec)
-    assert schedule.adaptive and not schedule.varies and schedule.kind == kind
+    assert schedule.kind == kind
     assert schedule.config() == {"kind": kind, **settings}
     module = schedule.build(10, 4)
     assert isinstance(module, L.AdaptiveTemperatureLoss) and module.kind == kind
     assert module.needs_indices == (kind in ("individual", "network"))
-    assert schedule.value(0, 5) == module.initial_value
+    assert schedule.initial == module.initial_value
 
 
 @pytest.mark.parametrize("spec, message", [

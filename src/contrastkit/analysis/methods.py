@@ -26,7 +26,7 @@ similarity:
   view is the objective's optimum).
 
 Each method is given in its ``--temperature-method`` form (``"macl"``, ``"dual:0.1,1"``, ...,
-:func:`contrastkit.temperature.parse_temperature_method`), with its defaults.
+:func:`contrastkit.temperature_methods.parse_temperature_method`), with its defaults.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from contrastkit.temperature import parse_temperature_method
-from contrastkit.temperature_methods import MethodRows, temperature_method_names
+from contrastkit.temperature_methods import MethodRows, parse_temperature_method, temperature_method_names
 
 from .explanation import Explanation, PositiveLike, SimilaritiesLike, _check_tau, _dumps, _explain, _prepare
 

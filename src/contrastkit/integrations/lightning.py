@@ -198,7 +198,7 @@ class ContrastiveModule(lightning.LightningModule):
                 raise TypeError(f"loss must be callable as loss(z_a, z_b, **keywords), got {type(loss).__name__}")
             if isinstance(method, MoCo):
                 raise ValueError("loss= replaces a two-view loss; moco's loss is the InfoNCE of its key queue")
-            if config.schedule.adaptive:
+            if config.temperature_method is not None:
                 raise ValueError(f"loss= replaces the method's loss; temperature_method "
                                  f"{config.temperature_method!r} is that loss: pass one or the other")
         dataset = _data_set(data)

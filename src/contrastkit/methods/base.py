@@ -94,7 +94,7 @@ class Method:
     #: negatives). A new method opts in.
     cached_gradients: ClassVar[bool] = False
     #: Whether the method's loss is NT-Xent on two views, so that a temperature method
-    #: (:class:`contrastkit.temperature.TemperatureMethod`: MACL, dual, individual, network)
+    #: (:class:`contrastkit.temperature_methods.TemperatureMethod`: MACL, dual, individual, network, a plug-in)
     #: can take its place; the model then holds it as ``temperature_method``, and where it
     #: keeps per-sample state the method's :meth:`objective` gets the batch's sample indices
     #: as the keyword ``indices=`` (``(N,)``, in the training split).

@@ -131,7 +131,8 @@ def _resolve_schedule(c: "PretrainConfig") -> "TemperatureSchedule":
     against :data:`~contrastkit.losses.MIN_TEMPERATURE`, make ``learnable`` and
     ``learnable_temperature`` agree, and return the schedule the trainer follows."""
     from contrastkit.losses import MIN_TEMPERATURE
-    from contrastkit.temperature import LearnableSchedule, parse_schedule, parse_temperature_method
+    from contrastkit.temperature import ConstantSchedule, LearnableSchedule, parse_schedule
+    from contrastkit.temperature_methods import parse_temperature_method
 
     if c.temperature_method is not None:
         # A temperature method computes its own temperatures inside the method's loss.
@@ -151,8 +152,9 @@ def _resolve_schedule(c: "PretrainConfig") -> "TemperatureSchedule":
                              f"below the supported minimum {MIN_TEMPERATURE}")
         c.temperature_method = c.temperature_method.strip()
         c.temperature_schedule = None  # no schedule of one tau
-        c.temperature = method.value(0, 1)  # the tau a run reports before its first step
-        return method
+        c.temperature = method.initial  # the tau a run reports before its first step
+        c._temperature_method = method
+        return ConstantSchedule(method.initial)  # nothing sets the model's tau during the run
     if c.temperature_schedule is None:
         c.temperature_schedule = get_method(c.method).default_schedule
     schedule = parse_schedule(c.temperature_schedule, c.temperature).bind(epochs=c.epochs)
@@ -365,9 +367,9 @@ class PretrainConfig:
 
     def _copy(self) -> "PretrainConfig":
         """A copy that keeps what :meth:`resolved` and :meth:`fit_to_data` worked out beyond the
-        fields (the parsed schedule, the record of the data-sized defaults)."""
+        fields (the parsed schedule or temperature method, the record of the data-sized defaults)."""
         c = PretrainConfig(**asdict(self))
-        for name in ("_schedule", "_data_defaults", "_train_size"):
+        for name in ("_schedule", "_temperature_method", "_data_defaults", "_train_size"):
             if name in self.__dict__:
                 setattr(c, name, self.__dict__[name])
         return c

@@ -14,7 +14,7 @@ from contrastkit import losses
 from contrastkit.data import MODES, DataSplit, DataSplits, training_views
 from contrastkit.metrics.batch import VIEW_A, VIEW_B, BatchProblem
 from contrastkit.models import ProjectionHead, build_encoder
-from contrastkit.temperature import parse_temperature_method
+from contrastkit.temperature_methods import parse_temperature_method
 
 from .base import Batch, EvalContext, Method, across_ranks
 from .geometry import geometry
@@ -58,7 +58,8 @@ class TwoViewMethod(Method):
         if config.temperature_method is not None:  # it replaces NT-Xent
             # The method the configuration parsed (a run rebuilt from its saved configuration
             # parses it here); without the data, the per-sample state's size comes from the checkpoint.
-            method = config.__dict__.get("_schedule") or parse_temperature_method(config.temperature_method)
+            method = (config.__dict__.get("_temperature_method")
+                      or parse_temperature_method(config.temperature_method))
             temperature_method = method.build(config.__dict__.get("_train_size", 0), config.projection_dim)
         return ContrastiveModel(
             self, config.encoder if encoder is None else encoder, in_channels,

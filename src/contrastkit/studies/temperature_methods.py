@@ -58,7 +58,7 @@ DEFAULTS: Dict[str, Any] = {"data": "glyphlab", "data_options": {}, "seeds": 3,
 
 
 def _check(settings: Dict[str, Any]) -> Dict[str, Any]:
-    from contrastkit.temperature import parse_temperature_method
+    from contrastkit.temperature_methods import parse_temperature_method
 
     check_counts(settings)
     if settings["methods"] is None:  # every registered method, as registered when the study runs

@@ -13,6 +13,7 @@ list it (docs/temperature-methods.md).
 """
 
 from .registry import (
+    SCHEDULE_KINDS,
     TEMPERATURE_METHOD_REGISTRY,
     MethodRows,
     TemperatureMethodSpec,
@@ -23,8 +24,10 @@ from .registry import (
     temperature_method_names,
     unregister_temperature_method,
 )
+from .method import TemperatureMethod, parse_temperature_method, temperature_method_of
 from . import macl, dual, individual, network  # noqa: E402,F401  (the built-ins register themselves)
 
 __all__ = ["TemperatureMethodSpec", "TEMPERATURE_METHOD_REGISTRY", "register_temperature_method",
            "unregister_temperature_method", "get_temperature_method", "temperature_method_names",
-           "explain_at_setting", "MethodRows", "registering_modules"]
+           "explain_at_setting", "MethodRows", "registering_modules", "TemperatureMethod",
+           "parse_temperature_method", "temperature_method_of"]

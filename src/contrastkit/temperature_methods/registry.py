@@ -30,7 +30,11 @@ import numpy as np
 
 __all__ = ["TemperatureMethodSpec", "TEMPERATURE_METHOD_REGISTRY", "register_temperature_method",
            "unregister_temperature_method", "get_temperature_method", "temperature_method_names",
-           "explain_at_setting", "MethodRows", "registering_modules"]
+           "explain_at_setting", "MethodRows", "registering_modules", "SCHEDULE_KINDS"]
+
+#: The kinds of the schedules of one tau (:data:`contrastkit.temperature.SCHEDULES` is this
+#: tuple): no temperature method may take one of these names.
+SCHEDULE_KINDS = ("constant", "cosine", "kukleva", "linear", "step", "learnable")
 
 class MethodRows:
     """What an ``explain`` function of a record may ask of the rows it explains (implemented by
@@ -174,6 +178,8 @@ def register_temperature_method(spec: TemperatureMethodSpec) -> TemperatureMetho
     (one method owns each name)."""
     if not isinstance(spec, TemperatureMethodSpec):
         raise TypeError(f"register_temperature_method takes a TemperatureMethodSpec, got {type(spec).__name__}")
+    if spec.name in SCHEDULE_KINDS:
+        raise ValueError(f"{spec.name!r} names a temperature schedule; a temperature method needs another name")
     held = TEMPERATURE_METHOD_REGISTRY.get(spec.name)
     if held is not None and held != spec:
         raise ValueError(f"temperature method {spec.name!r} is already registered ({held.loss.__name__})")
