@@ -13,7 +13,7 @@ import torch
 from _tiny_run import tiny_config
 from contrastkit import losses as L
 from contrastkit.temperature import KuklevaSchedule, parse_schedule
-from contrastkit.temperature_methods import parse_temperature_method
+from contrastkit.temperature_methods import get_temperature_method, parse_temperature_method
 from contrastkit.temperature_methods import temperature_method_names
 from contrastkit.train import PretrainConfig, pretrain
 
@@ -32,7 +32,7 @@ def test_forms(spec, kind, settings):
     assert schedule.kind == kind
     assert schedule.config() == {"kind": kind, **settings}
     module = schedule.build(10, 4)
-    assert isinstance(module, L.AdaptiveTemperatureLoss) and module.kind == kind
+    assert isinstance(module, L.AdaptiveTemperatureLoss) and type(module) is get_temperature_method(kind).loss
     assert module.needs_indices == (kind in ("individual", "network"))
     assert schedule.initial == module.initial_value
 

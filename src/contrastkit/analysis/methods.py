@@ -1,29 +1,17 @@
 """What each temperature method does to one row of similarities, next to a fixed tau.
 
 For anchor ``i`` (its similarities ``s_ij``, its positive ``+``, its negatives ``j``) every
-method of :mod:`contrastkit.losses.adaptive` is a softmax at some temperature with a gradient
+temperature method (:mod:`contrastkit.temperature_methods`) is a softmax at some temperature with a gradient
 of its own; :func:`explain_methods` gives, for each, the temperature every anchor uses, the
 probabilities and the penalty distribution over the negatives at that temperature (an
 :class:`~contrastkit.analysis.Explanation`), and the gradient the method's loss sends to each
 similarity:
 
 * fixed ``tau``: InfoNCE, ``dl/ds_j = p_j / tau``, ``dl/ds_+ = (p_+ - 1) / tau``.
-* MACL (Huang et al., ICML 2023): ``tau_A = tau_0 (1 + alpha (A - A_0))`` with ``A`` the mean
-  similarity of the rows' positives; the gradient at ``tau_A`` times ``w_i = 1 / (1 - P_i)``,
-  so every anchor's positive is pulled by exactly ``1 / tau_A``, solved or not.
-* dual temperature (Zhang et al., CVPR 2022): the softmax (and the penalty over negatives) at
-  ``tau_alpha``, the gradient times ``w_i = (1 - P_i(tau_beta)) / (1 - P_i(tau_alpha))``: the
-  positive is pulled by ``(1 - P_i(tau_beta)) / tau_alpha``.
-* individual (iSogCLR, Qiu et al., ICML 2023) and network (TempNet, Qiu et al., ICML 2024):
-  the robust objective ``F_i = tau_i log E_j exp((s_ij - s_+) / tau_i) + tau_i rho`` at the
-  temperature that minimises it for this row: ``dF/dtau = rho - KL(q || uniform)`` with ``q``
-  the penalty distribution over the negatives, so the row's temperature is the one whose
-  penalty is ``rho`` nats away from uniform (its entropy ``log M - rho``, ``M e^-rho``
-  effective negatives), clipped to ``[tau_min, tau_max]``. The gradient (with the moving
-  estimate equal to the batch's) is ``dF/ds_j = q_j`` and ``dF/ds_+ = -1``. iSogCLR's learnt
-  temperatures move towards this value; TempNet is trained towards it and predicts it from
-  the embedding (what it predicts for a real embedding depends on the network, so the row's
-  view is the objective's optimum).
+* each registered temperature method: what its record's ``explain`` says and computes
+  (:mod:`contrastkit.temperature_methods`: MACL's ``tau_A`` and ``1 / (1 - P_i)`` weight, dual
+  temperature's two, the robust objective's optimum for iSogCLR and TempNet, a plug-in's own),
+  on the rows as :class:`~contrastkit.temperature_methods.MethodRows` offers them.
 
 Each method is given in its ``--temperature-method`` form (``"macl"``, ``"dual:0.1,1"``, ...,
 :func:`contrastkit.temperature_methods.parse_temperature_method`), with its defaults.

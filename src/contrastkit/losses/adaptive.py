@@ -371,7 +371,6 @@ class AdaptiveTemperatureLoss(nn.Module):
     """
 
     needs_indices = False
-    kind = ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -403,8 +402,6 @@ class AdaptiveTemperatureLoss(nn.Module):
 class MACLNTXentLoss(AdaptiveTemperatureLoss):
     """:func:`macl_nt_xent` as a temperature method (no state)."""
 
-    kind = "macl"
-
     def __init__(self, temperature: float = MACL_TEMPERATURE, alpha: float = MACL_ALPHA,
                  threshold: float = MACL_THRESHOLD) -> None:
         super().__init__()
@@ -432,8 +429,6 @@ class MACLNTXentLoss(AdaptiveTemperatureLoss):
 
 class DualTemperatureNTXentLoss(AdaptiveTemperatureLoss):
     """:func:`dual_temperature_nt_xent` as a temperature method (no state)."""
-
-    kind = "dual"
 
     def __init__(self, intra_temperature: float = DUAL_INTRA, inter_temperature: float = DUAL_INTER) -> None:
         super().__init__()
@@ -542,8 +537,6 @@ class IndividualTemperatureLoss(_PerSampleState):
             ``gamma = 0.8``, ``beta = 0.5``, ``eta = 0.03``.
     """
 
-    kind = "individual"
-
     def __init__(self, num_samples: int, initial: float = ISOGCLR["initial"], *, tau_min: float = ISOGCLR["tau_min"],
                  tau_max: float = ISOGCLR["tau_max"], rho: float = ISOGCLR["rho"], gamma: float = ISOGCLR["gamma"],
                  beta: float = ISOGCLR["beta"], eta: float = ISOGCLR["eta"]) -> None:
@@ -623,8 +616,6 @@ class TemperatureNetworkLoss(_PerSampleState):
         prototypes: the number of prototypes (default 256, the paper's).
         rho, gamma: the robust objective's (``ISOGCLR``).
     """
-
-    kind = "network"
 
     def __init__(self, dim: int, num_samples: int, initial: float = ISOGCLR["initial"], *,
                  tau_min: float = ISOGCLR["tau_min"], tau_max: float = ISOGCLR["tau_max"], prototypes: int = 256,

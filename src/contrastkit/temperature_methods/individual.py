@@ -16,7 +16,14 @@ from .registry import MethodRows, TemperatureMethodSpec, register_temperature_me
 def explain_robust(rows: MethodRows, settings: Mapping[str, float]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The robust objective ``F_i = tau_i log E_j exp((s_ij - s_+) / tau_i) + tau_i rho`` at the
     temperature that minimises it for each row (its penalty ``rho`` nats from uniform, clipped to
-    ``[tau_min, tau_max]``): weight ``tau_i``, ``dF/ds_j = q_j``, ``dF/ds_+ = -1``."""
+    ``[tau_min, tau_max]``): weight ``tau_i``, ``dF/ds_j = q_j``, ``dF/ds_+ = -1``.
+
+    Why that temperature: ``dF/dtau = rho - KL(q || uniform)`` with ``q`` the penalty
+    distribution over the negatives, so the optimum's penalty has entropy ``log M - rho``
+    (``M e^-rho`` effective negatives). The gradient takes the moving estimate equal to the
+    batch's. iSogCLR's learnt temperatures move towards this value; TempNet is trained towards
+    it and predicts it from the embedding (what it predicts for a real embedding depends on the
+    network, so the row's view is the objective's optimum)."""
     taus = rows.robust_temperature(settings["rho"], settings["tau_min"], settings["tau_max"])
     softmax = rows.softmax(taus)
     gradients = softmax.penalty.copy()
