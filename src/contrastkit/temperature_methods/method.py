@@ -18,10 +18,9 @@ class TemperatureMethod:
         spec: the method's record (:class:`~contrastkit.temperature_methods.TemperatureMethodSpec`).
         settings: values of its ``options`` (the rest take their loss's defaults).
 
-    Attributes:
-        kind: its name. ``settings``: every option's value. ``initial``: the temperature it
-        starts from (what a run reports before its first step). ``needs_indices``: whether its
-        loss keeps per-sample state (its steps then need the batch's sample indices).
+    ``kind`` is its name, ``settings`` every option's value, ``initial`` the temperature it
+    starts from (what a run reports before its first step) and :attr:`needs_indices` whether its
+    loss keeps per-sample state (its steps then need the batch's sample indices).
     """
 
     def __init__(self, spec: TemperatureMethodSpec, **settings: float) -> None:
@@ -34,6 +33,7 @@ class TemperatureMethod:
 
     @property
     def needs_indices(self) -> bool:
+        """Whether its loss keeps one state per training sample."""
         return self.spec.keeps_sample_state
 
     @property

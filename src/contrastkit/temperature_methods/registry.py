@@ -90,7 +90,9 @@ class TemperatureMethodSpec:
         summary: what it does, in one line (``explain --methods``).
         options: the values its form may give, in order (names of the loss's arguments).
         counts: how many of ``options`` a form may give (default: any number from none to all).
-        explain: what it does to rows of similarities (:data:`ExplainFunction`).
+        explain: what it does to rows of similarities, ``explain(rows, settings) ->
+            (temperatures (n,), weights (n,), gradients (n, K))`` (:class:`MethodRows`); the first
+            paragraph of its docstring is what ``explain --methods`` prints of its gradient.
         claim: the ``temperature-methods`` study's claim for it.
         label: how tables name it (default ``title``).
     """
