@@ -150,3 +150,28 @@ def test_a_temperature_method_takes_no_schedule_of_tau(tmp_path):
     resolved = tiny_config(tmp_path, temperature_method="dual:0.2,0.5").resolved()
     assert (resolved.temperature_method, resolved.temperature_schedule, resolved.temperature) == ("dual:0.2,0.5", None,
                                                                                                     0.2)
+
+
+def test_a_run_recorded_before_the_temperature_method_option_reads_back(tmp_path):
+    """A run folder whose config.json holds the method as its temperature_schedule (as
+    contrastkit wrote it before --temperature-method) reads back as that method's run."""
+    from contrastkit.train.checkpoint import load_checkpoint, save_checkpoint
+    from contrastkit.train.runs import load_run
+
+    from _tiny_run import train_only
+
+    out = tmp_path / "run"
+    train_only(tiny_config(out, temperature_method="dual:0.2,0.5", epochs=1))
+    path = out / "config.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert record["config"]["temperature_method"] == "dual:0.2,0.5"
+    old = {key: value for key, value in record["config"].items() if key != "temperature_method"}
+    path.write_text(json.dumps({**record, "config": {**old, "temperature_schedule": "dual:0.2,0.5"}}), encoding="utf-8")
+    checkpoint = out / "checkpoints" / "last.pt"
+    state = load_checkpoint(str(checkpoint))
+    state["config"] = {**old, "temperature_schedule": "dual:0.2,0.5"}  # the checkpoint as it was written then
+    save_checkpoint(str(checkpoint), state)
+    run = load_run(str(out))
+    assert (run.config.temperature_method, run.config.temperature_schedule) == ("dual:0.2,0.5", None)
+    model = run.build_model((1, 28, 28), torch.device("cpu"))
+    assert type(model.temperature_method) is L.DualTemperatureNTXentLoss
