@@ -7,7 +7,7 @@ themselves here, each from its own file:
 ``network`` (:mod:`.network`).
 
 A new method is a loss (an :class:`~contrastkit.losses.AdaptiveTemperatureLoss`) and one call
-of :func:`register_temperature_method`; ``--temperature-schedule NAME[:VALUES]`` then trains
+of :func:`register_temperature_method`; ``--temperature-method NAME[:VALUES]`` then trains
 it, and ``contrastkit explain --methods`` and ``contrastkit experiment temperature-methods``
 list it (docs/temperature-methods.md).
 """

@@ -3,7 +3,7 @@
 A temperature method replaces NT-Xent on SimCLR's two views by a loss that decides its own
 temperatures (:class:`~contrastkit.losses.AdaptiveTemperatureLoss`). Each method is one file
 that registers one record (:func:`register_temperature_method`); everything else that names
-the methods (the ``--temperature-schedule`` parser and help, the ``temperature-methods`` study,
+the methods (the ``--temperature-method`` parser and help, the ``temperature-methods`` study,
 ``contrastkit explain --methods``, the explorer) reads this registry::
 
     register_temperature_method(TemperatureMethodSpec(
@@ -82,7 +82,7 @@ class TemperatureMethodSpec:
     """One temperature method.
 
     Attributes:
-        name: its name and the head of its ``--temperature-schedule`` form (lower case).
+        name: its name and the head of its ``--temperature-method`` form (lower case).
         loss: its loss, an :class:`~contrastkit.losses.AdaptiveTemperatureLoss` subclass; the
             defaults of ``options`` are its constructor's.
         title: its name in prose (``"MACL"``, ``"iSogCLR"``).
@@ -140,7 +140,7 @@ class TemperatureMethodSpec:
 
     @property
     def form(self) -> str:
-        """Its ``--temperature-schedule`` forms, e.g. ``macl or macl:TEMPERATURE[,ALPHA[,THRESHOLD]]``."""
+        """Its ``--temperature-method`` forms, e.g. ``macl or macl:TEMPERATURE[,ALPHA[,THRESHOLD]]``."""
         given = [c for c in self.counts if c > 0]
         if not given:
             return self.name
