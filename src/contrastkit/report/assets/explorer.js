@@ -657,7 +657,7 @@
       return;
     }
     lastMethods = views;
-    for (const name of ["fixed", "macl", "dual", "individual", "network"]) {
+    for (const name of Object.keys(METHOD_NAMES)) {
       const v = views[name];
       setOut($("m-tau-" + name), v.temperature, 4);
       setOut($("m-weight-" + name), v.weight, 4);
