@@ -123,8 +123,8 @@ def adaptive_losses(model: Encoder, name: str, data, reduction: str, **options):
 def stateful_module(kind: str, samples: int):
     torch.manual_seed(3)
     if kind == "individual":
-        return L.IndividualTemperatures(samples, 0.2, eta=0.5)
-    return L.TemperatureNetwork(4, samples, prototypes=6).double()
+        return L.IndividualTemperatureLoss(samples, 0.2, eta=0.5)
+    return L.TemperatureNetworkLoss(4, samples, prototypes=6).double()
 
 
 def stateful_batch(seed: int, step: int, sizes: Sequence[int], rank=None):

@@ -21,7 +21,8 @@ ROOT = Path(contrastkit.__file__).parent
 PACKAGE = "contrastkit"
 
 #: The library: what a script or the Lightning integration trains with.
-LIBRARY = {"losses", "distributed", "models", "metrics", "data", "methods", "analysis", "temperature", "layout",
+LIBRARY = {"losses", "distributed", "models", "metrics", "data", "methods", "analysis", "temperature",
+           "temperature_methods", "layout",
            "_io", "manifest", "config_files", "extras"}
 #: The trainer and the tools on top of it.
 TRAINER = {"train", "studies", "commands", "cli", "report", "__main__"}

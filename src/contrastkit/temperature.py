@@ -32,24 +32,9 @@ Kinds:
     returns the module itself, whose parameter the trainer must give to its optimizer
     (:attr:`TemperatureSchedule.module`).
 
-Temperature methods (:class:`TemperatureMethod`, :data:`METHODS`): the loss itself decides
-its temperatures (:mod:`contrastkit.losses.adaptive`); the form says which method and its
-settings, :meth:`TemperatureMethod.build` makes the module the two-view loss runs through.
-
-``macl`` (Huang et al., ICML 2023)
-    ``macl``, ``macl:TAU0``, ``macl:TAU0,ALPHA`` or ``macl:TAU0,ALPHA,A0``: the temperature
-    follows the alignment of the positives, ``tau_A = tau_0 (1 + alpha (A - A_0))``, with
-    MACL's reweighting (defaults 0.1, 0.5, 0).
-``dual`` (Zhang et al., CVPR 2022)
-    ``dual`` or ``dual:TAU_ALPHA,TAU_BETA``: intra-anchor ``tau_alpha`` and inter-anchor
-    ``tau_beta`` (defaults 0.1, 1.0).
-``individual`` (iSogCLR, Qiu et al., ICML 2023)
-    ``individual``, ``individual:INITIAL``, ``individual:INITIAL,RHO`` or
-    ``individual:INITIAL,RHO,TAU_MIN,TAU_MAX``: one learnt temperature per training sample
-    (defaults 0.1, 0.4, 0.05, 1.0).
-``network`` (TempNet, Qiu et al., ICML 2024)
-    ``network`` with the same optional values: a head on the embedding predicts each anchor's
-    temperature within ``[TAU_MIN, TAU_MAX]``.
+Temperature methods, whose loss decides its own temperatures, are not schedules: they are
+:mod:`contrastkit.temperature_methods`, a run's own option (``--temperature-method``);
+:func:`parse_schedule` refuses their forms, naming that option.
 
 A trainer parses the schedule once and, at every step, calls :meth:`TemperatureSchedule.apply`
 on its model's :class:`~contrastkit.losses.Temperature`: a varying schedule sets ``tau`` there
@@ -63,9 +48,10 @@ the fraction of the run already done, so that equal segments hold equal numbers 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from contrastkit.losses import MIN_TEMPERATURE, Temperature
+from contrastkit.temperature_methods import SCHEDULE_KINDS, temperature_method_of
 
 __all__ = [
     "TemperatureSchedule",
@@ -75,15 +61,13 @@ __all__ = [
     "StepSchedule",
     "LearnableSchedule",
     "KuklevaSchedule",
-    "TemperatureMethod",
     "parse_schedule",
     "SCHEDULES",
-    "METHODS",
 ]
 
-#: Every temperature method, by name (the loss computes its own temperatures, :class:`TemperatureMethod`).
-METHODS = ("macl", "dual", "individual", "network")
-SCHEDULES = ("constant", "cosine", "kukleva", "linear", "step", "learnable") + METHODS
+#: The schedules of one ``tau``, by kind (the temperature methods are named by their registry,
+#: :mod:`contrastkit.temperature_methods`).
+SCHEDULES = SCHEDULE_KINDS
 
 
 def _tau(value: object, name: str) -> float:
@@ -120,8 +104,6 @@ class TemperatureSchedule:
     kind = ""
     module: Optional[Temperature] = None
     varies = True  # tau is a function of the step, set on the model's Temperature by apply()
-    #: Whether the loss computes its own temperatures (a :class:`TemperatureMethod`).
-    adaptive = False
 
     def bind(self, *, epochs: int) -> "TemperatureSchedule":
         """Tell the schedule how many epochs the run has (a schedule that counts epochs needs
@@ -358,99 +340,6 @@ class KuklevaSchedule(TemperatureSchedule):
         return {"kind": self.kind, "tau_min": self.tau_min, "tau_max": self.tau_max, "half_period": self.half_period}
 
 
-class TemperatureMethod(TemperatureSchedule):
-    """A temperature method (module docstring): no schedule sets ``tau``; :meth:`build` makes
-    the module (:class:`contrastkit.losses.AdaptiveTemperature`) that computes the two-view
-    loss with its own temperatures. :meth:`value` is the temperature it starts from (what a
-    run reports before its first step). :attr:`needs_indices`: whether it keeps per-sample
-    state (the trainer then passes each batch's sample indices)."""
-
-    varies = False
-    adaptive = True
-    needs_indices = False
-
-    def __init__(self, **settings: float) -> None:
-        self.settings = {name: float(value) for name, value in settings.items()}
-        self.build(0, 1)  # the settings are checked once, here
-
-    def build(self, num_samples: int, dim: int) -> Any:
-        """The method's module for a training set of ``num_samples`` and embeddings of ``dim``."""
-        raise NotImplementedError
-
-    def value(self, step: int, total_steps: int) -> float:
-        _check_step(step, total_steps)
-        return self.initial
-
-    @property
-    def initial(self) -> float:
-        raise NotImplementedError
-
-    @property
-    def lowest(self) -> float:
-        return min(self.initial, self.settings.get("tau_min", self.initial))
-
-    def config(self) -> Dict[str, Any]:
-        return {"kind": self.kind, **self.settings}
-
-
-class MACLMethod(TemperatureMethod):
-    kind = "macl"
-    _names = ("temperature", "alpha", "threshold")
-    _defaults = (0.1, 0.5, 0.0)
-
-    def build(self, num_samples: int, dim: int) -> Any:
-        from contrastkit.losses import MACL
-
-        return MACL(**self.settings)
-
-    @property
-    def initial(self) -> float:
-        return self.settings["temperature"]
-
-
-class DualMethod(TemperatureMethod):
-    kind = "dual"
-    _names = ("intra_temperature", "inter_temperature")
-    _defaults = (0.1, 1.0)
-
-    def build(self, num_samples: int, dim: int) -> Any:
-        from contrastkit.losses import DualTemperature
-
-        return DualTemperature(**self.settings)
-
-    @property
-    def initial(self) -> float:
-        return self.settings["intra_temperature"]
-
-
-class IndividualMethod(TemperatureMethod):
-    kind = "individual"
-    needs_indices = True
-    _names = ("initial", "rho", "tau_min", "tau_max")
-    _defaults = (0.1, 0.4, 0.05, 1.0)
-
-    def build(self, num_samples: int, dim: int) -> Any:
-        from contrastkit.losses import IndividualTemperatures
-
-        return IndividualTemperatures(num_samples, **self.settings)
-
-    @property
-    def initial(self) -> float:
-        return self.settings["initial"]
-
-
-class NetworkMethod(IndividualMethod):
-    kind = "network"
-
-    def build(self, num_samples: int, dim: int) -> Any:
-        from contrastkit.losses import TemperatureNetwork
-
-        return TemperatureNetwork(dim, num_samples, **self.settings)
-
-
-_METHOD_CLASSES = {cls.kind: cls for cls in (MACLMethod, DualMethod, IndividualMethod, NetworkMethod)}
-
-
 _FORMS = {
     "constant": "constant or constant:TAU",
     "cosine": "cosine:TAU_MIN,TAU_MAX or cosine:TAU_MIN,TAU_MAX,PERIOD_STEPS",
@@ -458,10 +347,6 @@ _FORMS = {
     "step": "step:V1,V2,... or step:V1,V2,...@F1,... (fractions of the run)",
     "learnable": "learnable or learnable:INITIAL",
     "kukleva": "kukleva, kukleva:TAU_MIN,TAU_MAX or kukleva:TAU_MIN,TAU_MAX,T_EPOCHS",
-    "macl": "macl or macl:TAU0[,ALPHA[,A0]]",
-    "dual": "dual or dual:TAU_ALPHA,TAU_BETA",
-    "individual": "individual or individual:INITIAL[,RHO[,TAU_MIN,TAU_MAX]]",
-    "network": "network or network:INITIAL[,RHO[,TAU_MIN,TAU_MAX]]",
 }
 
 
@@ -471,14 +356,17 @@ def parse_schedule(spec: str, temperature: Optional[float] = None) -> Temperatur
     ``constant`` / ``learnable`` use ``temperature`` unless a value follows the colon;
     ``cosine:0.05,0.5`` (``tau_min, tau_max[, period]``), ``kukleva:0.1,1.0,200``
     (``tau-, tau+, T`` in epochs), ``linear:0.05,0.5`` (``start, end``),
-    ``step:0.05,0.1,0.2`` or ``step:0.05,0.5@0.3`` (values @ milestones); the temperature
-    methods ``macl``, ``dual``, ``individual``, ``network`` with their papers' defaults unless
-    values follow (module docstring).
+    ``step:0.05,0.1,0.2`` or ``step:0.05,0.5@0.3`` (values @ milestones). A temperature method
+    is not a schedule (:func:`contrastkit.temperature_methods.parse_temperature_method`): its form
+    is refused here, naming ``--temperature-method``.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"temperature schedule must be one of {', '.join(SCHEDULES)}, got {spec!r}")
     kind, _, rest = spec.strip().partition(":")
     kind = kind.strip().lower()
+    if temperature_method_of(spec) is not None:
+        raise ValueError(f"temperature schedule {spec.strip()!r} is a temperature method, not a schedule of tau: "
+                         f"give it as the temperature method (--temperature-method {spec.strip()})")
     if kind not in SCHEDULES:
         raise ValueError(f"unknown temperature schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
     form = _FORMS[kind]
@@ -493,16 +381,6 @@ def parse_schedule(spec: str, temperature: Optional[float] = None) -> Temperatur
     if kind == "step" and "@" in rest:
         rest, milestones_text = rest.split("@", 1)
     args = numbers(rest)
-    if kind in _METHOD_CLASSES:
-        cls = _METHOD_CLASSES[kind]
-        allowed = {"macl": (0, 1, 2, 3), "dual": (0, 2)}.get(kind, (0, 1, 2, 4))
-        if len(args) not in allowed:
-            raise ValueError(f"temperature schedule {spec!r}: expected {form}")
-        values = list(args) + list(cls._defaults[len(args):])
-        try:
-            return cls(**dict(zip(cls._names, values)))
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"temperature schedule {spec!r}: {err}") from None
     if kind == "kukleva":
         if len(args) not in (0, 2, 3):
             raise ValueError(f"temperature schedule {spec!r}: expected {form}")

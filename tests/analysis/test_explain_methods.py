@@ -128,7 +128,7 @@ def test_records_and_json():
 @pytest.mark.parametrize("methods, message", [
     (["cosine:0.1,1"], "not a temperature method"),
     (["macl:0.1,1.0,1.0"], "not positive"),
-    (["nothing"], "unknown temperature schedule"),
+    (["nothing"], "unknown temperature method 'nothing'"),
 ])
 def test_bad_methods(methods, message):
     with pytest.raises(ValueError, match=message):

@@ -122,7 +122,7 @@ def test_data_parallel_training_keeps_every_ranks_per_sample_state(tmp_path):
     estimates of every training sample (each rank saw half of them), and a run stopped after
     its first epoch and resumed ends with the uninterrupted run's state and weights."""
     options = dict(data="glyphlab", data_options={"train_scenes": 16, "val_scenes": 9, "test_scenes": 12, "size": 28},
-                   method="simclr", temperature_schedule="individual", epochs=2, batch_size=8, device="cpu",
+                   method="simclr", temperature_method="individual", epochs=2, batch_size=8, device="cpu",
                    log_every=1)
     straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")
     results = W.spawn(T.pretrain_worker, 2, tmp_path, options, straight, interrupted)

@@ -255,11 +255,11 @@ def test_bad_input_gets_one_clear_error(tiny):
         ContrastiveModule(PretrainConfig(views="A"), data)
     with pytest.raises(ValueError, match="micro_batch"):
         ContrastiveModule(PretrainConfig(batch_size=16, micro_batch=4), data)
-    with pytest.raises(ValueError, match="temperature_schedule 'dual' is a temperature method"):
-        ContrastiveModule(PretrainConfig(batch_size=16, temperature_schedule="dual"), data, loss=losses.dcl)
+    with pytest.raises(ValueError, match="temperature_method 'dual' is that loss"):
+        ContrastiveModule(PretrainConfig(batch_size=16, temperature_method="dual"), data, loss=losses.dcl)
     # A loader of one's own without the sample indices: a per-sample temperature method's step refuses it.
-    individual = ContrastiveModule(PretrainConfig(batch_size=16, temperature_schedule="individual"), data)
-    with pytest.raises(ValueError, match="temperature_schedule 'individual' keeps one state per training sample"):
+    individual = ContrastiveModule(PretrainConfig(batch_size=16, temperature_method="individual"), data)
+    with pytest.raises(ValueError, match="temperature_method 'individual' keeps one state per training sample"):
         individual.training_step((tiny.train.images[:8], tiny.train.labels[:8]), 0)
     with pytest.raises(TypeError, match="encoder must be"):
         ContrastiveModule(PretrainConfig(), data, encoder=3)
@@ -556,10 +556,10 @@ def test_under_ddp_a_batch_short_of_readable_images_on_one_rank_is_skipped_by_ev
 def _registered_runs():
     """Every registered method, and every temperature method with each method that takes one."""
     from contrastkit.methods import get_method, method_names
-    from contrastkit.temperature import METHODS
+    from contrastkit.temperature_methods import temperature_method_names
 
     runs = [(name, None) for name in method_names()]
-    runs += [(name, spec) for name in method_names() if get_method(name).temperature_methods for spec in METHODS]
+    runs += [(name, spec) for name in method_names() if get_method(name).temperature_methods for spec in temperature_method_names()]
     return runs
 
 
@@ -575,7 +575,7 @@ def test_every_method_trains_under_lightning_or_is_refused_before_training(tiny,
 
     # A paired method's configuration names its own kind of data (else the configuration refuses it).
     config = PretrainConfig(method=name, data="glyphlab-text" if get_method(name).paired else "glyphlab",
-                            batch_size=16, temperature_schedule=spec, seed=0)
+                            batch_size=16, temperature_method=spec, seed=0)
     data = ContrastiveDataModule(tiny, batch_size=16)
     try:
         module = ContrastiveModule(config, data)
@@ -610,7 +610,7 @@ def test_a_per_sample_temperature_method_trains_under_lightning_as_in_pretrain(t
     from _tiny_run import tiny_config, train_only
 
     epochs = 3
-    config = tiny_config(tmp_path / "run", temperature_schedule=spec, epochs=epochs, batch_size=16, norm="group",
+    config = tiny_config(tmp_path / "run", temperature_method=spec, epochs=epochs, batch_size=16, norm="group",
                          view_strength=0.0, optimizer="sgd", lr=0.05, warmup_fraction=0.0, seed=4)
     train_only(config)
     looped = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]

@@ -75,7 +75,7 @@ def test_macl_against_the_reference(path, alpha, threshold):
 def test_macl_temperature_follows_the_alignment():
     assert L.macl_temperature(0.6, 0.1, 0.5, 0.0) == pytest.approx(0.13)
     assert L.macl_temperature(0.2, 0.1, 1.0, 0.2) == pytest.approx(0.1)
-    module = L.MACL(0.1, 0.5, 0.0)
+    module = L.MACLNTXentLoss(0.1, 0.5, 0.0)
     a, b = views(seed=2)
     module(a, b)
     _, tau = ref.macl(stacked(a, b), 0.1, 0.5, 0.0)
@@ -156,7 +156,7 @@ def test_robust_objective_against_the_reference(path, seen):
 
 def test_individual_temperatures_follow_the_authors_update():
     a, b = views(n=4, seed=6)
-    module = L.IndividualTemperatures(10, 0.2, tau_min=0.05, tau_max=1.0, rho=0.3, gamma=0.7, beta=0.5, eta=0.03)
+    module = L.IndividualTemperatureLoss(10, 0.2, tau_min=0.05, tau_max=1.0, rho=0.3, gamma=0.7, beta=0.5, eta=0.03)
     indices = torch.tensor([7, 2, 9, 0])
     for step in range(2):
         before_tau = module.tau[indices].double().tolist()
@@ -180,7 +180,7 @@ def test_individual_temperatures_follow_the_authors_update():
 
 def test_no_update_outside_training():
     a, b = views(seed=7)
-    module = L.IndividualTemperatures(8)
+    module = L.IndividualTemperatureLoss(8)
     state = {k: v.clone() for k, v in module.state_dict().items()}
     module.eval()
     module(a, b, torch.arange(4)).backward()
@@ -212,7 +212,7 @@ def test_resume_is_exact(kind):
     def build():
         torch.manual_seed(0)
         encoder = torch.nn.Linear(5, 4).double()
-        module = L.IndividualTemperatures(12) if kind == "individual" else L.TemperatureNetwork(4, 12).double()
+        module = L.IndividualTemperatureLoss(12) if kind == "individual" else L.TemperatureNetworkLoss(4, 12).double()
         optimizer = torch.optim.SGD(list(encoder.parameters()) + list(module.parameters()), lr=0.1, momentum=0.9)
         return encoder, module, optimizer
 
@@ -224,7 +224,7 @@ def test_resume_is_exact(kind):
     _train(module, 2, encoder, optimizer)
     saved = (module.state_dict(), encoder.state_dict(), optimizer.state_dict())
     encoder, _, _ = build()
-    module = L.IndividualTemperatures(0) if kind == "individual" else L.TemperatureNetwork(4, 0).double()
+    module = L.IndividualTemperatureLoss(0) if kind == "individual" else L.TemperatureNetworkLoss(4, 0).double()
     module.load_state_dict(saved[0])  # a module built without its data takes the saved size
     encoder.load_state_dict(saved[1])
     optimizer = torch.optim.SGD(list(encoder.parameters()) + list(module.parameters()), lr=0.1, momentum=0.9)
@@ -242,7 +242,7 @@ def test_resume_is_exact(kind):
 
 def test_temperature_network_is_bounded_and_learns_through_the_objective():
     torch.manual_seed(1)
-    net = L.TemperatureNetwork(3, 8, initial=0.2, tau_min=0.05, tau_max=0.9, prototypes=5).double()
+    net = L.TemperatureNetworkLoss(3, 8, initial=0.2, tau_min=0.05, tau_max=0.9, prototypes=5).double()
     extreme = torch.cat([torch.randn(50, 3, dtype=torch.float64) * 1e6, torch.randn(50, 3, dtype=torch.float64)])
     taus = net.temperatures(extreme)
     assert bool(((taus >= 0.05) & (taus <= 0.9)).all())
@@ -264,11 +264,11 @@ def test_temperature_network_is_bounded_and_learns_through_the_objective():
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda a, b: L.IndividualTemperatures(10)(a, b), ValueError, "pass the batch's sample indices"),
-    (lambda a, b: L.IndividualTemperatures(3)(a, b, torch.arange(4)), ValueError, "indices has values out of range"),
-    (lambda a, b: L.IndividualTemperatures(10)(a, b, torch.arange(3)), ValueError, r"indices must have shape \(4,\)"),
-    (lambda a, b: L.IndividualTemperatures(10, tau_min=0.5, tau_max=0.2), ValueError, "tau_min must be < tau_max"),
-    (lambda a, b: L.IndividualTemperatures(10, 2.0), ValueError, "initial must lie in"),
+    (lambda a, b: L.IndividualTemperatureLoss(10)(a, b), ValueError, "pass the batch's sample indices"),
+    (lambda a, b: L.IndividualTemperatureLoss(3)(a, b, torch.arange(4)), ValueError, "indices has values out of range"),
+    (lambda a, b: L.IndividualTemperatureLoss(10)(a, b, torch.arange(3)), ValueError, r"indices must have shape \(4,\)"),
+    (lambda a, b: L.IndividualTemperatureLoss(10, tau_min=0.5, tau_max=0.2), ValueError, "tau_min must be < tau_max"),
+    (lambda a, b: L.IndividualTemperatureLoss(10, 2.0), ValueError, "initial must lie in"),
     (lambda a, b: L.robust_nt_xent(a, b, 0.1, gamma=0.0), ValueError, "gamma must lie in"),
     (lambda a, b: L.robust_nt_xent(a, b, 0.1, rho=-1.0), ValueError, "rho must be a finite number"),
     (lambda a, b: L.robust_nt_xent(a, b, torch.ones(3)), ValueError, "temperature has 3 values"),
@@ -276,7 +276,7 @@ def test_temperature_network_is_bounded_and_learns_through_the_objective():
     (lambda a, b: L.macl_nt_xent(a, b, alpha=1.5), ValueError, "alpha must lie in"),
     (lambda a, b: L.macl_nt_xent(a, -a, alpha=1.0, threshold=1.0), ValueError, "not positive"),
     (lambda a, b: L.dual_temperature_nt_xent(a, b, inter_temperature=0.0), ValueError, "inter_temperature must be"),
-    (lambda a, b: L.TemperatureNetwork(4, 10, initial=0.05), ValueError, "initial must lie inside"),
+    (lambda a, b: L.TemperatureNetworkLoss(4, 10, initial=0.05), ValueError, "initial must lie inside"),
 ])
 def test_bad_input_names_the_argument(call, error, message):
     a, b = views(seed=9)
@@ -286,7 +286,7 @@ def test_bad_input_names_the_argument(call, error, message):
 
 def test_step_before_backward_is_refused():
     a, b = views(seed=10)
-    module = L.IndividualTemperatures(8)
+    module = L.IndividualTemperatureLoss(8)
     module(a, b, torch.arange(4))
     with pytest.raises(RuntimeError, match="after loss.backward"):
         module.step_()
@@ -296,13 +296,13 @@ def test_step_before_backward_is_refused():
 
 def test_modules_match_their_functions():
     a, b = views(n=5, d=4, seed=3)
-    macl = L.MACL(temperature=0.2, alpha=0.5, threshold=0.1)
+    macl = L.MACLNTXentLoss(temperature=0.2, alpha=0.5, threshold=0.1)
     assert torch.equal(macl(a, b), L.macl_nt_xent(a, b, temperature=0.2, alpha=0.5, threshold=0.1))
-    dual = L.DualTemperature(intra_temperature=0.2, inter_temperature=0.7)
+    dual = L.DualTemperatureNTXentLoss(intra_temperature=0.2, inter_temperature=0.7)
     assert torch.equal(dual(a, b), L.dual_temperature_nt_xent(a, b, intra_temperature=0.2, inter_temperature=0.7))
-    assert issubclass(L.MACL, L.AdaptiveTemperature) and issubclass(L.DualTemperature, L.AdaptiveTemperature)
-    assert issubclass(L.IndividualTemperatures, L.AdaptiveTemperature)
-    assert issubclass(L.TemperatureNetwork, L.AdaptiveTemperature)
+    assert issubclass(L.MACLNTXentLoss, L.AdaptiveTemperatureLoss) and issubclass(L.DualTemperatureNTXentLoss, L.AdaptiveTemperatureLoss)
+    assert issubclass(L.IndividualTemperatureLoss, L.AdaptiveTemperatureLoss)
+    assert issubclass(L.TemperatureNetworkLoss, L.AdaptiveTemperatureLoss)
 
 
 def test_every_temperature_method_is_checked_here():
@@ -314,6 +314,6 @@ def test_every_temperature_method_is_checked_here():
     public = {name for name in adaptive.__all__ if not name.isupper()}
     source = inspect.getsource(inspect.getmodule(test_every_temperature_method_is_checked_here))
     tested = {name for name in public if f"L.{name}(" in source or f"L.{name}," in source or f"L.{name})" in source}
-    # RobustLoss is robust_nt_xent's result; AdaptiveTemperature the methods' base class.
+    # RobustLoss is robust_nt_xent's result; AdaptiveTemperatureLoss the methods' base class.
     assert public == tested | {"RobustLoss"} and "robust_nt_xent(" in source
     assert public <= set(L.__all__)

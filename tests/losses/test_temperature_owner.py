@@ -162,7 +162,7 @@ def test_the_list_covers_every_twin():
     # SimpleLoss has no temperature; SigmoidLoss owns SigLIP's scale t' and bias b as its own
     # parameters (tests/test_losses_sigmoid.py); the temperature methods compute their own
     # temperatures from their settings and state (tests/losses/test_adaptive_temperatures.py).
-    methods = {"AdaptiveTemperature", "MACL", "DualTemperature", "IndividualTemperatures", "TemperatureNetwork"}
+    methods = {"AdaptiveTemperatureLoss", "MACLNTXentLoss", "DualTemperatureNTXentLoss", "IndividualTemperatureLoss", "TemperatureNetworkLoss"}
     assert twins == set(TWINS_WITH_TEMPERATURE) | {"SimpleLoss", "SigmoidLoss"} | methods
 
 

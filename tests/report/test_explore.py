@@ -210,3 +210,21 @@ def test_cli_serve_prints_the_url_and_serves(tmp_path):
         process.terminate()
         process.wait(timeout=10)
     assert list(tmp_path.iterdir()) == []  # --serve without --out writes nothing
+
+
+def test_the_page_takes_the_temperature_methods_settings_and_names_from_their_records():
+    """The explorer's methods view computes with the defaults and shows the names that the
+    methods' records hold (contrastkit.temperature_methods), embedded in the page, not a copy."""
+    from contrastkit.report.explorer import explorer_html
+    from contrastkit.temperature_methods import get_temperature_method
+
+    page = explorer_html()
+    embedded = json.loads(re.search(r'<script type="application/json" id="ck-methods">(.*?)</script>',
+                                    page, re.S).group(1))
+    assert list(embedded) == ["macl", "dual", "individual", "network"]
+    for name, shown in embedded.items():
+        record = get_temperature_method(name)
+        assert shown == {"label": record.label, "settings": dict(record.defaults)}
+        assert f'<option value="{name}">{record.label}</option>' in page
+        assert f'<tr><th scope="row">{record.label}</th><td class="num" id="m-tau-{name}"></td>' in page
+    assert embedded["macl"]["settings"] == {"temperature": 0.1, "alpha": 0.5, "threshold": 0.0}

@@ -68,7 +68,7 @@ def test_the_study_runs_on_glyphlab(tmp_path):
                  layout.EXPERIMENT_SETTINGS):
         assert os.path.isfile(out / name)
     individual = next(s for s in result.specs if s.row == "individual")
-    assert individual.summary["temperature_schedule"] == "individual:0.2,0.4"
+    assert individual.summary["temperature_method"] == "individual:0.2,0.4"
     table = result.table()
     assert "the best fixed tau" in table and "baselines" in table
 

@@ -92,7 +92,7 @@ CASES = {
     "convirt-pairs": {"method": "convirt", "data": "glyphlab-text", "views": "paired"},
     "fp16-channels-last": {"precision": "fp16", "channels_last": True},
     "bf16-micro-batches": {"precision": "bf16", "micro_batch": 2},
-    "simclr-individual-temperatures": {"temperature_schedule": "individual"},  # the step's sample indices
+    "simclr-individual-temperatures": {"temperature_method": "individual"},  # the step's sample indices
 }
 
 

@@ -56,7 +56,7 @@ def test_ranks_merge_by_sum_min_and_max():
 
 def test_a_run_records_one_histogram_per_epoch_and_the_report_draws_it(tmp_path):
     out = tmp_path / "run"
-    pretrain(tiny_config(out, temperature_schedule="individual", epochs=2), progress=False, baselines=False)
+    pretrain(tiny_config(out, temperature_method="individual", epochs=2), progress=False, baselines=False)
     with open(out / "metrics.jsonl", encoding="utf-8") as handle:
         records = [json.loads(line) for line in handle]
     histograms = [r for r in records if r["kind"] == "tau_histogram"]

@@ -1,57 +1,40 @@
 """What each temperature method does to one row of similarities, next to a fixed tau.
 
 For anchor ``i`` (its similarities ``s_ij``, its positive ``+``, its negatives ``j``) every
-method of :mod:`contrastkit.losses.adaptive` is a softmax at some temperature with a gradient
+temperature method (:mod:`contrastkit.temperature_methods`) is a softmax at some temperature with a gradient
 of its own; :func:`explain_methods` gives, for each, the temperature every anchor uses, the
 probabilities and the penalty distribution over the negatives at that temperature (an
 :class:`~contrastkit.analysis.Explanation`), and the gradient the method's loss sends to each
 similarity:
 
 * fixed ``tau``: InfoNCE, ``dl/ds_j = p_j / tau``, ``dl/ds_+ = (p_+ - 1) / tau``.
-* MACL (Huang et al., ICML 2023): ``tau_A = tau_0 (1 + alpha (A - A_0))`` with ``A`` the mean
-  similarity of the rows' positives; the gradient at ``tau_A`` times ``w_i = 1 / (1 - P_i)``,
-  so every anchor's positive is pulled by exactly ``1 / tau_A``, solved or not.
-* dual temperature (Zhang et al., CVPR 2022): the softmax (and the penalty over negatives) at
-  ``tau_alpha``, the gradient times ``w_i = (1 - P_i(tau_beta)) / (1 - P_i(tau_alpha))``: the
-  positive is pulled by ``(1 - P_i(tau_beta)) / tau_alpha``.
-* individual (iSogCLR, Qiu et al., ICML 2023) and network (TempNet, Qiu et al., ICML 2024):
-  the robust objective ``F_i = tau_i log E_j exp((s_ij - s_+) / tau_i) + tau_i rho`` at the
-  temperature that minimises it for this row: ``dF/dtau = rho - KL(q || uniform)`` with ``q``
-  the penalty distribution over the negatives, so the row's temperature is the one whose
-  penalty is ``rho`` nats away from uniform (its entropy ``log M - rho``, ``M e^-rho``
-  effective negatives), clipped to ``[tau_min, tau_max]``. The gradient (with the moving
-  estimate equal to the batch's) is ``dF/ds_j = q_j`` and ``dF/ds_+ = -1``. iSogCLR's learnt
-  temperatures move towards this value; TempNet is trained towards it and predicts it from
-  the embedding (what it predicts for a real embedding depends on the network, so the row's
-  view is the objective's optimum).
+* each registered temperature method: what its record's ``explain`` says and computes
+  (:mod:`contrastkit.temperature_methods`: MACL's ``tau_A`` and ``1 / (1 - P_i)`` weight, dual
+  temperature's two, the robust objective's optimum for iSogCLR and TempNet, a plug-in's own),
+  on the rows as :class:`~contrastkit.temperature_methods.MethodRows` offers them.
 
-Each method is given in its ``--temperature-schedule`` form (``"macl"``, ``"dual:0.1,1"``, ...,
-:func:`contrastkit.temperature.parse_schedule`), with its paper's defaults.
+Each method is given in its ``--temperature-method`` form (``"macl"``, ``"dual:0.1,1"``, ...,
+:func:`contrastkit.temperature_methods.parse_temperature_method`), with its defaults.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from contrastkit.temperature import METHODS, parse_schedule
+from contrastkit.temperature_methods import MethodRows, parse_temperature_method, temperature_method_names
 
 from .explanation import Explanation, PositiveLike, SimilaritiesLike, _check_tau, _dumps, _explain, _prepare
 
 __all__ = ["MethodView", "MethodComparison", "explain_methods", "robust_temperature"]
 
-#: What each method's view says, in one line (the ``source`` of a :class:`MethodView`).
-SOURCES = {
-    "fixed": "a fixed temperature: InfoNCE",
-    "macl": "MACL (Huang et al., ICML 2023): tau follows the positives' alignment, gradients reweighted by 1/(1 - P)",
-    "dual": "dual temperature (Zhang et al., CVPR 2022): tau_alpha within an anchor, tau_beta across anchors",
-    "individual": "iSogCLR (Qiu et al., ICML 2023): each sample's tau minimises the robust objective",
-    "network": "TempNet (Qiu et al., ICML 2024): a network predicts each anchor's tau, trained on the robust objective",
-}
+#: What the fixed tau's view says (the ``source`` of a :class:`MethodView`; a method's is its
+#: record's title, citation and summary, :mod:`contrastkit.temperature_methods`).
+FIXED_SOURCE = "a fixed temperature: InfoNCE"
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,26 +151,30 @@ def _robust_temperature(problem, rho: float, tau_min: float, tau_max: float) -> 
     return tau.numpy()
 
 
-def _view(problem, method: str, settings: Dict[str, float], tau: np.ndarray) -> MethodView:
-    explanation = _explain(problem, torch.from_numpy(tau))
-    rows = np.arange(len(explanation.positive))
-    p_positive = explanation.positive_probability
-    negative_mass = explanation.probabilities.sum(axis=1) - p_positive  # 1 - P_i, without cancellation
-    if method == "macl":
-        weights = 1.0 / negative_mass
-        gradients = weights[:, None] * explanation.gradients
-    elif method == "dual":
-        inter = _explain(problem, settings["inter_temperature"])
-        weights = (inter.probabilities.sum(axis=1) - inter.positive_probability) / negative_mass
-        gradients = weights[:, None] * explanation.gradients
-    elif method in ("individual", "network"):
-        weights = tau.copy()
-        gradients = explanation.penalty.copy()
-        gradients[rows, explanation.positive] = -1.0
-    else:
-        weights = np.ones_like(tau)
-        gradients = explanation.gradients
-    return MethodView(method, SOURCES[method], dict(settings), tau, weights, explanation, gradients)
+class _Rows(MethodRows):
+    """The rows of :func:`explain_methods`, as a method's ``explain`` asks for them."""
+
+    def __init__(self, problem) -> None:
+        self.problem = problem
+        self.n = problem.similarities.shape[0]
+
+    @property
+    def alignment(self) -> float:
+        return float(self.problem.similarities[torch.arange(self.n), self.problem.positive].mean())
+
+    def softmax(self, tau: Any) -> Explanation:
+        return _explain(self.problem, torch.from_numpy(tau) if isinstance(tau, np.ndarray) else tau)
+
+    def negative_mass(self, explanation: Explanation) -> np.ndarray:
+        return explanation.probabilities.sum(axis=1) - explanation.positive_probability
+
+    def robust_temperature(self, rho: float, tau_min: float, tau_max: float) -> np.ndarray:
+        return _robust_temperature(self.problem, float(rho), float(tau_min), float(tau_max))
+
+
+def _view(rows: _Rows, method: str, source: str, settings: Dict[str, float], tau: np.ndarray, weights: np.ndarray,
+          gradients: np.ndarray) -> MethodView:
+    return MethodView(method, source, dict(settings), tau, weights, rows.softmax(tau), gradients)
 
 
 def explain_methods(
@@ -196,7 +183,7 @@ def explain_methods(
     temperature: float,
     positive: PositiveLike = 0,
     exclude_diagonal: bool = False,
-    methods: Sequence[str] = METHODS,
+    methods: Optional[Sequence[str]] = None,
 ) -> MethodComparison:
     """Each temperature method on the given rows, next to the fixed ``temperature``.
 
@@ -205,8 +192,8 @@ def explain_methods(
             (a row ``(K,)`` or ``N`` anchors ``(N, K)``; MACL's alignment is the mean of their
             positives' similarities).
         temperature: the fixed tau to compare with.
-        methods: ``--temperature-schedule`` forms of temperature methods (default: the four with
-            their papers' defaults, ``macl``, ``dual``, ``individual``, ``network``).
+        methods: ``--temperature-method`` forms of temperature methods (default: every
+            registered one, :mod:`contrastkit.temperature_methods`, with its defaults).
 
     Example (a row whose positive leads: MACL pulls it by 1 / tau_A whatever P is):
         >>> c = explain_methods([0.8, 0.4, 0.2], temperature=0.5, methods=["macl"])
@@ -215,28 +202,20 @@ def explain_methods(
         (0.14, 1.0)
     """
     tau = _check_tau(temperature)
-    problem = _prepare(similarities, positive, exclude_diagonal)
-    if isinstance(methods, str):
+    rows = _Rows(_prepare(similarities, positive, exclude_diagonal))
+    if methods is None:
+        methods = temperature_method_names()
+    elif isinstance(methods, str):
         methods = [methods]
-    n = problem.similarities.shape[0]
-    fixed = _view(problem, "fixed", {"temperature": tau}, np.full(n, tau))
+    fixed_taus = np.full(rows.n, tau)
+    fixed = _view(rows, "fixed", FIXED_SOURCE, {"temperature": tau}, fixed_taus, np.ones(rows.n),
+                  rows.softmax(fixed_taus).gradients)
     views = []
-    for spec in methods:
-        schedule = parse_schedule(spec)
-        if not schedule.adaptive:
-            raise ValueError(f"{spec!r} is not a temperature method; choose among {', '.join(METHODS)}")
-        settings = dict(schedule.settings)
-        if schedule.kind == "macl":
-            rows = torch.arange(n)
-            alignment = float(problem.similarities[rows, problem.positive].mean())
-            value = settings["temperature"] * (1.0 + settings["alpha"] * (alignment - settings["threshold"]))
-            if not value > 0:
-                raise ValueError(f"MACL's temperature tau_0 (1 + alpha (A - A_0)) is {value} at the alignment "
-                                 f"A = {alignment} of these rows: not positive")
-            taus = np.full(n, value)
-        elif schedule.kind == "dual":
-            taus = np.full(n, settings["intra_temperature"])
-        else:
-            taus = _robust_temperature(problem, settings["rho"], settings["tau_min"], settings["tau_max"])
-        views.append(_view(problem, schedule.kind, settings, taus))
+    for form in methods:
+        method = parse_temperature_method(form)
+        record, settings = method.spec, dict(method.settings)
+        taus, weights, gradients = record.explain(rows, settings)
+        views.append(_view(rows, record.name, f"{record.title} ({record.citation}): {record.summary}", settings,
+                           np.asarray(taus, dtype=np.float64), np.asarray(weights, dtype=np.float64),
+                           np.asarray(gradients, dtype=np.float64)))
     return MethodComparison(fixed, tuple(views))

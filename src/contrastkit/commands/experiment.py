@@ -21,6 +21,7 @@ def _per_experiment(key: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from contrastkit.studies import CONVIRT_ABLATION, EXPERIMENTS, SCHEDULES, TEMPERATURE_METHODS
+    from contrastkit.studies.temperature_methods import default_methods
 
     ablation = CONVIRT_ABLATION.defaults
     parser.description = "Run an experiment of the source texts end to end. " + " ".join(
@@ -48,9 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the fixed taus of the sweep (default "
                              + ",".join(f"{t:g}" for t in TEMPERATURE_METHODS.defaults["temperatures"]) + ")")
     parser.add_argument("--method", action="append", default=None, metavar="FORM",
-                        help="temperature-methods: a method in its --temperature-schedule form, repeat for several "
-                             "(default: " + " ".join(TEMPERATURE_METHODS.defaults["methods"]) + ", with their "
-                             "papers' defaults)")
+                        help="temperature-methods: a method in its --temperature-method form, repeat for several "
+                             "(default: every registered method, " + " ".join(default_methods()) + ", with its "
+                             "defaults)")
     parser.add_argument("--text-encoder", choices=("transformer", "mean"), default=None,
                         help=f"convirt-ablation: text encoder (default {ablation['text_encoder']})")
 

@@ -67,10 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the sigmoid (SigLIP) loss: each pair's probability, loss term and gradients "
                              "(w.r.t. s, the scale t = 1/tau and the bias b) next to the softmax view")
     parser.add_argument("--methods", action="store_true",
-                        help="what each temperature method (macl, dual, individual, network, with their papers' "
-                             "defaults) does to the probabilities, gradients and penalty, next to the fixed --tau")
+                        help="what each registered temperature method (with its defaults; see "
+                             "docs/temperature-methods.md) does to the probabilities, gradients and penalty, next "
+                             "to the fixed --tau")
     parser.add_argument("--method", action="append", metavar="FORM",
-                        help="one temperature method in its --temperature-schedule form (repeat for several), "
+                        help="one temperature method in its --temperature-method form (repeat for several), "
                              "e.g. macl:0.1,1 or dual:0.1,0.5; implies --methods")
     # No number here: the default is contrastkit.losses.sigmoid.SIGLIP_BIAS, read when the command
     # runs (importing it loads torch, which --help and a mistyped argument should not wait for).
@@ -106,10 +107,8 @@ def _run_methods(args: argparse.Namespace, request: Request) -> int:
     if args.sigmoid or args.plot:
         raise ValueError("--methods shows the softmax methods as tables: leave out --sigmoid and --plot")
     from contrastkit.analysis import explain_methods
-    from contrastkit.temperature import METHODS
-
     comparison = explain_methods(request.similarities, temperature=request.taus[0], positive=request.positive,
-                                 exclude_diagonal=request.exclude_diagonal, methods=args.method or METHODS)
+                                 exclude_diagonal=request.exclude_diagonal, methods=args.method or None)
     if args.json:
         print(comparison.to_json(indent=2))
     else:

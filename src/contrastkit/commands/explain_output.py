@@ -304,8 +304,11 @@ def print_sigmoid(printer: Printer, e, request: Request) -> None:
                   request.row, lambda row, header: _sigmoid_one(printer, e, row, header))
 
 
-_METHOD_NAMES = {"fixed": "fixed tau", "macl": "MACL", "dual": "dual temperature", "individual": "iSogCLR (individual)",
-                 "network": "TempNet (network)"}
+def _method_label(name: str) -> str:
+    """How the tables name a method: its record's label (``fixed tau`` for the fixed one)."""
+    from contrastkit.temperature_methods import get_temperature_method
+
+    return "fixed tau" if name == "fixed" else get_temperature_method(name).label
 
 
 def _method_candidates(view, anchor: int) -> Table:
@@ -322,6 +325,14 @@ def _method_candidates(view, anchor: int) -> Table:
     return table
 
 
+def _gradient_note(name: str) -> str:
+    """A method's gradient, in its record's words (the first paragraph of its ``explain``'s docstring)."""
+    from contrastkit.temperature_methods import get_temperature_method
+
+    doc = get_temperature_method(name).explain.__doc__ or "its loss's gradient"
+    return " ".join(doc.strip().split("\n\n")[0].split()).replace("``", "")
+
+
 def print_methods(printer: Printer, comparison, request: Request) -> None:
     """The temperature methods next to a fixed tau (:func:`contrastkit.analysis.explain_methods`):
     a summary of every method for the anchor (its tau, gradient weight, positive's probability and
@@ -332,15 +343,16 @@ def print_methods(printer: Printer, comparison, request: Request) -> None:
     summary = Table(["method", "tau", "gradient weight", "P(positive)", "pull on positive", "effective negatives"])
     for view in comparison:
         e = view.explanation
-        summary.rows.append([_METHOD_NAMES[view.method], fmt(view.temperatures[anchor]), fmt(view.weights[anchor]),
+        summary.rows.append([_method_label(view.method), fmt(view.temperatures[anchor]), fmt(view.weights[anchor]),
                              fmt(e.positive_probability[anchor]), fmt(view.positive_pull[anchor]),
                              fmt(e.effective_negatives[anchor])])
     printer.table(summary)
     for view in comparison:
         printer.line()
-        printer.line(f"{_METHOD_NAMES[view.method]}: {view.source}")
+        printer.line(f"{_method_label(view.method)}: {view.source}")
         printer.table(_method_candidates(view, anchor))
     printer.line()
-    printer.line("gradient: what the method's loss sends to each similarity (MACL and dual: the softmax gradient "
-                 "times their stop-gradient weight; iSogCLR and TempNet: the robust objective's, dF/ds_+ = -1 and "
-                 "the penalty share on each negative, at the temperature that minimises it for this row)")
+    printer.line("gradient: what the method's loss sends to each similarity; each method's, at the temperatures "
+                 "above:")
+    for view in comparison.views:
+        printer.line(f"  {_method_label(view.method)}: {_gradient_note(view.method)}")

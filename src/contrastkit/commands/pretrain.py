@@ -13,6 +13,7 @@ from contrastkit.data.collection import MAX_SIZE, check_image_size
 from contrastkit.methods import METHOD_REGISTRY, OPTIMIZERS, PretrainConfig, method_names
 from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, ON_NAN, PRECISIONS
 from contrastkit.models import ENCODERS
+from contrastkit.temperature_methods import TEMPERATURE_METHOD_REGISTRY
 from contrastkit.models.text import TEXT_ENCODERS
 
 # Config-file keys that are PretrainConfig field names rather than option names (OUT/config.yaml
@@ -83,9 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--temperature-schedule", default=None, metavar="SCHEDULE",
         help="how tau changes over the run: constant, cosine:MIN,MAX[,PERIOD], kukleva[:MIN,MAX[,T_EPOCHS]], "
              "linear:START,END, step:V1,V2,...[@F1,...], learnable[:INIT] (default constant; siglip: "
-             "learnable, constant fixes its tau); or a temperature method of simclr: macl[:TAU0,ALPHA,A0], "
-             "dual[:TAU_ALPHA,TAU_BETA], individual[:INIT,RHO,MIN,MAX], network[:INIT,RHO,MIN,MAX] "
-             "(see docs/temperature-methods.md)")
+             "learnable, constant fixes its tau)")
+    add("--temperature-method", default=None, metavar="METHOD",
+        help="a loss that decides its own temperatures, in place of simclr's NT-Xent at one tau: "
+             + "; ".join(spec.form for spec in TEMPERATURE_METHOD_REGISTRY.values())
+             + " (see docs/temperature-methods.md)")
     add("--epochs", type=int, default=None, help=f"(default {d.epochs})")
     add("--batch-size", type=int, default=None,
         help="source images per step (default: sized to the training set and printed at the start: 60 up to "

@@ -133,7 +133,7 @@ class ContrastiveModule(lightning.LightningModule):
         config: the run's :class:`~contrastkit.methods.PretrainConfig` (or its dict, as the
             checkpoint's hyper-parameters hold it). What applies here: ``method``,
             ``encoder`` / ``encoder_options`` / ``norm``, ``projection_dim``, ``temperature``,
-            ``learnable_temperature``, ``temperature_schedule``, ``optimizer``, ``lr``,
+            ``learnable_temperature``, ``temperature_schedule``, ``temperature_method``, ``optimizer``, ``lr``,
             ``weight_decay``, ``warmup_fraction``, ``momentum`` / ``queue_size`` (MoCo; the
             queue is a multiple of ``batch_size``, the global batch), ``views`` (``"augment"``
             only) / ``view_strength``, and ``seed`` (the initial weights). The trainer decides
@@ -198,10 +198,9 @@ class ContrastiveModule(lightning.LightningModule):
                 raise TypeError(f"loss must be callable as loss(z_a, z_b, **keywords), got {type(loss).__name__}")
             if isinstance(method, MoCo):
                 raise ValueError("loss= replaces a two-view loss; moco's loss is the InfoNCE of its key queue")
-            if config.schedule.adaptive:
-                raise ValueError(f"loss= replaces the method's loss; temperature_schedule "
-                                 f"{config.temperature_schedule!r} is a temperature method, which is that loss: "
-                                 "pass one or the other")
+            if config.temperature_method is not None:
+                raise ValueError(f"loss= replaces the method's loss; temperature_method "
+                                 f"{config.temperature_method!r} is that loss: pass one or the other")
         dataset = _data_set(data)
         config = config.fit_to_data(len(dataset.train))  # no batch size given: the data's, as pretrain's
         config = config.with_queue(min(config.batch_size, len(dataset.train)), len(dataset.train))
@@ -337,7 +336,7 @@ class ContrastiveModule(lightning.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> Optional[Tensor]:
         images, labels, indices = _unpack(batch)
         if indices is None and keeps_sample_state(self.model):
-            raise ValueError(f"temperature_schedule {self.config.temperature_schedule!r} keeps one state per "
+            raise ValueError(f"temperature_method {self.config.temperature_method!r} keeps one state per "
                              "training sample: the training loader must yield (images, labels, indices), the "
                              "indices in the training split, as ContrastiveDataModule's does")
         if self._skip_batch or images.shape[0] < 2:  # damaged files skipped left no negatives

@@ -15,13 +15,13 @@ TempNet).
 """
 
 from .adaptive import (
-    MACL,
+    MACLNTXentLoss,
     RobustLoss,
-    AdaptiveTemperature,
-    DualTemperature,
-    IndividualTemperatures,
+    AdaptiveTemperatureLoss,
+    DualTemperatureNTXentLoss,
+    IndividualTemperatureLoss,
     RobustLoss,
-    TemperatureNetwork,
+    TemperatureNetworkLoss,
     dual_temperature_nt_xent,
     macl_nt_xent,
     macl_temperature,
@@ -67,6 +67,6 @@ __all__ = [
     "ContrastiveLoss", "InfoNCE", "NTXent", "NTXentViews", "BidirectionalInfoNCE", "SupCon",
     "SimilarityLoss", "DCL", "SimpleLoss", "HardNegativeNTXent", "DebiasedNTXent", "HCL", "Temperature",
     "MIN_TEMPERATURE", "SigmoidLoss", "SIGLIP_TEMPERATURE", "SIGLIP_BIAS",
-    "macl_nt_xent", "macl_temperature", "dual_temperature_nt_xent", "robust_nt_xent", "AdaptiveTemperature", "MACL",
-    "DualTemperature", "IndividualTemperatures", "TemperatureNetwork", "RobustLoss", "value_checks",
+    "macl_nt_xent", "macl_temperature", "dual_temperature_nt_xent", "robust_nt_xent", "AdaptiveTemperatureLoss", "MACLNTXentLoss",
+    "DualTemperatureNTXentLoss", "IndividualTemperatureLoss", "TemperatureNetworkLoss", "RobustLoss", "value_checks",
 ]

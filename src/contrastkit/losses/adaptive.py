@@ -28,13 +28,13 @@ Four methods from the literature, each on SimCLR's two views (``2N`` anchors, ea
   (``u_i <- (1 - gamma) u_i + gamma g_i(batch)``, per sample): the gradient it gives is
   ``(tau_i / u_i) grad g_i - grad s_i+`` for the encoder and
   ``log u_i + rho - (g_i / u_i) E_q[s_ij / tau_i]`` for ``tau_i``. Its users:
-  :class:`IndividualTemperatures` (iSogCLR: one learnable ``tau`` per training sample, updated
-  by momentum SGD and projected on ``[tau_min, tau_max]``) and :class:`TemperatureNetwork`
+  :class:`IndividualTemperatureLoss` (iSogCLR: one learnable ``tau`` per training sample, updated
+  by momentum SGD and projected on ``[tau_min, tau_max]``) and :class:`TemperatureNetworkLoss`
   (TempNet, Qiu et al., ICML 2024, "To Cool or not to Cool? Temperature Network Meets Large
   Foundation Models via DRO": a head on the embedding predicts each anchor's ``tau``, bounded).
 
-:class:`MACL` and :class:`DualTemperature` wrap the first two as modules with the same
-interface as the stateful two (:class:`AdaptiveTemperature`), so that a trainer can use any
+:class:`MACLNTXentLoss` and :class:`DualTemperatureNTXentLoss` wrap the first two as modules with the same
+interface as the stateful two (:class:`AdaptiveTemperatureLoss`), so that a trainer can use any
 of the four alike. Every loss here runs dense, tiled or across ranks as
 :func:`~contrastkit.losses.nt_xent_views` does (the robust objective: ``distributed_mode="local"``).
 """
@@ -68,7 +68,7 @@ from .variants import dcl
 
 __all__ = [
     "macl_temperature", "macl_nt_xent", "dual_temperature_nt_xent", "robust_nt_xent", "RobustLoss",
-    "AdaptiveTemperature", "MACL", "DualTemperature", "IndividualTemperatures", "TemperatureNetwork",
+    "AdaptiveTemperatureLoss", "MACLNTXentLoss", "DualTemperatureNTXentLoss", "IndividualTemperatureLoss", "TemperatureNetworkLoss",
     "MACL_TEMPERATURE", "MACL_ALPHA", "MACL_THRESHOLD", "DUAL_INTRA", "DUAL_INTER", "ISOGCLR",
 ]
 
@@ -358,7 +358,7 @@ def robust_nt_xent(
 # --------------------------------------------------------------------------- the modules
 
 
-class AdaptiveTemperature(nn.Module):
+class AdaptiveTemperatureLoss(nn.Module):
     """What a trainer needs of a temperature method (the four classes below).
 
     ``forward(z_a, z_b, indices=None, **options)`` returns the loss of SimCLR's two views
@@ -371,7 +371,6 @@ class AdaptiveTemperature(nn.Module):
     """
 
     needs_indices = False
-    kind = ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -400,10 +399,8 @@ class AdaptiveTemperature(nn.Module):
         self.last_temperatures = taus.expand(anchors).clone() if taus.dim() == 0 else taus.clone()
 
 
-class MACL(AdaptiveTemperature):
+class MACLNTXentLoss(AdaptiveTemperatureLoss):
     """:func:`macl_nt_xent` as a temperature method (no state)."""
-
-    kind = "macl"
 
     def __init__(self, temperature: float = MACL_TEMPERATURE, alpha: float = MACL_ALPHA,
                  threshold: float = MACL_THRESHOLD) -> None:
@@ -430,10 +427,8 @@ class MACL(AdaptiveTemperature):
         return f"temperature={self.temperature:g}, alpha={self.alpha:g}, threshold={self.threshold:g}"
 
 
-class DualTemperature(AdaptiveTemperature):
+class DualTemperatureNTXentLoss(AdaptiveTemperatureLoss):
     """:func:`dual_temperature_nt_xent` as a temperature method (no state)."""
-
-    kind = "dual"
 
     def __init__(self, intra_temperature: float = DUAL_INTRA, inter_temperature: float = DUAL_INTER) -> None:
         super().__init__()
@@ -462,7 +457,7 @@ def _check_bounds(tau_min: float, tau_max: float) -> Tuple[float, float]:
     return tau_min, tau_max
 
 
-class _PerSampleState(AdaptiveTemperature):
+class _PerSampleState(AdaptiveTemperatureLoss):
     """The moving estimates ``log u`` of every training sample (a buffer, so checkpoints keep
     them), the batch's pending update, and its exchange between ranks."""
 
@@ -523,7 +518,7 @@ def _resize_to_checkpoint(module: nn.Module, state_dict: Dict[str, Any], prefix:
             module._buffers[name] = buffer.new_empty(saved.shape)
 
 
-class IndividualTemperatures(_PerSampleState):
+class IndividualTemperatureLoss(_PerSampleState):
     """iSogCLR (Qiu et al., ICML 2023): one temperature per training sample, learnt with the
     robust objective (:func:`robust_nt_xent`; module docstring).
 
@@ -541,8 +536,6 @@ class IndividualTemperatures(_PerSampleState):
             example): ``tau`` starts at 0.1 within ``[0.05, 1.0]``, ``rho = 0.4``,
             ``gamma = 0.8``, ``beta = 0.5``, ``eta = 0.03``.
     """
-
-    kind = "individual"
 
     def __init__(self, num_samples: int, initial: float = ISOGCLR["initial"], *, tau_min: float = ISOGCLR["tau_min"],
                  tau_max: float = ISOGCLR["tau_max"], rho: float = ISOGCLR["rho"], gamma: float = ISOGCLR["gamma"],
@@ -578,7 +571,7 @@ class IndividualTemperatures(_PerSampleState):
             return
         tau = pending["tau"]
         if tau.grad is None:
-            raise RuntimeError("IndividualTemperatures.step_() runs after loss.backward(): the temperatures have "
+            raise RuntimeError("IndividualTemperatureLoss.step_() runs after loss.backward(): the temperatures have "
                                "no gradient yet")
         idx = pending["idx"]
         # The pair's tau served both its anchors: its gradient is the sum of theirs.
@@ -597,7 +590,7 @@ class IndividualTemperatures(_PerSampleState):
                 f"eta={self.eta:g}")
 
 
-class TemperatureNetwork(_PerSampleState):
+class TemperatureNetworkLoss(_PerSampleState):
     """TempNet (Qiu et al., ICML 2024): a head on the embedding predicts each anchor's
     temperature, bounded in ``[tau_min, tau_max]``, trained through the robust objective
     (:func:`robust_nt_xent`, with the per-sample moving estimates ``log_u``).
@@ -613,7 +606,7 @@ class TemperatureNetwork(_PerSampleState):
 
     Its parameters are trained by the optimizer of the model that owns it; :meth:`step_`
     writes the batch's moving estimates (exchanged between ranks as for
-    :class:`IndividualTemperatures`).
+    :class:`IndividualTemperatureLoss`).
 
     Args:
         dim: the size of the embeddings.
@@ -623,8 +616,6 @@ class TemperatureNetwork(_PerSampleState):
         prototypes: the number of prototypes (default 256, the paper's).
         rho, gamma: the robust objective's (``ISOGCLR``).
     """
-
-    kind = "network"
 
     def __init__(self, dim: int, num_samples: int, initial: float = ISOGCLR["initial"], *,
                  tau_min: float = ISOGCLR["tau_min"], tau_max: float = ISOGCLR["tau_max"], prototypes: int = 256,

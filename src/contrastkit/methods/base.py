@@ -94,7 +94,7 @@ class Method:
     #: negatives). A new method opts in.
     cached_gradients: ClassVar[bool] = False
     #: Whether the method's loss is NT-Xent on two views, so that a temperature method
-    #: (:class:`contrastkit.temperature.TemperatureMethod`: MACL, dual, individual, network)
+    #: (:class:`contrastkit.temperature_methods.TemperatureMethod`: MACL, dual, individual, network, a plug-in)
     #: can take its place; the model then holds it as ``temperature_method``, and where it
     #: keeps per-sample state the method's :meth:`objective` gets the batch's sample indices
     #: as the keyword ``indices=`` (``(N,)``, in the training split).
@@ -181,7 +181,7 @@ class Method:
 
     def end_step(self, model: nn.Module) -> None:
         """After the optimizer's step: a temperature method updates the state it keeps
-        outside the optimizer (:meth:`contrastkit.losses.AdaptiveTemperature.step_`), and the
+        outside the optimizer (:meth:`contrastkit.losses.AdaptiveTemperatureLoss.step_`), and the
         model's reported ``tau`` becomes the mean of the temperatures its anchors used."""
         method = getattr(model, "temperature_method", None)
         if method is not None:

@@ -126,22 +126,38 @@ def _resolve_loggers(loggers: Any) -> List[str]:
 
 
 def _resolve_schedule(c: "PretrainConfig") -> "TemperatureSchedule":
-    """Parse ``temperature_schedule`` (the one place a run's schedule is parsed), check it
+    """Parse ``temperature_method`` or else ``temperature_schedule`` (the one place a run's
+    temperature is parsed), check it
     against :data:`~contrastkit.losses.MIN_TEMPERATURE`, make ``learnable`` and
     ``learnable_temperature`` agree, and return the schedule the trainer follows."""
     from contrastkit.losses import MIN_TEMPERATURE
-    from contrastkit.temperature import LearnableSchedule, parse_schedule
+    from contrastkit.temperature import ConstantSchedule, LearnableSchedule, parse_schedule
+    from contrastkit.temperature_methods import parse_temperature_method
 
-    schedule = parse_schedule(c.temperature_schedule, c.temperature).bind(epochs=c.epochs)
-    if schedule.adaptive:
+    if c.temperature_method is not None:
         # A temperature method computes its own temperatures inside the method's loss.
+        method = parse_temperature_method(c.temperature_method)
         if not get_method(c.method).temperature_methods:
             takers = ", ".join(name for name, m in METHOD_REGISTRY.items() if m.temperature_methods)
-            raise ValueError(f"the temperature method {schedule.kind!r} applies to the methods whose loss is "
+            raise ValueError(f"the temperature method {method.kind!r} applies to the methods whose loss is "
                              f"NT-Xent on two views ({takers}), not {c.method!r}")
         if c.learnable_temperature:
-            raise ValueError(f"the temperature method {schedule.kind!r} sets its own temperatures: drop "
+            raise ValueError(f"the temperature method {method.kind!r} sets its own temperatures: drop "
                              "learnable_temperature")
+        if c.temperature_schedule not in (None, "constant"):
+            raise ValueError(f"the temperature method {method.kind!r} sets its own temperatures: drop "
+                             f"temperature_schedule {c.temperature_schedule!r}")
+        if method.lowest < MIN_TEMPERATURE:
+            raise ValueError(f"temperature method {c.temperature_method!r} goes down to {method.lowest}, "
+                             f"below the supported minimum {MIN_TEMPERATURE}")
+        c.temperature_method = c.temperature_method.strip()
+        c.temperature_schedule = None  # no schedule of one tau
+        c.temperature = method.initial  # the tau a run reports before its first step
+        c._temperature_method = method
+        return ConstantSchedule(method.initial)  # nothing sets the model's tau during the run
+    if c.temperature_schedule is None:
+        c.temperature_schedule = get_method(c.method).default_schedule
+    schedule = parse_schedule(c.temperature_schedule, c.temperature).bind(epochs=c.epochs)
     learnable = schedule.kind == "learnable" or bool(c.learnable_temperature)
     if learnable and schedule.kind not in ("constant", "learnable"):
         raise ValueError(f"a learnable temperature cannot follow the schedule {c.temperature_schedule!r}")
@@ -193,8 +209,11 @@ class PretrainConfig:
     temperature: Optional[float] = None
     learnable_temperature: bool = False
     # contrastkit.temperature.parse_schedule form; None: "constant", for siglip "learnable"
-    # (SigLIP trains its scale; "constant" fixes it).
+    # (SigLIP trains its scale; "constant" fixes it). None with a temperature method.
     temperature_schedule: Optional[str] = None
+    # A temperature method, NAME[:VALUES] (contrastkit.temperature_methods): the loss decides its
+    # own temperatures (simclr); None: the schedule's tau.
+    temperature_method: Optional[str] = None
     epochs: int = 60
     # Source images a step (the global batch under torchrun; the last partial batch is dropped).
     # None: chosen from the training set's size (default_batch_size) by fit_to_data.
@@ -264,8 +283,6 @@ class PretrainConfig:
         check_positive_int(c.subset_seed, "subset_seed", 0)
         c.temperature = check_positive_float(
             method.default_temperature if c.temperature is None else c.temperature, "temperature")
-        if c.temperature_schedule is None:
-            c.temperature_schedule = method.default_schedule
         check_positive_int(c.epochs, "epochs")
         c._schedule = _resolve_schedule(c)
         if c.batch_size is not None:
@@ -350,9 +367,9 @@ class PretrainConfig:
 
     def _copy(self) -> "PretrainConfig":
         """A copy that keeps what :meth:`resolved` and :meth:`fit_to_data` worked out beyond the
-        fields (the parsed schedule, the record of the data-sized defaults)."""
+        fields (the parsed schedule or temperature method, the record of the data-sized defaults)."""
         c = PretrainConfig(**asdict(self))
-        for name in ("_schedule", "_data_defaults", "_train_size"):
+        for name in ("_schedule", "_temperature_method", "_data_defaults", "_train_size"):
             if name in self.__dict__:
                 setattr(c, name, self.__dict__[name])
         return c

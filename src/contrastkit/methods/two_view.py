@@ -14,6 +14,7 @@ from contrastkit import losses
 from contrastkit.data import MODES, DataSplit, DataSplits, training_views
 from contrastkit.metrics.batch import VIEW_A, VIEW_B, BatchProblem
 from contrastkit.models import ProjectionHead, build_encoder
+from contrastkit.temperature_methods import parse_temperature_method
 
 from .base import Batch, EvalContext, Method, across_ranks
 from .geometry import geometry
@@ -53,15 +54,13 @@ class TwoViewMethod(Method):
 
     def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,
                     encoder: Optional[nn.Module] = None) -> nn.Module:
-        from contrastkit.temperature import METHODS, parse_schedule
-
         temperature_method = None
-        spec = config.temperature_schedule or "constant"
-        if spec.partition(":")[0].strip().lower() in METHODS:  # a temperature method replaces NT-Xent
-            # The schedule the configuration parsed (a run rebuilt from its saved configuration
+        if config.temperature_method is not None:  # it replaces NT-Xent
+            # The method the configuration parsed (a run rebuilt from its saved configuration
             # parses it here); without the data, the per-sample state's size comes from the checkpoint.
-            schedule = config.__dict__.get("_schedule") or parse_schedule(spec, config.temperature)
-            temperature_method = schedule.build(config.__dict__.get("_train_size", 0), config.projection_dim)
+            method = (config.__dict__.get("_temperature_method")
+                      or parse_temperature_method(config.temperature_method))
+            temperature_method = method.build(config.__dict__.get("_train_size", 0), config.projection_dim)
         return ContrastiveModel(
             self, config.encoder if encoder is None else encoder, in_channels,
             temperature=config.temperature, learnable_temperature=config.learnable_temperature,
@@ -105,7 +104,7 @@ class TwoViewMethod(Method):
 
 class SimCLR(TwoViewMethod):
     """:func:`~contrastkit.losses.nt_xent_views` on the ``2N`` anchors of both views; with a
-    temperature method (``--temperature-schedule macl|dual|individual|network``), that method's
+    temperature method (``--temperature-method NAME``, :mod:`contrastkit.temperature_methods`), that method's
     loss on the same anchors (:mod:`contrastkit.losses.adaptive`)."""
 
     name = "simclr"
@@ -191,8 +190,8 @@ class ContrastiveModel(nn.Module):
         queue_size: MoCo's number of stored keys (required for ``"moco"``).
         norm: the encoder's and head's normalisation, ``None``/``"batch"`` (BatchNorm) or
             ``"group"`` (GroupNorm, LayerNorm in the head; :func:`~contrastkit.models.build_encoder`).
-        temperature_method: a :class:`~contrastkit.losses.AdaptiveTemperature` (MACL, dual,
-            individual, network) whose loss replaces the method's own (``simclr`` only); its
+        temperature_method: a :class:`~contrastkit.losses.AdaptiveTemperatureLoss` (a temperature
+            method's loss, :mod:`contrastkit.temperature_methods`) whose loss replaces the method's own (``simclr`` only); its
             state is the model's (saved with it). ``temperature`` then reports the mean of the
             temperatures its anchors used at the last step.
     """

@@ -25,6 +25,7 @@ any network access, so it works offline and from ``file://``.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import threading
@@ -113,6 +114,38 @@ def _json_for_script(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
 
 
+#: The temperature methods whose maths the page computes in the browser (its copy of
+#: :func:`contrastkit.analysis.explain_methods` for one row; their settings and names are the
+#: registry's, :func:`explorer_methods`).
+EXPLORER_METHODS = ("macl", "dual", "individual", "network")
+
+
+def explorer_methods() -> Dict[str, Dict[str, Any]]:
+    """``{name: {"label": ..., "settings": {...}}}`` of :data:`EXPLORER_METHODS`, from their
+    records (:mod:`contrastkit.temperature_methods`): the defaults and names the page uses."""
+    from contrastkit.temperature_methods import get_temperature_method
+
+    return {name: {"label": get_temperature_method(name).label,
+                   "settings": {k: float(v) for k, v in get_temperature_method(name).defaults.items()}}
+            for name in EXPLORER_METHODS}
+
+
+def _method_rows() -> str:
+    """The summary table's row of each method of :data:`EXPLORER_METHODS` (its record's label)."""
+    rows = []
+    for name, method in explorer_methods().items():
+        cells = "".join(f'<td class="num" id="m-{column}-{name}"></td>'
+                        for column in ("tau", "weight", "p", "pull", "eff"))
+        rows.append(f'          <tr><th scope="row">{html.escape(method["label"])}</th>{cells}</tr>')
+    return "\n".join(rows)
+
+
+def _method_options() -> str:
+    """The candidates' method choice: one option per method of :data:`EXPLORER_METHODS`."""
+    return "\n".join(f'          <option value="{name}">{html.escape(method["label"])}</option>'
+                     for name, method in explorer_methods().items())
+
+
 def explorer_html(*, presets: Optional[Sequence[Dict[str, Any]]] = None) -> str:
     """The explorer page as one self-contained HTML string (UTF-8 text).
 
@@ -129,7 +162,8 @@ def explorer_html(*, presets: Optional[Sequence[Dict[str, Any]]] = None) -> str:
     page = _asset("explorer.html")
     # JS/CSS last: their text must not be searched for placeholders.
     for key, value in (("GENERATOR", GENERATOR), ("VERSION", __version__),
-                       ("PRESETS", _json_for_script(chosen)),
+                       ("PRESETS", _json_for_script(chosen)), ("METHODS", _json_for_script(explorer_methods())),
+                       ("METHOD_ROWS", _method_rows()), ("METHOD_OPTIONS", _method_options()),
                        ("CSS", _asset("explorer.css")), ("JS", _asset("explorer.js"))):
         page = page.replace("{{" + key + "}}", value)
     return page

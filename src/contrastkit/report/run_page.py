@@ -136,7 +136,7 @@ def _headline_cards(summary: Dict[str, Any], config: Dict[str, Any]) -> List[Tup
         cards.append(("final training loss", summary["final_loss"], "mean over the last epoch"))
     if number(summary.get("final_temperature")) is not None:
         cards.append(("final temperature τ", summary["final_temperature"],
-                      str(summary.get("temperature_schedule") or
+                      str(summary.get("temperature_method") or summary.get("temperature_schedule") or
                           ("learnable" if config.get("learnable_temperature") else "fixed"))))
     if summary.get("epochs") is not None:
         cards.append(("epochs · steps", f"{summary.get('epochs')} · {summary.get('steps', '?')}", ""))

@@ -165,6 +165,14 @@ def _run_lock(run_dir: str, *, wait_for_it: bool) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def _import_modules(modules: Sequence[str]) -> None:
+    """Import ``modules`` (in a study's worker process: the temperature methods' registrations)."""
+    import importlib
+
+    for module in modules:
+        importlib.import_module(module)
+
+
 def _execute(spec: RunSpec, run_dir: str, progress: bool, wait_for_it: bool = False) -> Dict[str, Any]:
     """Run (or finish, or reuse) one pretraining run in ``run_dir``, holding its lock
     (:class:`RunBusy` if another process holds it and ``wait_for_it`` is false)."""
@@ -341,7 +349,12 @@ def run_grid(specs: List[RunSpec], runs_dir: str, *, title: str, progress: bool,
             import multiprocessing
 
             # spawn: a fresh interpreter per worker (no forked torch thread pools or locks)
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            from contrastkit.temperature_methods import registering_modules
+
+            # ... which imports the modules that registered the temperature methods, a plug-in's
+            # too, so that its runs know every method this process does.
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_import_modules, initargs=(registering_modules(),)) as pool:
                 pending: Dict[Future, int] = {}
                 for index, spec in enumerate(runnable):
                     run_dir = os.path.join(runs_dir, spec.name)

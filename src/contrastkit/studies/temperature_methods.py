@@ -10,7 +10,7 @@ a fixed tau:
 * TempNet (Qiu et al., ICML 2024): ``network``.
 
 Each seed trains SimCLR's NT-Xent at every fixed tau of a sweep (``temperatures``) and once with
-each method (``--temperature-schedule FORM``), all with the same data, epochs, batch, seed and
+each method (``--temperature-method FORM``), all with the same data, epochs, batch, seed and
 read-out (the textbook, section 30.2, exercise F5: with ``eval_every`` the val probe picks the
 epoch, the test probe of that epoch is compared). The best fixed tau is the one with the
 highest mean *val* probe accuracy over the seeds (its test accuracy when no run read the val
@@ -37,30 +37,32 @@ from .study import RUN_DEFAULTS, Study, check_counts, check_numbers, run_config
 from .sweep import DEFAULT_TEMPERATURES
 from .verdicts import PAIRED_SEED_RULE, UNDECIDED, Verdict, needs_labels_verdict, paired_seed_verdict
 
-__all__ = ["TEMPERATURE_METHODS", "DEFAULT_METHODS", "methods_rows", "methods_verdicts", "methods_table",
+__all__ = ["TEMPERATURE_METHODS", "default_methods", "methods_rows", "methods_verdicts", "methods_table",
            "best_fixed_temperature"]
 
-#: The four methods with their papers' defaults (``--temperature-schedule`` forms).
-DEFAULT_METHODS = ("macl", "dual", "individual", "network")
+def default_methods() -> List[str]:
+    """Every registered temperature method, with its defaults (``--temperature-method``
+    forms; :mod:`contrastkit.temperature_methods`)."""
+    from contrastkit.temperature_methods import temperature_method_names
+
+    return list(temperature_method_names())
+
+
 #: The row of the fixed-tau runs.
 FIXED = "fixed"
 
 DEFAULTS: Dict[str, Any] = {"data": "glyphlab", "data_options": {}, "seeds": 3,
-                            "temperatures": list(DEFAULT_TEMPERATURES), "methods": list(DEFAULT_METHODS),
+                            "temperatures": list(DEFAULT_TEMPERATURES), "methods": None,
                             "epochs": 100, "batch_size": 40, "device": "auto", "threads": None, **RUN_DEFAULTS}
 
-_CLAIMS = {
-    "macl": "MACL's model-aware temperature (Huang et al., ICML 2023) beats the best fixed tau",
-    "dual": "A dual temperature (Zhang et al., CVPR 2022) beats the best fixed tau",
-    "individual": "Individual temperatures learnt by iSogCLR (Qiu et al., ICML 2023) beat the best fixed tau",
-    "network": "A temperature network (TempNet, Qiu et al., ICML 2024) beats the best fixed tau",
-}
 
 
 def _check(settings: Dict[str, Any]) -> Dict[str, Any]:
-    from contrastkit.temperature import parse_schedule
+    from contrastkit.temperature_methods import parse_temperature_method
 
     check_counts(settings)
+    if settings["methods"] is None:  # every registered method, as registered when the study runs
+        settings["methods"] = default_methods()
     settings["temperatures"] = check_numbers(settings["temperatures"], "temperatures", MIN_TEMPERATURE)
     methods = settings["methods"]
     if isinstance(methods, str) or not isinstance(methods, (list, tuple)) or not methods:
@@ -68,12 +70,9 @@ def _check(settings: Dict[str, Any]) -> Dict[str, Any]:
     kinds = []
     for text in methods:
         try:
-            schedule = parse_schedule(str(text))
+            kinds.append(parse_temperature_method(str(text)).kind)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"--method: {err}") from None
-        if not schedule.adaptive:
-            raise ValueError(f"--method {text!r} is not a temperature method (macl, dual, individual, network)")
-        kinds.append(schedule.kind)
+            raise ValueError(f"--method {text!r} is not a temperature method: {err}") from None
     if len(set(kinds)) != len(kinds):
         raise ValueError(f"--method names a method twice: {list(methods)}")
     settings["methods"] = [str(text) for text in methods]
@@ -92,7 +91,7 @@ def _specs(settings: Dict[str, Any]) -> List[RunSpec]:
             specs.append(RunSpec(f"fixed-tau{tau:g}-seed{seed}", FIXED, f"tau {tau:g}, seed {seed}", config,
                                  baselines=k == 0))
         for form in settings["methods"]:
-            config = run_config(settings, data=settings["data"], method="simclr", temperature_schedule=form,
+            config = run_config(settings, data=settings["data"], method="simclr", temperature_method=form,
                                 seed=seed)
             specs.append(RunSpec(f"{_kind(form)}-seed{seed}", _kind(form), f"seed {seed}", config))
     return specs
@@ -113,7 +112,7 @@ def methods_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
     rows = []
     for spec in specs:
         s = spec.summary or {}
-        tau = (f"{spec.config['temperature']:g}" if spec.row == FIXED else spec.config["temperature_schedule"])
+        tau = (f"{spec.config['temperature']:g}" if spec.row == FIXED else spec.config["temperature_method"])
         columns = schedule_columns(s, spec.name)
         rows.append({"method": spec.row, "tau": tau, "seed": spec.config["seed"],
                      **{key: columns.pop(key) for key in ("probe_accuracy", "knn_accuracy", "epoch",
@@ -149,7 +148,7 @@ def methods_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
     best, chosen_by = best_fixed_temperature(rows)
     verdicts = []
     for method in [m for m in dict.fromkeys(row["method"] for row in rows) if m != FIXED]:
-        claim = _CLAIMS.get(method, f"{method} beats the best fixed tau")
+        claim = _claim(method)
         form = next(str(row["tau"]) for row in rows if row["method"] == method)
         if not values(rows, "probe_accuracy"):
             verdicts.append(_needs_labels(rows, claim, method))
@@ -166,6 +165,14 @@ def methods_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
             compared=f"{form} minus the best fixed tau {best} (chosen on {chosen_by}), probe accuracy of the "
                      "selected epoch", rule=rule))
     return verdicts
+
+
+def _claim(method: str) -> str:
+    """The method's claim, from its record (a method no longer registered: a plain one)."""
+    from contrastkit.temperature_methods import TEMPERATURE_METHOD_REGISTRY
+
+    spec = TEMPERATURE_METHOD_REGISTRY.get(method)
+    return spec.claim if spec is not None else f"{method} beats the best fixed tau"
 
 
 def _needs_labels(rows: Sequence[Dict[str, Any]], claim: str, method: str) -> Verdict:
@@ -211,8 +218,8 @@ def methods_table(rows: Sequence[Dict[str, Any]]) -> str:
 #: Each temperature method against the best fixed tau (``contrastkit experiment temperature-methods``).
 TEMPERATURE_METHODS = Study(
     name="temperature-methods",
-    description="MACL, dual temperature, iSogCLR's individual temperatures and TempNet, each against the best "
-                "fixed tau of a sweep, same budget and read-out",
+    description="each registered temperature method (MACL, dual temperature, iSogCLR, TempNet, ...) against the "
+                "best fixed tau of a sweep, same budget and read-out",
     label="temperature-methods experiment", title="temperature methods", folder="experiment-temperature-methods",
     settings_file=layout.EXPERIMENT_SETTINGS, table_file=layout.EXPERIMENT_TABLE,
     plot_files=(layout.TEMPERATURE_METHODS_PLOT,), defaults=DEFAULTS, check=_check, specs=_specs,

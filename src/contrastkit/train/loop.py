@@ -966,7 +966,7 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
         "final_loss": run.epoch_losses[-1] if run.epoch_losses else None,
         "epochs": run.epoch, "steps": run.step, "method": config.method, "data": run.dataset.name,
         "encoder": config.encoder, "views": config.views, "final_temperature": run.model.temperature.value,
-        "temperature_schedule": config.temperature_schedule,
+        "temperature_schedule": config.temperature_schedule, "temperature_method": config.temperature_method,
         "train_seconds": run.train_seconds, "eval_seconds": eval_seconds,
         "seconds": time.perf_counter() - run.started,  # this invocation (train_seconds adds up resumes)
         "images_per_second": run.step * run.batch_size / run.train_seconds if run.train_seconds > 0 else None,

@@ -27,9 +27,20 @@ def read_run_config(run_dir: str, record: Optional[Dict[str, Any]] = None) -> Pr
     path = layout.RunFolder(run_dir).config
     try:
         stored = layout.read_run_record(run_dir) if record is None else record
-        return PretrainConfig.from_dict(stored["config"])
+        return PretrainConfig.from_dict(_with_temperature_method(stored["config"]))
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{path} is not a valid run configuration: {err}") from None
+
+
+def _with_temperature_method(config: Dict[str, Any]) -> Dict[str, Any]:
+    """A configuration that contrastkit recorded before temperature methods had their own field
+    held the method in ``temperature_schedule`` (``"macl"``): read it as ``temperature_method``."""
+    from contrastkit.temperature_methods import temperature_method_of
+
+    if isinstance(config, dict) and "temperature_method" not in config \
+            and temperature_method_of(config.get("temperature_schedule")) is not None:
+        return {**config, "temperature_method": config["temperature_schedule"], "temperature_schedule": None}
+    return config
 
 
 @dataclass
@@ -104,7 +115,7 @@ def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
     state = load_checkpoint(path)
     # Compared as configurations, so that a field added since the run was written (at its default) matches.
     try:
-        same = PretrainConfig.from_dict(state["config"]).to_dict() == config.to_dict()
+        same = PretrainConfig.from_dict(_with_temperature_method(state["config"])).to_dict() == config.to_dict()
     except (TypeError, ValueError):
         same = False
     if not same:

@@ -157,17 +157,16 @@
 
   // ------------------------------------------------------------------ temperature methods
   // The single-row case of contrastkit.analysis.explain_methods (same formulas, float64), with
-  // the papers' defaults: MACL tau_0 = 0.1, alpha = 0.5, A_0 = 0; dual tau_alpha = 0.1,
-  // tau_beta = 1.0; iSogCLR / TempNet rho = 0.4 within [0.05, 1.0].
+  // each method's defaults and name as its record in contrastkit.temperature_methods holds them
+  // (embedded by the page's writer).
 
-  const METHOD_SETTINGS = {
-    macl: { temperature: 0.1, alpha: 0.5, threshold: 0 },
-    dual: { intra_temperature: 0.1, inter_temperature: 1.0 },
-    individual: { rho: 0.4, tau_min: 0.05, tau_max: 1.0 },
-    network: { rho: 0.4, tau_min: 0.05, tau_max: 1.0 },
-  };
-  const METHOD_NAMES = { fixed: "fixed τ", macl: "MACL", dual: "dual temperature", individual: "iSogCLR (individual)",
-                         network: "TempNet (network)" };
+  const EMBEDDED_METHODS = JSON.parse(document.getElementById("ck-methods").textContent);
+  const METHOD_SETTINGS = {};
+  const METHOD_NAMES = { fixed: "fixed τ" };
+  for (const name of Object.keys(EMBEDDED_METHODS)) {
+    METHOD_SETTINGS[name] = EMBEDDED_METHODS[name].settings;
+    METHOD_NAMES[name] = EMBEDDED_METHODS[name].label;
+  }
 
   // KL(q || uniform) of the softmax over the negatives at tau.
   function klToUniform(s, positive, tau) {
@@ -658,7 +657,7 @@
       return;
     }
     lastMethods = views;
-    for (const name of ["fixed", "macl", "dual", "individual", "network"]) {
+    for (const name of Object.keys(METHOD_NAMES)) {
       const v = views[name];
       setOut($("m-tau-" + name), v.temperature, 4);
       setOut($("m-weight-" + name), v.weight, 4);
