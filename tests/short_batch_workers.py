@@ -13,27 +13,31 @@ import torch
 import torch._dynamo  # noqa: F401  (before the group exists: see contrastkit.train.parallel)
 import torch.distributed as dist
 
-rank, world, init, data, out, result = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:7]
-torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
-                        timeout=datetime.timedelta(seconds=20))
 
-from contrastkit.train import PretrainConfig, loop, pretrain  # noqa: E402
+def main() -> None:
+    rank, world, init, data, out, result = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:7]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=20))
 
-ended_at = []
-real_end_epoch = loop._end_epoch
+    from contrastkit.train import PretrainConfig, loop, pretrain  # noqa: E402
+
+    ended_at = []
+    real_end_epoch = loop._end_epoch
+
+    def end_epoch(run, *args, **kwargs):
+        ended_at.append(run.step)
+        return real_end_epoch(run, *args, **kwargs)
+
+    loop._end_epoch = end_epoch
+    try:
+        summary = pretrain(PretrainConfig(data=data, method="moco", epochs=1, batch_size=8, out=out, device="cpu",
+                                          log_every=1, eval_every=0, seed=0), progress=False, baselines=False)
+        with open(result, "w", encoding="utf-8") as handle:
+            json.dump({"ended_at": ended_at, "summary": summary}, handle)
+    finally:
+        dist.destroy_process_group()
 
 
-def end_epoch(run, *args, **kwargs):
-    ended_at.append(run.step)
-    return real_end_epoch(run, *args, **kwargs)
-
-
-loop._end_epoch = end_epoch
-try:
-    summary = pretrain(PretrainConfig(data=data, method="moco", epochs=1, batch_size=8, out=out, device="cpu",
-                                      log_every=1, eval_every=0, seed=0), progress=False, baselines=False)
-    with open(result, "w", encoding="utf-8") as handle:
-        json.dump({"ended_at": ended_at, "summary": summary}, handle)
-finally:
-    dist.destroy_process_group()
+if __name__ == "__main__":  # not on import: pytest collects this file for its doctests
+    main()

@@ -626,8 +626,11 @@ def test_a_per_sample_temperature_method_trains_under_lightning_as_in_pretrain(t
     assert len(record.losses) == len(loop_losses) == epochs  # one batch of 16 an epoch
     # The two runs differ only in the order of the batch's rows (the loop's and the
     # DistributedSampler's shuffles), hence in the order of the sums over its 32 anchors:
-    # relative differences of a few float32 ulps (1.2e-7) per sum, over 3 steps.
-    assert record.losses == pytest.approx(loop_losses, rel=1e-5)
+    # relative differences of a few float32 ulps (1.2e-7) per sum, over 3 steps. A loss that is
+    # a difference of terms of size ~1 cancelling near 0 (TempNet's: -0.005 at step 2) keeps
+    # their absolute rounding instead, at most one ulp of each of the 32 anchors' terms.
+    eps = torch.finfo(torch.float32).eps
+    assert record.losses == pytest.approx(loop_losses, rel=1e-5, abs=32 * eps)
     per_sample = [key for key in state if key.startswith("temperature_method.") and state[key].shape == (16,)]
     assert "temperature_method.log_u" in per_sample
     assert bool(torch.isfinite(state["temperature_method.log_u"]).all())  # every scene's estimate written
