@@ -114,11 +114,12 @@ def summary_from_dict(data: Any, source: str = "summary.json") -> Dict[str, Any]
     return {key: value for key, value in data.items() if key != VERSION_KEY}
 
 
-def read_summary(path: str) -> Dict[str, Any]:
-    """The final numbers of the ``summary.json`` at ``path`` (:func:`summary_from_dict`)."""
+def read_summary(path: str, *, hint: str = "") -> Dict[str, Any]:
+    """The final numbers of the ``summary.json`` at ``path`` (:func:`summary_from_dict`);
+    ``hint`` ends the message of a file that is not JSON (what to do about it)."""
     from contrastkit._io import read_json
 
-    return summary_from_dict(read_json(path), str(path))
+    return summary_from_dict(read_json(path, hint=hint), str(path))
 
 
 # -- metrics.jsonl --------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
-from contrastkit import layout
+from contrastkit import layout, records
 from contrastkit._io import available_memory as _available_memory  # tests replace it here
 from contrastkit._io import read_json as _read_json
 from contrastkit.manifest import Manifest, clear_folder
@@ -52,9 +52,17 @@ class RunSpec:
     summary: Optional[Dict[str, Any]] = field(default=None, repr=False)
 
 
+_HINT = "; remove it or start over with --force"
+
+
 def read_json(path: str) -> Any:
     """A study file's JSON; a corrupt file is a ``ValueError`` saying how to get past it."""
-    return _read_json(path, hint="; remove it or start over with --force")
+    return _read_json(path, hint=_HINT)
+
+
+def read_summary(path: str) -> Dict[str, Any]:
+    """A run's ``summary.json`` (:func:`contrastkit.records.read_summary`), with the hint of :func:`read_json`."""
+    return records.read_summary(path, hint=_HINT)
 
 
 def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], settings: Dict[str, Any],
@@ -173,10 +181,10 @@ def _execute(spec: RunSpec, run_dir: str, progress: bool, wait_for_it: bool = Fa
 
     folder = layout.RunFolder(run_dir)
     if os.path.isfile(folder.summary):
-        return read_json(folder.summary)
+        return read_summary(folder.summary)
     with _run_lock(run_dir, wait_for_it=wait_for_it):
         if os.path.isfile(folder.summary):  # finished by the process we waited for
-            return read_json(folder.summary)
+            return read_summary(folder.summary)
         config = PretrainConfig(**{**spec.config, "out": run_dir})
         has_checkpoint = os.path.isfile(folder.last_checkpoint)
         # A folder without a checkpoint holds an attempt cut off in its first epoch (or an empty
@@ -346,7 +354,7 @@ def run_grid(specs: List[RunSpec], runs_dir: str, *, title: str, progress: bool,
                 for index, spec in enumerate(runnable):
                     run_dir = os.path.join(runs_dir, spec.name)
                     if os.path.isfile(layout.RunFolder(run_dir).summary):
-                        finished(index, read_json(layout.RunFolder(run_dir).summary), True)
+                        finished(index, read_summary(layout.RunFolder(run_dir).summary), True)
                         continue
                     pending[pool.submit(_execute, spec, run_dir, False)] = index
                 try:
