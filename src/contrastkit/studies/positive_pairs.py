@@ -110,7 +110,7 @@ POSITIVE_PAIRS = Study(
     table_file=layout.EXPERIMENT_TABLE, plot_files=(layout.POSITIVE_PAIRS_PLOT,), defaults=DEFAULTS,
     check=_check, specs=_specs, rows=positive_pairs_rows, verdicts=positive_pairs_verdicts,
     table=positive_pairs_table, plot=plot_positive_pairs,
-    cell=lambda s: f"{s.get('probe_accuracy', float('nan')):.3f}",
+    cell=lambda s: f"{s.get(PROBE_ACCURACY, float('nan')):.3f}",
     hints={"data": "positive-pairs runs on GlyphLab: pairs A and B are its noise realisations of one scene and its "
                    "orientation classes score them; for your own images use contrastkit experiment schedules --data "
                    "or contrastkit sweep --data"},

@@ -52,8 +52,8 @@ def headline(numbers: Dict[str, Any]) -> str:
     """A run's number in a study's live grid: its probe accuracy, or on data without labels its
     held-out view retrieval top-1."""
     if PROBE_ACCURACY not in numbers and VIEW_RETRIEVAL_TOP1 in numbers:
-        return f"view top-1 {numbers['view_retrieval_top1']:.3f}"
-    return f"{numbers.get('probe_accuracy', float('nan')):.3f}"
+        return f"view top-1 {numbers[VIEW_RETRIEVAL_TOP1]:.3f}"
+    return f"{numbers.get(PROBE_ACCURACY, float('nan')):.3f}"
 
 
 def values(rows: Sequence[Row], key: str, **match: Any) -> List[float]:
