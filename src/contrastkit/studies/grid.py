@@ -66,8 +66,7 @@ def read_summary(path: str) -> Dict[str, Any]:
 
 
 def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], settings: Dict[str, Any],
-                settings_file: str, command: str,
-                complete: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> Manifest:
+                settings_file: str, command: str) -> Manifest:
     """Make ``out`` ready and return its manifest: a new or empty folder; with ``force`` the
     files its manifest lists (the runs through their own manifests) are deleted first, and a
     folder without a manifest is refused (:func:`contrastkit.manifest.plan_removal`); with
@@ -87,8 +86,6 @@ def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], se
         if not os.path.isfile(settings_path):
             raise FileNotFoundError(f"nothing to resume: {settings_path} does not exist")
         stored = read_json(settings_path)
-        if complete is not None:  # settings an older contrastkit did not store take their defaults
-            stored = json.loads(json.dumps(complete(stored)))
         differing = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
         if differing:
             details = ", ".join(f"{k}: stored {stored.get(k)!r} vs now {settings.get(k)!r}" for k in differing)

@@ -122,7 +122,10 @@ class EpochSelection:
 
 
 def selected_numbers(summary: Dict[str, Any]) -> Dict[str, Any]:
-    """The held-out numbers of a run's selected epoch: ``summary["selected"]``, or the summary
-    itself for one written before epochs were selected."""
+    """The held-out numbers of a run's selected epoch: ``summary["selected"]`` (every summary
+    the trainer writes has it); a ``ValueError`` for a summary without them."""
     selected = summary.get("selected")
-    return selected if isinstance(selected, dict) else summary
+    if not isinstance(selected, dict):
+        raise ValueError("a run summary without the numbers of its selected epoch (\"selected\"): "
+                         "it was not written by this contrastkit; train the run again")
+    return selected
