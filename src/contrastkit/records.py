@@ -35,11 +35,11 @@ VERSION_KEY = "format_version"
 
 # -- summary.json ---------------------------------------------------------------------------
 
-#: The linear probe's test accuracy (labelled data): what ``beats_baselines`` judges.
+#: The linear probe's test accuracy on labelled data, which ``beats_baselines`` judges.
 PROBE_ACCURACY = "probe_accuracy"
 #: The weighted kNN's test accuracy (labelled data).
 KNN_ACCURACY = "knn_accuracy"
-#: The top-1 view retrieval rate (the label-free read-out): what ``beats_baselines_view_retrieval`` judges.
+#: The top-1 view retrieval rate of the label-free read-out, which ``beats_baselines_view_retrieval`` judges.
 VIEW_RETRIEVAL_TOP1 = "view_retrieval_top1"
 
 #: The untrained encoder (the run's model at its initialisation), read out like the trained one.
