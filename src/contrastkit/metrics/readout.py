@@ -131,7 +131,8 @@ def evaluate_encoders(dataset: DataSplits, encoder: nn.Module, device: torch.dev
 
 #: The label-free read-out as a results table shows it: ``(row title, summary key)``, each key
 #: also under each baseline's key (:func:`contrastkit.records.baseline_key`).
-LABEL_FREE_ROWS = (("view retrieval top-1", records.VIEW_RETRIEVAL_TOP1), ("view retrieval top-5", "view_retrieval_top5"),
+LABEL_FREE_ROWS = (("view retrieval top-1", records.VIEW_RETRIEVAL_TOP1),
+                   ("view retrieval top-5", "view_retrieval_top5"),
                    ("alignment (lower better)", "alignment"), ("uniformity (lower better)", "uniformity"),
                    ("effective rank", "effective_rank"), ("held-out loss", "heldout_loss"))
 

@@ -111,18 +111,23 @@ def _prepare_out(out: str, resume: bool, plan: Optional[RemovalPlan] = None) -> 
 
 
 def _truncate_metrics(path: str, epoch: int, step: int) -> None:
-    """Drop records written after the checkpoint a run resumes from (an interrupted epoch)."""
+    """Drop records written after the checkpoint a run resumes from (an interrupted epoch); a
+    record of an unknown format version is a ``ValueError`` naming the file and line (before
+    anything is rewritten)."""
     if not os.path.isfile(path):
         return
     kept = []
     with open(path, encoding="utf-8") as handle:
-        for line in handle:
+        for number, line in enumerate(handle, 1):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut off by the interruption
+            if isinstance(record, dict):
+                records.metrics_record_from_dict(record, f"{path} line {number}")
             # Up to the checkpoint's step (it may lie inside the epoch after the `epoch` done ones).
-            if record.get("step", 0) <= step and (record.get("kind") != records.EPOCH or record.get("epoch", 0) <= epoch):
+            if record.get("step", 0) <= step and (record.get("kind") != records.EPOCH
+                                                   or record.get("epoch", 0) <= epoch):
                 kept.append(json.dumps(record) + "\n")
     tmp = f"{path}.tmp"
     with Manifest(os.path.dirname(path)).writing(os.path.basename(path)):
