@@ -17,7 +17,7 @@ pytest.importorskip("sphinx", reason="the docs extra is not installed (pip insta
 ROOT = Path(__file__).resolve().parents[1]
 API = ROOT / "docs" / "api"
 PACKAGES = ("losses", "analysis", "data", "models", "methods", "train", "metrics", "distributed",
-            "temperature", "temperature_methods", "report", "manifest")
+            "temperature", "temperature_methods", "report", "manifest", "records")
 
 
 def _build(source: Path, out: Path, conf: Path = API) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ PACKAGE = "contrastkit"
 #: The library: what a script or the Lightning integration trains with.
 LIBRARY = {"losses", "distributed", "models", "metrics", "data", "methods", "analysis", "temperature",
            "temperature_methods", "layout",
-           "_io", "manifest", "config_files", "extras"}
+           "_io", "manifest", "config_files", "extras", "records"}
 #: The trainer and the tools on top of it.
 TRAINER = {"train", "studies", "commands", "cli", "report", "__main__"}
 
@@ -230,3 +230,40 @@ def test_one_spelling_of_neighbors():
              if path.is_file() and path.suffix in (".py", ".md", ".rst", ".js", ".html", ".css")
              and "neighbou" in path.read_text(encoding="utf-8", errors="replace").lower()]
     assert not spelt, spelt
+
+
+#: The result keys only :mod:`contrastkit.records` spells out; every other module uses its names.
+#: (``knn_accuracy`` is also a function's name, so not checked.)
+RECORD_LITERALS = ("probe_accuracy", "view_retrieval_top1", "random_init_", "raw_pixel_")
+
+
+def _record_literals(root: Path) -> List[str]:
+    """``module:line`` of each string constant (docstrings aside) that is a record key of
+    :data:`RECORD_LITERALS` or starts with a baseline's prefix, outside ``contrastkit.records``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        if module == f"{PACKAGE}.records":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                if node.value in RECORD_LITERALS[:2] or node.value.startswith(RECORD_LITERALS[2:]):
+                    found.append(f"{module}:{node.lineno}")  # (an f-string's parts are constants too)
+    return found
+
+
+def test_record_keys_are_spelled_only_in_the_records_module():
+    assert _record_literals(ROOT) == []
+
+
+def test_the_record_literal_check_sees_a_literal(tmp_path):
+    tree = tmp_path / PACKAGE
+    tree.mkdir()
+    (tree / "records.py").write_text('PROBE_ACCURACY = "probe_accuracy"\n')
+    (tree / "table.py").write_text('"""Reads probe_accuracy."""\nKEY = "probe_accuracy"\nBASE = f"raw_pixel_{KEY}"\n')
+    assert _record_literals(tree) == [f"{PACKAGE}.table:2", f"{PACKAGE}.table:3"]

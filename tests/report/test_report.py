@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from contrastkit.cli import main
+from contrastkit.records import FORMAT_VERSION, VERSION_KEY
 from contrastkit.report import detect_kind, report_after_run, report_html, write_report
 
 # ---------------------------------------------------------------- fixtures in the tools' formats
@@ -396,6 +397,25 @@ def test_cli(tmp_path, capsys, monkeypatch):
         assert main(["report", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("contrastkit report: error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_cli_refuses_records_of_an_unknown_format_version(tmp_path, capsys):
+    """A summary.json or a metrics.jsonl line of a newer format version is refused in one line
+    naming the file and the version, before any page is written."""
+    newer = FORMAT_VERSION + 1
+    run = write_run(tmp_path / "run", metrics=False)
+    (run / "summary.json").write_text(json.dumps({**SUMMARY, VERSION_KEY: newer}))
+    lines = write_run(tmp_path / "lines", summary=False)
+    with open(lines / "metrics.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"kind": "step", "epoch": 4, "step": 16, "loss": 1.0, VERSION_KEY: newer}) + "\n")
+    last = len((lines / "metrics.jsonl").read_text().splitlines())  # the line written above
+    for folder, named in ((run, f"{run / 'summary.json'}: a summary"),
+                          (lines, f"{lines / 'metrics.jsonl'} line {last}: a metrics record")):
+        assert main(["report", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"contrastkit report: error: {named} of format version {newer}") and \
+            len(err.splitlines()) == 1, err
+        assert not (folder / "report.html").exists()
 
 
 # ---------------------------------------------------------------- the page, to the byte

@@ -284,14 +284,17 @@ def test_unknown_variants_are_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
-def test_a_sweep_stored_before_the_variants_setting_resumes_with_the_same_runs():
+def test_a_sweep_stored_without_a_setting_of_this_contrastkit_is_not_resumed(tmp_path):
+    """A stored sweep.json lacking a setting (none is filled in at a default) is another
+    sweep's: resuming it is refused naming the setting, and nothing is run."""
     from contrastkit.studies import SWEEP
+    from contrastkit.studies.grid import prepare_out
 
     now = SWEEP.settings(temperatures=[0.1, 0.5], seeds=2)
-    older = {key: value for key, value in now.items() if key != "variants"}  # what sweep.json held
-    assert SWEEP.complete_stored(older) == now
-    assert SWEEP.complete_stored({**older, "no_variants": True}) == SWEEP.settings(temperatures=[0.1, 0.5], seeds=2,
-                                                                                  no_variants=True)
+    (tmp_path / SWEEP.settings_file).write_text(json.dumps({k: v for k, v in now.items() if k != "variants"}))
+    with pytest.raises(ValueError, match=r"other settings \(variants: stored None vs now"):
+        prepare_out(str(tmp_path), resume=True, force=False, owned=SWEEP.outputs, settings=now,
+                    settings_file=SWEEP.settings_file, command=SWEEP.label)
 
 
 def test_no_variants_and_variants_together_are_refused(tmp_path, capsys):

@@ -29,3 +29,24 @@ def test_no_baselines_skips_both_and_the_report_still_renders(tmp_path, capsys, 
     assert main(["pretrain", *TINY_ARGS, "--epochs", "1", "--out", str(again), "--config", str(config)]) == 0
     capsys.readouterr()
     assert not [key for key in json.loads((again / "summary.json").read_text()) if key.startswith("raw_pixel_")]
+
+
+def test_resume_refuses_a_metrics_record_of_an_unknown_format_version(tmp_path, capsys, one_torch_thread):
+    """A run whose metrics.jsonl holds a record of a newer format version is not resumed (its
+    records would be rewritten by one that does not know them): one line naming the file and
+    line, and the file as it was."""
+    from contrastkit.records import FORMAT_VERSION, VERSION_KEY
+
+    out = tmp_path / "run"
+    assert main(["pretrain", *TINY_ARGS, "--epochs", "1", "--out", str(out), "--no-baselines"]) == 0
+    metrics = out / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    lines[0] = json.dumps({**json.loads(lines[0]), VERSION_KEY: FORMAT_VERSION + 1})
+    metrics.write_text("\n".join(lines) + "\n")
+    before = metrics.read_text()
+    capsys.readouterr()
+    assert main(["pretrain", *TINY_ARGS, "--epochs", "2", "--out", str(out), "--no-baselines", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"{metrics} line 1: a metrics record of format version {FORMAT_VERSION + 1}" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert metrics.read_text() == before

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from contrastkit import records as run_records
 from contrastkit.cli import main
 from contrastkit.data import Dataset, Split, load_dataset
 from contrastkit.train import PretrainConfig, pretrain, warmup_cosine
@@ -35,8 +36,8 @@ def _check_run_folder(out, summary, epochs):
     for key in ("probe_accuracy", "random_init_probe_accuracy", "raw_pixel_probe_accuracy", "knn_accuracy"):
         assert 0.0 <= summary[key] <= 1.0
     assert math.isfinite(summary["final_loss"]) and summary["epochs"] == epochs
-    with open(os.path.join(out, "summary.json"), encoding="utf-8") as handle:
-        assert json.load(handle) == json.loads(json.dumps(summary))
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as handle:  # the numbers and the format version
+        assert json.load(handle) == json.loads(json.dumps(run_records.summary_to_dict(summary)))
     records = _read_jsonl(os.path.join(out, "metrics.jsonl"))
     epoch_records = [r for r in records if r["kind"] == "epoch"]
     assert [r["epoch"] for r in epoch_records] == list(range(1, epochs + 1))

@@ -10,6 +10,8 @@ import difflib
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from contrastkit import records
+
 __all__ = ["UsageError", "parse_data_options", "parse_numbers", "parse_names", "add_config_argument",
            "apply_config_file", "config_defaults", "add_study_arguments", "study_options", "run_study_command",
            "print_result_table", "verdict_line", "print_study", "print_budgets", "print_skipped"]
@@ -278,8 +280,10 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-#: The baselines of a results table: (summary-key prefix, what the verdict calls it).
-_BASELINES = (("random_init_", "the random-init encoder"), ("raw_pixel_", "the raw pixels"))
+#: The encoders of a results table: (baseline of :data:`contrastkit.records.ENCODERS`, what the
+#: verdict calls it).
+_ENCODER_NAMES = ((None, "the pretrained encoder"), (records.RANDOM_INIT, "the random-init encoder"),
+                  (records.RAW_PIXEL, "the raw pixels"))
 
 
 def _shown(value: float, other: float) -> str:
@@ -292,7 +296,8 @@ def verdict_line(summary: Dict[str, Any], key: str, title: str) -> Optional[Tupl
     a tie is no win), from the row's numbers: ``(line, beats every baseline)``, or ``None`` when
     the row has no pretrained number or no baseline's."""
     own = summary.get(key)
-    compared = [(name, summary[prefix + key]) for prefix, name in _BASELINES if summary.get(prefix + key) is not None]
+    compared = [(name, summary[records.baseline_key(key, baseline)]) for baseline, name in _ENCODER_NAMES[1:]
+                if summary.get(records.baseline_key(key, baseline)) is not None]
     if own is None or not compared:
         return None
     beaten = [f"{name} ({_shown(value, own)})" for name, value in compared if own > value]
@@ -329,15 +334,15 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
     table.add_column("pretrained", justify="right")
     table.add_column("random init", justify="right")
     table.add_column("raw pixels", justify="right")
-    rows = [("linear probe accuracy", "probe_accuracy"), ("kNN accuracy (k=20)", "knn_accuracy")]
+    rows = [("linear probe accuracy", records.PROBE_ACCURACY), ("kNN accuracy (k=20)", records.KNN_ACCURACY)]
     judged = [rows[0]]  # the rows a verdict line judges the encoder by, each its table's first
-    if "view_retrieval_top1" in summary:  # an unlabeled collection: the label-free read-out first
+    if records.VIEW_RETRIEVAL_TOP1 in summary:  # an unlabeled collection: the label-free read-out first
         from contrastkit.metrics.readout import LABEL_FREE_ROWS
 
-        judged = [LABEL_FREE_ROWS[0]] + (judged if "probe_accuracy" in summary else [])
-        rows = list(LABEL_FREE_ROWS) + (rows if "probe_accuracy" in summary else [])
+        judged = [LABEL_FREE_ROWS[0]] + (judged if records.PROBE_ACCURACY in summary else [])
+        rows = list(LABEL_FREE_ROWS) + (rows if records.PROBE_ACCURACY in summary else [])
     for label, key in rows:
-        table.add_row(label, *(_fmt(summary.get(prefix + key)) for prefix in ("", "random_init_", "raw_pixel_")))
+        table.add_row(label, *(_fmt(summary.get(records.baseline_key(key, baseline))) for baseline in records.ENCODERS))
     console = Console()
     console.print(table)
     if "retrieval_i2t_recall@1" in summary:  # convirt
@@ -347,12 +352,12 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
     details = [f"{key} {_fmt(summary[key])}" for key in ("final_loss", "final_temperature", "epochs", "steps",
                                                           "images_per_second", "seconds") if key in summary]
     console.print("  ".join(details))
-    for prefix, name in (("", "the pretrained encoder"), ("random_init_", "the random-init encoder"),
-                         ("raw_pixel_", "the raw pixels")):
-        if summary.get(prefix + "probe_capped_c"):
+    for baseline, name in _ENCODER_NAMES:
+        capped = records.baseline_key("probe_capped_c", baseline)
+        if summary.get(capped):
             console.print(f"[yellow]warning: the linear probe of {name} stopped at its evaluation cap at C = "
-                          f"{', '.join(f'{c:g}' for c in summary[prefix + 'probe_capped_c'])} (not converged; "
-                          f"{prefix}probe_capped_c in the summary)[/yellow]")
+                          f"{', '.join(f'{c:g}' for c in summary[capped])} (not converged; "
+                          f"{capped} in the summary)[/yellow]")
     for row_title, key in judged:  # none without baselines (--no-baselines): nothing was compared
         verdict = verdict_line(summary, key, row_title)
         if verdict is not None:

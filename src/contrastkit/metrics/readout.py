@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from contrastkit import records
 from contrastkit.data import DataSplits, compact_images, image_batches, unit_float
 
 from .probe import knn_accuracy, linear_probe
@@ -80,8 +81,8 @@ def evaluate_features(train_x: np.ndarray, val_x: np.ndarray, test_x: np.ndarray
     probe = linear_probe(train_x, labels[0], val_x, labels[1], test_x, labels[2])
     knn = knn_accuracy(train_x, labels[0], test_x, labels[2], k=knn_k, temperature=knn_temperature,
                        num_classes=dataset.num_classes)
-    return {"probe_accuracy": probe.test_accuracy, "probe_val_accuracy": probe.val_accuracy,
-            "probe_c": probe.best_c, "probe_capped_c": probe.capped_c, "knn_accuracy": knn}
+    return {records.PROBE_ACCURACY: probe.test_accuracy, "probe_val_accuracy": probe.val_accuracy,
+            "probe_c": probe.best_c, "probe_capped_c": probe.capped_c, records.KNN_ACCURACY: knn}
 
 
 class _ComputeAlways:
@@ -95,7 +96,7 @@ def evaluate_encoders(dataset: DataSplits, encoder: nn.Module, device: torch.dev
                       knn_k: int = 20, knn_temperature: float = 0.07, workers: int = 0,
                       baselines: Optional[BaselineStore] = None) -> Dict[str, Any]:
     """The read-out of a trained ``encoder`` on a labelled data set (``summary.json``'s numbers),
-    and with ``random_init_`` / ``raw_pixel_`` prefixes those of the baselines asked for: the
+    and under the baselines' keys (:func:`contrastkit.records.baseline_key`) those asked for: the
     untrained ``baseline_encoder`` and (``raw_pixels``) the flattened images, taken from
     ``baselines`` when it keeps them (``None``: always computed). Streamed splits are read in
     batches (``workers`` decoding processes)."""
@@ -115,22 +116,23 @@ def evaluate_encoders(dataset: DataSplits, encoder: nn.Module, device: torch.dev
     def features(model: nn.Module) -> Iterator[np.ndarray]:
         return (extract_features(model, source, device, workers=workers) for source in sources)
 
-    pixels = store.numbers("raw_pixel", pixel_numbers) if raw_pixels else None
+    pixels = store.numbers(records.RAW_PIXEL, pixel_numbers) if raw_pixels else None
     result = evaluate_features(*features(encoder), dataset, **options)
     if baseline_encoder is not None:
-        baseline = store.numbers("random_init", lambda: evaluate_features(
+        baseline = store.numbers(records.RANDOM_INIT, lambda: evaluate_features(
             *features(baseline_encoder), dataset, **options), baseline_encoder)
-        result.update({f"random_init_{key}": value for key, value in baseline.items()})
+        result.update(records.baseline_numbers(records.RANDOM_INIT, baseline))
     if pixels is not None:
-        result.update({f"raw_pixel_{key}": value for key, value in pixels.items()})
+        result.update(records.baseline_numbers(records.RAW_PIXEL, pixels))
     return result
 
 
 # -- without labels -----------------------------------------------------------------------
 
 #: The label-free read-out as a results table shows it: ``(row title, summary key)``, each key
-#: also with the prefixes ``random_init_`` and ``raw_pixel_`` (the baselines).
-LABEL_FREE_ROWS = (("view retrieval top-1", "view_retrieval_top1"), ("view retrieval top-5", "view_retrieval_top5"),
+#: also under each baseline's key (:func:`contrastkit.records.baseline_key`).
+LABEL_FREE_ROWS = (("view retrieval top-1", records.VIEW_RETRIEVAL_TOP1),
+                   ("view retrieval top-5", "view_retrieval_top5"),
                    ("alignment (lower better)", "alignment"), ("uniformity (lower better)", "uniformity"),
                    ("effective rank", "effective_rank"), ("held-out loss", "heldout_loss"))
 
@@ -200,8 +202,8 @@ def evaluate_without_labels(split: Any, encoder: nn.Module, device: torch.device
                             raw_pixels: bool = True, seed: int = 0, workers: int = 0,
                             max_samples: int = LABEL_FREE_SAMPLES) -> Dict[str, Any]:
     """The read-out of an encoder on a held-out split without labels (:func:`label_free_numbers`
-    of its ``h`` on two views of each image, :func:`held_out_views`), and with ``random_init_``
-    / ``raw_pixel_`` prefixes those of the untrained ``baseline_encoder`` and of the flattened
+    of its ``h`` on two views of each image, :func:`held_out_views`), and under the baselines'
+    keys (:func:`contrastkit.records.baseline_key`) those of the untrained ``baseline_encoder`` and of the flattened
     views themselves, all on the same views; ``label_free_samples`` says how many images."""
     view_a, view_b = held_out_views(split, views, max_samples=max_samples, seed=seed, workers=workers)
     if view_a.shape[0] < 2:
@@ -216,8 +218,8 @@ def evaluate_without_labels(split: Any, encoder: nn.Module, device: torch.device
     if baseline_encoder is not None:
         numbers = label_free_numbers(features(baseline_encoder, view_a), features(baseline_encoder, view_b),
                                      **options)
-        result.update({f"random_init_{key}": value for key, value in numbers.items()})
+        result.update(records.baseline_numbers(records.RANDOM_INIT, numbers))
     if raw_pixels:
         numbers = label_free_numbers(view_a.double().flatten(1), view_b.double().flatten(1), **options)
-        result.update({f"raw_pixel_{key}": value for key, value in numbers.items()})
+        result.update(records.baseline_numbers(records.RAW_PIXEL, numbers))
     return result

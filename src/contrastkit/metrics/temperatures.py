@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import Tensor
 
+from contrastkit import records
+
 __all__ = ["TAU_BINS", "TAU_EDGES", "TemperatureHistogram"]
 
 #: Log-spaced bins: 12 per decade from 0.01 to 10 (a temperature outside counts in the end bin).
@@ -66,8 +68,8 @@ class TemperatureHistogram:
         counts = [int(round(c)) for c in self.counts.tolist()]
         anchors, total, low, high = self.stats.tolist()
         self._reset()
-        record: Dict[str, Any] = {"kind": "tau_histogram", "epoch": int(epoch), "edges": list(TAU_EDGES),
-                                  "counts": counts, "anchors": int(round(anchors))}
+        record: Dict[str, Any] = records.metrics_record(records.TAU_HISTOGRAM, epoch=int(epoch), edges=list(TAU_EDGES),
+                                                         counts=counts, anchors=int(round(anchors)))
         if step is not None:
             record["step"] = int(step)
         if anchors:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from contrastkit.records import EPOCH, PROBE_ACCURACY, STEP, TAU, TAU_HISTOGRAM, baseline_key
+
 from .reading import BASELINES, READOUTS, REPRESENTATION_KEYS, mean_std, number
 
 __all__ = ["training_figure", "readout_figure", "profile_figure", "geometry_figure", "accuracy_vs_tau_figure",
@@ -40,9 +42,9 @@ def _style(ax: Any) -> None:
 def training_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
     """Loss, temperature, learning rate and validation kNN accuracy over training (the panels
     that ``records``, from ``metrics.jsonl``, have values for)."""
-    steps = [r for r in records if r.get("kind") == "step" and number(r.get("step")) is not None]
-    epochs = [r for r in records if r.get("kind") == "epoch" and number(r.get("step")) is not None]
-    taus = [r for r in records if r.get("kind") in ("step", "tau") and number(r.get("tau")) is not None
+    steps = [r for r in records if r.get("kind") == STEP and number(r.get("step")) is not None]
+    epochs = [r for r in records if r.get("kind") == EPOCH and number(r.get("step")) is not None]
+    taus = [r for r in records if r.get("kind") in (STEP, TAU) and number(r.get("tau")) is not None
             and number(r.get("step")) is not None]
     validation = [r for r in epochs if number(r.get("val_knn_accuracy")) is not None]
     batch = [r for r in steps if number(r.get("positive_probability")) is not None]
@@ -143,8 +145,8 @@ def training_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
 def readout_figure(summary: Dict[str, Any]) -> Optional[Any]:
     """Bars of each read-out's test accuracy for the pretrained encoder and the baselines."""
     series = []
-    for label, prefix in BASELINES:
-        values = [number(summary.get(prefix + key)) for _, key in READOUTS]
+    for label, baseline in BASELINES:
+        values = [number(summary.get(baseline_key(key, baseline))) for _, key in READOUTS]
         if any(v is not None for v in values):
             series.append((label, values))
     if not series:
@@ -227,7 +229,7 @@ def accuracy_vs_tau_figure(groups: Dict[Tuple[str, Optional[float]], List[Dict[s
     curves: Dict[str, List[Tuple[float, float, float]]] = {}
     flat: Dict[str, Tuple[float, float]] = {}
     for (loss, tau), rows in groups.items():
-        values = [r["probe_accuracy"] for r in rows if number(r.get("probe_accuracy")) is not None]
+        values = [r[PROBE_ACCURACY] for r in rows if number(r.get(PROBE_ACCURACY)) is not None]
         if not values:
             continue
         mean, std = mean_std(values)
@@ -370,7 +372,7 @@ def tau_histogram_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
     """The per-anchor temperatures of a temperature method over training: one column per epoch
     (its ``tau_histogram`` record), the share of the epoch's anchors in each temperature bin
     (log scale) as a colour, and the epoch's mean, minimum and maximum as lines."""
-    histograms = [r for r in records if r.get("kind") == "tau_histogram" and isinstance(r.get("counts"), list)
+    histograms = [r for r in records if r.get("kind") == TAU_HISTOGRAM and isinstance(r.get("counts"), list)
                   and isinstance(r.get("edges"), list) and len(r["edges"]) == len(r["counts"]) + 1
                   and number(r.get("epoch")) is not None and sum(r["counts"]) > 0]
     if not histograms:

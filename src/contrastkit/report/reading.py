@@ -11,12 +11,17 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from contrastkit import records as run_records
+
 __all__ = ["READOUTS", "BASELINES", "REPRESENTATION_KEYS", "read_metrics", "read_csv", "number", "mean_std"]
 
-#: The read-outs of a run's summary: (label, key); a baseline's value is under its prefix + key.
-READOUTS = (("linear probe accuracy", "probe_accuracy"), ("kNN accuracy", "knn_accuracy"))
-#: The pretrained encoder and the baselines it is compared with: (label, key prefix in summary.json).
-BASELINES = (("pretrained encoder", ""), ("random-init encoder", "random_init_"), ("raw pixels", "raw_pixel_"))
+#: The read-outs of a run's summary: (label, key); a baseline's value is under
+#: :func:`contrastkit.records.baseline_key`.
+READOUTS = (("linear probe accuracy", run_records.PROBE_ACCURACY), ("kNN accuracy", run_records.KNN_ACCURACY))
+#: The pretrained encoder and the baselines it is compared with: (label, baseline of
+#: :data:`contrastkit.records.ENCODERS`; ``None``: the pretrained encoder).
+BASELINES = (("pretrained encoder", None), ("random-init encoder", run_records.RANDOM_INIT),
+             ("raw pixels", run_records.RAW_PIXEL))
 #: The representation metrics of summary.json's "representation" (per space z, h): (label, key, meaning).
 REPRESENTATION_KEYS = (
     ("alignment", "alignment", "E||f(x) − f(y)||² over positive pairs; lower is better aligned"),
@@ -30,11 +35,12 @@ REPRESENTATION_KEYS = (
 
 
 def read_metrics(path: Path) -> Tuple[List[Dict[str, Any]], int]:
-    """Records of ``metrics.jsonl`` and the number of unreadable lines (an interrupted run may
-    leave a partial last line)."""
+    """Records of ``metrics.jsonl`` (:func:`contrastkit.records.metrics_record_from_dict`) and the
+    number of unreadable lines (an interrupted run may leave a partial last line); a record of an
+    unknown format version is a ``ValueError`` naming the file and line."""
     records, bad = [], 0
     with open(path, encoding="utf-8") as handle:
-        for line in handle:
+        for number_, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
@@ -43,7 +49,7 @@ def read_metrics(path: Path) -> Tuple[List[Dict[str, Any]], int]:
                 bad += 1
                 continue
             if isinstance(record, dict):
-                records.append(record)
+                records.append(run_records.metrics_record_from_dict(record, f"{path} line {number_}"))
             else:
                 bad += 1
     return records, bad

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from contrastkit import layout
-from contrastkit._io import read_json
+from contrastkit import layout, records
 
 from .document import Page, fmt
 from .images import PICTURE_CSS
@@ -40,16 +39,14 @@ class RunFiles:
 def read_run(folder: Path) -> RunFiles:
     """Read the run's summary, configuration and metrics; ValueError if a JSON file holds no object."""
     run = layout.RunFolder(folder)
-    summary = read_json(run.summary) if os.path.isfile(run.summary) else None
+    summary = records.read_summary(run.summary) if os.path.isfile(run.summary) else None
     stored = layout.read_run_record(folder) if os.path.isfile(run.config) else None
-    records, bad_lines = read_metrics(Path(run.metrics)) if os.path.isfile(run.metrics) else ([], 0)
-    if summary is not None and not isinstance(summary, dict):
-        raise ValueError(f"{folder / layout.SUMMARY} must hold a JSON object")
+    lines, bad_lines = read_metrics(Path(run.metrics)) if os.path.isfile(run.metrics) else ([], 0)
     if stored is not None and not isinstance(stored, dict):
         raise ValueError(f"{folder / layout.CONFIG} must hold a JSON object")
     config = (stored or {}).get("config", stored or {})
     derived = (stored or {}).get("derived", {}) if isinstance(stored, dict) else {}
-    return RunFiles(summary or {}, config, derived, records, bad_lines, os.path.isfile(run.metrics))
+    return RunFiles(summary or {}, config, derived, lines, bad_lines, os.path.isfile(run.metrics))
 
 
 def run_page(folder: Path, *, pictures: bool = True, explorer_link: Optional[str] = None) -> Page:
@@ -125,13 +122,14 @@ def _result_section(page: Page, run: RunFiles) -> None:
 def _headline_cards(summary: Dict[str, Any], config: Dict[str, Any]) -> List[Tuple[str, Any, str]]:
     """``(label, value, note)`` of each headline number the summary has."""
     cards = []
-    probe = number(summary.get("probe_accuracy"))
+    probe = number(summary.get(records.PROBE_ACCURACY))
     if probe is not None:
-        base = [f"{label.split()[0]} {fmt(summary.get(prefix + 'probe_accuracy'), 3)}"
-                for label, prefix in BASELINES[1:] if number(summary.get(prefix + "probe_accuracy")) is not None]
+        base = [f"{label.split()[0]} {fmt(summary.get(records.baseline_key(records.PROBE_ACCURACY, baseline)), 3)}"
+                for label, baseline in BASELINES[1:]
+                if number(summary.get(records.baseline_key(records.PROBE_ACCURACY, baseline))) is not None]
         cards.append(("linear probe accuracy", probe, " · ".join(base) or "no baselines in this run"))
-    if number(summary.get("knn_accuracy")) is not None:
-        cards.append(("kNN accuracy", summary["knn_accuracy"], f"weighted, k = {config.get('knn_k', '?')}"))
+    if number(summary.get(records.KNN_ACCURACY)) is not None:
+        cards.append(("kNN accuracy", summary[records.KNN_ACCURACY], f"weighted, k = {config.get('knn_k', '?')}"))
     if number(summary.get("final_loss")) is not None:
         cards.append(("final training loss", summary["final_loss"], "mean over the last epoch"))
     if number(summary.get("final_temperature")) is not None:
@@ -151,7 +149,7 @@ def _readout_section(page: Page, summary: Dict[str, Any]) -> None:
     """Each read-out's test accuracy for the encoder and the baselines, the best per row marked."""
     rows, best = [], []
     for label, key in READOUTS:
-        values = [number(summary.get(prefix + key)) for _, prefix in BASELINES]
+        values = [number(summary.get(records.baseline_key(key, baseline))) for _, baseline in BASELINES]
         if all(v is None for v in values):
             continue
         top = max(v for v in values if v is not None)
@@ -195,7 +193,7 @@ def _training_section(page: Page, run: RunFiles) -> None:
                                          "epoch, the share of its anchors (every anchor of every step) in each "
                                          "temperature bin, and their mean, minimum and maximum (tau_histogram "
                                          "records of metrics.jsonl).", "per-anchor temperatures over epochs"))
-    epochs = [r for r in run.records if r.get("kind") == "epoch"]
+    epochs = records.of_kind(run.records, records.EPOCH)
     figure = geometry_figure(epochs)
     if figure is not None:
         parts.append(page.figure(figure, "Representation geometry on the validation split during training "
@@ -250,7 +248,7 @@ def _representation_section(page: Page, summary: Dict[str, Any]) -> None:
 
 def _summary_section(page: Page, summary: Dict[str, Any]) -> None:
     """Everything else the summary holds, so that no number is hidden."""
-    shown = {prefix + key for _, key in READOUTS for _, prefix in BASELINES} | {
+    shown = {records.baseline_key(key, baseline) for _, key in READOUTS for _, baseline in BASELINES} | {
         "representation", "probe_val_accuracy", "probe_c"}
     rest = [(k, v) for k, v in sorted(summary.items()) if k not in shown]
     if rest:

@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from contrastkit.metrics.batch import IMAGE, QUEUED, TEXT, VIEW_A, VIEW_B
+from contrastkit.records import STEP
 
 from .document import Page, fmt
 from .figures import batch_figure, map_figure
@@ -268,14 +269,14 @@ def warnings_section(page: Page, records: Sequence[dict]) -> None:
 
     seen = {}
     for record in records:
-        if record.get("kind") != "step":
+        if record.get("kind") != STEP:
             continue
         for kind in record.get("warnings") or []:
             first, last, count = seen.get(kind, (record.get("step"), record.get("step"), 0))
             seen[kind] = (first, record.get("step"), count + 1)
     if not seen:
         return
-    logged = sum(1 for r in records if r.get("kind") == "step")
+    logged = sum(1 for r in records if r.get("kind") == STEP)
     items = "".join(f'<li data-warning="{html.escape(kind)}">{page.badge("warning", "bad")} '
                     f"{html.escape(WARNINGS.get(kind, kind))}: at {count} of {logged} logged steps "
                     f"(steps {fmt(first)} to {fmt(last)})</li>" for kind, (first, last, count) in seen.items())

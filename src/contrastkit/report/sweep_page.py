@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from contrastkit import layout
 from contrastkit._io import read_json
+from contrastkit.records import KNN_ACCURACY, PROBE_ACCURACY, RANDOM_INIT, RAW_PIXEL, baseline_key
 
 from .document import Page
 from .figures import accuracy_vs_tau_figure
@@ -21,12 +22,12 @@ from .sweep_pictures import sweep_picture_sections
 __all__ = ["sweep_page"]
 
 #: The columns of sweep.csv summarised per setting, when present: (label, column).
-SUMMARISED_COLUMNS = (("probe accuracy", "probe_accuracy"), ("kNN accuracy", "knn_accuracy"),
+SUMMARISED_COLUMNS = (("probe accuracy", PROBE_ACCURACY), ("kNN accuracy", KNN_ACCURACY),
                       ("final loss", "final_loss"), ("uniformity (z)", "z_uniformity"),
                       ("tolerance (z)", "z_tolerance"))
 #: The baselines' columns of sweep.csv: (label, column).
-BASELINE_COLUMNS = (("random-init encoder", "random_init_probe_accuracy"),
-                    ("raw pixels", "raw_pixel_probe_accuracy"))
+BASELINE_COLUMNS = (("random-init encoder", baseline_key(PROBE_ACCURACY, RANDOM_INIT)),
+                    ("raw pixels", baseline_key(PROBE_ACCURACY, RAW_PIXEL)))
 
 Groups = Dict[Tuple[str, Optional[float]], List[Dict[str, Any]]]
 
@@ -85,7 +86,7 @@ def _settings_table_section(page: Page, header: List[str], rows: List[Dict[str, 
 def _plots_section(page: Page, folder: Path, header: List[str], groups: Groups) -> None:
     """The study's own plots; accuracy against tau is drawn here from sweep.csv if the study has none."""
     figures = embed_pngs(page, png_files(folder))
-    if not (folder / layout.ACCURACY_PLOT).is_file() and "probe_accuracy" in header:
+    if not (folder / layout.ACCURACY_PLOT).is_file() and PROBE_ACCURACY in header:
         figure = accuracy_vs_tau_figure(groups)
         if figure is not None:
             figures.insert(0, page.figure(figure, PLOT_CAPTIONS[layout.ACCURACY_PLOT] + f" (drawn from {layout.SWEEP_TABLE})",

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from contrastkit import layout
+from contrastkit.records import STEP
 
 from .document import Page
 from .figures import diagnostics_by_tau_figure
@@ -155,7 +156,7 @@ def _diagnostics_by_tau(page: Page, runs: List[Tuple[float, Path]]) -> None:
     table = []
     for tau, run in runs:
         path = Path(layout.RunFolder(run).metrics)
-        records = [r for r in (read_metrics(path)[0] if path.is_file() else []) if r.get("kind") == "step"]
+        records = [r for r in (read_metrics(path)[0] if path.is_file() else []) if r.get("kind") == STEP]
         series[tau] = records
         last = next((r for r in reversed(records) if number(r.get("positive_probability")) is not None), None)
         if last is None:

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Sequence
 
 from contrastkit import layout
 from contrastkit.losses import MIN_TEMPERATURE
+from contrastkit.records import PROBE_ACCURACY, RANDOM_INIT, baseline_key
 
 from .grid import RunSpec
 from .plots import plot_convirt_ablation
@@ -79,8 +80,8 @@ def ablation_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
         row[f"fact_ceiling_recall@{K}"] = s.get(f"retrieval_fact_ceiling_recall@{K}")
         row["pairs"] = s.get("retrieval_pairs")
         row["zero_shot_accuracy"] = s.get("zero_shot_accuracy")
-        row["probe_accuracy"] = s.get("probe_accuracy")
-        row["random_init_probe_accuracy"] = s.get("random_init_probe_accuracy", "")
+        row[PROBE_ACCURACY] = s.get(PROBE_ACCURACY)
+        row[baseline_key(PROBE_ACCURACY, RANDOM_INIT)] = s.get(baseline_key(PROBE_ACCURACY, RANDOM_INIT), "")
         row["final_loss"] = s.get("final_loss")
         row["train_seconds"] = s.get("train_seconds")
         row["run"] = spec.name

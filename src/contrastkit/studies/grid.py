@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
-from contrastkit import layout
+from contrastkit import layout, records
 from contrastkit._io import available_memory as _available_memory  # tests replace it here
 from contrastkit._io import read_json as _read_json
 from contrastkit.manifest import Manifest, clear_folder
@@ -52,14 +52,21 @@ class RunSpec:
     summary: Optional[Dict[str, Any]] = field(default=None, repr=False)
 
 
+_HINT = "; remove it or start over with --force"
+
+
 def read_json(path: str) -> Any:
     """A study file's JSON; a corrupt file is a ``ValueError`` saying how to get past it."""
-    return _read_json(path, hint="; remove it or start over with --force")
+    return _read_json(path, hint=_HINT)
+
+
+def read_summary(path: str) -> Dict[str, Any]:
+    """A run's ``summary.json`` (:func:`contrastkit.records.read_summary`), with the hint of :func:`read_json`."""
+    return records.read_summary(path, hint=_HINT)
 
 
 def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], settings: Dict[str, Any],
-                settings_file: str, command: str,
-                complete: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> Manifest:
+                settings_file: str, command: str) -> Manifest:
     """Make ``out`` ready and return its manifest: a new or empty folder; with ``force`` the
     files its manifest lists (the runs through their own manifests) are deleted first, and a
     folder without a manifest is refused (:func:`contrastkit.manifest.plan_removal`); with
@@ -79,8 +86,6 @@ def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], se
         if not os.path.isfile(settings_path):
             raise FileNotFoundError(f"nothing to resume: {settings_path} does not exist")
         stored = read_json(settings_path)
-        if complete is not None:  # settings an older contrastkit did not store take their defaults
-            stored = json.loads(json.dumps(complete(stored)))
         differing = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
         if differing:
             details = ", ".join(f"{k}: stored {stored.get(k)!r} vs now {settings.get(k)!r}" for k in differing)
@@ -181,10 +186,10 @@ def _execute(spec: RunSpec, run_dir: str, progress: bool, wait_for_it: bool = Fa
 
     folder = layout.RunFolder(run_dir)
     if os.path.isfile(folder.summary):
-        return read_json(folder.summary)
+        return read_summary(folder.summary)
     with _run_lock(run_dir, wait_for_it=wait_for_it):
         if os.path.isfile(folder.summary):  # finished by the process we waited for
-            return read_json(folder.summary)
+            return read_summary(folder.summary)
         config = PretrainConfig(**{**spec.config, "out": run_dir})
         has_checkpoint = os.path.isfile(folder.last_checkpoint)
         # A folder without a checkpoint holds an attempt cut off in its first epoch (or an empty
@@ -359,7 +364,7 @@ def run_grid(specs: List[RunSpec], runs_dir: str, *, title: str, progress: bool,
                 for index, spec in enumerate(runnable):
                     run_dir = os.path.join(runs_dir, spec.name)
                     if os.path.isfile(layout.RunFolder(run_dir).summary):
-                        finished(index, read_json(layout.RunFolder(run_dir).summary), True)
+                        finished(index, read_summary(layout.RunFolder(run_dir).summary), True)
                         continue
                     pending[pool.submit(_execute, spec, run_dir, False)] = index
                 try:

@@ -15,6 +15,7 @@ import os
 from typing import Any, Callable, List, Sequence, Tuple
 
 from contrastkit import layout
+from contrastkit.records import PROBE_ACCURACY, RANDOM_INIT, VIEW_RETRIEVAL_TOP1, baseline_key
 
 from .budgets import image_steps_text
 from .rows import PROFILE_LENGTH, RETRIEVAL_K, best_tau, by_tau, cell_means, retrieval, values
@@ -75,12 +76,12 @@ def _tau_curves(rows: Sequence[dict], path: str, key_of: Callable[[str], str], y
                         marker=marker, capsize=3, linestyle="-" if space == "z" else "--",
                         label=label + (f" ({space})" if len(spaces) > 1 else ""))
     if baselines:
-        simple = values(rows, "probe_accuracy", loss="simple")
+        simple = values(rows, PROBE_ACCURACY, loss="simple")
         if simple:
             m, s = mean_std(simple)
             ax.axhline(m, color="C3", linestyle=":", label=f"simple loss ({m:.3f})")
             ax.axhspan(m - s, m + s, color="C3", alpha=0.1)
-        random_init = values(rows, "random_init_probe_accuracy")
+        random_init = values(rows, baseline_key(PROBE_ACCURACY, RANDOM_INIT))
         if random_init:
             ax.axhline(mean_std(random_init)[0], color="grey", linestyle="-.", label="random init")
     ax.set_xscale("log")
@@ -143,7 +144,7 @@ def plot_sweep(rows: Sequence[dict], out: str) -> List[str]:
         return os.path.join(out, name)
 
     return [
-        _tau_curves(rows, path(layout.ACCURACY_PLOT), lambda s: "probe_accuracy", "linear-probe test accuracy",
+        _tau_curves(rows, path(layout.ACCURACY_PLOT), lambda s: PROBE_ACCURACY, "linear-probe test accuracy",
                     "Probe accuracy vs tau (mean +/- std over seeds)", baselines=True),
         _tau_curves(rows, path(layout.UNIFORMITY_PLOT), lambda s: f"{s}_uniformity",
                     "uniformity (lower = more uniform)", "Uniformity vs tau (test set)", spaces=("z", "h")),
@@ -206,7 +207,7 @@ def plot_sweep_budgets(budgets: Sequence[BudgetRows], out: str) -> List[str]:
         return os.path.join(out, name)
 
     return [
-        _budget_curves(budgets, path(layout.BUDGETS_ACCURACY_PLOT), "probe_accuracy", "linear-probe test accuracy",
+        _budget_curves(budgets, path(layout.BUDGETS_ACCURACY_PLOT), PROBE_ACCURACY, "linear-probe test accuracy",
                        "NT-Xent probe accuracy vs tau, per budget (mean +/- std)"),
         _budget_curves(budgets, path(layout.BUDGETS_UNIFORMITY_PLOT), "z_uniformity",
                        "uniformity of z (lower = more uniform)", "NT-Xent uniformity vs tau, per budget"),
@@ -219,7 +220,7 @@ def plot_sweep_budgets(budgets: Sequence[BudgetRows], out: str) -> List[str]:
 # ------------------------------------------------------------------------------ positive pairs
 
 def _bars(rows: Sequence[dict], field: str, settings: Sequence[str], ylabel: str, title: str, path: str,
-          chance: float = 0.0, key: str = "probe_accuracy") -> str:
+          chance: float = 0.0, key: str = PROBE_ACCURACY) -> str:
     """One bar per setting (the rows' ``field``): mean of ``key``, error bar std, dots seeds."""
     plt = _pyplot()
     settings = [s for s in settings if values(rows, key, **{field: s})]
@@ -253,12 +254,12 @@ def plot_schedules(rows: Sequence[dict], out: str) -> List[str]:
     """Bar plot of the mean probe accuracy (selected epoch) per temperature schedule in
     ``out/schedules.png`` (without labels: the held-out view retrieval top-1); its path in a list."""
     schedules = list(dict.fromkeys(str(row["schedule"]) for row in rows))
-    labelled = bool(values(rows, "probe_accuracy"))  # else unlabeled data: the label-free read-out
+    labelled = bool(values(rows, PROBE_ACCURACY))  # else unlabeled data: the label-free read-out
     return [_bars(rows, "schedule", schedules, "linear-probe test accuracy (selected epoch)" if labelled
                   else "held-out view retrieval top-1 (no labels)",
                   "Temperature schedules, same budget: mean +/- std over seeds",
                   os.path.join(out, layout.SCHEDULES_PLOT),
-                  key="probe_accuracy" if labelled else "view_retrieval_top1")]
+                  key=PROBE_ACCURACY if labelled else VIEW_RETRIEVAL_TOP1)]
 
 
 def plot_temperature_methods(rows: Sequence[dict], out: str) -> List[str]:

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Sequence
 
 from contrastkit import layout
 from contrastkit.losses import MIN_TEMPERATURE
+from contrastkit.records import KNN_ACCURACY, PROBE_ACCURACY, RANDOM_INIT, RAW_PIXEL, baseline_key
 
 from .grid import RunSpec
 from .plots import POSITIVE_PAIRS_SETTINGS, plot_positive_pairs
@@ -65,16 +66,17 @@ def positive_pairs_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
         seed = spec.config["seed"]
         rows.append({"setting": f"pairs {spec.config['views']}", "seed": seed, **selected_columns(s),
                      "final_loss": s.get("final_loss"), "run": spec.name})
-        if "random_init_probe_accuracy" in s:
-            for prefix, setting in (("random_init_", "random init"), ("raw_pixel_", "raw pixels")):
-                rows.append({"setting": setting, "seed": seed, "probe_accuracy": s[f"{prefix}probe_accuracy"],
-                             "knn_accuracy": s[f"{prefix}knn_accuracy"], "final_loss": "", "run": spec.name})
+        if baseline_key(PROBE_ACCURACY, RANDOM_INIT) in s:
+            for baseline, setting in ((RANDOM_INIT, "random init"), (RAW_PIXEL, "raw pixels")):
+                rows.append({"setting": setting, "seed": seed,
+                             PROBE_ACCURACY: s[baseline_key(PROBE_ACCURACY, baseline)],
+                             KNN_ACCURACY: s[baseline_key(KNN_ACCURACY, baseline)], "final_loss": "", "run": spec.name})
     return rows
 
 
 def positive_pairs_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
     """Exercise F5's expectation (pairs B weaker than A) and the sanity checks it rests on."""
-    a, b, base = (values(rows, "probe_accuracy", setting=s) for s in ("pairs A", "pairs B", "random init"))
+    a, b, base = (values(rows, PROBE_ACCURACY, setting=s) for s in ("pairs A", "pairs B", "random init"))
     verdicts = [gap_verdict("Pair definition B (90-degree rotation) gives a weaker orientation probe than A",
                             a, b, "A", "B")]
     if base:
@@ -90,10 +92,10 @@ def positive_pairs_table(rows: Sequence[Dict[str, Any]]) -> str:
     header = f"{'setting':<12} {'runs':>4} {'probe accuracy':>17} {'kNN accuracy':>17}  per seed (probe)"
     lines = [header, "-" * len(header)]
     for setting in POSITIVE_PAIRS_SETTINGS:
-        probe = values(rows, "probe_accuracy", setting=setting)
+        probe = values(rows, PROBE_ACCURACY, setting=setting)
         if not probe:
             continue
-        (pm, ps), (km, ks) = mean_std(probe), mean_std(values(rows, "knn_accuracy", setting=setting))
+        (pm, ps), (km, ks) = mean_std(probe), mean_std(values(rows, KNN_ACCURACY, setting=setting))
         lines.append(f"{setting:<12} {len(probe):>4} {pm:>8.4f} +/- {ps:.4f} {km:>8.4f} +/- {ks:.4f}  "
                      + " ".join(f"{v:.3f}" for v in probe))
     return "\n".join(lines)
@@ -108,7 +110,7 @@ POSITIVE_PAIRS = Study(
     table_file=layout.EXPERIMENT_TABLE, plot_files=(layout.POSITIVE_PAIRS_PLOT,), defaults=DEFAULTS,
     check=_check, specs=_specs, rows=positive_pairs_rows, verdicts=positive_pairs_verdicts,
     table=positive_pairs_table, plot=plot_positive_pairs,
-    cell=lambda s: f"{s.get('probe_accuracy', float('nan')):.3f}",
+    cell=lambda s: f"{s.get(PROBE_ACCURACY, float('nan')):.3f}",
     hints={"data": "positive-pairs runs on GlyphLab: pairs A and B are its noise realisations of one scene and its "
                    "orientation classes score them; for your own images use contrastkit experiment schedules --data "
                    "or contrastkit sweep --data"},

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from contrastkit.records import KNN_ACCURACY, PROBE_ACCURACY, RANDOM_INIT, RAW_PIXEL, VIEW_RETRIEVAL_TOP1, baseline_key
 from contrastkit.train.selection import selected_numbers
 
 from .stats import finite
@@ -30,9 +31,9 @@ def selected_columns(summary: Dict[str, Any]) -> Row:
     probe selected (:func:`~contrastkit.train.selection.selected_numbers`), that ``epoch``, and
     ``last_probe_accuracy`` of the last epoch."""
     selected = selected_numbers(summary)
-    return {"probe_accuracy": selected.get("probe_accuracy"), "knn_accuracy": selected.get("knn_accuracy"),
+    return {PROBE_ACCURACY: selected.get(PROBE_ACCURACY), KNN_ACCURACY: selected.get(KNN_ACCURACY),
             "epoch": summary.get("selected_epoch", summary.get("epochs")),
-            "last_probe_accuracy": summary.get("probe_accuracy")}
+            "last_probe_accuracy": summary.get(PROBE_ACCURACY)}
 
 
 def schedule_columns(summary: Dict[str, Any], run: str) -> Row:
@@ -40,19 +41,19 @@ def schedule_columns(summary: Dict[str, Any], run: str) -> Row:
     temperature-methods studies): :func:`selected_columns`, the held-out view retrieval, the
     tau it ended at, the baselines, the last epoch's loss, the training time and the run's name."""
     return {**selected_columns(summary),
-            "view_retrieval_top1": selected_numbers(summary).get("view_retrieval_top1", ""),
+            VIEW_RETRIEVAL_TOP1: selected_numbers(summary).get(VIEW_RETRIEVAL_TOP1, ""),
             "final_temperature": summary.get("final_temperature"),
-            "random_init_probe_accuracy": summary.get("random_init_probe_accuracy", ""),
-            "raw_pixel_probe_accuracy": summary.get("raw_pixel_probe_accuracy", ""),
+            baseline_key(PROBE_ACCURACY, RANDOM_INIT): summary.get(baseline_key(PROBE_ACCURACY, RANDOM_INIT), ""),
+            baseline_key(PROBE_ACCURACY, RAW_PIXEL): summary.get(baseline_key(PROBE_ACCURACY, RAW_PIXEL), ""),
             "final_loss": summary.get("final_loss"), "train_seconds": summary.get("train_seconds"), "run": run}
 
 
 def headline(numbers: Dict[str, Any]) -> str:
     """A run's number in a study's live grid: its probe accuracy, or on data without labels its
     held-out view retrieval top-1."""
-    if "probe_accuracy" not in numbers and "view_retrieval_top1" in numbers:
-        return f"view top-1 {numbers['view_retrieval_top1']:.3f}"
-    return f"{numbers.get('probe_accuracy', float('nan')):.3f}"
+    if PROBE_ACCURACY not in numbers and VIEW_RETRIEVAL_TOP1 in numbers:
+        return f"view top-1 {numbers[VIEW_RETRIEVAL_TOP1]:.3f}"
+    return f"{numbers.get(PROBE_ACCURACY, float('nan')):.3f}"
 
 
 def values(rows: Sequence[Row], key: str, **match: Any) -> List[float]:
@@ -79,7 +80,7 @@ def by_tau(rows: Sequence[Row], loss: str, key: str) -> Dict[float, List[float]]
 def best_tau(rows: Sequence[Row]) -> Optional[float]:
     """The NT-Xent tau of a sweep with the best mean probe accuracy over seeds; ``None``
     without any (no NT-Xent run finished, or data without labels)."""
-    accuracy = by_tau(rows, "nt_xent", "probe_accuracy")
+    accuracy = by_tau(rows, "nt_xent", PROBE_ACCURACY)
     return max(accuracy, key=lambda t: statistics.fmean(accuracy[t])) if accuracy else None
 
 
@@ -99,7 +100,8 @@ def retrieval(row: Row, k: int = RETRIEVAL_K) -> float:
 def baselines_line(rows: Sequence[Row]) -> List[str]:
     """The table line of the read-out's baselines (the mean over the rows that have them), or
     none when no row has them."""
-    random_init, pixels = values(rows, "random_init_probe_accuracy"), values(rows, "raw_pixel_probe_accuracy")
+    random_init = values(rows, baseline_key(PROBE_ACCURACY, RANDOM_INIT))
+    pixels = values(rows, baseline_key(PROBE_ACCURACY, RAW_PIXEL))
     if not random_init:
         return []
     return [f"baselines: random-init encoder {statistics.fmean(random_init):.4f}, raw pixels "

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Sequence
 
 from contrastkit import layout
 from contrastkit.losses import MIN_TEMPERATURE
+from contrastkit.records import PROBE_ACCURACY, VIEW_RETRIEVAL_TOP1
 
 from .grid import RunSpec
 from .plots import plot_schedules
@@ -99,7 +100,7 @@ def schedules_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
 
 def _by_seed(rows: Sequence[Dict[str, Any]], schedule: str) -> Dict[int, float]:
     return {int(row["seed"]): value for row in rows if row["schedule"] == schedule
-            for value in values([row], "probe_accuracy")}
+            for value in values([row], PROBE_ACCURACY)}
 
 
 def schedule_verdict(rows: Sequence[Dict[str, Any]], kind: str) -> Verdict:
@@ -113,28 +114,28 @@ def schedule_verdict(rows: Sequence[Dict[str, Any]], kind: str) -> Verdict:
 def schedules_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
     """Kukleva et al.'s cosine schedule and Wang & Liu's rising tau, each against the fixed tau.
     On data without labels (no probe accuracy) neither is judged: both say they need labels."""
-    if not values(rows, "probe_accuracy"):
+    if not values(rows, PROBE_ACCURACY):
         return [_needs_labels(rows, kind) for kind in ("cosine", "linear")]
     return [schedule_verdict(rows, kind) for kind in ("cosine", "linear")]
 
 
 def _needs_labels(rows: Sequence[Dict[str, Any]], kind: str) -> Verdict:
     """Both claims are about probe accuracy: without labels they are not judged."""
-    return needs_labels_verdict(_CLAIMS[kind], {name: values(rows, "view_retrieval_top1", schedule=name)
+    return needs_labels_verdict(_CLAIMS[kind], {name: values(rows, VIEW_RETRIEVAL_TOP1, schedule=name)
                                                 for name in (FIXED, kind)}, "schedules")
 
 
 def schedules_table(rows: Sequence[Dict[str, Any]]) -> str:
     """Mean +/- std over seeds of the selected and last epochs' probe accuracy per schedule
     (without labels: of the held-out view retrieval top-1)."""
-    if not values(rows, "probe_accuracy"):
+    if not values(rows, PROBE_ACCURACY):
         return _label_free_table(rows)
     header = (f"{'schedule':<8} {'tau':<18} {'runs':>4} {'probe acc (selected)':>22} {'probe acc (last)':>18} "
               f"{'epoch':>6}")
     lines = [header, "-" * len(header)]
     for schedule in list(dict.fromkeys(row["schedule"] for row in rows)):
         group = [row for row in rows if row["schedule"] == schedule]
-        selected, last = mean_std(values(group, "probe_accuracy")), mean_std(values(group, "last_probe_accuracy"))
+        selected, last = mean_std(values(group, PROBE_ACCURACY)), mean_std(values(group, "last_probe_accuracy"))
         epochs = values(group, "epoch")
         lines.append(f"{schedule:<8} {str(group[0]['tau']):<18} {len(group):>4} {selected[0]:>13.4f} +/- "
                      f"{selected[1]:.4f} {last[0]:>9.4f} +/- {last[1]:.4f} {mean_std(epochs)[0]:>6.1f}")
@@ -146,7 +147,7 @@ def _label_free_table(rows: Sequence[Dict[str, Any]]) -> str:
     lines = [header, "-" * len(header)]
     for schedule in list(dict.fromkeys(row["schedule"] for row in rows)):
         group = [row for row in rows if row["schedule"] == schedule]
-        mean, std = mean_std(values(group, "view_retrieval_top1"))
+        mean, std = mean_std(values(group, VIEW_RETRIEVAL_TOP1))
         lines.append(f"{schedule:<8} {str(group[0]['tau']):<18} {len(group):>4} {mean:>23.4f} +/- {std:.4f}")
     lines.append("no labels: probe accuracy and the verdicts need labelled data")
     return "\n".join(lines)

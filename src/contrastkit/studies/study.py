@@ -179,14 +179,6 @@ class Study:
                     for key in self.defaults}
         return self.check(settings)
 
-    def complete_stored(self, stored: Dict[str, Any]) -> Dict[str, Any]:
-        """Stored settings with the settings they lack (an older contrastkit did not have them)
-        at their defaults, checked as new ones are; as stored if they do not check."""
-        try:
-            return self.check({**copy.deepcopy(self.defaults), **copy.deepcopy(stored)})
-        except (TypeError, ValueError):
-            return stored
-
     def run(self, out: Optional[str] = None, *, resume: bool = False, force: bool = False, progress: bool = True,
             jobs: int = 0, run_options: Optional[Mapping[str, bool]] = None, **options: Any) -> StudyResult:
         """Run the study into ``out`` (default ``runs/<folder>``) and write its results.
@@ -205,7 +197,7 @@ class Study:
         specs = with_run_options(self.specs(settings), run_options)
         check_specs(specs)
         manifest = prepare_out(out, resume=resume, force=force, owned=self.outputs, settings=settings,
-                               settings_file=self.settings_file, command=self.label, complete=self.complete_stored)
+                               settings_file=self.settings_file, command=self.label)
         run_grid(specs, os.path.join(out, layout.RUNS), title=self.title, progress=progress, cell=self.cell,
                  manifest=manifest, resume=resume, jobs=jobs)
         rows = self.rows(specs)

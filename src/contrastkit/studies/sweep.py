@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Sequence
 
 from contrastkit import layout
 from contrastkit.losses import MIN_TEMPERATURE
+from contrastkit.records import KNN_ACCURACY, PROBE_ACCURACY, RANDOM_INIT, RAW_PIXEL, baseline_key
 
 from .grid import RunSpec
 from .plots import plot_sweep, plot_sweep_budgets
@@ -93,8 +94,8 @@ def sweep_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
             "loss": spec.row, "method": spec.config["method"],
             "tau": spec.config.get("temperature", "") if spec.row != "simple" else "",
             "seed": spec.config["seed"], **selected_columns(s), "final_loss": s.get("final_loss"),
-            "random_init_probe_accuracy": s.get("random_init_probe_accuracy", ""),
-            "raw_pixel_probe_accuracy": s.get("raw_pixel_probe_accuracy", ""),
+            baseline_key(PROBE_ACCURACY, RANDOM_INIT): s.get(baseline_key(PROBE_ACCURACY, RANDOM_INIT), ""),
+            baseline_key(PROBE_ACCURACY, RAW_PIXEL): s.get(baseline_key(PROBE_ACCURACY, RAW_PIXEL), ""),
             "train_seconds": s.get("train_seconds"), "run": spec.name,
         }
         geometry = selected.get("representation", {})
@@ -196,8 +197,8 @@ def sweep_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
 
     Uniformity and tolerance are read on ``z``, the embedding the loss acts on.
     """
-    accuracy = by_tau(rows, "nt_xent", "probe_accuracy")
-    if not any(values(rows, "probe_accuracy")):  # unlabeled data: only the label-free claims are judged
+    accuracy = by_tau(rows, "nt_xent", PROBE_ACCURACY)
+    if not any(values(rows, PROBE_ACCURACY)):  # unlabeled data: only the label-free claims are judged
         return _label_free_verdicts(rows)
     verdicts = [
         _reverse_u_verdict(accuracy),
@@ -207,12 +208,12 @@ def sweep_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
                        by_tau(rows, "nt_xent", "z_tolerance"), "tolerance of z", +1),
         _dilemma_verdict(rows),
     ]
-    simple = values(rows, "probe_accuracy", loss="simple")
+    simple = values(rows, PROBE_ACCURACY, loss="simple")
     best = best_tau(rows)
     if simple and best is not None:
         verdicts.append(gap_verdict("The simple loss trains worse than the best NT-Xent",
                                     accuracy[best], simple, f"NT-Xent (tau {best:g})", "simple loss"))
-    hard = by_tau(rows, "hard_negative", "probe_accuracy")
+    hard = by_tau(rows, "hard_negative", PROBE_ACCURACY)
     if hard and len(accuracy) >= 2:
         verdicts.append(_hard_negative_verdict(accuracy, hard))
     return verdicts
@@ -234,8 +235,8 @@ def _mean(group: Sequence[Dict[str, Any]], key: str) -> float:
 
 
 #: The columns of :func:`sweep_means`: (column, sweep row key, statistic).
-MEAN_COLUMNS = (("probe_accuracy", "probe_accuracy", 0), ("probe_accuracy_std", "probe_accuracy", 1),
-                ("knn_accuracy", "knn_accuracy", 0), ("z_uniformity", "z_uniformity", 0),
+MEAN_COLUMNS = ((PROBE_ACCURACY, PROBE_ACCURACY, 0), ("probe_accuracy_std", PROBE_ACCURACY, 1),
+                (KNN_ACCURACY, KNN_ACCURACY, 0), ("z_uniformity", "z_uniformity", 0),
                 ("z_tolerance", "z_tolerance", 0))
 
 
@@ -263,15 +264,15 @@ def sweep_table(rows: Sequence[Dict[str, Any]]) -> str:
               f"{'tol(z)':>7} {'pos(z)':>7} {'neg1(z)':>7} {'H_pen(z)':>8} {'erank(h)':>8}")
     lines = [header, "-" * len(header)]
     for (loss, tau), group in groups.items():
-        accuracies = values(group, "probe_accuracy")
+        accuracies = values(group, PROBE_ACCURACY)
         acc_mean, acc_std = mean_std(accuracies) if accuracies else (math.nan, math.nan)
         lines.append(f"{loss:<14} {str(tau if tau != '' else '-'):>5} {len(group):>4} "
                      f"{acc_mean:>8.4f} +/- {acc_std:.4f} {_mean(group, 'knn_accuracy'):>7.4f} "
                      f"{_mean(group, 'z_uniformity'):>8.4f} {_mean(group, 'z_tolerance'):>7.4f} "
                      f"{_mean(group, 'z_positive_similarity'):>7.4f} {_mean(group, 'z_top_negative_1'):>7.4f} "
                      f"{_mean(group, 'z_penalty_entropy'):>8.4f} {_mean(group, 'h_effective_rank'):>8.2f}")
-    random_init = values(rows, "random_init_probe_accuracy")
-    pixels = values(rows, "raw_pixel_probe_accuracy")
+    random_init = values(rows, baseline_key(PROBE_ACCURACY, RANDOM_INIT))
+    pixels = values(rows, baseline_key(PROBE_ACCURACY, RAW_PIXEL))
     if random_init:
         lines.append(f"baselines: random-init encoder {mean_std(random_init)[0]:.4f} +/- {mean_std(random_init)[1]:.4f}, "
                      f"raw pixels {mean_std(pixels)[0]:.4f} +/- {mean_std(pixels)[1]:.4f}")

@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from contrastkit import layout
 from contrastkit.losses import MIN_TEMPERATURE
+from contrastkit.records import KNN_ACCURACY, PROBE_ACCURACY, VIEW_RETRIEVAL_TOP1
 
 from .grid import RunSpec
 from .plots import plot_temperature_methods
@@ -115,7 +116,7 @@ def methods_rows(specs: Sequence[RunSpec]) -> List[Dict[str, Any]]:
         tau = (f"{spec.config['temperature']:g}" if spec.row == FIXED else spec.config["temperature_method"])
         columns = schedule_columns(s, spec.name)
         rows.append({"method": spec.row, "tau": tau, "seed": spec.config["seed"],
-                     **{key: columns.pop(key) for key in ("probe_accuracy", "knn_accuracy", "epoch",
+                     **{key: columns.pop(key) for key in (PROBE_ACCURACY, KNN_ACCURACY, "epoch",
                                                           "last_probe_accuracy")},
                      "val_probe_accuracy": _val_accuracy(s), **columns})
     return rows
@@ -125,9 +126,9 @@ def best_fixed_temperature(rows: Sequence[Dict[str, Any]]) -> Tuple[Optional[str
     """The fixed tau with the highest mean val probe accuracy over seeds (test accuracy when a
     fixed run has no val score), and which of the two chose it (``"val"`` or ``"test"``)."""
     # Runs without a read-out (failed, unfinished) have no say in the choice.
-    fixed = [row for row in rows if row["method"] == FIXED and finite(row.get("probe_accuracy")) is not None]
+    fixed = [row for row in rows if row["method"] == FIXED and finite(row.get(PROBE_ACCURACY)) is not None]
     by_val = all(finite(row.get("val_probe_accuracy")) is not None for row in fixed)
-    key = "val_probe_accuracy" if by_val else "probe_accuracy"
+    key = "val_probe_accuracy" if by_val else PROBE_ACCURACY
     means = {}
     for tau in dict.fromkeys(row["tau"] for row in fixed):
         scores = values(fixed, key, tau=tau)
@@ -140,7 +141,7 @@ def best_fixed_temperature(rows: Sequence[Dict[str, Any]]) -> Tuple[Optional[str
 
 def _by_seed(rows: Sequence[Dict[str, Any]], **match: Any) -> Dict[int, float]:
     return {int(row["seed"]): value for row in rows if all(row.get(k) == v for k, v in match.items())
-            for value in values([row], "probe_accuracy")}
+            for value in values([row], PROBE_ACCURACY)}
 
 
 def methods_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
@@ -150,7 +151,7 @@ def methods_verdicts(rows: Sequence[Dict[str, Any]]) -> List[Verdict]:
     for method in [m for m in dict.fromkeys(row["method"] for row in rows) if m != FIXED]:
         claim = _claim(method)
         form = next(str(row["tau"]) for row in rows if row["method"] == method)
-        if not values(rows, "probe_accuracy"):
+        if not values(rows, PROBE_ACCURACY):
             verdicts.append(_needs_labels(rows, claim, method))
             continue
         rule = (PAIRED_SEED_RULE.format(other="method", baseline="the best fixed tau")
@@ -177,7 +178,7 @@ def _claim(method: str) -> str:
 
 def _needs_labels(rows: Sequence[Dict[str, Any]], claim: str, method: str) -> Verdict:
     """On data without labels the claim (probe accuracy) is not judged."""
-    return needs_labels_verdict(claim, {name: values(rows, "view_retrieval_top1", method=name)
+    return needs_labels_verdict(claim, {name: values(rows, VIEW_RETRIEVAL_TOP1, method=name)
                                         for name in (FIXED, method)}, "methods")
 
 
@@ -185,7 +186,7 @@ def _label_free_table(rows: Sequence[Dict[str, Any]]) -> str:
     header = f"{'run':<12} {'tau':<26} {'runs':>4} {'view retrieval top-1 (held out)':>32}"
     lines = [header, "-" * len(header)]
     for method, tau in dict.fromkeys((row["method"], row["tau"]) for row in rows):
-        mean, std = mean_std(values(rows, "view_retrieval_top1", method=method, tau=tau))
+        mean, std = mean_std(values(rows, VIEW_RETRIEVAL_TOP1, method=method, tau=tau))
         lines.append(f"{method:<12} {str(tau):<26} {len(values(rows, 'seed', method=method, tau=tau)):>4} "
                      f"{mean:>23.4f} +/- {std:.4f}")
     lines.append("no labels: probe accuracy and the verdicts need labelled data")
@@ -195,7 +196,7 @@ def _label_free_table(rows: Sequence[Dict[str, Any]]) -> str:
 def methods_table(rows: Sequence[Dict[str, Any]]) -> str:
     """Mean +/- std over seeds of the selected and last epochs' probe accuracy for each fixed tau
     and each method, the best fixed tau marked."""
-    if not values(rows, "probe_accuracy"):
+    if not values(rows, PROBE_ACCURACY):
         return _label_free_table(rows)
     best, chosen_by = best_fixed_temperature(rows)
     header = (f"{'run':<12} {'tau':<26} {'runs':>4} {'probe acc (selected)':>22} {'probe acc (last)':>18} "
@@ -204,7 +205,7 @@ def methods_table(rows: Sequence[Dict[str, Any]]) -> str:
     groups = list(dict.fromkeys((row["method"], row["tau"]) for row in rows))
     for method, tau in groups:
         group = [row for row in rows if row["method"] == method and row["tau"] == tau]
-        selected, last = mean_std(values(group, "probe_accuracy")), mean_std(values(group, "last_probe_accuracy"))
+        selected, last = mean_std(values(group, PROBE_ACCURACY)), mean_std(values(group, "last_probe_accuracy"))
         val = values(group, "val_probe_accuracy")
         mark = " *" if method == FIXED and tau == best else ""
         lines.append(f"{method + mark:<12} {str(tau):<26} {len(group):>4} {selected[0]:>13.4f} +/- "

@@ -27,7 +27,7 @@ import math
 import os
 from typing import Any, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
-from contrastkit import layout
+from contrastkit import layout, records
 from contrastkit.metrics.readout import LABEL_FREE_ROWS
 
 __all__ = ["LOGGER_NAMES", "Logger", "CSVLogger", "TensorBoardLogger", "Loggers", "open_loggers",
@@ -38,8 +38,8 @@ LOGGER_NAMES: Tuple[str, ...] = ("csv", "tensorboard")
 TENSORBOARD_MISSING = "--logger tensorboard needs the tensorboard package: pip install 'contrastkit[tensorboard]'"
 
 # The summary's probe table, in display order (the TensorBoard text table).
-_PROBE_ROWS = (("linear probe accuracy", "probe_accuracy"), ("kNN accuracy", "knn_accuracy"))
-_PROBE_COLUMNS = (("pretrained", ""), ("random init", "random_init_"), ("raw pixels", "raw_pixel_"))
+_PROBE_ROWS = (("linear probe accuracy", records.PROBE_ACCURACY), ("kNN accuracy", records.KNN_ACCURACY))
+_PROBE_COLUMNS = (("pretrained", None), ("random init", records.RANDOM_INIT), ("raw pixels", records.RAW_PIXEL))
 
 
 class Logger(Protocol):
@@ -159,8 +159,8 @@ def _table_markdown(summary: Mapping[str, Any], rows: Sequence[Tuple[str, str]],
     found = False
     for title, key in rows:
         cells = []
-        for _, prefix in _PROBE_COLUMNS:
-            value = summary.get(prefix + key)
+        for _, baseline in _PROBE_COLUMNS:
+            value = summary.get(records.baseline_key(key, baseline))
             found = found or value is not None
             cells.append("-" if value is None else f"{value:.3f}")
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
@@ -180,7 +180,7 @@ class Loggers:
             return
         step, epoch = int(record["step"]), int(record["epoch"])
         numbers = {key: value for key, value in record.items() if key not in ("kind", "step", "epoch")}
-        if record.get("kind") == "step":
+        if record.get("kind") == records.STEP:
             self._log("train", numbers, step, epoch)
             return
         val = {key[len("val_"):]: value for key, value in numbers.items() if key.startswith("val_")}

@@ -34,7 +34,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from contrastkit import layout
+from contrastkit import layout, records
 from contrastkit.losses import value_checks
 from contrastkit import __version__
 from contrastkit.config_files import write_config_file
@@ -111,18 +111,23 @@ def _prepare_out(out: str, resume: bool, plan: Optional[RemovalPlan] = None) -> 
 
 
 def _truncate_metrics(path: str, epoch: int, step: int) -> None:
-    """Drop records written after the checkpoint a run resumes from (an interrupted epoch)."""
+    """Drop records written after the checkpoint a run resumes from (an interrupted epoch); a
+    record of an unknown format version is a ``ValueError`` naming the file and line (before
+    anything is rewritten)."""
     if not os.path.isfile(path):
         return
     kept = []
     with open(path, encoding="utf-8") as handle:
-        for line in handle:
+        for number, line in enumerate(handle, 1):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut off by the interruption
+            if isinstance(record, dict):
+                records.metrics_record_from_dict(record, f"{path} line {number}")
             # Up to the checkpoint's step (it may lie inside the epoch after the `epoch` done ones).
-            if record.get("step", 0) <= step and (record.get("kind") != "epoch" or record.get("epoch", 0) <= epoch):
+            if record.get("step", 0) <= step and (record.get("kind") != records.EPOCH
+                                                   or record.get("epoch", 0) <= epoch):
                 kept.append(json.dumps(record) + "\n")
     tmp = f"{path}.tmp"
     with Manifest(os.path.dirname(path)).writing(os.path.basename(path)):
@@ -290,7 +295,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         run.loggers.close()
         if run.parallel.is_main:
             _record_logger_files(run.folder)
-    Manifest(run.folder.root).write_json(layout.SUMMARY, summary)
+    Manifest(run.folder.root).write_json(layout.SUMMARY, records.summary_to_dict(summary))
     run.parallel.barrier()
     _leave_group(run)
     _return_encoder(run, encoder)
@@ -738,8 +743,8 @@ def _skip_short_batch(run: _Run, metrics: IO[str], bar: "_Progress") -> None:
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
         run.scheduler.step()
     run.step += 1
-    metrics.write(json.dumps({"kind": "skipped", "epoch": run.epoch + 1, "step": run.step,
-                              "reason": _SHORT_BATCH}) + "\n")
+    metrics.write(records.metrics_line(records.metrics_record(records.SKIPPED, epoch=run.epoch + 1, step=run.step,
+                                                              reason=_SHORT_BATCH)))
     if run.parallel.is_main and "short_batch" not in run.warned:
         run.warned["short_batch"] = run.step
         bar.warn(f"warning: step {run.step}: {_SHORT_BATCH}; the step was skipped"
@@ -753,8 +758,8 @@ def _skip_step(run: _Run, loss: torch.Tensor, metrics: IO[str], bar: "_Progress"
     """``on_nan="skip"``: the step whose loss was not finite (on some rank) kept no update; its
     record in metrics.jsonl, and a warning the first time."""
     value = float(run.parallel.mean(loss))  # not finite: written as "nan" / "inf" (valid JSON)
-    metrics.write(json.dumps({"kind": "skipped", "epoch": run.epoch + 1, "step": run.step,
-                              "loss": str(value)}) + "\n")
+    metrics.write(records.metrics_line(records.metrics_record(records.SKIPPED, epoch=run.epoch + 1, step=run.step,
+                                                              loss=str(value))))
     run.faults.count_skip(run.model, run.step, value)
     if run.parallel.is_main and "skipped" not in run.warned:
         run.warned["skipped"] = run.step
@@ -803,7 +808,7 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
         batch = channels_last_batch(batch)
     tau_now = before_loss(run.model, run.schedule, run.step, run.total_steps)
     if tau_now is not None:  # a varying tau is logged at every step
-        metrics.write(json.dumps({"kind": "tau", "step": run.step + 1, "tau": tau_now}) + "\n")
+        metrics.write(records.metrics_line(records.metrics_record(records.TAU, step=run.step + 1, tau=tau_now)))
     on_device = indices.to(run.device, non_blocking=True)  # the batch's sample indices: labels, per-sample state
     batch_labels = None if labels is None else labels[on_device]
     precision = run.precision
@@ -848,14 +853,14 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
     now = time.perf_counter()
     speed = window_steps * run.batch_size / max(now - window_started, 1e-9)
     tau = run.model.temperature.value
-    record = {"kind": "step", "epoch": run.epoch + 1, "step": run.step, "loss": value, "tau": tau,
-              "lr": run.scheduler.get_last_lr()[0], "images_per_second": speed, **batch_numbers}
+    record = records.metrics_record(records.STEP, epoch=run.epoch + 1, step=run.step, loss=value, tau=tau,
+                                    lr=run.scheduler.get_last_lr()[0], images_per_second=speed, **batch_numbers)
     found = batch_warnings(record, learnable=run.config.learnable_temperature,
                            tau_bound=run.model.temperature.min_value, previous=run.previous_steps)
     run.previous_steps = (run.previous_steps + [record])[-4:]
     if found:
         record["warnings"] = [w["kind"] for w in found]
-    metrics.write(json.dumps(record) + "\n")
+    metrics.write(records.metrics_line(record))
     run.loggers.record(record)
     for warning in found if run.parallel.is_main else ():
         if warning["kind"] not in run.warned:
@@ -880,17 +885,17 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
     epoch_loss = float(parallel.mean(loss_sum)) / kept_steps
     run.epoch_losses.append(epoch_loss)
     run.train_seconds += seconds
-    record = {"kind": "epoch", "epoch": run.epoch, "step": run.step, "loss": epoch_loss,
-              "tau": run.model.temperature.value, "lr": run.scheduler.get_last_lr()[0],
-              "train_seconds": run.train_seconds}
+    record = records.metrics_record(records.EPOCH, epoch=run.epoch, step=run.step, loss=epoch_loss,
+                                    tau=run.model.temperature.value, lr=run.scheduler.get_last_lr()[0],
+                                    train_seconds=run.train_seconds)
     evaluating = config.eval_every and (run.epoch % config.eval_every == 0 or run.epoch == config.epochs)
     if evaluating and parallel.is_main:
         with eager_calls(config.compile):  # the read-out's calls run eagerly (no compilation per batch size)
             _evaluate_epoch(run, record)
-    metrics.write(json.dumps(record) + "\n")
+    metrics.write(records.metrics_line(record))
     if run.tau_histogram is not None:  # the distribution of the per-anchor temperatures of the epoch
         run.tau_histogram.merged(parallel.reduce)
-        metrics.write(json.dumps(run.tau_histogram.record(run.epoch, run.step)) + "\n")
+        metrics.write(records.metrics_line(run.tau_histogram.record(run.epoch, run.step)))
     metrics.flush()
     run.loggers.record(record)
     run.loggers.flush()
@@ -970,14 +975,11 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
         "train_seconds": run.train_seconds, "eval_seconds": eval_seconds,
         "seconds": time.perf_counter() - run.started,  # this invocation (train_seconds adds up resumes)
         "images_per_second": run.step * run.batch_size / run.train_seconds if run.train_seconds > 0 else None,
-        "beats_baselines": bool(numbers["probe_accuracy"] > numbers["random_init_probe_accuracy"]
-                                and numbers["probe_accuracy"] > numbers["raw_pixel_probe_accuracy"])
-        if baselines and "probe_accuracy" in numbers else None,
+        "beats_baselines": records.beats_baselines(numbers) if baselines else None,
     }
-    if "view_retrieval_top1" in numbers:  # without labels: judged by view retrieval
-        summary["beats_baselines_view_retrieval"] = bool(
-            numbers["view_retrieval_top1"] > numbers["random_init_view_retrieval_top1"]
-            and numbers["view_retrieval_top1"] > numbers["raw_pixel_view_retrieval_top1"]) if baselines else None
+    if records.VIEW_RETRIEVAL_TOP1 in numbers:  # without labels: judged by view retrieval
+        summary["beats_baselines_view_retrieval"] = (records.beats_baselines(numbers, records.VIEW_RETRIEVAL_TOP1)
+                                                     if baselines else None)
     if config.on_nan == "skip":
         summary["skipped_steps"] = run.faults.skipped
     if run.short_batches:  # steps skipped for a batch short of readable images (damaged files)

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from contrastkit import records
+
 __all__ = ["SELECTION_METRIC", "SELECTION_RULE", "HELD_OUT_FRACTION", "EpochSelection", "val_probe_accuracy",
            "selected_numbers"]
 
@@ -110,8 +112,7 @@ class EpochSelection:
         """The ``summary.json`` keys of the module docstring. ``last_numbers`` are the last
         epoch's held-out numbers; ``evaluate_state(state_dict)`` reads the test numbers of the
         snapshot (called only when the selected epoch is not the last)."""
-        own = {key: value for key, value in last_numbers.items()
-               if not key.startswith(("random_init_", "raw_pixel_"))}
+        own = {key: value for key, value in last_numbers.items() if not records.is_baseline_key(key)}
         if self.best_epoch is None:
             return {"selected_epoch": last_epoch, "selected": own, "selection": None}
         selected = own if self.best_epoch == last_epoch else evaluate_state(self.best_state)
@@ -121,7 +122,10 @@ class EpochSelection:
 
 
 def selected_numbers(summary: Dict[str, Any]) -> Dict[str, Any]:
-    """The held-out numbers of a run's selected epoch: ``summary["selected"]``, or the summary
-    itself for one written before epochs were selected."""
+    """The held-out numbers of a run's selected epoch: ``summary["selected"]`` (every summary
+    the trainer writes has it); a ``ValueError`` for a summary without them."""
     selected = summary.get("selected")
-    return selected if isinstance(selected, dict) else summary
+    if not isinstance(selected, dict):
+        raise ValueError("a run summary without the numbers of its selected epoch (\"selected\"): "
+                         "it was not written by this contrastkit; train the run again")
+    return selected
