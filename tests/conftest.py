@@ -26,6 +26,12 @@ atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
 os.environ["CONTRASTKIT_CACHE"] = _SESSION_CACHE
 
 
+# Plug-ins that register themselves when imported: the collection of doctests (--doctest-modules)
+# would import them into every worker, and their toy method or source would be registered for
+# every test; the tests that use them import them in a fixture and unregister them after.
+collect_ignore = ["methods/toy_temperature_method.py", "data/toy_source.py"]
+
+
 @pytest.fixture(autouse=True)
 def _fresh_baseline_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CONTRASTKIT_CACHE", str(tmp_path_factory.mktemp("baseline-cache")))
