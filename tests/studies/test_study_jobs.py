@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from contrastkit import layout
+from contrastkit import layout, records
 from contrastkit.cli import main
 from contrastkit.studies import RunSpec, run_grid
 from contrastkit.studies.grid import RunBusy, _execute, _run_lock
@@ -57,14 +57,16 @@ def test_a_run_held_by_another_process_is_waited_for_and_not_trained_twice(tmp_p
     runs = str(tmp_path / "runs")
     held = os.path.join(runs, "held")
     os.makedirs(held)
-    fake = {"probe_accuracy": 0.123, "written_by": "the other process"}
+    # A finished run's summary as the other process's contrastkit writes it (a current record).
+    fake = {"epochs": 1, "steps": 2, "method": "simclr", "data": "glyphlab", records.PROBE_ACCURACY: 0.123,
+            "written_by": "the other process"}
     fd = os.open(held, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: conflicts with the grid's flock
 
     def other_process_finishes():
         time.sleep(1.0)
         with open(layout.RunFolder(held).summary, "w", encoding="utf-8") as handle:
-            json.dump(fake, handle)
+            json.dump(records.summary_to_dict(fake), handle)
         os.close(fd)
 
     holder = threading.Thread(target=other_process_finishes)
