@@ -1,5 +1,6 @@
 """A tiny GlyphLab pretraining run (seconds on a CPU), for the tests of a run's outputs."""
 
+from contrastkit.cli import main
 from contrastkit.train import PretrainConfig, pretrain
 
 TINY_GLYPHLAB = {"train_scenes": 16, "val_scenes": 9, "test_scenes": 12, "size": 28}
@@ -40,3 +41,13 @@ def train_only(config, *, resume=False, **options):
     except _Trained:
         return
     raise AssertionError("the run ended before its last epoch")
+
+
+def one_error_line(capsys, argv):
+    """Run the CLI on ``argv``, which must fail as a user error: exit status 2 after exactly one
+    line on stderr and no traceback; that line."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    return lines[0]

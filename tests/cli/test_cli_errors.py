@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from _tiny_run import one_error_line
 import contrastkit.commands.explain as explain_command
 from contrastkit.cli import main
 from contrastkit.commands.errors import is_user_error, raised_by_contrastkit
@@ -29,14 +30,6 @@ def a_python_type_error_inside_contrastkit(args):
 
 def a_key_error(args):
     return {}["missing"]
-
-
-def one_error_line(capsys, argv):
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
-    return lines[0]
 
 
 def test_user_errors_are_one_line(capsys, monkeypatch):

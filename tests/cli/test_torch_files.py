@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from _tiny_run import TINY_ARGS
+from _tiny_run import TINY_ARGS, one_error_line
 from contrastkit.cli import main
 from contrastkit.train.checkpoint import load_checkpoint, save_checkpoint
 from contrastkit.train.last_batch import read_last_batch
@@ -31,14 +31,6 @@ def gives_no_unsafe_advice(message):
 def _random_bytes(seed, size=2000):
     rng = random.Random(seed)
     return bytes(rng.randrange(256) for _ in range(size))
-
-
-def one_error_line(capsys, argv):
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
-    return lines[0]
 
 
 @pytest.mark.parametrize("head", HEADS, ids=["random", "zip-head", "pickle-head"])
