@@ -26,10 +26,20 @@ atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
 os.environ["CONTRASTKIT_CACHE"] = _SESSION_CACHE
 
 
-# Plug-ins that register themselves when imported: the collection of doctests (--doctest-modules)
-# would import them into every worker, and their toy method or source would be registered for
-# every test; the tests that use them import them in a fixture and unregister them after.
-collect_ignore = ["methods/toy_temperature_method.py", "data/toy_source.py"]
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The tests' own helper modules (fixtures, worker scripts, toy plug-ins) hold no tests and no
+    doctests: --doctest-modules would import each one into every worker, and the import of a
+    plug-in registers it (a toy temperature method listed by other tests' explain --methods),
+    a worker script runs. Only ``test_*.py`` files are collected from tests/."""
+    path = str(collection_path)
+    if path.endswith(".py") and path.startswith(_TESTS + os.sep):
+        name = os.path.basename(path)
+        if not name.startswith("test_") and name != "conftest.py":
+            return True
+    return None
 
 
 @pytest.fixture(autouse=True)
