@@ -26,6 +26,17 @@ atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
 os.environ["CONTRASTKIT_CACHE"] = _SESSION_CACHE
 
 
+# Hypothesis: the suite draws the same examples on every run ("ci", the default: derandomized, no
+# example database), so that a run fails only when the code changed, never on a new draw. A
+# developer searches for new failing inputs with `pytest --hypothesis-profile explore` (fresh random
+# draws each run, failures remembered in .hypothesis/ and replayed first) and commits what it finds
+# as an @example (docs/testing.md, "Fuzz and property tests").
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+_hypothesis_settings.register_profile("explore", derandomize=False, print_blob=True)
+_hypothesis_settings.load_profile("ci")  # --hypothesis-profile (loaded after this file) overrides it
+
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 
 

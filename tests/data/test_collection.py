@@ -9,9 +9,12 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from contrastkit.data import load_dataset, make_loader, open_collection, open_data, skipped_files
+from contrastkit.data.collection import SPLITS, hash_fraction, split_by_hash
 from contrastkit.data.files import detect_format
 from contrastkit.data.streaming import BadItemError
 
@@ -86,6 +89,39 @@ def test_the_split_of_a_file_does_not_move_when_files_are_added(tmp_path):
     again = {split.path(i): name for name, split in after.splits() for i in range(len(split))}
     assert all(again[path] == name for path, name in membership.items())
     assert len(again) == 100 and {name for name in again.values()} == {"train", "val", "test"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=st.lists(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12), min_size=3,
+                      max_size=30, unique=True),
+       fractions=st.tuples(st.floats(0.01, 0.45), st.floats(0.01, 0.45)), seed=st.randoms())
+def test_every_split_of_three_or_more_names_has_one_and_only_lent_names_leave_their_hash_split(names, fractions, seed):
+    val_fraction, test_fraction = fractions
+    parts = split_by_hash(names, val_fraction, test_fraction)
+    by_hash = ["test" if hash_fraction(n) < test_fraction else "val" if hash_fraction(n) < test_fraction + val_fraction
+               else "train" for n in names]
+    assert set(parts) == set(SPLITS)
+    moved = [n for n, got, hashed in zip(names, parts, by_hash) if got != hashed]
+    assert len(moved) == len(set(SPLITS) - set(by_hash))  # one lent name per split empty by hash
+    shuffled = list(names)
+    seed.shuffle(shuffled)  # a function of the names, not of their order
+    assert dict(zip(shuffled, split_by_hash(shuffled, val_fraction, test_fraction))) == dict(zip(names, parts))
+
+
+def test_three_files_of_which_none_falls_in_val_by_hash_fill_every_split(tmp_path):
+    # f1.png and sub/f3.png fall in test by hash, f0.png in train: val borrows the test file nearer its range.
+    root = tmp_path / "three"
+    for name in ("f0.png", "f1.png", "sub/f3.png"):
+        _image(root / name)
+    data = open_collection(root)
+    assert [[os.path.relpath(s.path(i), root) for i in range(len(s))] for _, s in data.splits()] == \
+        [["f0.png"], ["sub/f3.png"], ["f1.png"]]
+
+
+def test_fewer_than_three_files_are_refused_naming_the_folder(tmp_path):
+    _tree(tmp_path / "two", 2)
+    with pytest.raises(ValueError, match=r"two: 2 images in all: a collection needs at least 3"):
+        open_collection(tmp_path / "two")
 
 
 def test_every_image_kind_becomes_one_square_shape_by_the_stated_rules(tmp_path):

@@ -8,6 +8,7 @@ escaped), or ends in one ValueError / FileNotFoundError naming the data; never a
 exception, a crash, a hang or unbounded memory. ``CONTRASTKIT_FUZZ_EXAMPLES=500`` searches
 deeper."""
 
+import hashlib
 import io
 import os
 import shutil
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from _bounded import assert_clean, damage, fuzz_settings, worker, write_damaged  # noqa: F401 (a fixture)
@@ -103,20 +104,57 @@ def scratch(tmp_path_factory):
     return root
 
 
+def expected_split_sizes(names, val_fraction=0.1, test_fraction=0.2):
+    """The sizes of train, val and test that the documented rule gives ``names`` (paths relative to
+    the collection), computed here from the SHA-1 of each name, apart from the product's code:
+    by hash first; then each empty split, in the order train, val, test, is lent by the largest
+    split (ties: train, val, test) its name nearest the empty split's share of the range."""
+    position = {name: int.from_bytes(hashlib.sha1(name.encode("utf-8")).digest()[:8], "big") / 2.0 ** 64
+                for name in names}
+    ranges = {"train": (test_fraction + val_fraction, 1.0), "val": (test_fraction, test_fraction + val_fraction),
+              "test": (0.0, test_fraction)}
+    members = {part: {name for name in names if low <= position[name] < high} for part, (low, high) in ranges.items()}
+    order = ["train", "val", "test"]
+    for part in order:
+        if not members[part]:
+            donor = sorted(order, key=lambda other: (-len(members[other]), order.index(other)))[0]
+            low, high = ranges[part]
+            distance = {name: max(low - position[name], position[name] - high, 0.0) for name in members[donor]}
+            lent = sorted(members[donor], key=lambda name: (distance[name], name))[0]
+            members[donor].discard(lent)
+            members[part].add(lent)
+    return {part: len(members[part]) for part in order}
+
+
+def test_the_oracle_fills_every_split_of_a_small_folder():
+    """The oracle's own check: the failing draw's three names (two fall in test by hash, none in
+    val) fill all three splits, and a few names stay where their hash puts them."""
+    assert expected_split_sizes(["f0.png", "f1.png", "sub/f3.png"]) == {"train": 1, "val": 1, "test": 1}
+    names = [f"img{i:03d}.png" for i in range(200)]
+    sizes = expected_split_sizes(names)
+    assert sum(sizes.values()) == 200 and 110 < sizes["train"] < 170 and 5 < sizes["val"] < 40 \
+        and 20 < sizes["test"] < 60, sizes
+
+
 def test_a_folder_of_good_damaged_and_special_files(worker, scratch):
     @FUZZ
     @given(entries=st.lists(_entry(PNG), max_size=12),
            good=st.integers(0, 4))
+    # Drawn once by CI: f1.png and sub/f3.png fall in test by hash and none in val; such a folder was
+    # refused ("the val split is empty") before small folders lent a file to an empty split.
+    @example(entries=[("", ".txt", "damaged", ("oversize", PNG)), ("sub", ".png", "empty", ("bytes", b""))], good=2)
     def check(entries, good):
         folder = Path(tempfile.mkdtemp(dir=scratch)) / "photos"
         folder.mkdir()
         expected = _make(folder, [("", ".png", "image", ("bytes", b""))] * good + entries, scratch / "outside.png")
         answer = worker.call("open_and_read", str(folder), OPTIONS)
-        if "raised" in answer:
+        if len(expected) < 3:  # none, or too few to fill train, val and test
+            assert "raised" in answer, answer
             assert_clean(answer, str(folder))
-            assert len(expected) < 3, answer  # only too few files to split, or none
         else:
+            assert "returned" in answer, answer
             _check_read(answer, folder, expected)
+            assert answer["returned"]["sizes"] == expected_split_sizes(list(expected)), answer
         shutil.rmtree(folder.parent)
 
     check()

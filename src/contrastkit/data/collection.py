@@ -19,8 +19,9 @@ images are decoded in the ``DataLoader``'s workers. The rules:
   defined once, in :mod:`contrastkit.data.preprocess` (which an export's input contract states).
 * **Splits**: a file belongs to val or test by a hash of its path relative to the collection
   (SHA-1, ``val_fraction`` / ``test_fraction`` of the hash range), never by its position, so
-  adding files never moves a file between splits (a collection too small to put a file in val
-  or test that way gives each the training file lowest in the hash range).
+  adding files never moves a file between splits; a collection too small to put a file in
+  every split that way lends each empty split the file nearest its share of the hash range
+  (:func:`split_by_hash`), so from 3 files on no split is empty.
 * **Damaged files** (unreadable, truncated, empty, not an image, over the pixel ceiling):
   ``bad_files="skip"`` (the default here) drops them from their batch, counts and names them
   (:func:`skipped_files`); ``"fail"`` stops at the first, naming it. A file removed, made
@@ -55,7 +56,7 @@ from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
 __all__ = ["ImageCollection", "CollectionDataset", "open_collection", "collection_files", "is_collection_source",
            "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons",
-           "skipped_reason", "add_skipped", "skips_bad_files", "hash_fraction"]
+           "skipped_reason", "add_skipped", "skips_bad_files", "hash_fraction", "split_by_hash", "SPLITS"]
 
 #: What a damaged file does: dropped from its batch and named, or the run stops.
 BAD_FILES = ("skip", "fail")
@@ -194,6 +195,43 @@ def hash_fraction(relative: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2.0 ** 64
 
 
+#: The splits of a collection, in the order the hash range gives them (test lowest).
+SPLITS = ("train", "val", "test")
+
+
+def split_by_hash(names: Sequence[str], val_fraction: float = 0.1, test_fraction: float = 0.2) -> List[str]:
+    """The split (``"train"``, ``"val"`` or ``"test"``) of each of ``names`` (paths relative
+    to the collection, or sample keys), a function of the names alone.
+
+    Each name falls in test when its :func:`hash_fraction` is below ``test_fraction``, in val
+    when it is below ``test_fraction + val_fraction``, else in train: adding names never moves
+    a name between splits. A small collection can leave a split without a name that way (3
+    names all fall in train 34 % of the time at the default fractions); then, while a split is
+    empty, it takes from the largest split (ties: train, val, test) the name whose position is
+    nearest its own share of the hash range (ties: the lower name). So from 3 names on every
+    split has one, the names so lent being the only ones that may move as names are added,
+    back to where their hash puts them once their split has names of its own. Fewer than 3
+    names cannot fill three splits: a ``ValueError``."""
+    if len(names) < len(SPLITS):
+        raise ValueError(f"{len(names)} names cannot fill the {len(SPLITS)} splits train, val and test")
+    bounds = {"test": (0.0, test_fraction), "val": (test_fraction, test_fraction + val_fraction),
+              "train": (test_fraction + val_fraction, 1.0)}
+    positions = [hash_fraction(name) for name in names]
+    parts = ["test" if p < test_fraction else "val" if p < test_fraction + val_fraction else "train"
+             for p in positions]
+    members: Dict[str, List[int]] = {part: [i for i, got in enumerate(parts) if got == part] for part in SPLITS}
+    for part in SPLITS:
+        if members[part]:
+            continue
+        donor = max(SPLITS, key=lambda other: (len(members[other]), -SPLITS.index(other)))
+        low, high = bounds[part]
+        lent = min(members[donor], key=lambda i: (max(low - positions[i], positions[i] - high, 0.0), names[i]))
+        members[donor].remove(lent)
+        members[part].append(lent)
+        parts[lent] = part
+    return parts
+
+
 class ImageCollection(torch.utils.data.Dataset):
     """One split of an unlabeled collection: item ``i`` is ``(image, NO_LABEL)`` (-1), ``image``
     ``(C, size, size)`` uint8 (the rules of :mod:`contrastkit.data.collection`); ``labels`` is
@@ -323,23 +361,14 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
             except (ValueError, OSError):
                 continue  # a damaged (or already removed) file decides nothing
         color = "L" if modes and all(mode in GRAY_MODES for mode in modes) else "RGB"
-    parts: Dict[str, List[Path]] = {"train": [], "val": [], "test": []}
-    positions = sorted((hash_fraction(os.path.relpath(path, root)), path) for path in files)
-    for position, path in positions:
-        part = "test" if position < test_fraction else "val" if position < test_fraction + val_fraction else "train"
+    if len(files) < len(SPLITS):
+        raise ValueError(f"{source}: {len(files)} image{'s' if len(files) != 1 else ''} in all: a collection needs "
+                         "at least 3, one each for the train, val and test splits (add images)")
+    relative = [os.path.relpath(path, root) for path in files]
+    parts: Dict[str, List[Path]] = {part: [] for part in SPLITS}
+    for path, part in zip(files, split_by_hash(relative, val_fraction, test_fraction)):
         parts[part].append(path)
-    # A collection too small to fill val or test by hash gives each the training file nearest its
-    # share of the hash range (the lowest positions): still a function of the paths alone.
-    for part in ("test", "val"):
-        if not parts[part] and len(parts["train"]) > 1:
-            lowest = min(parts["train"], key=lambda p: hash_fraction(os.path.relpath(p, root)))
-            parts["train"].remove(lowest)
-            parts[part].append(lowest)
     parts = {part: sorted(paths) for part, paths in parts.items()}
-    for part, paths in parts.items():  # named by its path here (the data set's name is only its stem)
-        if not paths:
-            raise ValueError(f"{source}: the {part} split is empty ({len(files)} images in all: too few for the "
-                             "val and test fractions)")
     splits = {part: ImageCollection(paths, root, color=color, size=size, bad_files=bad_files)
               for part, paths in parts.items()}
     splits["train"].skipped.update(left_out)  # named with the damaged files the run meets
