@@ -251,6 +251,28 @@ def test_effective_rank_known_singular_values():
         assert effective_rank(x, chunk_size=chunk) == pytest.approx(expected, rel=1e-8)
 
 
+def test_effective_rank_of_fewer_rows_than_features_uses_the_rows_gram():
+    # The same singular values (3, 1) as a wide matrix (6 rows, 40 features), every chunking.
+    p = (0.75, 0.25)
+    expected = math.exp(-sum(v * math.log(v) for v in p))
+    g = torch.Generator().manual_seed(1)
+    u, _ = torch.linalg.qr(torch.randn(6, 2, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(40, 2, generator=g, dtype=torch.float64))
+    x = u @ torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64)) @ v.T
+    for chunk in (1, 4, 1000):
+        assert effective_rank(x, chunk_size=chunk) == pytest.approx(expected, rel=1e-8)
+        assert effective_rank(x.T.contiguous(), chunk_size=chunk) == pytest.approx(expected, rel=1e-8)
+
+
+def test_effective_rank_of_a_few_raw_images_of_a_million_values_is_computed():
+    # A d x d Gram matrix of d = 1,000,000 would be 8 TB; the 4 x 4 one of the rows is all it needs.
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(4, 1_000_000, generator=g)
+    singular = torch.linalg.svdvals(x.double())
+    p = singular / singular.sum()
+    assert effective_rank(x) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), rel=1e-9)
+
+
 def test_effective_rank_zero_matrix_raises():
     with pytest.raises(ValueError, match="zero-norm|zero matrix"):
         effective_rank(torch.zeros(3, 2))

@@ -27,14 +27,16 @@ from .representation import (
     uniformity,
 )
 from .temperatures import TAU_EDGES, TemperatureHistogram
-from .readout import BaselineStore, evaluate_encoders, evaluate_features, extract_features, pixel_features
+from .readout import (RAW_PIXEL_SIDE, BaselineStore, baseline_pixel_images, evaluate_encoders, evaluate_features,
+                      extract_features, pixel_features)
 
 __all__ = [
     "DEFAULT_C_GRID", "PROBE_TOLERANCE", "ProbeCapWarning", "ProbeResult", "knn_accuracy", "knn_predict", "linear_probe",
     "probe_evaluation_cap", "probe_settings",
     "alignment", "uniformity", "tolerance", "similarity_profile", "SimilarityProfile",
     "penalty_entropy", "effective_rank", "representation_metrics",
-    "extract_features", "pixel_features", "evaluate_features", "evaluate_encoders", "BaselineStore",
+    "extract_features", "pixel_features", "baseline_pixel_images", "RAW_PIXEL_SIDE", "evaluate_features",
+    "evaluate_encoders", "BaselineStore",
     "BatchProblem", "batch_diagnostics", "batch_warnings", "DIAGNOSTICS", "WARNINGS",
     "TemperatureHistogram", "TAU_EDGES",
 ]

@@ -20,7 +20,8 @@ from contrastkit.data import DataSplits, compact_images, image_batches, unit_flo
 
 from .probe import knn_accuracy, linear_probe
 
-__all__ = ["extract_features", "pixel_features", "evaluate_features", "evaluate_encoders", "BaselineStore",
+__all__ = ["extract_features", "pixel_features", "baseline_pixel_images", "RAW_PIXEL_SIDE", "evaluate_features",
+           "evaluate_encoders", "BaselineStore",
            "held_out_views", "view_retrieval", "label_free_numbers", "evaluate_without_labels", "LABEL_FREE_SAMPLES",
            "LABEL_FREE_ROWS"]
 
@@ -59,12 +60,35 @@ def _as_model_input(batch: torch.Tensor) -> torch.Tensor:
     return unit_float(batch) if batch.dtype == torch.uint8 else batch
 
 
+#: The largest side of the images the raw-pixel baseline reads: larger images are averaged down
+#: to it (their shape kept). 32 x 32 is the "tiny images" size at which scenes and objects are still
+#: recognised (Torralba, Fergus & Freeman 2008, "80 million tiny images"), CIFAR-10's side. It
+#: bounds the baseline's features at 3 x 32 x 32 = 3,072 values whatever ``--image-size`` is: at
+#: 224 a probe on all 150,528 pixels would need a 150,528-square matrix (181 GB) and its kNN the
+#: raw images of every split in memory.
+RAW_PIXEL_SIDE = 32
+
+
+def baseline_pixel_images(images: torch.Tensor) -> torch.Tensor:
+    """``(n, C, H, W)`` images as the raw-pixel baseline reads them: unchanged up to
+    :data:`RAW_PIXEL_SIDE` a side, else each output pixel the mean of the input pixels it covers
+    (``adaptive_avg_pool2d``) at ``RAW_PIXEL_SIDE`` along the longer side (the other side in
+    proportion, rounded). uint8 images stay uint8 (the means rounded to the nearest integer)."""
+    height, width = images.shape[-2:]
+    if max(height, width) <= RAW_PIXEL_SIDE:
+        return images
+    scale = RAW_PIXEL_SIDE / max(height, width)
+    size = (max(1, round(height * scale)), max(1, round(width * scale)))
+    small = torch.nn.functional.adaptive_avg_pool2d(images.float(), size)
+    return small.round_().clamp_(0, 255).to(torch.uint8) if images.dtype == torch.uint8 else small.to(images.dtype)
+
+
 def pixel_features(split: Any, workers: int = 0) -> np.ndarray:
-    """The raw-pixel baseline's features of a split: its images flattened, ``(n, C*H*W)``, as
-    uint8 intensities 0..255 when the images are 8-bit (every value ``k / 255``: images decoded
-    from files, CIFAR-10, MNIST), which the probe and kNN read in exact integer arithmetic at a
-    quarter of the memory, else float32 in ``[0, 1]``."""
-    batches = [compact_images(unit_float(batch.reshape(batch.shape[0], -1).cpu()))
+    """The raw-pixel baseline's features of a split: its images (:func:`baseline_pixel_images`)
+    flattened, ``(n, C*H*W)``, as uint8 intensities 0..255 when the images are 8-bit (every
+    value ``k / 255``: images decoded from files, CIFAR-10, MNIST), which the probe and kNN read
+    in exact integer arithmetic at a quarter of the memory, else float32 in ``[0, 1]``."""
+    batches = [compact_images(unit_float(baseline_pixel_images(batch.cpu()).reshape(batch.shape[0], -1)))
                for batch in image_batches(split, workers=workers)]
     if any(batch.dtype != torch.uint8 for batch in batches):
         batches = [unit_float(batch) for batch in batches]
@@ -103,14 +127,16 @@ def evaluate_encoders(dataset: DataSplits, encoder: nn.Module, device: torch.dev
     splits = (dataset.train, dataset.val, dataset.test)
     options = {"knn_k": knn_k, "knn_temperature": knn_temperature}
     store: BaselineStore = _ComputeAlways() if baselines is None else baselines
-    # What the encoders read: the splits, or, once the raw-pixel baseline has decoded them, its
-    # pixels (the same values: the three feature sets decode a streamed split once, not three
-    # times; they are the size of the pixel probe's own arrays, so the peak does not grow).
+    # What the encoders read: the splits, or, once the raw-pixel baseline has decoded them at their
+    # size (up to RAW_PIXEL_SIDE), its pixels (the same values: the three feature sets decode a
+    # streamed split once, not three times; they are the size of the pixel probe's own arrays, so
+    # the peak does not grow). Larger images are decoded again rather than held whole.
     sources: List[Any] = list(splits)
 
     def pixel_numbers() -> Dict[str, Any]:
         pixels = [pixel_features(split, workers) for split in splits]
-        sources[:] = [torch.from_numpy(x).reshape(x.shape[0], *dataset.image_shape) for x in pixels]
+        if max(dataset.image_shape[1:]) <= RAW_PIXEL_SIDE:  # the pixels are the images themselves
+            sources[:] = [torch.from_numpy(x).reshape(x.shape[0], *dataset.image_shape) for x in pixels]
         return evaluate_features(*pixels, dataset, **options)
 
     def features(model: nn.Module) -> Iterator[np.ndarray]:
@@ -220,6 +246,7 @@ def evaluate_without_labels(split: Any, encoder: nn.Module, device: torch.device
                                      **options)
         result.update(records.baseline_numbers(records.RANDOM_INIT, numbers))
     if raw_pixels:
-        numbers = label_free_numbers(view_a.double().flatten(1), view_b.double().flatten(1), **options)
+        numbers = label_free_numbers(baseline_pixel_images(view_a).double().flatten(1),
+                                     baseline_pixel_images(view_b).double().flatten(1), **options)
         result.update(records.baseline_numbers(records.RAW_PIXEL, numbers))
     return result
