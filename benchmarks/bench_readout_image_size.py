@@ -106,7 +106,8 @@ def main() -> None:
             for name, package_env in packages.items():
                 result = peak_mib_of([sys.executable, "-m", "contrastkit", "probe", str(run), "--baseline-cache", "off",
                                       "--threads", str(args.threads), "--json"], package_env, args.memory_limit_gb, work)
-                numbers = json.loads(result.pop("out")) if result["rc"] == 0 else {}
+                out = result.pop("out")
+                numbers = json.loads(out) if result["rc"] == 0 else {}
                 result["raw_pixel_effective_rank"] = numbers.get("raw_pixel_effective_rank")
                 result["view_retrieval_top1"] = numbers.get("view_retrieval_top1")
                 row[name] = result
