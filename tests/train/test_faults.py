@@ -146,6 +146,30 @@ def test_force_is_refused_while_another_run_holds_the_folder(tmp_path):
     assert sorted(os.listdir(out)) == before  # nothing was deleted
 
 
+def test_the_folder_stays_locked_until_the_report_is_written(tmp_path, monkeypatch):
+    """A --force run started while pretrain writes its report is refused: the report belongs to
+    the summary beside it (the lock was once released before the report, and a second run's
+    summary ended up next to the first run's report)."""
+    import contrastkit.report as report_module
+
+    out = tmp_path / "run"
+    seen = []
+
+    def report_while_another_run_tries(folder, *args, **kwargs):
+        try:
+            RunLock.acquire(str(folder)).release()
+            seen.append("taken")
+        except FileExistsError as err:
+            seen.append(str(err))
+        return None
+
+    monkeypatch.setattr(report_module, "report_after_run", report_while_another_run_tries)
+    argv = [arg for arg in TINY_ARGS if arg != "--no-report"]  # the report is what is watched
+    assert main(["pretrain", *argv, "--epochs", "1", "--out", str(out), "--no-baselines", "--json"]) == 0
+    assert len(seen) == 1 and "in use by another run" in seen[0], seen
+    RunLock.acquire(str(out)).release()  # and released once pretrain returned
+
+
 def test_a_lock_left_behind_is_neither_deleted_nor_in_the_way_of_force(tmp_path):
     # A study makes a run's folder before its run starts; a run killed there leaves only its lock.
     from contrastkit.manifest import plan_removal

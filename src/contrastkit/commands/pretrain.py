@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 from dataclasses import fields
+from typing import Any, Dict, List, Optional
 
 from contrastkit import layout
 from contrastkit.commands.common import add_config_argument, parse_data_options, parse_names, print_result_table
@@ -200,19 +201,24 @@ def run(args: argparse.Namespace) -> int:
     from contrastkit.train import pretrain
 
     config = config_from_args(args)
+    reported: List[Optional[str]] = []
+
+    def report(summary: Dict[str, Any]) -> None:
+        """The run's table, and its report written while the run still holds the folder."""
+        if args.json:
+            print(json.dumps(summary, indent=2, sort_keys=True))
+        else:
+            print_result_table(summary, f"{summary['method']} on {summary['data']} ({summary['encoder']} encoder, "
+                                 f"{summary['epochs']} epochs) -> {config.out}")
+        if not args.no_report:
+            from contrastkit.report import report_after_run
+
+            reported.append(report_after_run(config.out))  # a failure is a warning: the results are on disk
+
     summary = pretrain(config, resume=args.resume, force=args.force, progress=False if args.quiet else None,
-                       baselines=not args.no_baselines)
+                       baselines=not args.no_baselines, on_summary=report)
     if summary is None:  # a rank > 0 under torchrun: rank 0 reports
         return 0
-    if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
-    else:
-        print_result_table(summary, f"{summary['method']} on {summary['data']} ({summary['encoder']} encoder, "
-                             f"{summary['epochs']} epochs) -> {config.out}")
-    if not args.no_report:
-        from contrastkit.report import report_after_run
-
-        path = report_after_run(config.out)  # a failure is a warning: the run's results are on disk
-        if path is not None and not args.json:
-            print(f"report: {path}")
+    if reported and reported[0] is not None and not args.json:
+        print(f"report: {reported[0]}")
     return 0

@@ -199,6 +199,7 @@ def pretrain(
     baselines: bool = True,
     encoder: Optional[torch.nn.Module] = None,
     transform: Optional[Callable[[torch.Tensor], Any]] = None,
+    on_summary: Optional[Callable[[Dict[str, Any]], None]] = None,
 ) -> Optional[Dict[str, Any]]:
     """Train ``config.method`` on ``config.data`` and evaluate it; returns the summary dict
     (also written to ``config.out/summary.json``).
@@ -236,6 +237,10 @@ def pretrain(
             ``[0, 1]`` images). It is applied twice per image of a training batch, under a
             seed of ``(seed, epoch, item)``, so the views do not depend on ``config.workers``
             and a resumed run stays exact; pass the same transform again to resume.
+        on_summary: called as ``on_summary(summary)`` on rank 0 once ``summary.json`` is
+            written, while the run still holds its folder's lock (``contrastkit pretrain``
+            writes ``report.html`` there, so that no other run can take the folder before the
+            report of this one is written).
 
     Batches come from a ``torch.utils.data.DataLoader`` over the training split whose batch
     sampler (:class:`~contrastkit.data.EpochBatchSampler`) yields the epoch's shuffled
@@ -256,14 +261,15 @@ def pretrain(
     config = config.resolved()
     with limit_threads(config.threads), RunGuard() as guard:
         return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder,
-                         transform, guard)
+                         transform, guard, on_summary)
 
 
 def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
               views: Any, on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]],
               baselines: bool = True, encoder: Optional[torch.nn.Module] = None,
               transform: Optional[Callable[[torch.Tensor], Any]] = None,
-              guard: Optional[RunGuard] = None) -> Optional[Dict[str, Any]]:
+              guard: Optional[RunGuard] = None,
+              on_summary: Optional[Callable[[Dict[str, Any]], None]] = None) -> Optional[Dict[str, Any]]:
     run = _set_up(config, resume, force, dataset, views, encoder, transform, guard or RunGuard())
     if run.parallel.is_main:
         manifest = Manifest(run.folder.root)
@@ -296,6 +302,8 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         if run.parallel.is_main:
             _record_logger_files(run.folder)
     Manifest(run.folder.root).write_json(layout.SUMMARY, records.summary_to_dict(summary))
+    if on_summary is not None:
+        on_summary(summary)  # (rank 0 alone gets here; the folder's lock is held until pretrain returns)
     run.parallel.barrier()
     _leave_group(run)
     _return_encoder(run, encoder)
