@@ -124,6 +124,52 @@ def test_fewer_than_three_files_are_refused_naming_the_folder(tmp_path):
         open_collection(tmp_path / "two")
 
 
+def _listed(data, root):
+    return sorted(os.path.relpath(split.path(i), root) for _, split in data.splits() for i in range(len(split)))
+
+
+def _left_out(data, root):
+    return {os.path.relpath(line.split("\t")[0], root): line.split("\t")[1] for line in skipped_files(data)}
+
+
+def test_a_linked_folder_is_read_once_and_a_link_back_to_a_parent_is_named_not_followed(tmp_path):
+    outside = tmp_path / "elsewhere"
+    _tree(outside, 4)
+    root = tmp_path / "photos"
+    _tree(root, 3)
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+    (root / "again").symlink_to(outside, target_is_directory=True)  # the same folder a second time
+    (outside / "loop").symlink_to(outside, target_is_directory=True)  # a link to its own folder
+    data = open_collection(root)
+    assert _listed(data, root) == sorted([f"img{i:03d}.png" for i in range(3)] +
+                                         [f"again/img{i:03d}.png" for i in range(4)])
+    left_out = _left_out(data, root)
+    assert set(left_out) == {"again/loop", "linked"}, left_out
+    assert all("already read" in reason for reason in left_out.values()), left_out
+
+
+def test_a_link_to_an_image_already_listed_is_read_once_and_named(tmp_path):
+    root = tmp_path / "photos"
+    _tree(root, 4)
+    (root / "zz-copy.png").symlink_to(root / "img001.png")
+    data = open_collection(root)
+    assert _listed(data, root) == [f"img{i:03d}.png" for i in range(4)]
+    assert _left_out(data, root) == {"zz-copy.png": f"the same file as {root / 'img001.png'} (a link to it): "
+                                                    "read once"}
+
+
+def test_a_link_to_nothing_is_named_as_such_or_stops_a_fail_run(tmp_path):
+    root = tmp_path / "photos"
+    _tree(root, 4)
+    (root / "gone.png").symlink_to(tmp_path / "moved-away.png")
+    data = open_collection(root)
+    assert _listed(data, root) == [f"img{i:03d}.png" for i in range(4)]
+    assert _left_out(data, root) == {"gone.png": f"a symbolic link to nothing ({tmp_path / 'moved-away.png'} "
+                                                 "does not exist)"}
+    with pytest.raises(ValueError, match=r"gone.png: a symbolic link to nothing"):
+        open_collection(root, bad_files="fail")
+
+
 def test_every_image_kind_becomes_one_square_shape_by_the_stated_rules(tmp_path):
     root = tmp_path / "kinds"
     # a wide image: left half red, right half blue; the centre crop keeps both, the middle columns

@@ -6,7 +6,9 @@ images are decoded in the ``DataLoader``'s workers. The rules:
 
 * **Files**: every file below the folder whose name ends in an image extension
   (:data:`~contrastkit.data.files.IMAGE_EXTENSIONS`: JPEG, PNG, WebP, BMP, TIFF, GIF, PNM),
-  hidden files and folders excepted; a ``.txt`` or ``.csv`` list holds one path a line
+  hidden files and folders excepted, each read once: symbolic links to folders are followed
+  unless the folder was already read (a loop among them), a link to a file already listed is
+  left out and a link to nothing too, each named (:func:`skipped_files`); a ``.txt`` or ``.csv`` list holds one path a line
   (relative to the list's folder unless absolute; a CSV's first column, a header ``path`` or
   ``image`` skipped; blank lines and ``#`` comments skipped).
 * **Colour**: grayscale (1 channel) when the first 32 files (in path order) are all grayscale,
@@ -104,12 +106,12 @@ def _index(source: Union[str, os.PathLike], bad_files: str) -> Tuple[Path, List[
     source = Path(source)
     left_out: Dict[str, str] = {}
     if source.is_dir():
-        files = []
-        for dirpath, dirnames, filenames in os.walk(source):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            files.extend(Path(dirpath) / name for name in sorted(filenames)
-                         if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS))
+        files = _walk(source, left_out, bad_files)
         if not files:
+            if left_out:
+                first, reason = next(iter(left_out.items()))
+                raise ValueError(f"{source}: no image file to read in it or below it ({len(left_out)} left out, "
+                                 f"e.g. {first}: {reason})")
             raise ValueError(f"{source}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in it or below it")
         named = []
         for path in files:
@@ -129,6 +131,73 @@ def _index(source: Union[str, os.PathLike], bad_files: str) -> Tuple[Path, List[
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such file or folder")
     return source.parent, _read_list(source), left_out
+
+
+def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip") -> List[Path]:
+    """The image files below the folder ``source`` in path order (each folder's files by name,
+    then its sub-folders by name), hidden files and folders excepted, every file and folder read
+    once however it is reached: a symbolic link to a folder is followed unless that folder was
+    already read (a link to one of its own parents, a loop, among them), and a link to a file
+    (or a hard link) already listed, or a link to nothing, is left out; each of these is named
+    with its reason in ``left_out`` (``{escaped path: reason}``). Under ``bad_files="fail"`` a
+    link to nothing, a damaged entry, stops the listing in a ``ValueError`` naming it."""
+    from contrastkit.data.files import IMAGE_EXTENSIONS
+
+    files: List[Path] = []
+    folders_read: Dict[Tuple[int, int], str] = {}
+    files_read: Dict[Tuple[int, int], str] = {}
+    start = os.stat(source)
+    stack: List[Tuple[Path, Tuple[int, int]]] = [(source, (start.st_dev, start.st_ino))]
+    while stack:
+        folder, key = stack.pop()
+        if key in folders_read:
+            left_out[escape_undecodable(folder)] = (f"the folder {escape_undecodable(folders_read[key])}, already "
+                                                    "read (reached again through a symbolic link): read once")
+            continue
+        folders_read[key] = str(folder)
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted((entry for entry in listing if not entry.name.startswith(".")),
+                                 key=lambda entry: entry.name)
+        except OSError as err:  # e.g. a sub-folder without read permission
+            left_out[escape_undecodable(folder)] = f"folder cannot be listed ({err.strerror or err}): left out"
+            continue
+        below = []
+        for entry in entries:
+            try:
+                is_folder = entry.is_dir()  # (follows a symbolic link)
+            except OSError:
+                is_folder = False
+            if is_folder:
+                try:
+                    info = entry.stat()
+                except OSError as err:
+                    left_out[escape_undecodable(entry.path)] = f"folder cannot be read ({err.strerror or err})"
+                    continue
+                below.append((Path(entry.path), (info.st_dev, info.st_ino)))
+                continue
+            if not entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                continue
+            if entry.is_symlink():
+                try:
+                    info = entry.stat()
+                except OSError:  # a link to nothing (or a loop of links)
+                    reason = f"a symbolic link to nothing ({escape_undecodable(os.readlink(entry.path))} does not exist)"
+                    if bad_files == "fail":
+                        raise ValueError(f"{escape_undecodable(entry.path)}: {reason}") from None
+                    left_out[escape_undecodable(entry.path)] = reason
+                    continue
+                identity = (info.st_dev, info.st_ino)
+            else:
+                identity = (key[0], entry.inode())  # (free: read with the folder's listing)
+            if identity in files_read:
+                left_out[escape_undecodable(entry.path)] = (f"the same file as {escape_undecodable(files_read[identity])}"
+                                                            " (a link to it): read once")
+                continue
+            files_read[identity] = entry.path
+            files.append(Path(entry.path))
+        stack.extend(reversed(below))  # sub-folders by name, each after the one before it and all below it
+    return files
 
 
 def _read_list(source: Path) -> List[Path]:

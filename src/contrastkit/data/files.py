@@ -606,7 +606,9 @@ def detect_format(path: Path) -> str:
         return "cifar10"
     if _is_mnist(path):
         return "mnist"
-    loose = any(p.is_file() and not p.name.startswith(".") and p.name.lower().endswith(IMAGE_EXTENSIONS)
+    # Loose images: every entry named like an image that is not a folder, as a collection lists it
+    # (a FIFO, a device or a link to nothing among them: named as unreadable when read, not ignored).
+    loose = any(not p.name.startswith(".") and p.name.lower().endswith(IMAGE_EXTENSIONS) and not p.is_dir()
                 for p in path.iterdir())
     folders = _list_class_folders(path)
     if not loose and (len(folders) >= 2 or ((path / "train").is_dir() and (path / "test").is_dir())):
