@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -26,8 +27,22 @@ def _act(fault: dict) -> None:
         with open(os.path.join(out, fault["leave"]), "w", encoding="utf-8") as handle:
             handle.write("mine\n")
     if fault["action"] == "SIGKILL":
+        # Beside the run's folder, what the test reads to know the rank died here (torchrun logs the
+        # exit of only one failed rank, by a whole-second time stamp: maybe the other's).
+        out = sys.argv[sys.argv.index("--out") + 1]
+        with open(f"{out}.died-rank{fault['rank']}-attempt{fault.get('attempt', 0)}", "w", encoding="utf-8"):
+            pass
         os.kill(os.getpid(), signal.SIGKILL)
-    os.kill(os.getppid(), getattr(signal, fault["action"]))  # the agent started this process
+    number = getattr(signal, fault["action"])
+    os.kill(os.getppid(), number)  # the agent started this process
+    # The agent passes the signal on to every rank; this rank goes on once it has its own copy, so
+    # that the step the ranks stop at does not depend on how fast a loaded machine delivers it.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        handler = getattr(signal.getsignal(number), "__self__", None)  # contrastkit's StopSignals
+        if handler is None or getattr(handler, "received", None):
+            return
+        time.sleep(0.01)
 
 
 def _arm(fault: dict) -> None:

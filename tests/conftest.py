@@ -95,6 +95,18 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--test-device {name!r} is not a torch device: {err}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError(f"--test-device {name!r} was asked for but CUDA is not available")
+    if not hasattr(config, "workerinput"):  # once, before pytest-xdist starts its workers
+        _build_the_font_cache()
+
+
+def _build_the_font_cache() -> None:
+    """On a machine where matplotlib never ran (a fresh CI home), the first process to import it
+    builds its font cache and says so on stderr: a command tested for exactly one line of
+    stderr would then see two. Built here first, in the process that starts the workers."""
+    try:
+        import matplotlib.font_manager  # noqa: F401
+    except ImportError:
+        pass
 
 
 @pytest.fixture(scope="session")
@@ -120,6 +132,7 @@ SERIAL = (
     "tests/distributed/test_cluster_faults.py::",
     "tests/distributed/test_distributed.py::",
     "tests/distributed/test_distributed_accumulation.py::",
+    "tests/distributed/test_distributed_per_anchor_temperature.py::",
     "tests/distributed/test_distributed_scaleout.py::",
     "tests/distributed/test_distributed_torchrun.py::",
     "tests/distributed/test_short_batches.py::",
@@ -128,6 +141,7 @@ SERIAL = (
     "tests/train/test_siglip_train.py::test_two_processes_give_the_gradients_of_one",
     "tests/integrations/test_lightning.py::test_ddp_on_two_processes_equals_one_process_on_the_global_batch",
     "tests/integrations/test_lightning.py::test_under_ddp_a_batch_short_of_readable_images_on_one_rank_is_skipped_by_every_rank",
+    "tests/integrations/test_lightning.py::test_under_ddp_rank_zero_names_the_damaged_files_every_rank_skipped",
 )
 
 

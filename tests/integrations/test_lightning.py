@@ -17,6 +17,8 @@ from torch import nn
 from contrastkit import losses
 from contrastkit.losses import MIN_TEMPERATURE
 
+from _ports import unused_port
+
 ROOT = Path(__file__).resolve().parents[2]
 HAS_LIGHTNING = importlib.util.find_spec("lightning") is not None
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec")  # inside Lightning 2.6
@@ -24,8 +26,16 @@ needs_lightning = pytest.mark.skipif(not HAS_LIGHTNING,
                                      reason="the lightning extra is not installed (pip install -e '.[lightning]')")
 
 
+def _env() -> dict:
+    """The children's environment: the package first on the path, and a ``MASTER_PORT`` the
+    kernel never hands out by itself (Lightning's own pick of a free port can be taken by another
+    test's socket before its rank 0 binds it; it uses a port it is given)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+            "MASTER_PORT": str(unused_port())}
+
+
 def _python(code: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = _env()
     return subprocess.run([sys.executable, *(["-c", code] if not code.endswith(".py") else [code]), *args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
@@ -513,7 +523,7 @@ def _bounded_python(script: str, *args: str, timeout: int) -> subprocess.Complet
     Lightning started too) is killed, and the test fails instead of blocking."""
     import signal
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = _env()
     child = subprocess.Popen([sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=env, cwd=ROOT, start_new_session=True)
     try:

@@ -65,8 +65,12 @@ def test_a_run_held_by_another_process_is_waited_for_and_not_trained_twice(tmp_p
 
     def other_process_finishes():
         time.sleep(1.0)
-        with open(layout.RunFolder(held).summary, "w", encoding="utf-8") as handle:
+        # Written whole, as contrastkit writes it (a temporary file, then a rename): the grid
+        # may read the summary the moment the free run is done, without the lock.
+        summary = layout.RunFolder(held).summary
+        with open(f"{summary}.tmp", "w", encoding="utf-8") as handle:
             json.dump(records.summary_to_dict(fake), handle)
+        os.replace(f"{summary}.tmp", summary)
         os.close(fd)
 
     holder = threading.Thread(target=other_process_finishes)
