@@ -368,9 +368,12 @@ def test_report_after_run_warns_instead_of_failing(tmp_path):
 def test_pretrain_writes_the_report_unless_told_not_to(tmp_path, capsys, monkeypatch, no_report):
     import contrastkit.train
 
-    def fake_pretrain(config, **kwargs):  # the run's files, without the minutes of training
+    def fake_pretrain(config, on_summary=None, **kwargs):  # the run's files, without the minutes of training
         write_run(Path(config.out), metrics=False, summary=False)
-        return dict(SUMMARY)
+        summary = dict(SUMMARY)
+        if on_summary is not None:  # where pretrain calls it: summary.json written, the folder still held
+            on_summary(summary)
+        return summary
 
     monkeypatch.setattr(contrastkit.train, "pretrain", fake_pretrain)
     out = tmp_path / "run"
