@@ -170,6 +170,33 @@ def test_the_folder_stays_locked_until_the_report_is_written(tmp_path, monkeypat
     RunLock.acquire(str(out)).release()  # and released once pretrain returned
 
 
+def test_a_read_out_that_fails_after_training_names_its_part_the_weights_and_the_rerun(tmp_path, monkeypatch,
+                                                                                        capsys):
+    from contrastkit.metrics import readout
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 19327352832 bytes.\nmore lines")
+
+    monkeypatch.setattr(readout, "pixel_features", out_of_memory)
+    out = tmp_path / "run"
+    assert main(["pretrain", *TINY_ARGS, "--epochs", "1", "--out", str(out)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"contrastkit pretrain: training finished (its weights are in "
+                               f"{out / 'checkpoints' / 'last.pt'}) but the read-out of the raw-pixel baseline failed "
+                               "(RuntimeError: [enforce fail"), lines[0]
+    assert f"`contrastkit probe {out}`" in lines[0] and "--no-baselines" in lines[0]
+    assert (out / "checkpoints" / "last.pt").is_file() and not (out / "summary.json").exists()
+    assert main(["probe", str(out)]) == 1  # the same part, in one line
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["contrastkit probe: the read-out of the raw-pixel baseline failed (RuntimeError: [enforce fail at "
+                     "alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                     "19327352832 bytes.)"], lines
+    monkeypatch.undo()
+    assert main(["probe", str(out), "--no-baselines", "--json"]) == 0  # and the rerun it names works
+
+
 def test_a_lock_left_behind_is_neither_deleted_nor_in_the_way_of_force(tmp_path):
     # A study makes a run's folder before its run starts; a run killed there leaves only its lock.
     from contrastkit.manifest import plan_removal

@@ -9,6 +9,7 @@ pixels. Neither depends on a training run, so a caller may keep their numbers
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
 
 import numpy as np
@@ -23,7 +24,32 @@ from .probe import knn_accuracy, linear_probe
 __all__ = ["extract_features", "pixel_features", "baseline_pixel_images", "RAW_PIXEL_SIDE", "evaluate_features",
            "evaluate_encoders", "BaselineStore",
            "held_out_views", "view_retrieval", "label_free_numbers", "evaluate_without_labels", "LABEL_FREE_SAMPLES",
-           "LABEL_FREE_ROWS"]
+           "LABEL_FREE_ROWS", "ReadoutPartFailed", "readout_part"]
+
+
+class ReadoutPartFailed(RuntimeError):
+    """A part of the read-out (``part``: "the trained encoder", "the raw-pixel baseline", ...)
+    ran out of memory or failed in torch. ``exit_status`` 1: ``contrastkit probe`` says so in
+    one line (the part and the first line of the cause), not in a traceback."""
+
+    exit_status = 1
+
+    def __init__(self, part: str, cause: BaseException) -> None:
+        reason = (str(cause).strip().splitlines() or [""])[0] or type(cause).__name__
+        super().__init__(f"the read-out of {part} failed ({type(cause).__name__}: {reason[:300]})")
+        self.part = part
+
+
+@contextlib.contextmanager
+def readout_part(part: str) -> Iterator[None]:
+    """Name ``part`` in a :class:`ReadoutPartFailed` if it runs out of memory or torch fails in it
+    (``MemoryError``, ``RuntimeError``: a refused allocation); other errors pass unchanged."""
+    try:
+        yield
+    except ReadoutPartFailed:
+        raise
+    except (MemoryError, RuntimeError) as err:
+        raise ReadoutPartFailed(part, err) from err
 
 
 class BaselineStore(Protocol):
@@ -142,11 +168,14 @@ def evaluate_encoders(dataset: DataSplits, encoder: nn.Module, device: torch.dev
     def features(model: nn.Module) -> Iterator[np.ndarray]:
         return (extract_features(model, source, device, workers=workers) for source in sources)
 
-    pixels = store.numbers(records.RAW_PIXEL, pixel_numbers) if raw_pixels else None
-    result = evaluate_features(*features(encoder), dataset, **options)
+    with readout_part("the raw-pixel baseline"):
+        pixels = store.numbers(records.RAW_PIXEL, pixel_numbers) if raw_pixels else None
+    with readout_part("the trained encoder"):
+        result = evaluate_features(*features(encoder), dataset, **options)
     if baseline_encoder is not None:
-        baseline = store.numbers(records.RANDOM_INIT, lambda: evaluate_features(
-            *features(baseline_encoder), dataset, **options), baseline_encoder)
+        with readout_part("the random-init baseline"):
+            baseline = store.numbers(records.RANDOM_INIT, lambda: evaluate_features(
+                *features(baseline_encoder), dataset, **options), baseline_encoder)
         result.update(records.baseline_numbers(records.RANDOM_INIT, baseline))
     if pixels is not None:
         result.update(records.baseline_numbers(records.RAW_PIXEL, pixels))
@@ -231,7 +260,8 @@ def evaluate_without_labels(split: Any, encoder: nn.Module, device: torch.device
     of its ``h`` on two views of each image, :func:`held_out_views`), and under the baselines'
     keys (:func:`contrastkit.records.baseline_key`) those of the untrained ``baseline_encoder`` and of the flattened
     views themselves, all on the same views; ``label_free_samples`` says how many images."""
-    view_a, view_b = held_out_views(split, views, max_samples=max_samples, seed=seed, workers=workers)
+    with readout_part("the held-out views"):
+        view_a, view_b = held_out_views(split, views, max_samples=max_samples, seed=seed, workers=workers)
     if view_a.shape[0] < 2:
         raise ValueError(f"the label-free read-out needs at least 2 held-out images, got {view_a.shape[0]}")
     options = {"temperature": temperature, "batch_size": batch_size}
@@ -240,13 +270,16 @@ def evaluate_without_labels(split: Any, encoder: nn.Module, device: torch.device
         return torch.from_numpy(extract_features(model, views_, device)).double().flatten(1)
 
     result: Dict[str, Any] = {"label_free_samples": int(view_a.shape[0])}
-    result.update(label_free_numbers(features(encoder, view_a), features(encoder, view_b), **options))
+    with readout_part("the trained encoder"):
+        result.update(label_free_numbers(features(encoder, view_a), features(encoder, view_b), **options))
     if baseline_encoder is not None:
-        numbers = label_free_numbers(features(baseline_encoder, view_a), features(baseline_encoder, view_b),
-                                     **options)
+        with readout_part("the random-init baseline"):
+            numbers = label_free_numbers(features(baseline_encoder, view_a), features(baseline_encoder, view_b),
+                                         **options)
         result.update(records.baseline_numbers(records.RANDOM_INIT, numbers))
     if raw_pixels:
-        numbers = label_free_numbers(baseline_pixel_images(view_a).double().flatten(1),
-                                     baseline_pixel_images(view_b).double().flatten(1), **options)
+        with readout_part("the raw-pixel baseline"):
+            numbers = label_free_numbers(baseline_pixel_images(view_a).double().flatten(1),
+                                         baseline_pixel_images(view_b).double().flatten(1), **options)
         result.update(records.baseline_numbers(records.RAW_PIXEL, numbers))
     return result

@@ -57,7 +57,7 @@ from contrastkit.manifest import Manifest
 
 from .checkpoint import CheckpointWriteError, load_checkpoint
 
-__all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "NonFiniteLoss", "CheckpointWriteError", "StopSignals",
+__all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "ReadoutFailed", "NonFiniteLoss", "CheckpointWriteError", "StopSignals",
            "RunLock", "RunGuard", "StepFaults", "launch_id", "restart_resumes", "restart_starts_over", "restarts_allowed",
            "resume_starts_over", "write_failed"]
 
@@ -87,6 +87,23 @@ class Preempted(Exception):
 
     def __reduce__(self) -> Any:  # picklable (a study's worker process hands it back)
         return type(self), (self.signal_name, self.step, self.checkpoint, self.rank)
+
+
+class ReadoutFailed(Exception):
+    """Training finished and its last checkpoint is written, but the read-out after it failed
+    (``part``, e.g. "the raw-pixel baseline", and why): the message says where the weights are
+    and how to run the read-out again. ``exit_status`` 1."""
+
+    exit_status = 1
+
+    def __init__(self, reason: str, checkpoint: str, out: str) -> None:
+        super().__init__(f"training finished (its weights are in {checkpoint}) but {reason}, so no summary.json was "
+                         f"written: run the read-out again with `contrastkit probe {out}` (--save keeps its numbers "
+                         "in probe.json; --no-baselines skips the raw-pixel and random-init baselines)")
+        self.reason, self.checkpoint, self.out = reason, checkpoint, out
+
+    def __reduce__(self) -> Any:  # picklable (a study's worker process hands it back)
+        return type(self), (self.reason, self.checkpoint, self.out)
 
 
 class NonFiniteLoss(ValueError):

@@ -52,12 +52,12 @@ from contrastkit.methods.precision import StepPrecision, channels_last_batch
 from contrastkit.methods.step import after_optimizer_step, before_loss
 from contrastkit.methods.tap import BatchTap
 from contrastkit.metrics.batch import batch_warnings, diagnostics_record
-from contrastkit.metrics.readout import extract_features
+from contrastkit.metrics.readout import ReadoutPartFailed, extract_features
 from contrastkit.metrics.temperatures import TemperatureHistogram
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .checkpoint import CheckpointWriteError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .faults import (Preempted, RunGuard, StepFaults, launch_id, restart_resumes, restart_starts_over, restarts_allowed,
+from .faults import (Preempted, ReadoutFailed, RunGuard, StepFaults, launch_id, restart_resumes, restart_starts_over, restarts_allowed,
                      resume_starts_over, write_failed)
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
@@ -969,10 +969,16 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     eval_started = time.perf_counter()
     baseline = (build_model(config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder).encoder.to(run.device)
                 if baselines else None)
-    numbers = evaluate_model(config, run.model, run.dataset, run.device, baseline_encoder=baseline,
-                             raw_pixels=baselines)
-    numbers.update(run.method.test_metrics(run.eval_context()))
-    selected = run.selection.report(run.epoch, numbers, lambda state: _evaluate_snapshot(run, state))
+    try:
+        numbers = evaluate_model(config, run.model, run.dataset, run.device, baseline_encoder=baseline,
+                                 raw_pixels=baselines)
+        numbers.update(run.method.test_metrics(run.eval_context()))
+        selected = run.selection.report(run.epoch, numbers, lambda state: _evaluate_snapshot(run, state))
+    except (ReadoutPartFailed, MemoryError, RuntimeError) as err:
+        # The trained weights are safe in the last checkpoint: say so, and how to read them out.
+        reason = str(err) if isinstance(err, ReadoutPartFailed) else \
+            str(ReadoutPartFailed("the trained model", err))
+        raise ReadoutFailed(reason, run.folder.last_checkpoint, config.out) from err
     eval_seconds = time.perf_counter() - eval_started
     summary = {
         **numbers, **selected,
