@@ -239,27 +239,16 @@ def test_effective_rank_collapsed_is_one():
         effective_rank(x, center=True)
 
 
-def test_effective_rank_known_singular_values():
+@pytest.mark.parametrize("rows, features", [(40, 6), (6, 40)])  # the d x d, then the N x N Gram matrix
+def test_effective_rank_known_singular_values(rows, features):
     # singular values (3, 1): p = (3/4, 1/4), erank = exp(H(p)), invariant to rotations
     p = (0.75, 0.25)
     expected = math.exp(-sum(v * math.log(v) for v in p))
     g = torch.Generator().manual_seed(0)
-    u, _ = torch.linalg.qr(torch.randn(40, 2, generator=g, dtype=torch.float64))
-    v, _ = torch.linalg.qr(torch.randn(6, 2, generator=g, dtype=torch.float64))
+    u, _ = torch.linalg.qr(torch.randn(rows, 2, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(features, 2, generator=g, dtype=torch.float64))
     x = u @ torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64)) @ v.T
-    for chunk in (1, 7, 1000):
-        assert effective_rank(x, chunk_size=chunk) == pytest.approx(expected, rel=1e-8)
-
-
-def test_effective_rank_of_fewer_rows_than_features_uses_the_rows_gram():
-    # The same singular values (3, 1) as a wide matrix (6 rows, 40 features), every chunking.
-    p = (0.75, 0.25)
-    expected = math.exp(-sum(v * math.log(v) for v in p))
-    g = torch.Generator().manual_seed(1)
-    u, _ = torch.linalg.qr(torch.randn(6, 2, generator=g, dtype=torch.float64))
-    v, _ = torch.linalg.qr(torch.randn(40, 2, generator=g, dtype=torch.float64))
-    x = u @ torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64)) @ v.T
-    for chunk in (1, 4, 1000):
+    for chunk in (1, 4, 7, 1000):
         assert effective_rank(x, chunk_size=chunk) == pytest.approx(expected, rel=1e-8)
         assert effective_rank(x.T.contiguous(), chunk_size=chunk) == pytest.approx(expected, rel=1e-8)
 
