@@ -375,3 +375,28 @@ def test_a_collection_of_damaged_files_only_is_one_line(damaged_run, tmp_path, c
         assert error.count("\n") == 0 and "is a damaged file (6 damaged files skipped, not embedded)" in error, error
         assert "cannot read image" in error
     assert not (tmp_path / "e.npz").exists() and not (tmp_path / "e.npz.contrastkit.json").exists()
+
+
+def test_file_names_with_a_newline_or_a_tab_stay_on_their_line(tmp_path_factory, one_torch_thread, capsys):
+    """The text output is one line per image whatever the files are called: a control character in
+    a name (a newline, a tab) is written \\xNN, as in skipped.txt; --json keeps the names as they are."""
+    from _data_fixtures import write_collection
+
+    folder = write_collection(tmp_path_factory.mktemp("named") / "photos", 10, damaged=("zero\nlines.jpg",))
+    (folder / "p001.jpg").rename(folder / "two\nlines.jpg")
+    (folder / "p002.png").rename(folder / "a\ttab.png")
+    out = tmp_path_factory.mktemp("named-run") / "run"
+    pretrain(tiny_config(out, data=str(folder), data_options={"size": 16}, batch_size=4), progress=False,
+             baselines=False)
+    capsys.readouterr()
+    found = _search(capsys, out, folder / "two\nlines.jpg", "--k", "10", "--no-picture")
+    names = {n["image"]["name"] for n in found["queries"][0]["neighbors"]}
+    assert {"two\nlines.jpg", "a\ttab.png"} <= names and [s["name"] for s in found["skipped"]] == ["zero\nlines.jpg"]
+    assert main(["neighbors", str(out), str(folder / "two\nlines.jpg"), "--k", "10", "--no-picture"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # The header, one skipped line, a blank line, the query's line and its 10 neighbors: 14 lines.
+    assert len(lines) == 14, lines
+    assert lines[1].startswith("skipped ") and "zero\\x0alines.jpg" in lines[1]
+    assert lines[3].startswith(str(folder / "two\\x0alines.jpg"))
+    assert sum("two\\x0alines.jpg" in line for line in lines[4:]) == 1
+    assert sum("a\\x09tab.png" in line for line in lines[4:]) == 1

@@ -11,6 +11,7 @@ import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from contrastkit import records
+from contrastkit._io import escape_line
 
 __all__ = ["UsageError", "parse_data_options", "parse_numbers", "parse_names", "add_config_argument",
            "apply_config_file", "config_defaults", "add_study_arguments", "study_options", "run_study_command",
@@ -319,7 +320,8 @@ def print_skipped(skipped: Sequence[Any]) -> None:
     ``SPLIT:INDEX``, name and why it could not be read; the first few, then a count."""
     for row in skipped[:_SKIPPED_SHOWN]:
         path, sep, why = row.reason.partition(": ")
-        print(f"skipped {row.split}:{row.index}  {row.name}  ({why if sep and path.endswith(row.name) else row.reason})")
+        reason = why if sep and path.endswith(row.name) else row.reason
+        print(f"skipped {row.split}:{row.index}  {escape_line(row.name)}  ({escape_line(reason)})")
     if len(skipped) > _SKIPPED_SHOWN:
         print(f"skipped {len(skipped) - _SKIPPED_SHOWN} more (--json lists them all)")
 

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 
+from contrastkit._io import escape_line
 from contrastkit.commands.common import UsageError, parse_data_options, print_skipped
 
 
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     print_skipped(search.skipped)
     for query in search.queries:
         print()
-        print(f"{query.query}{_described(query.image, query.query)}")
+        print(f"{escape_line(query.query)}{_described(query.image, query.query)}")
         for neighbor in query.neighbors:
             print(f"  {neighbor.rank:>3}  {neighbor.similarity:7.4f}  {neighbor.image.id}{_described(neighbor.image)}")
     if search.picture:
@@ -107,4 +108,5 @@ def _described(image, given: str = "") -> str:
         parts.append(image.name)
     if given and given != image.id and image.split is not None:
         parts.insert(0, image.id)
-    return ("  " + "  ".join(parts)) if parts else ""
+    # One line per image, whatever its file is called: a newline or a tab in a name is written \xNN.
+    return ("  " + "  ".join(escape_line(part) for part in parts)) if parts else ""
