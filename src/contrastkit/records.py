@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 __all__ = ["FORMAT_VERSION", "VERSION_KEY", "PROBE_ACCURACY", "KNN_ACCURACY", "VIEW_RETRIEVAL_TOP1",
            "RANDOM_INIT", "RAW_PIXEL", "BASELINES", "ENCODERS", "baseline_key", "baseline_numbers",
-           "is_baseline_key", "beats_baselines", "SUMMARY_REQUIRED", "summary_to_dict", "summary_from_dict",
+           "is_baseline_key", "beats_baselines", "ENCODER_NAMES", "verdict_line", "SUMMARY_REQUIRED", "summary_to_dict", "summary_from_dict",
            "read_summary", "STEP", "EPOCH", "TAU", "SKIPPED", "TAU_HISTOGRAM", "METRICS_KINDS",
            "metrics_record", "metrics_line", "metrics_record_from_dict", "of_kind"]
 
@@ -82,6 +82,44 @@ def beats_baselines(numbers: Mapping[str, Any], key: str = PROBE_ACCURACY) -> Op
     if any(value is None for value in values):
         return None
     return bool(all(values[0] > value for value in values[1:]))
+
+
+#: What a verdict calls each encoder of :data:`ENCODERS`.
+ENCODER_NAMES: Dict[Optional[str], str] = {None: "the pretrained encoder", RANDOM_INIT: "the random-init encoder",
+                                           RAW_PIXEL: "the raw pixels"}
+
+
+def _table_digits(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _shown(value: float, other: float) -> str:
+    """``value`` at a table's 3 digits, or with more where those would make it equal ``other``."""
+    return f"{value:.6g}" if value != other and _table_digits(value) == _table_digits(other) else _table_digits(value)
+
+
+def verdict_line(summary: Mapping[str, Any], key: str, title: str) -> Optional[Tuple[str, bool]]:
+    """Which baselines the pretrained encoder beats on the read-out ``key`` (higher is better, a
+    tie is no win), from the summary's numbers, as the results table and the run's report say it:
+    ``(line, beats every baseline)``, or ``None`` when there is no pretrained number or no
+    baseline's. ``title`` names the read-out (the line starts with it)."""
+    own = summary.get(key)
+    compared = [(ENCODER_NAMES[baseline], summary[baseline_key(key, baseline)]) for baseline in BASELINES
+                if summary.get(baseline_key(key, baseline)) is not None]
+    if own is None or not compared:
+        return None
+    beaten = [f"{name} ({_shown(value, own)})" for name, value in compared if own > value]
+    unbeaten = [f"{name} ({_shown(value, own)})" for name, value in compared if not own > value]
+    shown = max((_shown(own, value) for _, value in compared), key=len)
+    if not unbeaten:
+        judged = "beats " + " and ".join(beaten)
+    elif beaten:
+        judged = "beats " + " and ".join(beaten) + " but not " + " nor ".join(unbeaten)
+    elif len(unbeaten) == 1:
+        judged = "does not beat " + unbeaten[0]
+    else:
+        judged = "beats neither " + " nor ".join(unbeaten)
+    return f"{title}: the pretrained encoder ({shown}) {judged}", not unbeaten
 
 
 def _refuse(source: str, what: str, version: Any) -> ValueError:

@@ -225,6 +225,40 @@ def test_run_report_shows_config_curves_readout_and_representation(tmp_path):
         assert f'<td class="num">{record["loss"]:.3f}</td>' in page
 
 
+#: The read-out of a run on an unlabeled collection (no probe, no kNN): the raw pixels find views
+#: better than the pretrained encoder, which beats the random-init one.
+LABEL_FREE = {"view_retrieval_top1": 0.412, "view_retrieval_top5": 0.7, "alignment": 0.31, "uniformity": -2.9,
+              "effective_rank": 11.2, "heldout_loss": 2.85, "label_free_samples": 91,
+              "random_init_view_retrieval_top1": 0.103, "random_init_view_retrieval_top5": 0.3,
+              "random_init_alignment": 0.05, "random_init_uniformity": -0.4, "random_init_effective_rank": 3.1,
+              "random_init_heldout_loss": 4.1, "raw_pixel_view_retrieval_top1": 0.5,
+              "raw_pixel_view_retrieval_top5": 0.8, "raw_pixel_alignment": 0.6, "raw_pixel_uniformity": -1.2,
+              "raw_pixel_effective_rank": 31.6, "raw_pixel_heldout_loss": 3.9, "beats_baselines_view_retrieval": False}
+
+
+def test_the_report_of_an_unlabeled_run_shows_its_read_out_and_verdict(tmp_path):
+    from contrastkit.report.document import fmt
+
+    run = write_run(tmp_path / "run")
+    summary = {key: value for key, value in SUMMARY.items()
+               if not key.endswith(("probe_accuracy", "knn_accuracy")) and key not in ("probe_val_accuracy", "probe_c")}
+    summary.update(LABEL_FREE, beats_baselines=None, skipped_files=0)
+    (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    page = write_report(run).read_text(encoding="utf-8")
+    assert "Read-out without labels, against the baselines" in page
+    for key in ("view_retrieval_top1", "random_init_view_retrieval_top1", "raw_pixel_view_retrieval_top1",
+                "effective_rank", "raw_pixel_effective_rank", "heldout_loss"):
+        assert f">{fmt(LABEL_FREE[key], 3)}<" in page, key  # 3 significant digits, as the read-out table
+    # Best per row where a row has one: top-1 higher (the raw pixels), alignment lower (random init).
+    assert f'<td class="num best">{fmt(0.5, 3)}</td>' in page and f'<td class="num best">{fmt(0.05, 3)}</td>' in page
+    assert f'<td class="num best">{fmt(31.6, 3)}</td>' not in page  # the effective rank has no best
+    assert ("view retrieval top-1: the pretrained encoder (0.412) beats the random-init encoder (0.103) but not "
+            "the raw pixels (0.500)") in page
+    assert page.count("does not beat both baselines") == 2  # the result's badge and the read-out's
+    assert "on view retrieval top-1 (two views of the held-out test images)" in page
+    assert "on the linear probe" not in page
+
+
 def test_run_report_is_replaced_but_a_user_file_is_not(tmp_path):
     run = write_run(tmp_path / "run", metrics=False, summary=False)
     write_report(run)

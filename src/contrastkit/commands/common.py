@@ -15,7 +15,7 @@ from contrastkit._io import escape_line
 
 __all__ = ["UsageError", "parse_data_options", "parse_numbers", "parse_names", "add_config_argument",
            "apply_config_file", "config_defaults", "add_study_arguments", "study_options", "run_study_command",
-           "print_result_table", "verdict_line", "print_study", "print_budgets", "print_skipped"]
+           "print_result_table", "print_study", "print_budgets", "print_skipped"]
 
 #: Skipped rows printed by name; the JSON output lists them all.
 _SKIPPED_SHOWN = 10
@@ -283,36 +283,7 @@ def _fmt(value: Any) -> str:
 
 #: The encoders of a results table: (baseline of :data:`contrastkit.records.ENCODERS`, what the
 #: verdict calls it).
-_ENCODER_NAMES = ((None, "the pretrained encoder"), (records.RANDOM_INIT, "the random-init encoder"),
-                  (records.RAW_PIXEL, "the raw pixels"))
-
-
-def _shown(value: float, other: float) -> str:
-    """``value`` at the table's digits, or with more where those would make it equal ``other``."""
-    return f"{value:.6g}" if value != other and _fmt(value) == _fmt(other) else _fmt(value)
-
-
-def verdict_line(summary: Dict[str, Any], key: str, title: str) -> Optional[Tuple[str, bool]]:
-    """Which baselines the pretrained encoder beats on the table's row ``key`` (higher is better,
-    a tie is no win), from the row's numbers: ``(line, beats every baseline)``, or ``None`` when
-    the row has no pretrained number or no baseline's."""
-    own = summary.get(key)
-    compared = [(name, summary[records.baseline_key(key, baseline)]) for baseline, name in _ENCODER_NAMES[1:]
-                if summary.get(records.baseline_key(key, baseline)) is not None]
-    if own is None or not compared:
-        return None
-    beaten = [f"{name} ({_shown(value, own)})" for name, value in compared if own > value]
-    unbeaten = [f"{name} ({_shown(value, own)})" for name, value in compared if not own > value]
-    shown = max((_shown(own, value) for _, value in compared), key=len)
-    if not unbeaten:
-        judged = "beats " + " and ".join(beaten)
-    elif beaten:
-        judged = "beats " + " and ".join(beaten) + " but not " + " nor ".join(unbeaten)
-    elif len(unbeaten) == 1:
-        judged = "does not beat " + unbeaten[0]
-    else:
-        judged = "beats neither " + " nor ".join(unbeaten)
-    return f"{title}: the pretrained encoder ({shown}) {judged}", not unbeaten
+_ENCODER_NAMES = tuple(records.ENCODER_NAMES.items())
 
 
 def print_skipped(skipped: Sequence[Any]) -> None:
@@ -361,6 +332,6 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
                           f"{', '.join(f'{c:g}' for c in summary[capped])} (not converged; "
                           f"{capped} in the summary)[/yellow]")
     for row_title, key in judged:  # none without baselines (--no-baselines): nothing was compared
-        verdict = verdict_line(summary, key, row_title)
+        verdict = records.verdict_line(summary, key, row_title)
         if verdict is not None:
             console.print(verdict[0], style="green" if verdict[1] else "yellow", soft_wrap=True, markup=False)

@@ -112,22 +112,29 @@ def _result_section(page: Page, run: RunFiles) -> None:
         return
     summary = run.summary
     parts = [page.cards(_headline_cards(summary, run.config))]
-    if summary.get("beats_baselines") is not None:  # None: a run without baselines
-        parts.append("<p>" + (page.badge("beats both baselines", "good") if summary["beats_baselines"]
-                              else page.badge("does not beat both baselines", "bad"))
-                     + " <span class=\"note\">on the linear probe (test split), same probe for all three.</span></p>")
+    judged = [("beats_baselines", "on the linear probe (test split), same probe for all three.")]
+    if records.VIEW_RETRIEVAL_TOP1 in summary:  # without labels: judged by view retrieval
+        judged.insert(0, ("beats_baselines_view_retrieval", "on view retrieval top-1 (two views of the held-out "
+                                                            "test images), same views for all three."))
+    for key, note in judged:
+        if summary.get(key) is not None:  # None: a run without baselines (or without labels)
+            parts.append("<p>" + (page.badge("beats both baselines", "good") if summary[key]
+                                  else page.badge("does not beat both baselines", "bad"))
+                         + f" <span class=\"note\">{note}</span></p>")
     page.section("Result", *parts, section_id="result")
 
 
 def _headline_cards(summary: Dict[str, Any], config: Dict[str, Any]) -> List[Tuple[str, Any, str]]:
     """``(label, value, note)`` of each headline number the summary has."""
     cards = []
-    probe = number(summary.get(records.PROBE_ACCURACY))
-    if probe is not None:
-        base = [f"{label.split()[0]} {fmt(summary.get(records.baseline_key(records.PROBE_ACCURACY, baseline)), 3)}"
-                for label, baseline in BASELINES[1:]
-                if number(summary.get(records.baseline_key(records.PROBE_ACCURACY, baseline))) is not None]
-        cards.append(("linear probe accuracy", probe, " · ".join(base) or "no baselines in this run"))
+    for label, key in (("view retrieval top-1", records.VIEW_RETRIEVAL_TOP1),
+                       ("linear probe accuracy", records.PROBE_ACCURACY)):
+        value = number(summary.get(key))
+        if value is not None:  # the read-out a run is judged by, its baselines' numbers beside it
+            base = [f"{name.split()[0]} {fmt(summary.get(records.baseline_key(key, baseline)), 3)}"
+                    for name, baseline in BASELINES[1:]
+                    if number(summary.get(records.baseline_key(key, baseline))) is not None]
+            cards.append((label, value, " · ".join(base) or "no baselines in this run"))
     if number(summary.get(records.KNN_ACCURACY)) is not None:
         cards.append(("kNN accuracy", summary[records.KNN_ACCURACY], f"weighted, k = {config.get('knn_k', '?')}"))
     if number(summary.get("final_loss")) is not None:
@@ -145,8 +152,46 @@ def _headline_cards(summary: Dict[str, Any], config: Dict[str, Any]) -> List[Tup
     return cards
 
 
+#: Which way is better on each row of the label-free read-out (``max`` / ``min``); a row not
+#: here (the effective rank, the held-out loss of different encoders) has no best.
+_LABEL_FREE_BETTER = {records.VIEW_RETRIEVAL_TOP1: max, "view_retrieval_top5": max, "alignment": min,
+                      "uniformity": min}
+
+
+def _label_free_section(page: Page, summary: Dict[str, Any]) -> None:
+    """The read-out without labels (view retrieval, alignment, uniformity, effective rank,
+    held-out loss) for the encoder and the baselines, the best marked where a row has one, and
+    the verdict line the results table prints."""
+    from contrastkit.metrics.readout import LABEL_FREE_ROWS
+
+    rows, best = [], []
+    for label, key in LABEL_FREE_ROWS:
+        values = [number(summary.get(records.baseline_key(key, baseline))) for _, baseline in BASELINES]
+        if all(v is None for v in values):
+            continue
+        rows.append([label] + values)
+        pick = _LABEL_FREE_BETTER.get(key)
+        top = pick(v for v in values if v is not None) if pick else None
+        best.append([False] + [pick is not None and v is not None and v == top for v in values])
+    if not rows:
+        return
+    samples = summary.get("label_free_samples")
+    parts = [page.table(["read-out without labels (test split)"] + [label for label, _ in BASELINES], rows,
+                        numeric=[False, True, True, True], best=best, digits=3,
+                        caption=f"Two augmented views of {samples if samples is not None else 'the'} held-out test "
+                                "images, frozen features h (the raw pixels of the same views); view retrieval: how "
+                                "often an image's second view finds its first among all first views. Best per row "
+                                "in green where a row has one.")]
+    verdict = records.verdict_line(summary, records.VIEW_RETRIEVAL_TOP1, "view retrieval top-1")
+    if verdict is not None:
+        parts.append("<p>" + page.badge("beats both baselines" if verdict[1] else "does not beat both baselines",
+                                        "good" if verdict[1] else "bad") + f" {page.text(verdict[0])}</p>")
+    page.section("Read-out without labels, against the baselines", *parts, section_id="readout-label-free")
+
+
 def _readout_section(page: Page, summary: Dict[str, Any]) -> None:
     """Each read-out's test accuracy for the encoder and the baselines, the best per row marked."""
+    _label_free_section(page, summary)
     rows, best = [], []
     for label, key in READOUTS:
         values = [number(summary.get(records.baseline_key(key, baseline))) for _, baseline in BASELINES]
