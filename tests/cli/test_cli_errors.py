@@ -95,3 +95,20 @@ def test_a_bug_prints_its_traceback_in_a_subprocess():
     assert done.returncode == 1
     assert "Traceback (most recent call last)" in done.stderr and "TypeError: 'NoneType' object is not subscriptable" \
         in done.stderr and "error:" not in done.stderr
+
+
+def test_an_output_on_a_read_only_file_system_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    """EROFS (an --out on a read-only mount) is the user's to fix, as a full disk is: one line
+    naming the path, exit status 2, whichever write meets it first (here the run folder's lock)."""
+    import errno
+
+    from contrastkit.train import faults
+
+    out = tmp_path / "mounted-read-only" / "run"
+
+    def read_only(folder):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(folder))
+
+    monkeypatch.setattr(faults.RunLock, "acquire", classmethod(lambda cls, folder: read_only(folder)))
+    line = one_error_line(capsys, ["pretrain", "--data", "glyphlab", "--epochs", "1", "--out", str(out)])
+    assert line == f"contrastkit pretrain: error: [Errno {errno.EROFS}] {os.strerror(errno.EROFS)}: '{out}'"

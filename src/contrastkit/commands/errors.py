@@ -7,7 +7,7 @@ line prints those as one line. A TypeError is also how Python reports a bug (a c
 wrong arguments, ``None[0]``, ``1 + "a"``), so a TypeError counts as the user's only when a
 ``raise`` statement in contrastkit's own code raised it: a TypeError that Python or another
 library raised keeps its traceback. A full disk or an exceeded quota (``ENOSPC``, ``EDQUOT``)
-is the user's to fix too, wherever it happened.
+and a read-only file system (``EROFS``) are the user's to fix too, wherever they happened.
 """
 
 from __future__ import annotations
@@ -18,19 +18,22 @@ import types
 
 from contrastkit.commands.common import UsageError
 
-__all__ = ["FILE_ERRORS", "DISK_FULL", "is_user_error", "raised_by_contrastkit", "first_line"]
+__all__ = ["FILE_ERRORS", "DISK_FULL", "READ_ONLY", "is_user_error", "raised_by_contrastkit", "first_line"]
 
 #: The errors about a file or folder the user named (missing, a folder, not allowed, in the way).
 FILE_ERRORS = (FileNotFoundError, IsADirectoryError, PermissionError, FileExistsError)
 #: The ``errno`` values of an ``OSError`` that says the disk (or the user's quota on it) is full.
 DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+#: The ``errno`` of an ``OSError`` that says the file system of a file to write is read-only (an
+#: ``--out`` on a read-only mount, not a permission: root meets it too).
+READ_ONLY = (errno.EROFS,)
 
 
 def is_user_error(err: BaseException) -> bool:
     """Whether ``err`` reports a mistake in the user's input (see the module's description)."""
     if isinstance(err, (UsageError, ValueError) + FILE_ERRORS):
         return True
-    if isinstance(err, OSError) and err.errno in DISK_FULL:
+    if isinstance(err, OSError) and err.errno in DISK_FULL + READ_ONLY:
         return True
     return isinstance(err, TypeError) and raised_by_contrastkit(err)
 
