@@ -414,3 +414,32 @@ def test_a_device_in_a_list_is_named_for_what_it_is(tmp_path):
     listing.write_text("pics/img000.png\nsub\n")
     with pytest.raises(ValueError, match=r"line 2: 'sub' is a folder, not a regular image file"):
         open_data(listing)
+
+
+def test_a_strip_of_extreme_aspect_ratio_costs_what_a_square_does(tmp_path, monkeypatch):
+    """A 1,000,000 x 1 PNG (3 MB) resized whole to a shorter side of 32 would be a 32,000,000 x 32
+    image (3 GB): only the region its centre crop keeps is resized. Under a 64 MiB input ceiling
+    the whole resize is refused; the crop's region is not."""
+    from contrastkit.data.files import pil_resample
+    from contrastkit.data.preprocess import CROP_FIRST_RATIO, SHORTER_SIDE_THEN_CENTRE_CROP, ImagePreprocessing
+
+    monkeypatch.setenv("CONTRASTKIT_MAX_INPUT_BYTES", "64M")
+    strip = np.zeros((1, 1_000_000, 3), dtype=np.uint8)
+    strip[0, 500_000 - 8:500_000 + 8] = (200, 100, 50)  # the middle, which the crop keeps
+    root = tmp_path / "strips"
+    root.mkdir()
+    Image.fromarray(strip).save(root / "strip.png")
+    _tree(root, 3)
+    data = open_collection(root, size=32)
+    [image] = [split[i][0] for _, split in data.splits() for i in range(len(split))
+               if split.path(i) == str(root / "strip.png")]
+    assert image.shape == (3, 32, 32) and image[:, 16, 16].tolist() == [200, 100, 50]
+    # Just past the ratio, the crop's region resized is the whole resized and cropped, within 1.
+    rng = np.random.default_rng(0)
+    wide = Image.fromarray(rng.integers(0, 256, (20, 20 * CROP_FIRST_RATIO + 7, 3), dtype=np.uint8))
+    rule = ImagePreprocessing("RGB", (16, 16), SHORTER_SIDE_THEN_CENTRE_CROP)
+    scale = 16 / 20
+    whole = np.asarray(wide.resize((round(wide.size[0] * scale), 16), pil_resample()))
+    left = (whole.shape[1] - 16) // 2
+    expected = whole[:, left:left + 16].transpose(2, 0, 1).astype(int)
+    assert np.abs(rule.fit(wide).astype(int) - expected).max() <= 1

@@ -473,7 +473,10 @@ def pil_resample() -> Any:
     return getattr(Image, RESAMPLE.upper())
 
 
-def to_array(images, color: str, size: Tuple[int, int]) -> np.ndarray:
+def to_array(images, color: str, size: Tuple[int, int],
+             box: Optional[Tuple[float, float, float, float]] = None) -> np.ndarray:
+    """PIL ``images`` as ``(n, C, H, W)`` uint8 of ``size`` ``(H, W)`` in ``color``; ``box``: only
+    that region of each (left, top, right, bottom, in its pixels) is resized (PIL's ``box``)."""
     from PIL import Image
 
     h, w = size
@@ -488,8 +491,8 @@ def to_array(images, color: str, size: Tuple[int, int]) -> np.ndarray:
             top = 65535.0 if img.mode.startswith("I;16") else max(float(arr.max()), 1.0)
             img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8))
         converted = img.convert(color)
-        if converted.size != (w, h):
-            converted = converted.resize((w, h), pil_resample())
+        if box is not None or converted.size != (w, h):
+            converted = converted.resize((w, h), pil_resample(), box=box)
         arr = np.asarray(converted, dtype=np.uint8)
         out[i] = arr[None] if color == "L" else arr.transpose(2, 0, 1)
     return out

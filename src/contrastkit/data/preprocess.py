@@ -14,7 +14,10 @@ The steps, in order:
    * ``shorter-side-then-centre-crop`` (unlabeled collections): the shorter side resized to
      ``S`` keeping the aspect ratio (each side ``round(side * S / shorter)``, at least ``S``),
      then the centre ``S x S`` square cropped (offsets ``(side - S) // 2``), what torchvision's
-     ``Resize(S)`` + ``CenterCrop(S)`` does for evaluation;
+     ``Resize(S)`` + ``CenterCrop(S)`` does for evaluation. Beyond an aspect ratio of 16:1
+     (:data:`CROP_FIRST_RATIO`) only the region the crop keeps is resized, on the same pixel grid
+     (PIL's ``box``; each value within 1 of resizing the whole), so that a 1,000,000 x 1 strip
+     costs what a square does;
    * ``stretch`` (class folders): resized to ``H x W`` whatever its aspect ratio;
    * ``none`` (data held as arrays): the image must already be ``H x W``.
 
@@ -40,9 +43,12 @@ import numpy as np
 from contrastkit.data.files import RESAMPLE, decode_image, open_image, to_array
 
 __all__ = ["ImagePreprocessing", "preprocess_image", "preprocessing_of", "RESAMPLE", "RESIZE_RULES",
-           "SHORTER_SIDE_THEN_CENTRE_CROP", "STRETCH", "NO_RESIZE"]
+           "SHORTER_SIDE_THEN_CENTRE_CROP", "STRETCH", "NO_RESIZE", "CROP_FIRST_RATIO"]
 
 SHORTER_SIDE_THEN_CENTRE_CROP = "shorter-side-then-centre-crop"
+#: Under the shorter-side rule, an image whose resized whole would hold more than this many times
+#: the pixels of its centre crop (an aspect ratio beyond 16:1) has only the crop's region resized.
+CROP_FIRST_RATIO = 16
 STRETCH = "stretch"
 NO_RESIZE = "none"
 #: How each rule sizes an image, as the input contract says it.
@@ -103,8 +109,16 @@ class ImagePreprocessing:
         image_width, image_height = image.size
         scale = side / min(image_width, image_height)
         resized = (max(side, round(image_height * scale)), max(side, round(image_width * scale)))
-        array = to_array([image], self.color, resized)[0]
         top, left = (resized[0] - side) // 2, (resized[1] - side) // 2
+        if resized[0] * resized[1] > CROP_FIRST_RATIO * side * side:
+            # An extreme aspect ratio (a panorama strip, a 1,000,000 x 1 image): resized whole it would
+            # be many times the crop (32,000,000 x 32 for that one). Only the region the centre crop
+            # keeps is resized, on the same pixel grid with the same filter (each value within 1 of
+            # the whole image resized, then cropped).
+            x_ratio, y_ratio = image_width / resized[1], image_height / resized[0]
+            box = (left * x_ratio, top * y_ratio, (left + side) * x_ratio, (top + side) * y_ratio)
+            return to_array([image], self.color, (side, side), box=box)[0]
+        array = to_array([image], self.color, resized)[0]
         return np.ascontiguousarray(array[:, top:top + side, left:left + side])
 
     def __call__(self, image: ImageLike) -> np.ndarray:
