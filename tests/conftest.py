@@ -30,7 +30,7 @@ os.environ["CONTRASTKIT_CACHE"] = _SESSION_CACHE
 # example database), so that a run fails only when the code changed, never on a new draw. A
 # developer searches for new failing inputs with `pytest --hypothesis-profile explore` (fresh random
 # draws each run, failures remembered in .hypothesis/ and replayed first) and commits what it finds
-# as an @example (docs/testing.md, "Fuzz and property tests").
+# as an @example (docs/testing.md, "The fuzz suite").
 from hypothesis import settings as _hypothesis_settings  # noqa: E402
 
 _hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
