@@ -172,6 +172,27 @@ def test_bad_input_is_one_line_exit_2(run_dir, tmp_path, capsys):
     assert not (tmp_path / "pic.png").exists() and not (tmp_path / "no").exists()
 
 
+def test_a_picture_on_a_read_only_file_system_is_refused_before_the_search(run_dir, tmp_path, monkeypatch, capsys):
+    import contrastkit.train.neighbors as neighbors_module
+
+    real_statvfs = os.statvfs
+
+    class ReadOnly:
+        def __init__(self, result):
+            self.f_flag = result.f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(neighbors_module.os, "statvfs", lambda folder: ReadOnly(real_statvfs(folder)))
+    monkeypatch.setattr(neighbors_module, "_write_picture", lambda *args: pytest.fail("searched and drew first"))
+    searched = []
+    real_load = neighbors_module.load_run
+    monkeypatch.setattr(neighbors_module, "load_run", lambda *a, **k: searched.append(1) or real_load(*a, **k))
+    picture = tmp_path / "pic.png"
+    assert main(["neighbors", str(run_dir), "0", "--out", str(picture)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and f"Read-only file system: the picture cannot be written (--out {picture})" in error
+    assert searched == [] and not picture.exists()
+
+
 def test_faiss_missing_is_one_line_naming_the_extra(run_dir, monkeypatch, capsys):
     import builtins
     import sys

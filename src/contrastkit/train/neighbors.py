@@ -59,6 +59,7 @@ unchanged since (listed in the folder's manifest, marked in its PNG metadata).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -564,6 +565,9 @@ def _check_picture_target(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"output folder {folder} does not exist (--out {path})")
+    if hasattr(os, "statvfs") and os.statvfs(folder).f_flag & os.ST_RDONLY:  # before the search, not after
+        raise OSError(errno.EROFS, f"{os.strerror(errno.EROFS)}: the picture cannot be written (--out {path})",
+                      folder)
     if not os.path.lexists(path):
         return
     if os.path.isdir(path) or os.path.islink(path):
