@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 __all__ = ["FORMAT_VERSION", "VERSION_KEY", "PROBE_ACCURACY", "KNN_ACCURACY", "VIEW_RETRIEVAL_TOP1",
            "RANDOM_INIT", "RAW_PIXEL", "BASELINES", "ENCODERS", "baseline_key", "baseline_numbers",
-           "is_baseline_key", "beats_baselines", "ENCODER_NAMES", "verdict_line", "SUMMARY_REQUIRED", "summary_to_dict", "summary_from_dict",
+           "is_baseline_key", "beats_baselines", "ENCODER_NAMES", "table_number", "verdict_line", "SUMMARY_REQUIRED", "summary_to_dict", "summary_from_dict",
            "read_summary", "STEP", "EPOCH", "TAU", "SKIPPED", "TAU_HISTOGRAM", "METRICS_KINDS",
            "metrics_record", "metrics_line", "metrics_record_from_dict", "of_kind"]
 
@@ -89,13 +89,14 @@ ENCODER_NAMES: Dict[Optional[str], str] = {None: "the pretrained encoder", RANDO
                                            RAW_PIXEL: "the raw pixels"}
 
 
-def _table_digits(value: Any) -> str:
+def table_number(value: Any) -> str:
+    """A summary value as the results table prints it: floats to 3 decimals, ``-`` for none."""
     return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def _shown(value: float, other: float) -> str:
     """``value`` at a table's 3 digits, or with more where those would make it equal ``other``."""
-    return f"{value:.6g}" if value != other and _table_digits(value) == _table_digits(other) else _table_digits(value)
+    return f"{value:.6g}" if value != other and table_number(value) == table_number(other) else table_number(value)
 
 
 def verdict_line(summary: Mapping[str, Any], key: str, title: str) -> Optional[Tuple[str, bool]]:

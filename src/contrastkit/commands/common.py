@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from contrastkit import records
 from contrastkit._io import escape_line
@@ -277,15 +277,6 @@ def print_budgets(result: Any) -> None:
 
 # ------------------------------------------------------------------------------ run results
 
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-#: The encoders of a results table: (baseline of :data:`contrastkit.records.ENCODERS`, what the
-#: verdict calls it).
-_ENCODER_NAMES = tuple(records.ENCODER_NAMES.items())
-
-
 def print_skipped(skipped: Sequence[Any]) -> None:
     """One line per skipped row (``SkippedRow`` of ``contrastkit embed`` / ``neighbors``): its
     ``SPLIT:INDEX``, name and why it could not be read; the first few, then a count."""
@@ -315,17 +306,18 @@ def print_result_table(summary: Dict[str, Any], title: str) -> None:
         judged = [LABEL_FREE_ROWS[0]] + (judged if records.PROBE_ACCURACY in summary else [])
         rows = list(LABEL_FREE_ROWS) + (rows if records.PROBE_ACCURACY in summary else [])
     for label, key in rows:
-        table.add_row(label, *(_fmt(summary.get(records.baseline_key(key, baseline))) for baseline in records.ENCODERS))
+        table.add_row(label, *(records.table_number(summary.get(records.baseline_key(key, baseline)))
+                               for baseline in records.ENCODERS))
     console = Console()
     console.print(table)
     if "retrieval_i2t_recall@1" in summary:  # convirt
         from contrastkit.methods.convirt import retrieval_table
 
         console.print(retrieval_table(summary))
-    details = [f"{key} {_fmt(summary[key])}" for key in ("final_loss", "final_temperature", "epochs", "steps",
-                                                          "images_per_second", "seconds") if key in summary]
+    shown = ("final_loss", "final_temperature", "epochs", "steps", "images_per_second", "seconds")
+    details = [f"{key} {records.table_number(summary[key])}" for key in shown if key in summary]
     console.print("  ".join(details))
-    for baseline, name in _ENCODER_NAMES:
+    for baseline, name in records.ENCODER_NAMES.items():
         capped = records.baseline_key("probe_capped_c", baseline)
         if summary.get(capped):
             console.print(f"[yellow]warning: the linear probe of {name} stopped at its evaluation cap at C = "

@@ -286,8 +286,7 @@ def split_by_hash(names: Sequence[str], val_fraction: float = 0.1, test_fraction
     bounds = {"test": (0.0, test_fraction), "val": (test_fraction, test_fraction + val_fraction),
               "train": (test_fraction + val_fraction, 1.0)}
     positions = [hash_fraction(name) for name in names]
-    parts = ["test" if p < test_fraction else "val" if p < test_fraction + val_fraction else "train"
-             for p in positions]
+    parts = [next(part for part, (_, high) in bounds.items() if p < high or part == "train") for p in positions]
     members: Dict[str, List[int]] = {part: [i for i, got in enumerate(parts) if got == part] for part in SPLITS}
     for part in SPLITS:
         if members[part]:

@@ -183,9 +183,8 @@ def _label_free_section(page: Page, summary: Dict[str, Any]) -> None:
                                 "often an image's second view finds its first among all first views. Best per row "
                                 "in green where a row has one.")]
     verdict = records.verdict_line(summary, records.VIEW_RETRIEVAL_TOP1, "view retrieval top-1")
-    if verdict is not None:
-        parts.append("<p>" + page.badge("beats both baselines" if verdict[1] else "does not beat both baselines",
-                                        "good" if verdict[1] else "bad") + f" {page.text(verdict[0])}</p>")
+    if verdict is not None:  # (the result's badge says whether it beats both)
+        parts.append(page.paragraph(verdict[0]))
     page.section("Read-out without labels, against the baselines", *parts, section_id="readout-label-free")
 
 
