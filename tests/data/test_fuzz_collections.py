@@ -1,5 +1,5 @@
 """Fuzzing unlabeled collections, list files and file names: a folder (nested) of small valid
-images mixed with damaged ones, empty files, special files (a FIFO, links to ``/dev/zero``, to
+images (and a 6000 x 1 strip, a 1603 x 1201 JPEG read at a reduced scale) mixed with damaged ones, empty files, special files (a FIFO, links to ``/dev/zero``, to
 nothing, to an image, a folder named like an image), a ``.txt`` / ``.csv`` list of arbitrary
 lines, and images named with arbitrary bytes. Each is opened as ``--data`` (``open_data``) and
 every image of every split decoded, in a child limited to 1 GiB of memory above its start
@@ -37,11 +37,23 @@ def _encoded(kind):
     return buffer.getvalue()
 
 
+def _encoded_picture(kind, width, height):
+    from PIL import Image
+
+    rng = np.random.default_rng(width)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, format=kind)
+    return buffer.getvalue()
+
+
 PNG, JPEG = _encoded("PNG"), _encoded("JPEG")
+# A strip of extreme aspect ratio (only the crop's region is resized) and a photo-sized JPEG
+# (decoded at 1/8 of each side for the 8 px images read here).
+STRIP, PHOTO = _encoded_picture("PNG", 6000, 1), _encoded_picture("JPEG", 1603, 1201)
 # Entries that can never be decoded: skipped and named whenever the collection opens.
 ALWAYS_BAD = {"empty", "fifo", "dev_zero", "dangling"}
 # Entries that are images: read, never skipped.
-GOOD = {"image", "image_link"}
+GOOD = {"image", "image_link", "strip", "photo"}
 FOLDERS = ("", "sub", "sub/deeper", ".hidden")
 
 
@@ -62,6 +74,10 @@ def _make(folder, entries, image_path):
         path = folder / relative
         if kind == "image":
             path.write_bytes(PNG if i % 2 else JPEG)
+        elif kind == "strip":
+            path.write_bytes(STRIP)
+        elif kind == "photo":
+            path.write_bytes(PHOTO)
         elif kind == "damaged":
             write_damaged(path, damaged)
         elif kind == "empty":

@@ -147,8 +147,7 @@ def test_an_unreadable_image_is_one_clear_error_naming_it(tmp_path, folder, caps
                 pass
         except UnreadableImageError as err:  # raised in a worker, re-raised here
             errors.append(str(err))
-    assert errors == [f"{bad}: cannot read image (UnidentifiedImageError: cannot identify image file "
-                      f"'{bad}')"]
+    assert errors == [f"{bad}: cannot read image (UnidentifiedImageError: cannot identify image file)"]
     code = main(["pretrain", "--data", str(broken), "--workers", "2", "--epochs", "1", "--batch-size", "4",
                  "--out", str(tmp_path / "run"), "--quiet", "--device", "cpu", "--no-report"])
     err = capsys.readouterr().err.strip()

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from contrastkit._io import escape_line, escape_undecodable, file_kind, is_utf8_name, open_input
 from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
-from contrastkit.data.streaming import BadItemError, UnreadableImageError
+from contrastkit.data.streaming import BadItemError, read_image_file
 
 __all__ = ["ImageCollection", "CollectionDataset", "open_collection", "collection_files", "is_collection_source",
            "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons",
@@ -335,19 +335,10 @@ class ImageCollection(torch.utils.data.Dataset):
         return os.path.relpath(self.path(index), self.root)
 
     def __getitem__(self, index: int) -> Tuple[Tensor, int]:
-        path = self.path(index)
-        try:
-            return torch.from_numpy(fit_image(Path(path), self.color, self.size)), NO_LABEL
-        except ValueError as err:
-            raise UnreadableImageError(str(err)) from None
-        except FileNotFoundError:  # removed (or renamed) after the collection was indexed
-            raise UnreadableImageError(f"{path}: cannot read image (no such file: removed or renamed after the "
-                                       "collection was indexed)") from None
-        except PermissionError:
-            raise UnreadableImageError(f"{path}: cannot read image (permission denied)") from None
-        except OSError as err:  # e.g. an I/O error of a disk or a network share
-            raise UnreadableImageError(f"{path}: cannot read image ({type(err).__name__}: "
-                                       f"{err.strerror or err})") from None
+        from contrastkit.data.preprocess import SHORTER_SIDE_THEN_CENTRE_CROP, ImagePreprocessing
+
+        preprocessing = ImagePreprocessing(self.color, (self.size, self.size), SHORTER_SIDE_THEN_CENTRE_CROP)
+        return read_image_file(preprocessing, self.path(index)), NO_LABEL
 
     def record_skipped(self, index: int, reason: str) -> None:
         """Note that item ``index`` was dropped (``bad_files="skip"``)."""
@@ -357,12 +348,9 @@ class ImageCollection(torch.utils.data.Dataset):
 def fit_image(path: Path, color: str, size: int) -> np.ndarray:
     """The image at ``path`` as ``(C, size, size)`` uint8 by the collection's rules; a
     ``ValueError`` naming the file when it cannot be read (or is over the pixel ceiling)."""
-    from contrastkit.data.files import decode_image, open_image
     from contrastkit.data.preprocess import SHORTER_SIDE_THEN_CENTRE_CROP, ImagePreprocessing
 
-    with open_image(path) as opened:
-        image = decode_image(opened, path)
-    return ImagePreprocessing(color, (size, size), SHORTER_SIDE_THEN_CENTRE_CROP).fit(image, str(path))
+    return ImagePreprocessing(color, (size, size), SHORTER_SIDE_THEN_CENTRE_CROP).read(path)
 
 
 class CollectionDataset:
@@ -375,6 +363,9 @@ class CollectionDataset:
 
     def __init__(self, name: str, train: ImageCollection, val: ImageCollection, test: ImageCollection) -> None:
         self.name = name
+        #: The files the listing left out (``{escaped path: reason}``: a name that is not UTF-8, a
+        #: link to nothing, a second link to a file or folder already listed), in no split.
+        self.left_out: Dict[str, str] = {}
         self.class_names: List[str] = []
         self.train, self.val, self.test = train, val, test
         self.image_shape = train.image_shape
@@ -441,7 +432,9 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
               for part, paths in parts.items()}
     splits["train"].skipped.update(left_out)  # named with the damaged files the run meets
     name = Path(source).stem if Path(source).is_file() else (Path(source).resolve().name or "images")
-    return CollectionDataset(name, splits["train"], splits["val"], splits["test"])
+    dataset = CollectionDataset(name, splits["train"], splits["val"], splits["test"])
+    dataset.left_out = dict(left_out)
+    return dataset
 
 
 def _base_split(split: Any) -> Any:

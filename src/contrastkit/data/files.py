@@ -431,17 +431,40 @@ def open_image(path: Path, where: Optional[str] = None) -> Iterator[Any]:
             yield image
 
 
-def decode_image(image: Any, path: Path, where: Optional[str] = None, already: int = 0) -> Any:
-    """Decode an image from :func:`open_image` into memory, once its dimensions show that it
-    fits within the input ceiling together with ``already`` bytes decoded before it."""
+def load_image(image: Any, path: Path, where: Optional[str] = None, already: int = 0) -> Any:
+    """Decode an image from :func:`open_image` in place, once its dimensions show that it fits
+    within the input ceiling together with ``already`` bytes decoded before it; usable until
+    :func:`open_image`'s block ends (:func:`decode_image` keeps a copy)."""
     width, height = image.size
     check_input_size(already + _decoded_size(image), f"{_image_label(path, where)} ({width}x{height} {image.mode}"
                                                      f"{', with the images before it' if already else ''})")
     try:
         image.load()
-        return image.copy()
+        return image
     except Exception as err:  # PIL raises many kinds (OSError, SyntaxError, DecompressionBombError...)
         raise ValueError(f"{_unreadable(path, where)} ({type(err).__name__}: {one_line(err)})") from None
+
+
+def decode_image(image: Any, path: Path, where: Optional[str] = None, already: int = 0) -> Any:
+    """Decode an image from :func:`open_image` into memory (:func:`load_image`), as a copy that
+    outlives the file."""
+    return load_image(image, path, where, already).copy()
+
+
+def draft_scale(image: Any, at_least: Tuple[int, int]) -> int:
+    """Ask the decoder of ``image`` (from :func:`open_image`, not yet decoded) for its smallest
+    version whose sides are each at least ``at_least`` ``(width, height)``, and return that
+    version's scale ``s``: 1, 2, 4 or 8. A JPEG is then decoded at ``1/s`` of each side, by
+    libjpeg's DCT scaling (PIL's ``Image.draft``), for a fraction of a full decode's time and
+    memory; other formats decode whole (``s`` = 1). The decoded image holds the picture's
+    ``(0, 0, width / s, height / s)`` region (its sides rounded up: the last row and column are
+    partial), which is what a resize of it reads (:func:`to_array`'s ``box``)."""
+    full_width = image.size[0]
+    wanted = (max(1, int(at_least[0])), max(1, int(at_least[1])))
+    drafted = image.draft(image.mode, wanted)  # None: the format decodes whole (all but JPEG)
+    if not drafted:
+        return 1
+    return max(1, round(full_width / drafted[1][2]))
 
 
 def _image_label(path: Path, where: Optional[str]) -> str:
@@ -452,13 +475,29 @@ def _unreadable(path: Path, where: Optional[str]) -> str:
     return f"{path}: cannot read image" if where is None else f"{where}: cannot read image {str(path)!r}"
 
 
-def _open_images(files: Sequence[Path]):
-    images, decoded = [], 0
+def _image_headers(files: Sequence[Path]) -> List[Tuple[str, Tuple[int, int]]]:
+    """``(mode, (width, height))`` of each file, from its header alone."""
+    headers = []
     for file in files:
         with open_image(file) as image:
-            images.append(decode_image(image, file, already=decoded))
-        decoded += _decoded_size(images[-1])
-    return images
+            headers.append((image.mode, image.size))
+    return headers
+
+
+def _read_images(files: Sequence[Path], color: str, size: Tuple[int, int]) -> np.ndarray:
+    """``files`` as ``(n, C, H, W)`` uint8 of ``size`` ``(H, W)``, each decoded at the smallest
+    size that keeps ``size`` (:func:`draft_scale`) and converted before the next is read."""
+    height, width = size
+    channels = 1 if color == "L" else 3
+    check_input_size(len(files) * channels * height * width, f"{len(files)} images of {channels}x{height}x{width}")
+    out = np.empty((len(files), channels, height, width), dtype=np.uint8)
+    for i, file in enumerate(files):
+        with open_image(file) as image:
+            full_width, full_height = image.size
+            scale = draft_scale(image, (width, height))
+            box = None if scale == 1 else (0.0, 0.0, full_width / scale, full_height / scale)
+            out[i] = to_array([load_image(image, file)], color, size, box=box)[0]
+    return out
 
 
 #: The PIL resampling filter of every resize of an image file (``Image.BILINEAR``); an
@@ -490,7 +529,7 @@ def to_array(images, color: str, size: Tuple[int, int],
             arr = np.asarray(img, dtype=np.float64)
             top = 65535.0 if img.mode.startswith("I;16") else max(float(arr.max()), 1.0)
             img = Image.fromarray(np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8))
-        converted = img.convert(color)
+        converted = img if img.mode == color else img.convert(color)
         if box is not None or converted.size != (w, h):
             converted = converted.resize((w, h), pil_resample(), box=box)
         arr = np.asarray(converted, dtype=np.uint8)
@@ -550,16 +589,15 @@ def load_image_folder(root: Path, *, size: SizeLike = None, val_fraction: float 
     target = resolve_size(size)
     parts, names = scan_image_tree(root)
     has_parts = "all" not in parts
-    opened = {part: _open_images(files) for part, (files, _) in parts.items()}
-    every = [img for imgs in opened.values() for img in imgs]
+    every = [header for files, _ in parts.values() for header in _image_headers(files)]
     if color is None:
-        color = "L" if all(img.mode in GRAY_MODES for img in every) else "RGB"
+        color = "L" if all(mode in GRAY_MODES for mode, _ in every) else "RGB"
     if target is None:
-        sizes = Counter((img.size[1], img.size[0]) for img in every)
+        sizes = Counter((height, width) for _, (width, height) in every)
         target = next(iter(sizes)) if len(sizes) == 1 else (32, 32)
     tensors = {}
-    for part, imgs in opened.items():
-        images = to_float_images(to_array(imgs, color, target), str(root))
+    for part, (files, _) in parts.items():
+        images = to_float_images(_read_images(files, color, target), str(root))
         tensors[part] = (images, torch.tensor(parts[part][1], dtype=torch.int64))
     if has_parts:
         if "val" in tensors:

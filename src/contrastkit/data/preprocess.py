@@ -24,6 +24,14 @@ The steps, in order:
    Resizing is PIL's ``Image.resize`` with the filter :data:`contrastkit.data.files.RESAMPLE`
    names (antialiased when shrinking, as PIL's filters are), in
    :func:`contrastkit.data.files.to_array`, which also does the 16- and 32-bit rescaling.
+
+   A JPEG file is decoded at the smallest of libjpeg's DCT scales ``s`` (1/2, 1/4 or 1/8 of each
+   side) whose sides are still at least what the resize makes of the whole picture (PIL's
+   ``Image.draft(mode, (width, height))``), and the picture's region ``(0, 0, width / s,
+   height / s)`` of that decode is what is resized. A 12-megapixel photo read at 64 px is then an
+   1/8 decode, several times faster than a full one; the pixels differ from a full decode's by a
+   few levels of 255 (the DCT's own downscale replaces part of the resize's;
+   ``benchmarks/results/decode_at_size.md`` measures it). Other formats are decoded whole.
 3. **Scale**: 8-bit values divided by 255, float32 in ``[0, 1]``; **normalisation**: none (mean
    0, std 1 per channel), which is what the encoders train on.
 
@@ -40,7 +48,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from contrastkit.data.files import RESAMPLE, decode_image, open_image, to_array
+from contrastkit.data.files import RESAMPLE, draft_scale, load_image, open_image, to_array
 
 __all__ = ["ImagePreprocessing", "preprocess_image", "preprocessing_of", "RESAMPLE", "RESIZE_RULES",
            "SHORTER_SIDE_THEN_CENTRE_CROP", "STRETCH", "NO_RESIZE", "CROP_FIRST_RATIO"]
@@ -87,8 +95,44 @@ class ImagePreprocessing:
     def channels(self) -> int:
         return 1 if self.color == "L" else 3
 
-    def fit(self, image: Any, name: str = "the image") -> np.ndarray:
-        """A decoded PIL ``image`` as ``(C, H, W)`` uint8 (steps 1 and 2)."""
+    def decode_size(self, full_size: Tuple[int, int]) -> Tuple[int, int]:
+        """The smallest ``(width, height)`` a decode of a picture of ``full_size`` ``(width,
+        height)`` must keep for this preprocessing: what its resize makes of the whole picture
+        (the picture's own size where nothing is resized, or where only the crop's region is)."""
+        height, width = self.size
+        if self.resize == STRETCH:
+            return width, height
+        if self.resize == NO_RESIZE:
+            return full_size
+        resized = self._shorter_side_size(full_size)
+        if resized[0] * resized[1] > CROP_FIRST_RATIO * height * height:
+            return full_size
+        return resized[1], resized[0]
+
+    def _shorter_side_size(self, full_size: Tuple[int, int]) -> Tuple[int, int]:
+        side = self.size[0]
+        width, height = full_size
+        scale = side / min(width, height)
+        return max(side, round(height * scale)), max(side, round(width * scale))
+
+    def read(self, path: "Union[str, os.PathLike[str]]", *, full_decode: bool = False) -> np.ndarray:
+        """The image file at ``path`` as ``(C, H, W)`` uint8 (steps 1 and 2). A JPEG is decoded at
+        the smallest of libjpeg's DCT scales (1/2, 1/4, 1/8 of each side) whose sides are still
+        at least :meth:`decode_size`, and the picture's region of it is resized on the same pixel
+        grid (``contrastkit.data.files.draft_scale``); ``full_decode`` decodes it whole, as
+        other formats are. A ``ValueError`` names the file when it cannot be read."""
+        path = Path(path)
+        with open_image(path) as opened:
+            full_size = opened.size
+            scale = 1 if full_decode else draft_scale(opened, self.decode_size(full_size))
+            return self.fit(load_image(opened, path), str(path), full_size=full_size, scale=scale)
+
+    def fit(self, image: Any, name: str = "the image", *, full_size: Optional[Tuple[int, int]] = None,
+            scale: int = 1) -> np.ndarray:
+        """A decoded PIL ``image`` as ``(C, H, W)`` uint8 (steps 1 and 2). ``scale`` > 1: ``image``
+        is a picture of ``full_size`` ``(width, height)`` decoded at ``1/scale`` of each side
+        (:meth:`read`); the sizes are those of the whole picture, and its region of ``image`` is
+        what is resized."""
         from PIL import Image
 
         if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
@@ -98,38 +142,43 @@ class ImagePreprocessing:
         elif image.mode in ("P", "CMYK", "YCbCr", "LAB", "HSV", "1"):
             image = image.convert("RGB" if self.color == "RGB" or image.mode != "1" else "L")
         height, width = self.size
+        if full_size is None or scale == 1:
+            full_size, scale = image.size, 1
+        # The picture's region of a reduced decode, in its pixels (None: the whole image).
+        whole = None if scale == 1 else (0.0, 0.0, full_size[0] / scale, full_size[1] / scale)
         if self.resize == STRETCH:
-            return to_array([image], self.color, (height, width))[0]
+            return to_array([image], self.color, (height, width), box=whole)[0]
         if self.resize == NO_RESIZE:
             if image.size != (width, height):
                 raise ValueError(f"{name} is {image.size[0]}x{image.size[1]}, not {width}x{height}: the run's "
                                  "data set holds images of that size, and the contract resizes none")
             return to_array([image], self.color, (height, width))[0]
         side = height
-        image_width, image_height = image.size
-        scale = side / min(image_width, image_height)
-        resized = (max(side, round(image_height * scale)), max(side, round(image_width * scale)))
+        image_width, image_height = full_size
+        resized = self._shorter_side_size(full_size)
         top, left = (resized[0] - side) // 2, (resized[1] - side) // 2
         if resized[0] * resized[1] > CROP_FIRST_RATIO * side * side:
             # An extreme aspect ratio (a panorama strip, a 1,000,000 x 1 image): resized whole it would
             # be many times the crop (32,000,000 x 32 for that one). Only the region the centre crop
             # keeps is resized, on the same pixel grid with the same filter (each value within 1 of
             # the whole image resized, then cropped).
-            x_ratio, y_ratio = image_width / resized[1], image_height / resized[0]
+            x_ratio = image_width / resized[1] / scale
+            y_ratio = image_height / resized[0] / scale
             box = (left * x_ratio, top * y_ratio, (left + side) * x_ratio, (top + side) * y_ratio)
             return to_array([image], self.color, (side, side), box=box)[0]
-        array = to_array([image], self.color, resized)[0]
+        array = to_array([image], self.color, resized, box=whole)[0]
         return np.ascontiguousarray(array[:, top:top + side, left:left + side])
 
     def __call__(self, image: ImageLike) -> np.ndarray:
         """A PIL image, or the image file at a path, as the model's input: ``(1, C, H, W)``
         float32 in ``[0, 1]`` (all three steps)."""
         if isinstance(image, (str, os.PathLike)):
-            path = Path(image)
-            with open_image(path) as opened:
-                decoded = decode_image(opened, path)
-            return self(decoded)
-        return (self.fit(image).astype(np.float32) / np.float32(PIXEL_SCALE))[None]
+            return self._to_input(self.read(image))
+        return self._to_input(self.fit(image))
+
+    @staticmethod
+    def _to_input(array: np.ndarray) -> np.ndarray:
+        return (array.astype(np.float32) / np.float32(PIXEL_SCALE))[None]
 
     def contract(self) -> Dict[str, Any]:
         """The preprocessing as an export's input contract states it (JSON values)."""
@@ -138,6 +187,9 @@ class ImagePreprocessing:
                 if self.resize == SHORTER_SIDE_THEN_CENTRE_CROP else RESIZE_RULES[self.resize],
                 "interpolation": f"{RESAMPLE} (PIL Image.resize with Image.{RESAMPLE.upper()}, antialiased when "
                                  "shrinking)",
+                "jpeg_decode": "at the smallest DCT scale s of 1/2, 1/4, 1/8 whose sides are at least what the "
+                               "resize makes of the whole picture (PIL Image.draft(mode, (width, height))), the "
+                               "region (0, 0, width / s, height / s) of it resized; other formats decoded whole",
                 "color": self.color, "channel_order": "L" if self.color == "L" else "RGB",
                 "height": height, "width": width, "layout": "NCHW", "dtype": "float32",
                 "scale": f"8-bit pixel values divided by {PIXEL_SCALE:g}", "range": [0.0, 1.0],

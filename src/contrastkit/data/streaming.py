@@ -29,7 +29,7 @@ from torch.utils.data import Subset
 from contrastkit.data.base import Split, check_fraction, stratified_split
 
 __all__ = ["ImageFolderDataset", "StreamingDataset", "LabelledDataset", "CaptionedDataset", "BadItemError",
-           "UnreadableImageError", "stream_image_folder", "as_streaming", "as_streaming_pairs", "is_streaming",
+           "UnreadableImageError", "read_image_file", "stream_image_folder", "as_streaming", "as_streaming_pairs", "is_streaming",
            "in_memory", "subset_split", "unit_float"]
 
 
@@ -53,6 +53,25 @@ class BadItemError(ValueError):
 class UnreadableImageError(BadItemError):
     """An image of a streamed folder cannot be read; the message names the file (a
     :class:`BadItemError`, raised in the main process)."""
+
+
+def read_image_file(preprocessing: Any, path: str) -> Tensor:
+    """The indexed image file ``path`` read by ``preprocessing`` (an
+    :class:`~contrastkit.data.preprocess.ImagePreprocessing`) as ``(C, H, W)`` uint8; an
+    :class:`UnreadableImageError` naming the file and why when it cannot be (damaged, not an
+    image, over the pixel ceiling, gone since it was indexed, not readable, an I/O error)."""
+    try:
+        return torch.from_numpy(preprocessing.read(path))
+    except ValueError as err:
+        raise UnreadableImageError(str(err)) from None
+    except FileNotFoundError:  # removed (or renamed) after the files were indexed
+        raise UnreadableImageError(f"{path}: cannot read image (no such file: removed or renamed after the "
+                                   "files were indexed)") from None
+    except PermissionError:
+        raise UnreadableImageError(f"{path}: cannot read image (permission denied)") from None
+    except OSError as err:  # e.g. an I/O error of a disk or a network share
+        raise UnreadableImageError(f"{path}: cannot read image ({type(err).__name__}: "
+                                   f"{err.strerror or err})") from None
 
 
 # -- the file index ------------------------------------------------------------------------
@@ -96,19 +115,10 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         return os.fsdecode(self.files[index])
 
     def __getitem__(self, index: int) -> Tuple[Tensor, int]:
-        from PIL import Image  # lazy: pillow is an optional dependency
+        from contrastkit.data.preprocess import STRETCH, ImagePreprocessing  # the one reader of image files
 
-        from contrastkit.data.files import to_array  # the one owner of image conversion
-
-        path = self.path(index)
-        try:
-            with Image.open(path) as img:
-                img.load()
-                array = to_array([img], self.color, self.size)[0]
-        except Exception as err:  # PIL raises many kinds (UnidentifiedImageError, OSError, SyntaxError, ...)
-            detail = str(err).strip().splitlines()[0] if str(err).strip() else "no detail"
-            raise UnreadableImageError(f"{path}: cannot read image ({type(err).__name__}: {detail})") from None
-        return torch.from_numpy(array), int(self.labels[index])
+        return read_image_file(ImagePreprocessing(self.color, self.size, STRETCH), self.path(index)), \
+            int(self.labels[index])
 
 
 class LabelledDataset(torch.utils.data.Dataset):
