@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import csv
+import errno
 import hashlib
 import json
 import math
@@ -20,23 +21,133 @@ import struct
 from typing import Any, BinaryIO, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 
+#: The ``errno`` values of an ``OSError`` that says the disk (or the user's quota on it) is full.
+DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+class WriteFailed(OSError):
+    """Writing the file ``path`` failed with the ``OSError`` ``cause`` part-way (its ``errno`` is
+    kept: ``ENOSPC`` for a full disk, ``EDQUOT`` for a quota): the message names the file, which
+    an error of a write or a flush does not; the temporary file is gone and ``path`` is as it was."""
+
+    def __init__(self, path: str, cause: OSError, message: Optional[str] = None) -> None:
+        super().__init__(cause.errno, message or f"could not write {path}: {cause.strerror or cause}")
+        self.path, self.cause = path, cause
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> Any:  # picklable (a worker process hands it back)
+        return type(self), (self.path, self.cause, self.strerror)
+
+
+@contextlib.contextmanager
+def atomic_file(path: "str | os.PathLike[str]", mode: str = "w", *, tmp: "Optional[str | os.PathLike[str]]" = None,
+                sync: bool = False, **open_args: Any) -> Iterator[Any]:
+    """Write ``path`` through a temporary file (default ``path.tmp``) that replaces it when the
+    block ends (flushed to disk first with ``sync``). When anything fails (a full disk, an
+    interruption), the temporary file is removed, ``path`` is left as it was, and an ``OSError``
+    that names no file is raised as :class:`WriteFailed`, naming ``path``."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp" if tmp is None else os.fspath(tmp)
+    try:
+        with open(tmp, mode, **open_args) as handle:
+            yield handle
+            if sync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        cause = os_error_of(err) if isinstance(err, (OSError, RuntimeError)) else None
+        if cause is not None and _named(path, cause) is not cause:
+            raise _named(path, cause) from err
+        raise
+
+
+def os_error_of(err: BaseException) -> Optional[OSError]:
+    """The ``OSError`` behind ``err``: ``err`` itself, or the one a library's own error was
+    raised while handling (``torch.save`` into a file reports a failed write, a full disk, as a
+    ``RuntimeError`` whose context is the ``OSError``); ``None`` when there is none."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError):
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
+def _named(path: str, err: OSError) -> OSError:
+    return WriteFailed(path, err) if err.filename is None and not isinstance(err, WriteFailed) else err
+
+
+class AppendedFile:
+    """A text file opened to append to (:func:`append_file`): an ``OSError`` of a write, a flush
+    or the close (a full disk) is raised as :class:`WriteFailed`, naming the file."""
+
+    def __init__(self, path: str, **open_args: Any) -> None:
+        self.path = path
+        self._handle = open(path, "a", **open_args)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._handle.write(text)
+        except OSError as err:
+            raise _named(self.path, err) from err
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._handle.flush()
+        except OSError as err:
+            raise _named(self.path, err) from err
+
+    def close(self) -> None:
+        try:
+            self._handle.close()
+        except OSError as err:
+            raise _named(self.path, err) from err
+
+    @property
+    def closed(self) -> bool:
+        return self._handle.closed
+
+    def fileno(self) -> int:
+        return self._handle.fileno()
+
+    def __enter__(self) -> "AppendedFile":
+        return self
+
+    def __exit__(self, kind: Any, value: Any, trace: Any) -> None:
+        try:
+            self.close()
+        except OSError:
+            if kind is None:  # an error already on its way is the one to report
+                raise
+
+
+def append_file(path: "str | os.PathLike[str]", **open_args: Any) -> AppendedFile:
+    """``path`` opened to append text to (:class:`AppendedFile`: its write errors name it)."""
+    return AppendedFile(os.fspath(path), **open_args)
+
+
 def write_json(path: str, data: Any) -> None:
-    """Write ``data`` as indented, key-sorted JSON, atomically."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    """Write ``data`` as indented, key-sorted JSON, atomically (:func:`atomic_file`)."""
+    with atomic_file(path, encoding="utf-8") as handle:
         json.dump(data, handle, indent=2, sort_keys=True)
         handle.write("\n")
-    os.replace(tmp, path)
 
 
 def write_csv(path: str, rows: List[Dict[str, Any]]) -> None:
-    """Write rows (dicts with the same keys) as CSV with a header, atomically."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
+    """Write rows (dicts with the same keys) as CSV with a header, atomically (:func:`atomic_file`)."""
+    with atomic_file(path, newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 def read_json(path: Any, *, hint: str = "") -> Any:

@@ -16,6 +16,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from contrastkit._io import atomic_file
+
 __all__ = ["read_config_file", "write_config_file", "MAX_BYTES"]
 
 #: A configuration is a few dozen lines; anything larger is refused before parsing.
@@ -183,7 +185,5 @@ def write_config_file(path: "str | os.PathLike[str]", options: Mapping[str, Any]
     else:
         comments = "".join(f"# {line}\n" for line in header.splitlines())
         text = comments + yaml.safe_dump(dict(options), sort_keys=True, default_flow_style=False)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    with atomic_file(path, encoding="utf-8") as handle:
         handle.write(text)
-    os.replace(tmp, path)

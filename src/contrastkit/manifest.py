@@ -232,11 +232,9 @@ class Manifest:
         if self.folder:
             os.makedirs(self.folder, exist_ok=True)
         # The process id keeps two writers of one folder off each other's temporary file.
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
+        with _io.atomic_file(self.path, tmp=f"{self.path}.{os.getpid()}.tmp", encoding="utf-8") as handle:
             json.dump(data, handle, indent=1, sort_keys=True)
             handle.write("\n")
-        os.replace(tmp, self.path)
 
     def _update(self, change: Any) -> None:
         data = self.read()
@@ -297,8 +295,13 @@ class Manifest:
         known: Dict[str, str] = {}
         try:
             yield known
-        finally:
-            self.record(*marked, sha256=known)
+        except BaseException:
+            # The body's error is the one to report: a record that fails after it (on the full
+            # disk that stopped the body) does not replace it.
+            with contextlib.suppress(OSError):
+                self.record(*marked, sha256=known)
+            raise
+        self.record(*marked, sha256=known)
 
     def write_json(self, name: str, data: Any) -> None:
         """Write ``data`` to ``folder/name`` as indented, key-sorted JSON, atomically, and record it."""

@@ -16,14 +16,13 @@ import dis
 import errno
 import types
 
+from contrastkit._io import DISK_FULL  # (a full disk or quota: the one definition, shared with the trainer)
 from contrastkit.commands.common import UsageError
 
 __all__ = ["FILE_ERRORS", "DISK_FULL", "READ_ONLY", "is_user_error", "raised_by_contrastkit", "first_line"]
 
 #: The errors about a file or folder the user named (missing, a folder, not allowed, in the way).
 FILE_ERRORS = (FileNotFoundError, IsADirectoryError, PermissionError, FileExistsError)
-#: The ``errno`` values of an ``OSError`` that says the disk (or the user's quota on it) is full.
-DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 #: The ``errno`` of an ``OSError`` that says the file system of a file to write is read-only (an
 #: ``--out`` on a read-only mount, not a permission: root meets it too).
 READ_ONLY = (errno.EROFS,)

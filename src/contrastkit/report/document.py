@@ -17,7 +17,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-from contrastkit._io import escape_undecodable
+from contrastkit._io import atomic_file, escape_undecodable
 from contrastkit.manifest import Manifest
 
 __all__ = ["Page", "check_target", "is_generated_by", "write_page", "figure_png", "fmt", "open_in_browser"]
@@ -243,13 +243,8 @@ def write_page(path: PathLike, text: str, *, generator: str, force: bool = False
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     # Recorded in the folder's manifest (a run or study folder's, or one started for the page).
     with Manifest(target.parent).writing(target.name, temporary.name):
-        try:
-            # a data folder whose name is not UTF-8 is shown with its bytes escaped
-            temporary.write_text(escape_undecodable(text), encoding="utf-8")
-            os.replace(temporary, target)
-        finally:
-            if temporary.exists():
-                temporary.unlink()
+        with atomic_file(target, tmp=temporary, encoding="utf-8") as handle:
+            handle.write(escape_undecodable(text))  # a data folder whose name is not UTF-8: its bytes escaped
     return target
 
 

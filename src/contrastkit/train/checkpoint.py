@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from contrastkit import layout
-from contrastkit._io import file_digest, memory_guard, one_line, open_input, read_exactly, stream_digest
+from contrastkit._io import atomic_file, file_digest, os_error_of, memory_guard, one_line, open_input, read_exactly, stream_digest
 from contrastkit.models import TensorFileError, load_tensors
 
 __all__ = ["FORMAT", "VERSION", "CheckpointWriteError", "save_checkpoint", "load_checkpoint", "previous_checkpoint", "digest_file",
@@ -165,12 +165,8 @@ def _refuse_links(path: str) -> None:
 
 
 def _write_atomically(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as handle:
+    with atomic_file(path, "wb", sync=True) as handle:
         handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def _write_digests(path: str, digests: List[str]) -> None:
@@ -273,11 +269,15 @@ def save_checkpoint(path: str, payload: Dict[str, Any]) -> None:
         if old is not None:
             _write_digests(path, [new])
         _sync_folder(folder)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:
+        # (torch.save reports a failed write into the file as a RuntimeError raised from the OSError)
+        cause = os_error_of(err)
+        if cause is None:
+            raise
         if not replaced:  # the partial file goes (on a full disk it holds the space the user needs)
             with contextlib.suppress(OSError):
                 os.remove(tmp)
-        raise CheckpointWriteError(path, err, replaced) from err
+        raise CheckpointWriteError(path, cause, replaced) from err
 
 
 # ------------------------------------------------------------------------------ loading

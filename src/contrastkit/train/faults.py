@@ -53,13 +53,14 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from contrastkit import layout
+from contrastkit._io import DISK_FULL, WriteFailed
 from contrastkit.manifest import Manifest
 
 from .checkpoint import CheckpointWriteError, load_checkpoint
 
 __all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "ReadoutFailed", "NonFiniteLoss", "CheckpointWriteError", "StopSignals",
            "RunLock", "RunGuard", "StepFaults", "launch_id", "restart_resumes", "restart_starts_over", "restarts_allowed",
-           "resume_starts_over", "write_failed"]
+           "resume_starts_over", "write_failed", "disk_full"]
 
 #: The exit status of a run stopped by a preemption signal after its checkpoint, ``EX_TEMPFAIL``
 #: of ``sysexits.h`` ("a temporary failure, the user is invited to retry", with ``--resume``).
@@ -516,7 +517,30 @@ def write_failed(err: CheckpointWriteError, step: int, last_good: Optional[Tuple
         held = f"the previous checkpoint (step {last_good[0]}, {last_good[1]} epoch(s) done) is intact"
     else:
         held = "no earlier checkpoint exists"
-    hint = "free some space, then continue with --resume" if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) \
+    hint = "free some space, then continue with --resume" if err.errno in DISK_FULL \
         else "continue with --resume once it can be written"
     return CheckpointWriteError(err.path, err.cause, err.replaced,
                                 f"could not write the checkpoint {err.path} at step {step}: {reason}; {held}; {hint}")
+
+
+def disk_full(err: OSError, step: Optional[int], last_good: Optional[Tuple[int, int]],
+              trained: bool = False, resume: bool = False) -> OSError:
+    """The one error a run stops with when the disk filled up while it wrote a file other than
+    its checkpoint (``err`` names the file), at step
+    ``step`` (``None``: before the first step, on resume the first of this invocation): what is
+    safe, and what to do once space is freed. ``trained``: training had finished (the read-out,
+    the summary or the report was being written); ``resume``: the invocation was a ``--resume``."""
+    if trained and last_good is not None:
+        held = (f"training finished and its checkpoint (step {last_good[0]}) is complete; free some space, then "
+                "--resume evaluates it again")
+    elif last_good is not None:
+        held = (f"the checkpoint of step {last_good[0]} ({last_good[1]} epoch(s) done) is intact; free some space, "
+                "then continue with --resume")
+    else:
+        held = "no checkpoint was written yet; free some space, then start again with --force"
+    when = "before training started" if step is None else f"at step {step}"
+    if step is None:
+        held = "free some space, then run the same command again" + ("" if resume else " with --force (the folder "
+                                                                      "holds only what this run wrote)")
+    return WriteFailed(getattr(err, "path", "") or str(err.filename or ""), getattr(err, "cause", err),
+                       f"{err} {when}; {held}")

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from contrastkit import layout
-from contrastkit._io import one_line
+from contrastkit._io import atomic_file, one_line
 from contrastkit.data.loader import read_images
 from contrastkit.manifest import Manifest
 from contrastkit.metrics.batch import IMAGE, TEXT, VIEW_A, VIEW_B, BatchProblem
@@ -137,10 +137,9 @@ def save_last_batch(folder: layout.RunFolder, problem: BatchProblem, batch: Any,
     record["texts"] = {str(item): str(texts[int(record["indices"][item])]) for item in text_items} \
         if texts is not None else {}
     path = folder.last_batch
-    tmp = f"{path}.tmp"
     with Manifest(folder.root).writing(layout.LAST_BATCH, f"{layout.LAST_BATCH}.tmp"):
-        torch.save(record, tmp)
-        os.replace(tmp, path)
+        with atomic_file(path, "wb") as handle:
+            torch.save(record, handle)
 
 
 @dataclass

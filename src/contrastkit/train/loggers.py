@@ -28,6 +28,7 @@ import os
 from typing import Any, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from contrastkit import layout, records
+from contrastkit._io import append_file, atomic_file
 from contrastkit.metrics.readout import LABEL_FREE_ROWS
 
 __all__ = ["LOGGER_NAMES", "Logger", "CSVLogger", "TensorBoardLogger", "Loggers", "open_loggers",
@@ -81,7 +82,7 @@ class CSVLogger:
         if resume_step is not None and os.path.isfile(path):
             _drop_rows_after(path, resume_step)
         new = not os.path.isfile(path) or os.path.getsize(path) == 0
-        self._handle = open(path, "a", newline="", encoding="utf-8")
+        self._handle = append_file(path, newline="", encoding="utf-8")
         self._writer = csv.writer(self._handle)
         if new:
             self._writer.writerow(self.FIELDS)
@@ -105,12 +106,10 @@ def _drop_rows_after(path: str, step: int) -> None:
         rows = list(csv.reader(handle))
     kept = [row for row in rows[1:] if len(row) == len(CSVLogger.FIELDS) and row[0] != "summary"
             and row[2].isdigit() and int(row[2]) <= step]
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
+    with atomic_file(path, newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(CSVLogger.FIELDS)
         writer.writerows(kept)
-    os.replace(tmp, path)
 
 
 class TensorBoardLogger:

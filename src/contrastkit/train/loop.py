@@ -37,6 +37,7 @@ import torch
 from contrastkit import layout, records
 from contrastkit.losses import value_checks
 from contrastkit import __version__
+from contrastkit._io import DISK_FULL, append_file, atomic_file
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
@@ -58,7 +59,7 @@ from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .checkpoint import CheckpointWriteError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .faults import (Preempted, ReadoutFailed, RunGuard, StepFaults, launch_id, restart_resumes, restart_starts_over, restarts_allowed,
-                     resume_starts_over, write_failed)
+                     resume_starts_over, write_failed, disk_full)
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
@@ -129,11 +130,9 @@ def _truncate_metrics(path: str, epoch: int, step: int) -> None:
             if record.get("step", 0) <= step and (record.get("kind") != records.EPOCH
                                                    or record.get("epoch", 0) <= epoch):
                 kept.append(json.dumps(record) + "\n")
-    tmp = f"{path}.tmp"
     with Manifest(os.path.dirname(path)).writing(os.path.basename(path)):
-        with open(tmp, "w", encoding="utf-8") as handle:
+        with atomic_file(path, encoding="utf-8") as handle:
             handle.writelines(kept)
-        os.replace(tmp, path)
 
 
 def _check_resumable(state: Dict[str, Any], config: PretrainConfig, path: str) -> None:
@@ -270,18 +269,28 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
               transform: Optional[Callable[[torch.Tensor], Any]] = None,
               guard: Optional[RunGuard] = None,
               on_summary: Optional[Callable[[Dict[str, Any]], None]] = None) -> Optional[Dict[str, Any]]:
-    run = _set_up(config, resume, force, dataset, views, encoder, transform, guard or RunGuard())
-    if run.parallel.is_main:
-        manifest = Manifest(run.folder.root)
-        marked = manifest.mark_writing(layout.CONFIG_FILE)
-        write_config_file(run.folder.config_file, run.config.to_dict(),
-                          header="contrastkit pretrain --config FILE reruns this run (options given override it)")
-        manifest.record(*marked)
-        if "csv" in run.config.loggers:
-            manifest.mark_writing(layout.METRICS_CSV)  # recorded when the loggers close
-        run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if run.resumed else None)
     try:
-        _train(run, progress, on_epoch_end)
+        run = _set_up(config, resume, force, dataset, views, encoder, transform, guard or RunGuard())
+        if run.parallel.is_main:
+            manifest = Manifest(run.folder.root)
+            marked = manifest.mark_writing(layout.CONFIG_FILE)
+            write_config_file(run.folder.config_file, run.config.to_dict(),
+                              header="contrastkit pretrain --config FILE reruns this run (options given override it)")
+            manifest.record(*marked)
+            if "csv" in run.config.loggers:
+                manifest.mark_writing(layout.METRICS_CSV)  # recorded when the loggers close
+            run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if run.resumed else None)
+    except OSError as err:  # a full disk before the first step
+        if err.errno not in DISK_FULL or isinstance(err, CheckpointWriteError):
+            raise
+        raise disk_full(err, None, None, resume=resume) from err
+    try:
+        try:
+            _train(run, progress, on_epoch_end)
+        except OSError as err:  # a full disk while writing a file other than the checkpoint
+            if err.errno not in DISK_FULL or isinstance(err, CheckpointWriteError):
+                raise
+            raise disk_full(err, run.step, run.faults.last_checkpoint) from err
         # The checkpoint is complete: a preemption signal from now on stops the run at once.
         run.guard.signals.raise_from_now(lambda name: _preempted(run, name))
         run.loader = None  # ends the persistent workers before the evaluation starts its own
@@ -295,19 +304,42 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
             _leave_group(run)
             _return_encoder(run, encoder)
             return None
-        with eager_calls(run.config.compile):
-            summary = _summarise(run, baselines)
-    finally:
-        run.loggers.close()
-        if run.parallel.is_main:
-            _record_logger_files(run.folder)
-    Manifest(run.folder.root).write_json(layout.SUMMARY, records.summary_to_dict(summary))
-    if on_summary is not None:
-        on_summary(summary)  # (rank 0 alone gets here; the folder's lock is held until pretrain returns)
+        with _after_training(run):
+            with eager_calls(run.config.compile):
+                summary = _summarise(run, baselines)
+    except BaseException:
+        # The error on its way is the one to report: closing the loggers on the full disk that
+        # stopped the run fails too, and must not replace it.
+        with contextlib.suppress(OSError):
+            _close_loggers(run)
+        raise
+    with _after_training(run):
+        _close_loggers(run)
+        Manifest(run.folder.root).write_json(layout.SUMMARY, records.summary_to_dict(summary))
+        if on_summary is not None:
+            on_summary(summary)  # (rank 0 alone gets here; the folder's lock is held until pretrain returns)
     run.parallel.barrier()
     _leave_group(run)
     _return_encoder(run, encoder)
     return summary
+
+
+def _close_loggers(run: "_Run") -> None:
+    run.loggers.close()
+    if run.parallel.is_main:
+        _record_logger_files(run.folder)
+
+
+@contextlib.contextmanager
+def _after_training(run: "_Run") -> Any:
+    """A full disk while the read-out, the summary or the report is written: one error saying
+    that the trained checkpoint is complete, and how to evaluate it again."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in DISK_FULL or isinstance(err, CheckpointWriteError):
+            raise
+        raise disk_full(err, run.step, run.faults.last_checkpoint, trained=True) from err
 
 
 def _leave_group(run: "_Run") -> None:
@@ -630,7 +662,7 @@ def _train(run: _Run, progress: Optional[bool],
     recording = (Manifest(run.folder.root).writing(layout.METRICS) if run.parallel.is_main
                  else contextlib.nullcontext())
     try:
-        with recording, (open(run.folder.metrics, "a", encoding="utf-8") if run.parallel.is_main
+        with recording, (append_file(run.folder.metrics, encoding="utf-8") if run.parallel.is_main
                          else open(os.devnull, "w")) as metrics:
             if restarts_allowed() and not run.resumed:  # a restart before the first checkpoint resumes too
                 _write_checkpoint(run, torch.zeros(()), 0)
@@ -737,7 +769,7 @@ def _write_skipped(run: _Run) -> List[str]:
     skipped = skipped_files(run.dataset)
     if skipped:
         with Manifest(run.folder.root).writing(layout.SKIPPED):
-            with open(run.folder.skipped, "w", encoding="utf-8") as handle:
+            with atomic_file(run.folder.skipped, encoding="utf-8") as handle:
                 handle.writelines(line + "\n" for line in skipped)
     return skipped
 
