@@ -353,3 +353,15 @@ def test_served_page_in_the_browser(browser):
             screenshot(tab, "explorer-served-tau0.02")
     finally:
         context.close()
+
+
+def test_a_similarity_of_many_digits_is_shown_whole(page):
+    """A user's model gives similarities such as -0.8372415304183960: the box widens to show
+    every digit (a fixed 4.9rem box showed "-0.83724" and hid the rest)."""
+    whole = "() => [...document.querySelectorAll('.sim input[type=number]')].every(el => el.scrollWidth <= el.clientWidth)"
+    page.fill("#sim-0", "-0.8372415304183960")
+    page.fill("#sim-1", "0.5")
+    assert page.evaluate(whole)
+    page.goto(page.evaluate("location.href"))  # from the link, as a report's explorer opens
+    page.reload()
+    assert page.input_value("#sim-0") == "-0.837241530418396" and page.evaluate(whole)

@@ -200,6 +200,32 @@ def test_the_picture_shows_at_most_its_rows_and_says_so():
         neighbor_picture_png([], "none")
 
 
+@pytest.mark.parametrize("neighbors", [1, 4])
+def test_a_long_caption_is_shortened_from_the_left_inside_its_own_cell(neighbors):
+    """A file query's caption (its name) was centred under the first thumbnail and cut off by
+    the picture's left edge; a long neighbor name ran into the next caption."""
+    from contrastkit.train.neighbor_picture import _neighbor_figure
+
+    long_name = "holiday-2024-summer-camera-roll-export-" * 3 + "IMG_0042.jpg"
+    rows = [(Thumbnail(torch.rand(3, 8, 8), f"query\n{long_name}"),
+             [Thumbnail(torch.rand(3, 8, 8), f"{rank + 1}. 0.9\n{long_name}\nclass 3") for rank in range(neighbors)])]
+    figure = _neighbor_figure(rows, "long names")
+    renderer = figure.canvas.get_renderer()
+    row = figure.axes  # one query: one row of axes
+    extents = [ax.xaxis.label.get_window_extent(renderer) for ax in row if ax.xaxis.label.get_text()]
+    assert len(extents) == 1 + neighbors
+    assert all(0 <= box.x0 and box.x1 <= figure.bbox.width for box in extents)  # inside the picture
+    assert all(left.x1 <= right.x0 for left, right in zip(extents, extents[1:]))  # no caption runs into the next
+    for ax in row:
+        text = ax.xaxis.label.get_text()
+        if text:
+            name = text.splitlines()[1]
+            assert name.startswith("…") and name.endswith("IMG_0042.jpg"), name  # the name's end is kept
+    short = _neighbor_figure([(Thumbnail(torch.rand(3, 8, 8), "query\na.png"), [Thumbnail(torch.rand(3, 8, 8), "1. 0.9")])],
+                             "short names")
+    assert short.axes[0].xaxis.label.get_text() == "query\na.png"  # what fits is left whole
+
+
 # ------------------------------------------------------------------------------ CIFAR-10 (when present)
 
 

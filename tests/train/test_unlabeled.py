@@ -249,8 +249,21 @@ def test_a_file_name_that_is_not_utf8_is_skipped_and_listed_escaped(tmp_path, ca
     assert "no report written" not in out.err and (tmp_path / "run" / "report.html").is_file()
     (line,) = (tmp_path / "run" / "skipped.txt").read_text(encoding="utf-8").splitlines()
     assert line.startswith(f"{tmp_path}/fotos-\\xe9t\\xe9/caf\\xe9.png\t") and "not valid UTF-8" in line
+    capsys.readouterr()
     assert main(["embed", str(tmp_path / "run"), "--out", str(tmp_path / "h.npy"), "--split", "all"]) == 0
     assert len((tmp_path / "h.csv").read_text(encoding="utf-8").splitlines()) == 48 + 1  # the header
+    # embed and neighbors name the file their listing left out (they said nothing of it)
+    escaped = f"{tmp_path}/fotos-\\xe9t\\xe9/caf\\xe9.png"
+    printed = capsys.readouterr().out.splitlines()
+    assert "1 file left out when the collection was listed" in printed[0], printed
+    assert any(line.startswith(f"left out  {escaped}  (") and "not valid UTF-8" in line for line in printed), printed
+    assert main(["embed", str(tmp_path / "run"), "--out", str(tmp_path / "h.npy"), "--split", "all", "--force",
+                 "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["left_out"]) == [escaped]
+    assert main(["neighbors", str(tmp_path / "run"), "0", "--k", "2", "--no-picture"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "1 file left out when the collection was listed" in printed[0], printed
+    assert any(line.startswith(f"left out  {escaped}  (") for line in printed), printed
 
 
 def test_a_folder_of_only_unreadable_files_is_refused_naming_it(tmp_path, capsys):

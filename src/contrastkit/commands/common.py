@@ -288,6 +288,15 @@ def print_skipped(skipped: Sequence[Any]) -> None:
         print(f"skipped {len(skipped) - _SKIPPED_SHOWN} more (--json lists them all)")
 
 
+def print_left_out(left_out: Mapping[str, str]) -> None:
+    """One line per file a collection's listing left out (``contrastkit embed`` / ``neighbors``):
+    the file and why; the first few, then a count."""
+    for name, reason in list(left_out.items())[:_SKIPPED_SHOWN]:
+        print(f"left out  {escape_line(name)}  ({escape_line(reason)})")
+    if len(left_out) > _SKIPPED_SHOWN:
+        print(f"left out {len(left_out) - _SKIPPED_SHOWN} more (--json lists them all)")
+
+
 def print_result_table(summary: Dict[str, Any], title: str) -> None:
     """A run's test-split numbers next to its baselines (``summary.json`` or ``contrastkit probe``)."""
     from rich.console import Console

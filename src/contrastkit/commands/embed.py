@@ -6,7 +6,8 @@ import argparse
 import json
 from dataclasses import asdict
 
-from contrastkit.commands.common import parse_data_options, print_skipped
+from contrastkit._io import escape_line
+from contrastkit.commands.common import parse_data_options, print_left_out, print_skipped
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contrastkit.train.embed import export_embeddings, skipped_note
+    from contrastkit.train.embed import export_embeddings, left_out_note, skipped_note
 
     if args.data_option is not None and args.data is None:
         raise ValueError("--data-option applies to --data (the run's own data set keeps its options)")
@@ -49,8 +50,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(asdict(result), indent=2, sort_keys=True))
         return 0
     widths = f"h {result.h_dim}" + (f", z {result.z_dim}" if result.z_dim is not None else "")
-    written = ", ".join(path for role, path in result.files.items() if role != "marker")
+    written = ", ".join(escape_line(path) for role, path in result.files.items() if role != "marker")
     print(f"wrote {result.rows} rows ({widths}) of {'+'.join(result.splits)} to {written}"
-          + (f"; {skipped_note(len(result.skipped))}" if result.skipped else ""))
+          + (f"; {skipped_note(len(result.skipped))}" if result.skipped else "")
+          + (f"; {left_out_note(len(result.left_out))}" if result.left_out else ""))
     print_skipped(result.skipped)
+    print_left_out(result.left_out)
     return 0

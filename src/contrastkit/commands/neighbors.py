@@ -9,7 +9,7 @@ import json
 import os
 
 from contrastkit._io import escape_line
-from contrastkit.commands.common import UsageError, parse_data_options, print_skipped
+from contrastkit.commands.common import UsageError, parse_data_options, print_left_out, print_skipped
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from contrastkit import layout
     from contrastkit.metrics.search import DEFAULT_CHUNK, FaissMissingError
-    from contrastkit.train.embed import skipped_note
+    from contrastkit.train.embed import left_out_note, skipped_note
     from contrastkit.train.neighbors import find_neighbors
 
     if args.k < 1:
@@ -82,12 +82,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(search.to_dict(), indent=2, sort_keys=True))
         return 0
-    skipped = f"; {skipped_note(len(search.skipped))}" if search.skipped else ""
-    print(f"the {search.k} nearest of {search.rows} images ({'+'.join(search.splits)} of {search.data}{skipped}) by "
-          f"cosine similarity of h, {search.index} search"
-          + (f" ({'reused' if search.index_reused else 'built and saved'} {search.index_file})"
+    skipped = (f"; {skipped_note(len(search.skipped))}" if search.skipped else "") \
+        + (f"; {left_out_note(len(search.left_out))}" if search.left_out else "")
+    # The data set's name and the files are the user's: a byte that is not UTF-8 is written \xNN.
+    print(f"the {search.k} nearest of {search.rows} images ({'+'.join(search.splits)} of {escape_line(search.data)}"
+          f"{skipped}) by cosine similarity of h, {search.index} search"
+          + (f" ({'reused' if search.index_reused else 'built and saved'} {escape_line(search.index_file)})"
              if search.index_file else ""))
     print_skipped(search.skipped)
+    print_left_out(search.left_out)
     for query in search.queries:
         print()
         print(f"{escape_line(query.query)}{_described(query.image, query.query)}")
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {neighbor.rank:>3}  {neighbor.similarity:7.4f}  {neighbor.image.id}{_described(neighbor.image)}")
     if search.picture:
         print()
-        print(f"wrote {search.picture}")
+        print(f"wrote {escape_line(search.picture)}")
     return 0
 
 

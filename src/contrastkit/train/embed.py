@@ -46,7 +46,8 @@ from .export_files import check_targets, finish_export, mark_export, projection_
 from .runs import load_run
 from .setup import limit_threads, resolve_device
 
-__all__ = ["SPLITS", "EmbeddingExport", "SkippedRow", "export_embeddings", "skipped_rows", "skipped_note"]
+__all__ = ["SPLITS", "EmbeddingExport", "SkippedRow", "export_embeddings", "skipped_rows", "skipped_note",
+           "left_out_files", "left_out_note"]
 
 #: What ``split`` accepts (``all``: train, val and test, in that order).
 SPLITS = ("train", "val", "test", "all")
@@ -76,6 +77,17 @@ def skipped_rows(name: str, split: Any, embedded: Iterable[int]) -> List[Skipped
             for i in np.flatnonzero(~came)]
 
 
+def left_out_files(dataset: Any) -> Dict[str, str]:
+    """The files ``dataset``'s listing left out (an unlabeled collection's ``left_out``:
+    ``{file: reason}``), for ``contrastkit embed`` and ``contrastkit neighbors`` to name."""
+    return dict(getattr(dataset, "left_out", None) or {})
+
+
+def left_out_note(count: int) -> str:
+    """How a count of files left out at listing is said, in every output that counts images."""
+    return f"{count} file{'' if count == 1 else 's'} left out when the collection was listed"
+
+
 def skipped_note(count: int) -> str:
     """How a count of skipped rows is said (``"2 damaged files skipped, not embedded"``), the
     same in every output that counts images."""
@@ -95,6 +107,9 @@ class EmbeddingExport:
     z_dim: Optional[int]
     splits: Tuple[str, ...]
     skipped: List[SkippedRow] = field(default_factory=list)
+    #: The files an unlabeled collection's listing left out, in no split and so never embedded
+    #: (``{file: reason}``: a name that is not UTF-8, a link to nothing, a second link).
+    left_out: Dict[str, str] = field(default_factory=dict)
 
 
 def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
@@ -264,9 +279,10 @@ def _write(files: Dict[str, str], dataset: Any, names: Sequence[str], encoder: n
     finish_export(files, marked, {
         "written_by": "contrastkit embed", **facts, "rows": total,
         "h_dim": h.width, "z_dim": z.width if z is not None else None,
-        "skipped": [asdict(row) for row in skipped],
+        "skipped": [asdict(row) for row in skipped], "left_out": left_out_files(dataset),
     })
-    return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names), skipped)
+    return EmbeddingExport(files, total, h.width, z.width if z is not None else None, tuple(names), skipped,
+                           left_out_files(dataset))
 
 
 def _features(encoder: nn.Module, images: torch.Tensor, device: torch.device, facts: Dict[str, Any]) -> np.ndarray:

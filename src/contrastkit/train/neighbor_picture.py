@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import textwrap
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -51,7 +51,15 @@ def neighbor_picture_png(rows: Sequence[Tuple[Thumbnail, Sequence[Thumbnail]]], 
     """The PNG of ``rows`` (each a query and its neighbors, best first) under ``title``, with
     the text fields ``metadata``; only the first :data:`MAX_QUERIES_SHOWN` queries and
     :data:`MAX_NEIGHBORS_SHOWN` neighbors of each are drawn (the title says when some are left
-    out)."""
+    out). A caption line wider than its cell is shortened from the left (``…2024/IMG_0042.jpg``),
+    so that it stays under its own thumbnail and inside the picture."""
+    figure = _neighbor_figure(rows, title)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", metadata=dict(metadata or {}))
+    return buffer.getvalue()
+
+
+def _neighbor_figure(rows: Sequence[Tuple[Thumbnail, Sequence[Thumbnail]]], title: str) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -96,6 +104,34 @@ def neighbor_picture_png(rows: Sequence[Tuple[Thumbnail, Sequence[Thumbnail]]], 
                 spine.set_edgecolor("#0969da" if column == 0 else "#d0d7de")
                 spine.set_linewidth(2.5 if column == 0 else 0.8)
     figure.suptitle(title, fontsize=9, y=1 - 0.12 / height, va="top")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", metadata=dict(metadata or {}))
-    return buffer.getvalue()
+    _fit_captions(figure, axes)
+    return figure
+
+
+def _fit_captions(figure: Any, axes: Any) -> None:
+    """Shorten each caption line that is wider than its cell (the column's pitch, and no more
+    than twice the room between the thumbnail's centre and the picture's edge): its start is
+    replaced by an ellipsis, since a file's name ends a path."""
+    renderer = figure.canvas.get_renderer()
+    width = figure.bbox.width
+    boxes = [[ax.get_window_extent(renderer) for ax in row] for row in axes]
+    pitch = boxes[0][1].x0 - boxes[0][0].x0 if len(boxes[0]) > 1 else boxes[0][0].width
+    for row, row_boxes in zip(axes, boxes):
+        for ax, box in zip(row, row_boxes):
+            label = ax.xaxis.label
+            if not label.get_text():
+                continue
+            centre = (box.x0 + box.x1) / 2
+            room = 0.96 * min(pitch, 2 * centre, 2 * (width - centre))
+            properties = label.get_fontproperties()
+
+            def fits(line: str) -> bool:
+                return renderer.get_text_width_height_descent(line, properties, ismath=False)[0] <= room
+
+            lines = []
+            for line in label.get_text().split("\n"):
+                cut = 0
+                while not fits(line[cut:] if cut == 0 else "…" + line[cut:]) and cut < len(line) - 1:
+                    cut += 1
+                lines.append(line if cut == 0 else "…" + line[cut:])
+            label.set_text("\n".join(lines))

@@ -73,7 +73,7 @@ import torch
 from torch import nn
 
 from contrastkit import __version__, layout
-from contrastkit._io import read_json, write_json
+from contrastkit._io import atomic_file, read_json, write_json
 from contrastkit.data import (BadItemError, ImageFolderDataset, indexed_image_batches, item_dataset, skips_bad_files,
                               unit_float)
 from contrastkit.manifest import Manifest, file_sha256
@@ -82,7 +82,7 @@ from contrastkit.metrics.search import (DEFAULT_CHUNK, Neighbors, faiss_flat_ind
                                         nearest, read_faiss_index, write_faiss_index)
 
 from .baselines import data_digest, encoder_digest
-from .embed import SPLITS, SkippedRow, _item_name, skipped_note, skipped_rows
+from .embed import SPLITS, SkippedRow, _item_name, left_out_files, skipped_note, skipped_rows
 from .neighbor_picture import Thumbnail, neighbor_picture_png
 from .runs import load_run
 from .setup import limit_threads, resolve_device
@@ -161,6 +161,8 @@ class NeighborSearch:
     #: The damaged files an unlabeled collection skipped in the collection's splits (never
     #: embedded, so never a neighbor nor a query, and not counted in ``rows``).
     skipped: List[SkippedRow] = field(default_factory=list)
+    #: The files the collection's listing left out, in no split (``{file: reason}``).
+    left_out: Dict[str, str] = field(default_factory=dict)
     #: The quantity compared, the cosine similarity of the encoder's output h (see the module's description).
     similarity: str = "cosine of h"
 
@@ -618,9 +620,8 @@ def _write_picture(path: str, found: List[QueryNeighbors], queries: List[_Query]
     png = neighbor_picture_png(rows, title, metadata=dict([_PICTURE_MARK]))
     folder = os.path.dirname(os.path.abspath(path))
     with Manifest(folder).writing(os.path.basename(path)):
-        with open(f"{path}.tmp", "wb") as handle:
+        with atomic_file(path, "wb") as handle:
             handle.write(png)
-        os.replace(f"{path}.tmp", path)
 
 
 # ------------------------------------------------------------------------------ the search
@@ -714,7 +715,8 @@ def find_neighbors(run_dir: str, queries: Sequence[str], *, k: int = DEFAULT_K, 
                  for query, rows, similarities in zip(parsed, result.indices.tolist(), result.similarities.tolist())]
         search = NeighborSearch(os.path.abspath(run_dir), os.path.abspath(saved.checkpoint), data_name, tuple(names),
                                 collection.rows, k, index, found_index.file if found_index else None,
-                                bool(found_index and found_index.reused), None, found, list(collection.skipped))
+                                bool(found_index and found_index.reused), None, found, list(collection.skipped),
+                                left_out_files(collection.dataset))
         if picture is not None:
             title = (f"{os.path.basename(os.path.abspath(run_dir))}: the {k} nearest images of "
                      f"{collection.description} ({collection.rows} images{collection.skipped_note()}) by cosine "

@@ -250,6 +250,12 @@
     return Number(tau.toPrecision(3));
   }
 
+  // A similarity box as wide as its value (a user's model gives 0.8372415304183960), so that
+  // no digit is hidden; never narrower than the CSS width.
+  function fitToValue(input) {
+    input.style.width = "calc(" + Math.max(5, input.value.length + 1) + "ch + 1.9rem)";
+  }
+
   function setOut(element, value, decimals, text) {
     element.textContent = text !== undefined ? text : fmt(value, decimals);
     element.dataset.value = String(value);
@@ -327,17 +333,20 @@
       radio.checked = j === state.positive;
       range.value = String(clamp(value, -1, 1));
       number.value = String(value);
+      fitToValue(number);
       radio.addEventListener("change", function () {
         if (radio.checked) { state.positive = j; clearPreset(); update(); }
       });
       range.addEventListener("input", function () {
         state.s[j] = Number(range.value);
         number.value = range.value;
+        fitToValue(number);
         number.removeAttribute("aria-invalid");
         clearPreset();
         update();
       });
       number.addEventListener("input", function () {
+        fitToValue(number);
         const v = Number(number.value);
         if (number.value.trim() === "" || !Number.isFinite(v)) {
           number.setAttribute("aria-invalid", "true");
