@@ -294,3 +294,30 @@ def test_the_printed_label_free_table_ends_with_its_verdict(tmp_path, capsys):
     assert lost == (not summary["beats_baselines_view_retrieval"]), verdicts[0]  # as the summary judges it
     assert f"({summary['view_retrieval_top1']:.3f})" in verdicts[0] or \
         f"({summary['view_retrieval_top1']:.6g})" in verdicts[0]
+
+
+def _held_out_names(count=200):
+    """A file name that the split by hash puts in val, and one it puts in test."""
+    from contrastkit.data.collection import split_by_hash
+
+    names = [f"held{i}.png" for i in range(count)]
+    parts = dict(zip(names, split_by_hash(names, 0.1, 0.2)))
+    return next(n for n in names if parts[n] == "val"), next(n for n in names if parts[n] == "test")
+
+
+def test_damaged_files_in_val_and_test_are_named_as_training_ones_are(tmp_path, capsys):
+    """A damaged file that fell in val was never read (an unlabeled run reads no val without
+    --eval-every), so the run said skipped_files 0 of it."""
+    data = _collection(tmp_path / "photos", damaged=False)
+    in_val, in_test = _held_out_names()
+    (data / in_val).write_bytes(b"not an image")
+    (data / in_test).write_bytes(b"")
+    code, out = _run(capsys, _args(data, tmp_path / "run", "--no-baselines"))
+    assert code == 0, out.err
+    assert json.loads(out.out)["skipped_files"] == 2
+    listed = (tmp_path / "run" / "skipped.txt").read_text().splitlines()
+    assert sorted(os.path.basename(line.split("\t")[0]) for line in listed) == sorted([in_val, in_test])
+    code, out = _run(capsys, _args(data, tmp_path / "strict", "--no-baselines", "--bad-files", "fail"))
+    error = out.err.strip()
+    assert code == 2 and error.count("\n") == 0 and in_val in error, error
+    assert "held-out file, read after training" in error and "checkpoint of step" in error, error

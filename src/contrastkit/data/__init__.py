@@ -37,8 +37,8 @@ from contrastkit.data.collection import (CollectionDataset, ImageCollection, add
                                          skipped_files, skipped_reason, skipped_reasons,
                                          skips_bad_files)
 from contrastkit.data.contract import (DataSplit, DataSplits, as_data, data_record, image_batches, indexed_image_batches,
-                                       item_dataset, limit_split, limit_splits, open_data, reads_files,
-                                       training_views)
+                                       item_dataset, limit_split, limit_splits, open_data, read_held_out_files,
+                                       reads_files, training_views)
 from contrastkit.data.download import download_cifar10, download_mnist
 from contrastkit.data.loader import (DamagedItem, DeviceIndexBatches, EpochBatchSampler, SkippingItems, collate_skipping,
                                      make_loader, record_damaged)
@@ -61,7 +61,7 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "BadItemError", "CaptionedDataset", "EpochBatchSampler", "stream_image_folder", "as_streaming",
            "as_streaming_pairs", "make_loader", "subset_split",
            "stratified_subset", "stratified_subset_indices", "DataSplit", "DataSplits", "open_data", "as_data",
-           "image_batches", "limit_split", "limit_splits", "item_dataset", "reads_files", "training_views",
+           "image_batches", "limit_split", "limit_splits", "item_dataset", "reads_files", "read_held_out_files", "training_views",
            "PairedImages", "indexed_image_batches", "data_record", "call_with_options", "check_positive_int", "unit_float",
            "NO_LABEL", "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "skipped_reason", "skipped_reasons", "add_skipped", "skips_bad_files", "DamagedItem", "SkippingItems",
            "collate_skipping", "record_damaged", "DeviceIndexBatches",

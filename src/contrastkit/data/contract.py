@@ -23,7 +23,7 @@ from .loader import make_loader
 from .streaming import as_streaming, in_memory, is_streaming, subset_split, unit_float
 
 __all__ = ["DataSplit", "DataSplits", "open_data", "as_data", "image_batches", "indexed_image_batches", "limit_split", "limit_splits",
-           "item_dataset", "reads_files", "training_views", "data_record"]
+           "item_dataset", "reads_files", "training_views", "data_record", "read_held_out_files"]
 
 
 @runtime_checkable
@@ -153,6 +153,23 @@ def indexed_image_batches(images: Any, batch_size: int = 256, workers: int = 0) 
         return
     for batch, indices in make_loader(images, batch_size=batch_size, workers=workers):
         yield unit_float(batch), indices
+
+
+def read_held_out_files(dataset: Any, *, batch_size: int = 256, workers: int = 0) -> int:
+    """Read once every image of the val and test splits of an unlabeled collection (a
+    ``source == "collection"`` data set), whose files a run otherwise reads in part (the
+    label-free read-out takes the first 2,000 of test) or not at all (val, without
+    ``--eval-every``): a damaged file is then recorded and named with the training ones
+    (``bad_files="skip"``), or raises :class:`~contrastkit.data.BadItemError` naming it
+    (``"fail"``), as a training file does. Other data sets: nothing is read. Returns the number
+    of images read."""
+    if getattr(dataset, "source", None) != "collection":
+        return 0
+    read = 0
+    for split in (dataset.val, dataset.test):
+        for batch, _ in make_loader(split, batch_size=batch_size, workers=workers):
+            read += int(batch.shape[0])
+    return read
 
 
 def limit_split(split: Any, n: int, seed: int) -> Any:

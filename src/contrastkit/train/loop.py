@@ -41,9 +41,9 @@ from contrastkit._io import DISK_FULL, append_file, atomic_file
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
-from contrastkit.data import (DataSplits, DeviceIndexBatches, EpochBatchSampler, OnDevicePlan, add_skipped, as_data,
-                              check_indexed, data_record, hold_on_device, make_loader, skipped_files, skipped_reasons,
-                              skips_bad_files)
+from contrastkit.data import (BadItemError, DataSplits, DeviceIndexBatches, EpochBatchSampler, OnDevicePlan,
+                              add_skipped, as_data, check_indexed, data_record, hold_on_device, make_loader,
+                              read_held_out_files, skipped_files, skipped_reasons, skips_bad_files)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
@@ -999,6 +999,11 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     """Rank 0's held-out evaluation and the summary (``summary.json``)."""
     config = run.config
     eval_started = time.perf_counter()
+    try:  # an unlabeled collection's held-out files, read whole once: a damaged one is named too
+        read_held_out_files(run.dataset, batch_size=run.batch_size, workers=config.workers)
+    except BadItemError as err:  # --bad-files fail
+        raise ValueError(f"{err} (a held-out file, read after training; its checkpoint of step {run.step} is "
+                         "complete)") from None
     baseline = (build_model(config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder).encoder.to(run.device)
                 if baselines else None)
     try:
