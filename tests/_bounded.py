@@ -72,6 +72,72 @@ _CHILD = textwrap.dedent('''
                 code = exit.code
         return {"rc": code, "out": out.getvalue(), "err": err.getvalue()}
 
+    def cli_on_disk(out, mode, budget, *argv):
+        """:func:`cli` with the folder ``out`` on a disk that is read-only (``mode`` "read-only":
+        opening a file there to write, or making a folder there, fails with EROFS) or that has
+        ``budget`` bytes free (``mode`` "full": the write that crosses it writes what fits and
+        fails with ENOSPC, as every write after it does). Only what goes through Python's
+        ``open`` and ``os.makedirs`` / ``os.mkdir`` is held to it."""
+        import builtins, errno
+        out = os.path.realpath(out)
+        left = [budget]
+        real_open, real_makedirs, real_mkdir = io.open, os.makedirs, os.mkdir
+
+        def under(path):
+            try:
+                path = os.path.realpath(os.fsdecode(path))
+            except (TypeError, ValueError):
+                return False
+            return path == out or path.startswith(out + os.sep)
+
+        class Disk:
+            def __init__(self, handle):
+                self._handle = handle
+            def write(self, data):
+                if len(data) > left[0]:
+                    fits, left[0] = max(left[0], 0), 0
+                    if fits:
+                        self._handle.write(data[:fits])
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                left[0] -= len(data)
+                return self._handle.write(data)
+            def writelines(self, lines):
+                for line in lines:
+                    self.write(line)
+            def __enter__(self):
+                self._handle.__enter__()
+                return self
+            def __exit__(self, *exc):
+                return self._handle.__exit__(*exc)
+            def __iter__(self):
+                return iter(self._handle)
+            def __getattr__(self, name):
+                return getattr(self._handle, name)
+
+        def disk_open(file, mode="r", *args, **kwargs):
+            writes = isinstance(file, (str, bytes, os.PathLike)) and any(m in mode for m in "wax+") and under(file)
+            if writes and mode_of_disk == "read-only":
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(file))
+            handle = real_open(file, mode, *args, **kwargs)
+            return Disk(handle) if writes else handle
+
+        def read_only(real):
+            def make(path, *args, **kwargs):
+                if under(path) and not os.path.isdir(path):
+                    raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+                return real(path, *args, **kwargs)
+            return make
+
+        mode_of_disk = mode
+        builtins.open = io.open = disk_open
+        if mode == "read-only":
+            os.makedirs, os.mkdir = read_only(real_makedirs), read_only(real_mkdir)
+        try:
+            return cli(*argv)
+        finally:
+            builtins.open = io.open = real_open
+            os.makedirs, os.mkdir = real_makedirs, real_mkdir
+
     def load_path(path, options):
         from contrastkit.data.files import load_path
         ds = load_path(path, **options)
@@ -135,7 +201,7 @@ _CHILD = textwrap.dedent('''
         """Bytes the child may still allocate: the limit minus its data size now."""
         return resource.getrlimit(resource.RLIMIT_DATA)[0] - status("VmData")
 
-    calls = dict(cli=cli, load_path=load_path, open_and_read=open_and_read, read_state_dict=read_state_dict,
+    calls = dict(cli=cli, cli_on_disk=cli_on_disk, load_path=load_path, open_and_read=open_and_read, read_state_dict=read_state_dict,
                  load_pair_csv=load_pair_csv, read_idx=read_idx,
                  load_matrix=load_matrix, load_checkpoint=load_checkpoint, pretrain=pretrain, peak=peak,
                  hog=hog, budget=budget)

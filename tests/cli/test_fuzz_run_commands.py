@@ -223,3 +223,51 @@ def test_run_commands_with_hostile_arguments_and_damaged_runs(worker, finished_r
         shutil.rmtree(scratch)
 
     check()
+
+
+@pytest.mark.parametrize("command", ["neighbors", "embed", "export"])
+def test_run_commands_on_a_read_only_or_full_output_disk(worker, finished_run, command):
+    """``--out`` on a read-only file system, or on a disk with a few bytes to a few hundred KiB
+    free: the command works (what it writes fits) or exits 2 after one line that names the
+    file or folder it could not write; no traceback, no temporary file left in ``--out``,
+    nothing outside it changed."""
+
+    @settings(FUZZ, max_examples=max(3, FUZZ.max_examples // 3))
+    @given(mode=st.sampled_from(["read-only", "full"]), budget=st.integers(0, 400_000),
+           target=st.sampled_from(["e.npz", "e.npy", "m.safetensors", "pic.png"]), in_folder=st.booleans())
+    def check(mode, budget, target, in_folder):
+        scratch = Path(tempfile.mkdtemp(dir=finished_run.parent))
+        run = scratch / "run"
+        shutil.copytree(finished_run, run)
+        out = scratch / "out"
+        out.mkdir()
+        file = out / "sub" / target if in_folder else out / target
+        if command == "neighbors":
+            argv = ["neighbors", str(run), "0", "train:1", "--k", "2", "--out", str(file.with_suffix(".png")),
+                    "--device", "cpu"]
+        elif command == "embed":
+            argv = ["embed", str(run), "--out", str(file.with_suffix(".npz" if target == "e.npz" else ".npy")),
+                    "--device", "cpu", "--quiet"]
+        else:
+            argv = ["export", str(run), "--out", str(file.with_suffix(".safetensors"))]
+        before = _snapshot(run)
+        answer = worker.call("cli_on_disk", str(out), mode, budget, *argv, timeout=120)
+        assert "returned" in answer, answer.get("traceback", answer)
+        result = answer["returned"]
+        event(f"{mode}: exit status {result['rc']}")
+        assert "Traceback" not in result["err"], result["err"]
+        if result["rc"] == 2:
+            lines = [line for line in result["err"].strip().splitlines() if not line.startswith("warning")]
+            assert len(lines) == 1 and lines[0].startswith(f"contrastkit {command}: error: "), result["err"]
+            assert str(out) in lines[0], (mode, budget, lines[0])
+            said = "Read-only file system" if mode == "read-only" else "No space left on device"
+            assert said in lines[0] or "does not exist" in lines[0], lines  # (neighbors makes no folder)
+        else:
+            assert result["rc"] == 0, (argv, mode, budget, result)
+        left = [os.path.join(d, f) for d, _, files in os.walk(out) for f in files if f.endswith(".tmp")]
+        assert left == [], (argv, mode, budget, left)
+        assert _snapshot(run) == before, (argv, result)
+        assert sorted(os.listdir(scratch)) == ["out", "run"], (argv, result)
+        shutil.rmtree(scratch)
+
+    check()

@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from contrastkit import layout
+from contrastkit._io import DISK_FULL, WriteFailed, atomic_file
 
 from contrastkit.data import check_positive_int, indexed_image_batches, skipped_reason
 from contrastkit.metrics.readout import extract_features
@@ -156,9 +157,14 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
         names = ("train", "val", "test") if split == "all" else (split,)
         head = projection_head(model) if projection else None
         read = _Reading(batch_size, saved.config.workers if workers is None else workers)
-        return _write(files, dataset, names, model.encoder, head, torch_device, read, progress,
-                      {"run": os.path.abspath(run_dir), "checkpoint": os.path.abspath(saved.checkpoint),
-                       "data": data or saved.config.data, "split": split})
+        try:
+            return _write(files, dataset, names, model.encoder, head, torch_device, read, progress,
+                          {"run": os.path.abspath(run_dir), "checkpoint": os.path.abspath(saved.checkpoint),
+                           "data": data or saved.config.data, "split": split})
+        except OSError as err:  # a full disk under the output: the write named (numpy's and zip's errors name none)
+            if err.errno not in DISK_FULL or err.filename is not None or isinstance(err, WriteFailed):
+                raise
+            raise WriteFailed(out, err) from err
 
 
 @dataclass(frozen=True)
@@ -307,14 +313,13 @@ def _project(head: nn.Module, features: np.ndarray, device: torch.device) -> np.
 
 def _zip(path: str, npy_files: Dict[str, str], arrays: Dict[str, np.ndarray]) -> None:
     """An ``.npz`` (what :func:`numpy.savez` writes) from ``.npy`` files on disk and small arrays."""
-    tmp = f"{path}.tmp"
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+    with atomic_file(path, "wb") as handle, \
+            zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, source in npy_files.items():
             archive.write(source, arcname=f"{name}.npy")
         for name, array in arrays.items():
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
-    os.replace(tmp, path)
 
 
 class _Bar:
