@@ -117,7 +117,15 @@ def test_the_input_contract_reproduces_embed_on_a_photo_folder(tmp_path, capsys,
 
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'contrastkit[onnx]')")
     pytest.importorskip("onnx", reason="onnx is not installed (pip install 'contrastkit[onnx]')")
+    from contrastkit.data.collection import split_by_hash
+
     photos = write_collection(tmp_path / "photos", 48, damaged=())  # 24 x 28..32 pixels: wider than high
+    # Photos large enough to be decoded at 1/8 of each side (160 x 120 for a 16 px input), in test.
+    candidates = [f"big{i:02d}.jpg" for i in range(40)]
+    big = [name for name, part in zip(candidates, split_by_hash(candidates, 0.1, 0.2)) if part == "test"][:3]
+    rng = np.random.default_rng(3)
+    for name in big:
+        Image.fromarray((rng.random((120, 160, 3)) * 255).astype(np.uint8)).save(photos / name, quality=90)
     run = tmp_path / "run"
     assert main(["pretrain", "--data", str(photos), "--out", str(run), "--epochs", "1", "--batch-size", "8",
                  "--image-size", "16", "--device", "cpu", "--quiet", "--no-report", "--no-baselines", "--json"]) == 0
@@ -132,6 +140,7 @@ def test_the_input_contract_reproduces_embed_on_a_photo_folder(tmp_path, capsys,
     assert stated["resize"] == "shorter-side-then-centre-crop" and stated["height"] == stated["width"] == 16
     assert "CenterCrop(16)" in stated["resize_rule"] and stated["interpolation"].startswith("bilinear")
     assert stated["channel_order"] == "RGB" and stated["range"] == [0.0, 1.0] and stated["mean"] == [0.0] * 3
+    assert "Image.draft" in stated["jpeg_decode"] and set(big) <= set(names)
     session = ort.InferenceSession(str(tmp_path / "enc.onnx"), providers=["CPUExecutionProvider"])
 
     def run_onnx(images):
