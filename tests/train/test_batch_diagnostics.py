@@ -27,17 +27,19 @@ def _records(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _expected(problem, tau):
-    """The diagnostics recomputed from explain (float64), independently of batch_diagnostics."""
-    s = problem.similarities.double().cpu()
+def _expected(problem, tau, anchors=None):
+    """The diagnostics recomputed from explain (float64), independently of batch_diagnostics:
+    over every anchor, or over the rows ``anchors`` only."""
+    s = problem.matrix().double().cpu()
     e = explain(s, temperature=tau, positive=problem.positive.tolist(), exclude_diagonal=problem.exclude_diagonal)
-    rows = np.arange(s.shape[0])
-    negative = e.in_denominator.copy()
-    negative[rows, e.positive] = False
-    values = s.numpy()
-    return {"positive_probability": e.positive_probability.mean(), "min_positive_probability": e.positive_probability.min(),
-            "effective_negatives": e.effective_negatives.mean(),
-            "positive_similarity": values[rows, e.positive].mean(),
+    rows = np.arange(s.shape[0]) if anchors is None else np.asarray(anchors)
+    negative = e.in_denominator.copy()[rows]
+    negative[np.arange(len(rows)), e.positive[rows]] = False
+    values = s.numpy()[rows]
+    p = e.positive_probability[rows]
+    return {"positive_probability": p.mean(), "min_positive_probability": p.min(),
+            "effective_negatives": e.effective_negatives[rows].mean(),
+            "positive_similarity": values[np.arange(len(rows)), e.positive[rows]].mean(),
             "hardest_negative_similarity": np.where(negative, values, -np.inf).max(axis=1).mean(),
             "negative_similarity": (np.where(negative, values, 0).sum(axis=1) / negative.sum(axis=1)).mean()}
 
@@ -53,7 +55,8 @@ def test_two_view_diagnostics_are_explains_numbers(tau):
     problem = get_method("simclr").batch_problem(None, (z_a, z_b))
     # SimCLR's 2B x 2B matrix of the normalised views, positives i <-> i + B, self excluded.
     z = torch.nn.functional.normalize(torch.cat([z_a, z_b]).double(), dim=1)
-    assert torch.allclose(problem.similarities, z @ z.T, atol=1e-15)
+    assert problem.similarities is None  # computed a block of anchors at a time, never held whole
+    assert torch.allclose(problem.matrix(), z @ z.T, atol=1e-15)
     assert problem.positive.tolist() == [6, 7, 8, 9, 10, 11, 0, 1, 2, 3, 4, 5] and problem.exclude_diagonal
     assert problem.negatives == 10
     values = dict(zip(DIAGNOSTICS, batch_diagnostics(problem, tau).tolist()))
@@ -65,12 +68,12 @@ def test_moco_and_convirt_problems():
     model = ContrastiveModel("moco", "small", 1, temperature=0.2, queue_size=8)
     query, keys = _embeddings("moco", n=4, d=64)
     problem = get_method("moco").batch_problem(model, (query, keys))
-    assert problem.similarities.shape == (4, 9) and problem.positive.tolist() == [0] * 4
+    assert problem.shape == (4, 9) and problem.positive.tolist() == [0] * 4
     q = torch.nn.functional.normalize(query.double(), dim=1)
     k = torch.nn.functional.normalize(keys.double(), dim=1)
     queue = torch.nn.functional.normalize(model.queue.negatives(oldest_first=False).double(), dim=1)
-    assert torch.allclose(problem.similarities[:, 0], (q * k).sum(1), atol=1e-12)
-    assert torch.allclose(problem.similarities[:, 1:], q @ queue.T, atol=1e-12)
+    assert torch.allclose(problem.matrix()[:, 0], (q * k).sum(1), atol=1e-12)
+    assert torch.allclose(problem.matrix()[:, 1:], q @ queue.T, atol=1e-12)
     assert problem.item_of(2, 0) == 2 and problem.item_of(2, 3) == -1  # own key; a queued key
     values = dict(zip(DIAGNOSTICS, batch_diagnostics(problem, 0.2).tolist()))
     for key, expected in _expected(problem, 0.2).items():
@@ -81,6 +84,34 @@ def test_moco_and_convirt_problems():
     values = dict(zip(DIAGNOSTICS, batch_diagnostics(problem, 0.1).tolist()))
     for key, expected in _expected(problem, 0.1).items():
         assert values[key] == pytest.approx(expected, rel=1e-12, abs=1e-14), key
+
+
+@pytest.mark.parametrize("method", ["simclr", "moco", "convirt"])
+def test_a_large_batch_is_read_a_block_of_anchors_at_a_time_and_sampled_beyond_the_bound(method, monkeypatch):
+    """A large batch's matrix is never formed: the diagnostics read blocks of anchors (each
+    against every candidate), and beyond MAX_DIAGNOSTIC_ANCHORS a sample spread over the batch,
+    whose numbers are explain's over the same anchors."""
+    import contrastkit.metrics.batch as batch_module
+
+    monkeypatch.setattr(batch_module, "_BLOCK_ENTRIES", 40)  # blocks of a few anchors
+    model = ContrastiveModel("moco", "small", 1, temperature=0.2, queue_size=8) if method == "moco" else None
+    first, second = _embeddings(method, n=13, d=64 if method == "moco" else 5, seed=3)
+    problem = get_method(method).batch_problem(model, (first, second))
+    asked = []
+    rows_of = problem.rows_of
+    problem.rows_of = lambda index: asked.append(index.tolist()) or rows_of(index)
+    m, k = problem.shape
+    for bound in (m, 7):
+        asked.clear()
+        anchors = batch_module.diagnostic_anchors(m, bound)
+        values = dict(zip(DIAGNOSTICS, batch_diagnostics(problem, 0.2, max_anchors=bound).tolist()))
+        assert [row for block in asked for row in block] == anchors.tolist()
+        assert max(len(block) for block in asked) * k <= max(40, k)  # one block: at most 40 similarities
+        expected = _expected(problem, 0.2, anchors.tolist())
+        for key in DIAGNOSTICS:
+            assert values[key] == pytest.approx(expected[key], rel=1e-12, abs=1e-14), (bound, key)
+    sample = batch_module.diagnostic_anchors(m, 7).tolist()
+    assert len(sample) == 7 and sample[0] == 0 and sample[-1] == m - 1 and sample == sorted(set(sample))
 
 
 def test_the_tap_reads_no_value_and_keeps_nothing_unarmed():
@@ -118,6 +149,7 @@ def test_every_logged_step_carries_its_batch_diagnostics(tmp_path):
     batch = read_last_batch(str(out))
     assert batch.step == steps[-1]["step"] == 4 and batch.temperature == pytest.approx(0.2)
     problem = BatchProblem(batch.similarities, batch.positive, batch.exclude_diagonal, None, None, None, None)
+    assert batch.similarities.shape == (16, 16)
     for key, expected in _expected(problem, batch.temperature).items():
         assert steps[-1][key] == pytest.approx(expected, abs=1e-6), key
 

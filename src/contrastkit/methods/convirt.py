@@ -374,8 +374,9 @@ class Convirt(Method):
         u = torch.nn.functional.normalize(u.to(dtype), dim=1)
         n, device = v.shape[0], v.device
         items = torch.arange(n, device=device)
-        return BatchProblem(v @ u.T, items, False, items, torch.full((n,), IMAGE, device=device), items,
-                            torch.full((n,), TEXT, device=device), "each image against every text of the batch")
+        return BatchProblem.computed(lambda index: v[index] @ u.T, (n, n), items, False, items,
+                                     torch.full((n,), IMAGE, device=device), items, torch.full((n,), TEXT, device=device),
+                                     "each image against every text of the batch")
 
     def val_metrics(self, run: EvalContext) -> Dict[str, Any]:
         return val_retrieval(run.model, run.dataset, run.device)

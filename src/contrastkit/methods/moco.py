@@ -67,13 +67,16 @@ class MoCo(TwoViewMethod):
         k = F.normalize(keys.to(dtype), dim=1)
         queue = F.normalize(model.queue.negatives(oldest_first=False).to(q.device, dtype), dim=1)
         n, m = q.shape[0], queue.shape[0]
-        similarities = torch.cat([(q * k).sum(1, keepdim=True), q @ queue.T], dim=1)
         device = q.device
-        return BatchProblem(similarities, torch.zeros(n, dtype=torch.long, device=device), False,
-                            torch.arange(n, device=device), torch.full((n,), VIEW_A, device=device),
-                            torch.tensor([OWN_ITEM] + [NOT_AN_ITEM] * m, device=device),
-                            torch.tensor([VIEW_B] + [QUEUED] * m, device=device),
-                            "each query (view A) against its own key (view B) and the queue of earlier keys")
+
+        def rows_of(index: Tensor) -> Tensor:
+            return torch.cat([(q[index] * k[index]).sum(1, keepdim=True), q[index] @ queue.T], dim=1)
+
+        return BatchProblem.computed(rows_of, (n, 1 + m), torch.zeros(n, dtype=torch.long, device=device), False,
+                                     torch.arange(n, device=device), torch.full((n,), VIEW_A, device=device),
+                                     torch.tensor([OWN_ITEM] + [NOT_AN_ITEM] * m, device=device),
+                                     torch.tensor([VIEW_B] + [QUEUED] * m, device=device),
+                                     "each query (view A) against its own key (view B) and the queue of earlier keys")
 
     def loss(self, model: nn.Module, batch: Batch, labels: Optional[Tensor] = None, *,
              indices: Optional[Tensor] = None, tap: Optional[BatchTap] = None) -> Tensor:

@@ -88,8 +88,9 @@ class TwoViewMethod(Method):
         z = F.normalize(torch.cat([z_a, z_b]).to(_similarity_dtype(z_a)), dim=1)
         items = torch.arange(2 * n, device=z.device) % n
         views = torch.cat([torch.full((n,), VIEW_A), torch.full((n,), VIEW_B)]).to(z.device)
-        return BatchProblem(z @ z.T, (torch.arange(2 * n, device=z.device) + n) % (2 * n), True, items, views,
-                            items, views, "both views of the batch against each other (self excluded)")
+        return BatchProblem.computed(lambda index: z[index] @ z.T, (2 * n, 2 * n),
+                                     (torch.arange(2 * n, device=z.device) + n) % (2 * n), True, items, views, items,
+                                     views, "both views of the batch against each other (self excluded)")
 
     def _geometry(self, run: EvalContext, split: DataSplit) -> Dict[str, Any]:
         return geometry(run.model, split, run.batches, run.device, batch_size=run.batch_size,

@@ -32,12 +32,12 @@ float64).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["BatchProblem", "DIAGNOSTICS", "batch_diagnostics", "diagnostics_record", "WARNINGS",
+__all__ = ["BatchProblem", "DIAGNOSTICS", "batch_diagnostics", "diagnostic_anchors", "MAX_DIAGNOSTIC_ANCHORS", "diagnostics_record", "WARNINGS",
            "batch_warnings", "COLLAPSE_SIMILARITY", "COLLAPSE_STEPS", "COLLAPSE_FALL", "CERTAIN_PROBABILITY", "BOUND_TOLERANCE",
            "OWN_ITEM", "NOT_AN_ITEM", "VIEW_A", "VIEW_B", "IMAGE", "TEXT", "QUEUED"]
 
@@ -68,7 +68,7 @@ class BatchProblem:
     columns are.
     """
 
-    similarities: Tensor
+    similarities: Optional[Tensor]
     positive: Tensor
     exclude_diagonal: bool
     row_items: Tensor
@@ -76,16 +76,52 @@ class BatchProblem:
     column_items: Tensor
     column_views: Tensor
     description: str = ""
+    #: ``rows_of(index)``: the similarities of the anchors ``index`` (``(t,)`` int64) to every
+    #: candidate, ``(t, K)``, computed when asked; ``similarities`` is then ``None`` and ``size``
+    #: says ``(M, K)``, so that a large batch's matrix (``2B x 2B`` = 8 GiB of float64 at
+    #: B = 16,384) is never held whole (:meth:`computed`).
+    rows_of: Optional[Callable[[Tensor], Tensor]] = None
+    size: Optional[Tuple[int, int]] = None
+
+    @classmethod
+    def computed(cls, rows_of: Callable[[Tensor], Tensor], size: Tuple[int, int], positive: Tensor,
+                 exclude_diagonal: bool, row_items: Tensor, row_views: Tensor, column_items: Tensor,
+                 column_views: Tensor, description: str = "") -> "BatchProblem":
+        """A problem whose similarities are computed a block of anchors at a time by ``rows_of``
+        (e.g. ``lambda index: z[index] @ z.T``), ``size`` ``(M, K)``."""
+        return cls(None, positive, exclude_diagonal, row_items, row_views, column_items, column_views, description,
+                   rows_of, (int(size[0]), int(size[1])))
+
+    @property
+    def shape(self) -> Tuple[int, int]:
+        """``(M, K)``: anchors and candidates."""
+        if self.similarities is not None:
+            return int(self.similarities.shape[0]), int(self.similarities.shape[1])
+        assert self.size is not None
+        return self.size
+
+    def similarity_rows(self, index: Tensor) -> Tensor:
+        """``(t, K)``: the similarities of the anchors ``index`` to every candidate."""
+        if self.similarities is not None:
+            return self.similarities[index.to(self.similarities.device)]
+        assert self.rows_of is not None
+        return self.rows_of(index)
+
+    def matrix(self) -> Tensor:
+        """The whole ``(M, K)`` similarity matrix (computed if it is not held: mind its size)."""
+        if self.similarities is not None:
+            return self.similarities
+        return self.similarity_rows(torch.arange(self.shape[0], device=self.positive.device))
 
     @property
     def negatives(self) -> int:
         """The number of negatives of each anchor (the denominator less the positive)."""
-        return self.similarities.shape[1] - 1 - int(self.exclude_diagonal)
+        return self.shape[1] - 1 - int(self.exclude_diagonal)
 
     def denominator(self) -> Tensor:
         """``(M, K)`` bool: the candidates in each anchor's denominator."""
-        m, k = self.similarities.shape
-        mask = torch.ones(m, k, dtype=torch.bool, device=self.similarities.device)
+        m, k = self.shape
+        mask = torch.ones(m, k, dtype=torch.bool, device=self.positive.device)
         if self.exclude_diagonal:
             mask.fill_diagonal_(False)
         return mask
@@ -96,37 +132,69 @@ class BatchProblem:
         return int(self.row_items[row]) if item == OWN_ITEM else item
 
 
-def batch_diagnostics(problem: BatchProblem, temperature: Union[float, Tensor]) -> Tensor:
+#: At most this many anchors of a batch enter its diagnostics: all of them up to it (SimCLR's
+#: ``2B`` rows for B <= 2,048), else this many spread evenly over the batch, whose means and
+#: smallest p+ they then estimate. Each is compared with every candidate of the batch.
+MAX_DIAGNOSTIC_ANCHORS = 4096
+#: Similarities computed at once (a block of anchors by every candidate): 32 MiB of float64.
+_BLOCK_ENTRIES = 1 << 22
+
+
+def diagnostic_anchors(m: int, max_anchors: int = MAX_DIAGNOSTIC_ANCHORS) -> Tensor:
+    """The anchors of a batch of ``m`` that enter its diagnostics (``(t,)`` int64, increasing):
+    all of them, or ``max_anchors`` spread evenly from the first to the last."""
+    if m <= max_anchors:
+        return torch.arange(m)
+    return torch.linspace(0, m - 1, max_anchors, dtype=torch.float64).round().long().unique()
+
+
+def batch_diagnostics(problem: BatchProblem, temperature: Union[float, Tensor], *,
+                      max_anchors: int = MAX_DIAGNOSTIC_ANCHORS) -> Tensor:
     """The :data:`DIAGNOSTICS` of ``problem`` at ``temperature`` (a float, or a 0-dim tensor such
     as a learnable ``tau`` of the step), a ``(6,)`` tensor on the problem's device, in the
     precision of its similarities (float64 from the built-in methods where the device has it).
     No value is read back.
 
-    Candidates outside an anchor's denominator get a logit far below every other (the smallest
-    logit less 1e4), whose share underflows to exactly 0: no infinity or NaN is formed (a
-    version with ``-inf`` masks was 4x slower on a CPU, ``benchmarks/results/pictures.md``)."""
-    s = problem.similarities.detach()
-    if not s.is_floating_point():
-        s = s.double()
-    tau = temperature.detach().to(s.device, s.dtype) if isinstance(temperature, Tensor) else float(temperature)
-    m = s.shape[0]
-    rows = torch.arange(m, device=s.device)
-    positive = problem.positive.to(s.device)
-    logits = s / tau
-    low = logits.amin() - 1e4
-    if problem.exclude_diagonal:
-        logits.diagonal().copy_(low.expand(m))
-    log_p = torch.log_softmax(logits, dim=1)[rows, positive]
-    p_positive = log_p.exp()
-    logits[rows, positive] = low
-    log_r = torch.log_softmax(logits, dim=1)
-    entropy = -(log_r.exp() * log_r).sum(1)
-    effective = entropy.clamp(min=0.0).exp()
-    positive_similarity = s[rows, positive]
-    hardest = logits.amax(dim=1) * tau
-    others = s.sum(1) - positive_similarity - (s.diagonal() if problem.exclude_diagonal else 0.0)
-    return torch.stack([p_positive.mean(), p_positive.min(), effective.mean(), positive_similarity.mean(),
-                        hardest.mean(), (others / problem.negatives).mean()])
+    The anchors are :func:`diagnostic_anchors` (all of them up to ``max_anchors``), each against
+    every candidate, a block of anchors at a time (:data:`_BLOCK_ENTRIES` similarities), so
+    that memory is bounded whatever the batch: the whole matrix is never formed.
+
+    Candidates outside an anchor's denominator get a logit far below every other (the block's
+    smallest logit less 1e4), whose share underflows to exactly 0: no infinity or NaN is formed
+    (a version with ``-inf`` masks was 4x slower on a CPU, ``benchmarks/results/pictures.md``)."""
+    m, k = problem.shape
+    device = problem.positive.device
+    anchors = diagnostic_anchors(m, max_anchors).to(device)
+    block = max(1, _BLOCK_ENTRIES // max(k, 1))
+    sums: Optional[Tensor] = None
+    smallest: Optional[Tensor] = None
+    for start in range(0, int(anchors.shape[0]), block):
+        index = anchors[start:start + block]
+        s = problem.similarity_rows(index).detach()
+        if not s.is_floating_point():
+            s = s.double()
+        tau = temperature.detach().to(s.device, s.dtype) if isinstance(temperature, Tensor) else float(temperature)
+        rows = torch.arange(index.shape[0], device=s.device)
+        positive = problem.positive.to(s.device)[index]
+        logits = s / tau
+        low = logits.amin() - 1e4
+        if problem.exclude_diagonal:
+            logits[rows, index] = low
+        p_positive = torch.log_softmax(logits, dim=1)[rows, positive].exp()
+        logits[rows, positive] = low
+        log_r = torch.log_softmax(logits, dim=1)
+        effective = (-(log_r.exp() * log_r).sum(1)).clamp(min=0.0).exp()
+        positive_similarity = s[rows, positive]
+        hardest = logits.amax(dim=1) * tau
+        others = s.sum(1) - positive_similarity - (s[rows, index] if problem.exclude_diagonal else 0.0)
+        totals = torch.stack([p_positive.sum(), effective.sum(), positive_similarity.sum(), hardest.sum(),
+                              (others / problem.negatives).sum()])
+        sums = totals if sums is None else sums + totals
+        least = p_positive.min()
+        smallest = least if smallest is None else torch.minimum(smallest, least)
+    assert sums is not None and smallest is not None
+    means = sums / anchors.shape[0]
+    return torch.stack([means[0], smallest, means[1], means[2], means[3], means[4]])
 
 
 def diagnostics_record(values: Any, negatives: int) -> Dict[str, float]:

@@ -79,8 +79,7 @@ def save_last_batch(folder: layout.RunFolder, problem: BatchProblem, batch: Any,
     ``batch[1]`` view B), the training ``indices`` of its elements and the ``dataset``."""
     from contrastkit.analysis import explain
 
-    m, k = problem.similarities.shape
-    similarities = problem.similarities.detach().float().cpu()
+    m, k = problem.shape
     positive = problem.positive.detach().cpu().long()
     record: Dict[str, Any] = {
         "format": FORMAT, "method": method, "step": int(step), "epoch": int(epoch),
@@ -102,7 +101,8 @@ def save_last_batch(folder: layout.RunFolder, problem: BatchProblem, batch: Any,
     views = sorted({int(v) for v in problem.row_views.tolist() + problem.column_views.tolist()}
                    & {VIEW_A, VIEW_B, IMAGE})
     wanted += [(item, view) for item in shown for view in views]
-    if m * k <= MAX_ENTRIES:
+    if m * k <= MAX_ENTRIES:  # (a larger matrix is never formed: the report says it is not kept)
+        similarities = problem.matrix().detach().float().cpu()
         record["similarities"] = similarities
         e = explain(similarities.double(), temperature=float(temperature), positive=positive.tolist(),
                     exclude_diagonal=bool(problem.exclude_diagonal))
