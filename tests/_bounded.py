@@ -39,6 +39,8 @@ import contrastkit
 DATA_BUDGET = 2**30
 CEILING = 256 * 2**20
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(contrastkit.__file__)))
+#: This folder: the children import the test helpers from it (``_disk``).
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 _CHILD = textwrap.dedent('''
     import resource, sys, os
@@ -73,70 +75,14 @@ _CHILD = textwrap.dedent('''
         return {"rc": code, "out": out.getvalue(), "err": err.getvalue()}
 
     def cli_on_disk(out, mode, budget, *argv):
-        """:func:`cli` with the folder ``out`` on a disk that is read-only (``mode`` "read-only":
-        opening a file there to write, or making a folder there, fails with EROFS) or that has
-        ``budget`` bytes free (``mode`` "full": the write that crosses it writes what fits and
-        fails with ENOSPC, as every write after it does). Only what goes through Python's
-        ``open`` and ``os.makedirs`` / ``os.mkdir`` is held to it."""
-        import builtins, errno
-        out = os.path.realpath(out)
-        left = [budget]
-        real_open, real_makedirs, real_mkdir = io.open, os.makedirs, os.mkdir
-
-        def under(path):
-            try:
-                path = os.path.realpath(os.fsdecode(path))
-            except (TypeError, ValueError):
-                return False
-            return path == out or path.startswith(out + os.sep)
-
-        class Disk:
-            def __init__(self, handle):
-                self._handle = handle
-            def write(self, data):
-                if len(data) > left[0]:
-                    fits, left[0] = max(left[0], 0), 0
-                    if fits:
-                        self._handle.write(data[:fits])
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                left[0] -= len(data)
-                return self._handle.write(data)
-            def writelines(self, lines):
-                for line in lines:
-                    self.write(line)
-            def __enter__(self):
-                self._handle.__enter__()
-                return self
-            def __exit__(self, *exc):
-                return self._handle.__exit__(*exc)
-            def __iter__(self):
-                return iter(self._handle)
-            def __getattr__(self, name):
-                return getattr(self._handle, name)
-
-        def disk_open(file, mode="r", *args, **kwargs):
-            writes = isinstance(file, (str, bytes, os.PathLike)) and any(m in mode for m in "wax+") and under(file)
-            if writes and mode_of_disk == "read-only":
-                raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(file))
-            handle = real_open(file, mode, *args, **kwargs)
-            return Disk(handle) if writes else handle
-
-        def read_only(real):
-            def make(path, *args, **kwargs):
-                if under(path) and not os.path.isdir(path):
-                    raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
-                return real(path, *args, **kwargs)
-            return make
-
-        mode_of_disk = mode
-        builtins.open = io.open = disk_open
-        if mode == "read-only":
-            os.makedirs, os.mkdir = read_only(real_makedirs), read_only(real_mkdir)
+        """:func:`cli` with the folder ``out`` on a simulated disk (``tests/_disk.py``) that is
+        read-only (``mode`` "read-only") or has ``budget`` bytes free (``mode`` "full")."""
+        import _disk
+        _, undo = _disk.install(out, mode, budget)
         try:
             return cli(*argv)
         finally:
-            builtins.open = io.open = real_open
-            os.makedirs, os.mkdir = real_makedirs, real_mkdir
+            undo()
 
     def load_path(path, options):
         from contrastkit.data.files import load_path
@@ -225,7 +171,7 @@ class BoundedWorker:
     """One child process under the limit; :meth:`call` runs a function there."""
 
     def __init__(self, ceiling: int = CEILING, env: Optional[Dict[str, str]] = None) -> None:
-        self.env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, TESTS]), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                         MALLOC_ARENA_MAX="2", CONTRASTKIT_MAX_INPUT_BYTES=str(ceiling), **(env or {}))
         self._start()
 

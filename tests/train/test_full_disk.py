@@ -19,57 +19,17 @@ import textwrap
 
 import pytest
 
-from _bounded import SRC
+from _bounded import SRC, TESTS
 from _tiny_run import TINY_GLYPHLAB
 
 HARNESS = textwrap.dedent('''
-    import builtins, errno, io, json, os, sys
-    out, budget, argv = os.path.realpath(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
-    state = {"left": budget, "written": 0}
-    opened = []  # [file relative to the run folder, bytes written before it was opened, bytes written to it]
-
-    class Disk:
-        """A file of the run folder, on a disk with state["left"] bytes free."""
-        def __init__(self, handle, name):
-            self._handle = handle
-            self._event = [name, state["written"], 0]
-            opened.append(self._event)
-        def write(self, data):
-            size = len(data)
-            state["written"] += size
-            self._event[2] += size
-            if budget >= 0 and size > state["left"]:
-                fits, state["left"] = max(state["left"], 0), 0
-                if fits:
-                    self._handle.write(data[:fits])
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            state["left"] -= size
-            return self._handle.write(data)
-        def writelines(self, lines):
-            for line in lines:
-                self.write(line)
-        def __enter__(self):
-            self._handle.__enter__()
-            return self
-        def __exit__(self, *exc):
-            return self._handle.__exit__(*exc)
-        def __iter__(self):
-            return iter(self._handle)
-        def __getattr__(self, name):
-            return getattr(self._handle, name)
-
-    real_open = io.open
-    def disk_open(file, mode="r", *args, **kwargs):
-        handle = real_open(file, mode, *args, **kwargs)
-        if isinstance(file, (str, bytes, os.PathLike)) and any(m in mode for m in "wax+"):
-            path = os.path.realpath(os.fsdecode(file))
-            if path == out or path.startswith(out + os.sep):
-                return Disk(handle, os.path.relpath(path, out))
-        return handle
-    builtins.open = io.open = disk_open
+    import json, os, sys
+    import _disk
+    out, budget, argv = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+    state, _ = _disk.install(out, "full", budget)
 
     from contrastkit.cli import main
-    err = os.path.join(os.path.dirname(out), "stderr.txt")
+    err = os.path.join(os.path.dirname(os.path.realpath(out)), "stderr.txt")
     saved, target = os.dup(2), os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(target, 2)
     try:
@@ -77,9 +37,9 @@ HARNESS = textwrap.dedent('''
     finally:
         sys.stderr.flush()
         os.dup2(saved, 2)
-    with real_open(err) as handle:
+    with open(err) as handle:
         lines = [line for line in handle.read().splitlines() if line.startswith(("contrastkit", "warning: no report"))]
-    print(json.dumps({"rc": code, "lines": lines, "written": state["written"], "opened": opened}))
+    print(json.dumps({"rc": code, "lines": lines, "written": state["written"], "opened": state["opened"]}))
 ''')
 
 OPTIONS = ["--data", "glyphlab", *[f"--data-option={key}={value}" for key, value in TINY_GLYPHLAB.items()],
@@ -88,7 +48,7 @@ OPTIONS = ["--data", "glyphlab", *[f"--data-option={key}={value}" for key, value
 
 
 def _run(out, budget, argv):
-    env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, TESTS]), OMP_NUM_THREADS="1")
     out.parent.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([sys.executable, "-c", HARNESS, str(out), str(budget), json.dumps(argv)],
                           capture_output=True, text=True, env=env, timeout=600)

@@ -155,8 +155,8 @@ def batch_diagnostics(problem: BatchProblem, temperature: Union[float, Tensor], 
     precision of its similarities (float64 from the built-in methods where the device has it).
     No value is read back.
 
-    The anchors are :func:`diagnostic_anchors` (all of them up to ``max_anchors``), each against
-    every candidate, a block of anchors at a time (:data:`_BLOCK_ENTRIES` similarities), so
+    The anchors are ``diagnostic_anchors(M, max_anchors)`` (all of them up to ``max_anchors``),
+    each against every candidate, a block of anchors at a time (at most 4M similarities), so
     that memory is bounded whatever the batch: the whole matrix is never formed.
 
     Candidates outside an anchor's denominator get a logit far below every other (the block's
