@@ -74,7 +74,9 @@ def os_error_of(err: BaseException) -> Optional[OSError]:
     while err is not None and seen < 8:
         if isinstance(err, OSError):
             return err
-        err, seen = err.__cause__ or err.__context__, seen + 1
+        # (a cause given; else the error being handled, unless the raise said "from None")
+        err = err.__cause__ if err.__cause__ is not None else (None if err.__suppress_context__ else err.__context__)
+        seen += 1
     return None
 
 

@@ -4,6 +4,8 @@ grid. Checked against PIL called directly (the oracle), against a full decode (a
 255 apart), and by its memory: a photo whose full decode is over the input ceiling is read.
 """
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -136,3 +138,56 @@ def test_a_photo_whose_full_decode_is_over_the_ceiling_is_read_at_the_size_used(
     collection = open_collection(root, size=32)
     image, _ = collection.train[0]
     assert image.shape == (3, 32, 32)
+
+
+def test_a_class_folder_held_or_streamed_reads_transparent_and_palette_images_as_the_contract_says(tmp_path):
+    """Held class folders converted colours their own way (a transparent pixel kept its hidden
+    colour); streamed ones and the export's contract composite it over white."""
+    from contrastkit.data.streaming import stream_image_folder
+
+    root = tmp_path / "classes"
+    rng = np.random.default_rng(1)
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+        for i in range(4):
+            rgba = rng.integers(0, 256, (20, 24, 4), dtype=np.uint8)
+            rgba[..., 3] = np.where(np.arange(24) < 12, 0, 255)  # left half transparent
+            Image.fromarray(rgba, "RGBA").save(root / cls / f"t{i}.png")
+            Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).convert("P").save(
+                root / cls / f"p{i}.png")
+    held = load_image_folder(root, size=(16, 16), val_fraction=0.25, test_fraction=0.25, color="RGB")
+    streamed = stream_image_folder(root, size=(16, 16), val_fraction=0.25, color="RGB")
+    contract = ImagePreprocessing("RGB", (16, 16), STRETCH)
+    for name in ("train", "val", "test"):
+        split = getattr(streamed, name)
+        files = [split.dataset.path(int(i)) if hasattr(split, "indices") else split.path(i)
+                 for i in (split.indices if hasattr(split, "indices") else range(len(split)))]
+        expected = np.stack([contract.read(path) for path in files])
+        read = np.stack([split[i][0].numpy() for i in range(len(split))])
+        assert np.array_equal(read, expected), name
+    every = np.concatenate([getattr(held, name).images.numpy() for name in ("train", "val", "test")])
+    every = np.round(every * 255).astype(np.uint8)
+    files = sorted((root / c / f for c in ("a", "b") for f in sorted(os.listdir(root / c))), key=str)
+    expected = {contract.read(path).tobytes() for path in files}
+    assert {image.tobytes() for image in every} == expected  # the same pixels, whatever split each fell in
+    transparent = contract.read(root / "a" / "t0.png")
+    assert (transparent[:, :, :7] == 255).all()  # the transparent half is white
+
+
+def test_a_library_error_raised_from_none_is_not_taken_for_a_write_error():
+    from contrastkit._io import os_error_of
+
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError("unrelated") from None
+    except RuntimeError as err:
+        assert os_error_of(err) is None
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail] torch.save's write")
+    except RuntimeError as err:
+        assert os_error_of(err).errno == 28

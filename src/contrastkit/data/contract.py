@@ -167,6 +167,8 @@ def read_held_out_files(dataset: Any, *, batch_size: int = 256, workers: int = 0
         return 0
     read = 0
     for split in (dataset.val, dataset.test):
+        if in_memory(split):  # held images were read when the data set was loaded
+            continue
         for batch, _ in make_loader(split, batch_size=batch_size, workers=workers):
             read += int(batch.shape[0])
     return read

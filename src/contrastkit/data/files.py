@@ -484,9 +484,27 @@ def _image_headers(files: Sequence[Path]) -> List[Tuple[str, Tuple[int, int]]]:
     return headers
 
 
+def flatten_colour(image: Any, color: str) -> Any:
+    """The colour step of :mod:`contrastkit.data.preprocess` before ``color`` (``"L"`` or
+    ``"RGB"``): transparent pixels (RGBA, LA, PA, a palette's transparency) composited over
+    white, palette / CMYK / YCbCr / LAB / HSV / 1-bit images converted (to RGB, a 1-bit one to L
+    for grey); other modes as they are (:func:`to_array` rescales 16- and 32-bit ones)."""
+    from PIL import Image
+
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if image.mode in ("P", "CMYK", "YCbCr", "LAB", "HSV", "1"):
+        return image.convert("RGB" if color == "RGB" or image.mode != "1" else "L")
+    return image
+
+
 def _read_images(files: Sequence[Path], color: str, size: Tuple[int, int]) -> np.ndarray:
     """``files`` as ``(n, C, H, W)`` uint8 of ``size`` ``(H, W)``, each decoded at the smallest
-    size that keeps ``size`` (:func:`draft_scale`) and converted before the next is read."""
+    size that keeps ``size`` (:func:`draft_scale`) and converted before the next is read, by the
+    colour and stretch steps a streamed class folder and an export's contract use
+    (:mod:`contrastkit.data.preprocess`)."""
     height, width = size
     channels = 1 if color == "L" else 3
     check_input_size(len(files) * channels * height * width, f"{len(files)} images of {channels}x{height}x{width}")
@@ -496,7 +514,7 @@ def _read_images(files: Sequence[Path], color: str, size: Tuple[int, int]) -> np
             full_width, full_height = image.size
             scale = draft_scale(image, (width, height))
             box = None if scale == 1 else (0.0, 0.0, full_width / scale, full_height / scale)
-            out[i] = to_array([load_image(image, file)], color, size, box=box)[0]
+            out[i] = to_array([flatten_colour(load_image(image, file), color)], color, size, box=box)[0]
     return out
 
 

@@ -48,7 +48,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from contrastkit.data.files import RESAMPLE, draft_scale, load_image, open_image, to_array
+from contrastkit.data.files import RESAMPLE, draft_scale, flatten_colour, load_image, open_image, to_array
 
 __all__ = ["ImagePreprocessing", "preprocess_image", "preprocessing_of", "RESAMPLE", "RESIZE_RULES",
            "SHORTER_SIDE_THEN_CENTRE_CROP", "STRETCH", "NO_RESIZE", "CROP_FIRST_RATIO"]
@@ -133,14 +133,7 @@ class ImagePreprocessing:
         is a picture of ``full_size`` ``(width, height)`` decoded at ``1/scale`` of each side
         (:meth:`read`); the sizes are those of the whole picture, and its region of ``image`` is
         what is resized."""
-        from PIL import Image
-
-        if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-            rgba = image.convert("RGBA")
-            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            image = Image.alpha_composite(white, rgba).convert("RGB")
-        elif image.mode in ("P", "CMYK", "YCbCr", "LAB", "HSV", "1"):
-            image = image.convert("RGB" if self.color == "RGB" or image.mode != "1" else "L")
+        image = flatten_colour(image, self.color)
         height, width = self.size
         if full_size is None or scale == 1:
             full_size, scale = image.size, 1

@@ -175,6 +175,7 @@ def batch_diagnostics(problem: BatchProblem, temperature: Union[float, Tensor], 
             s = s.double()
         tau = temperature.detach().to(s.device, s.dtype) if isinstance(temperature, Tensor) else float(temperature)
         rows = torch.arange(index.shape[0], device=s.device)
+        index = index.to(s.device)
         positive = problem.positive.to(s.device)[index]
         logits = s / tau
         low = logits.amin() - 1e4

@@ -283,7 +283,9 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     except OSError as err:  # a full disk before the first step
         if err.errno not in DISK_FULL or isinstance(err, CheckpointWriteError):
             raise
-        raise disk_full(err, None, None, resume=resume) from err
+        # (a folder with a checkpoint is continued with --resume, never started over with --force)
+        continues = resume or os.path.isfile(layout.RunFolder(config.out).last_checkpoint)
+        raise disk_full(err, None, None, resume=continues) from err
     try:
         try:
             _train(run, progress, on_epoch_end)
