@@ -21,7 +21,7 @@ ROOT = Path(contrastkit.__file__).parent
 PACKAGE = "contrastkit"
 
 #: The library: what a script or the Lightning integration trains with.
-LIBRARY = {"losses", "distributed", "models", "metrics", "data", "methods", "analysis", "temperature",
+LIBRARY = {"losses", "distributed", "models", "metrics", "data", "methods", "analysis", "temperature", "compat",
            "temperature_methods", "layout",
            "_io", "manifest", "config_files", "extras", "records"}
 #: The trainer and the tools on top of it.
