@@ -61,8 +61,9 @@ def atomic_file(path: "str | os.PathLike[str]", mode: str = "w", *, tmp: "Option
         with contextlib.suppress(OSError):
             os.remove(tmp)
         cause = os_error_of(err) if isinstance(err, (OSError, RuntimeError)) else None
-        if cause is not None and _named(path, cause) is not cause:
-            raise _named(path, cause) from err
+        named = None if cause is None else _named(path, cause)
+        if named is not None and named is not cause:
+            raise named from err
         raise
 
 
@@ -84,6 +85,19 @@ def _named(path: str, err: OSError) -> OSError:
     return WriteFailed(path, err) if err.filename is None and not isinstance(err, WriteFailed) else err
 
 
+@contextlib.contextmanager
+def naming_writes(path: str, errnos: Optional[Tuple[int, ...]] = None) -> Iterator[None]:
+    """An ``OSError`` of the block that names no file (of ``errnos`` only, when given: e.g.
+    :data:`DISK_FULL`) is raised as :class:`WriteFailed` naming ``path``, the file written."""
+    try:
+        yield
+    except OSError as err:
+        named = _named(path, err) if errnos is None or err.errno in errnos else err
+        if named is err:
+            raise
+        raise named from err
+
+
 class AppendedFile:
     """A text file opened to append to (:func:`append_file`): an ``OSError`` of a write, a flush
     or the close (a full disk) is raised as :class:`WriteFailed`, naming the file."""
@@ -93,26 +107,20 @@ class AppendedFile:
         self._handle = open(path, "a", **open_args)
 
     def write(self, text: str) -> int:
-        try:
+        with naming_writes(self.path):
             return self._handle.write(text)
-        except OSError as err:
-            raise _named(self.path, err) from err
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
             self.write(line)
 
     def flush(self) -> None:
-        try:
+        with naming_writes(self.path):
             self._handle.flush()
-        except OSError as err:
-            raise _named(self.path, err) from err
 
     def close(self) -> None:
-        try:
+        with naming_writes(self.path):
             self._handle.close()
-        except OSError as err:
-            raise _named(self.path, err) from err
 
     @property
     def closed(self) -> bool:

@@ -361,11 +361,12 @@ class CollectionDataset:
     source = "collection"
     has_realisations = False
 
-    def __init__(self, name: str, train: ImageCollection, val: ImageCollection, test: ImageCollection) -> None:
+    def __init__(self, name: str, train: ImageCollection, val: ImageCollection, test: ImageCollection,
+                 left_out: Optional[Dict[str, str]] = None) -> None:
         self.name = name
         #: The files the listing left out (``{escaped path: reason}``: a name that is not UTF-8, a
         #: link to nothing, a second link to a file or folder already listed), in no split.
-        self.left_out: Dict[str, str] = {}
+        self.left_out: Dict[str, str] = dict(left_out or {})
         self.class_names: List[str] = []
         self.train, self.val, self.test = train, val, test
         self.image_shape = train.image_shape
@@ -432,9 +433,7 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
               for part, paths in parts.items()}
     splits["train"].skipped.update(left_out)  # named with the damaged files the run meets
     name = Path(source).stem if Path(source).is_file() else (Path(source).resolve().name or "images")
-    dataset = CollectionDataset(name, splits["train"], splits["val"], splits["test"])
-    dataset.left_out = dict(left_out)
-    return dataset
+    return CollectionDataset(name, splits["train"], splits["val"], splits["test"], left_out)
 
 
 def _base_split(split: Any) -> Any:

@@ -467,6 +467,13 @@ def draft_scale(image: Any, at_least: Tuple[int, int]) -> int:
     return max(1, round(full_width / drafted[1][2]))
 
 
+def decoded_region(full_size: Tuple[int, int], scale: int) -> Optional[Tuple[float, float, float, float]]:
+    """The picture's region ``(0, 0, width / scale, height / scale)`` of a decode at ``1/scale``
+    (:func:`draft_scale`) of a picture of ``full_size`` ``(width, height)``, as :func:`to_array`'s
+    ``box``; ``None`` for a whole decode."""
+    return None if scale == 1 else (0.0, 0.0, full_size[0] / scale, full_size[1] / scale)
+
+
 def _image_label(path: Path, where: Optional[str]) -> str:
     return str(path) if where is None else f"{where}: image {str(path)!r}"
 
@@ -511,9 +518,7 @@ def _read_images(files: Sequence[Path], color: str, size: Tuple[int, int]) -> np
     out = np.empty((len(files), channels, height, width), dtype=np.uint8)
     for i, file in enumerate(files):
         with open_image(file) as image:
-            full_width, full_height = image.size
-            scale = draft_scale(image, (width, height))
-            box = None if scale == 1 else (0.0, 0.0, full_width / scale, full_height / scale)
+            box = decoded_region(image.size, draft_scale(image, (width, height)))
             out[i] = to_array([flatten_colour(load_image(image, file), color)], color, size, box=box)[0]
     return out
 

@@ -48,7 +48,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from contrastkit.data.files import RESAMPLE, draft_scale, flatten_colour, load_image, open_image, to_array
+from contrastkit.data.files import (RESAMPLE, decoded_region, draft_scale, flatten_colour, load_image, open_image,
+                                   to_array)
 
 __all__ = ["ImagePreprocessing", "preprocess_image", "preprocessing_of", "RESAMPLE", "RESIZE_RULES",
            "SHORTER_SIDE_THEN_CENTRE_CROP", "STRETCH", "NO_RESIZE", "CROP_FIRST_RATIO"]
@@ -137,8 +138,7 @@ class ImagePreprocessing:
         height, width = self.size
         if full_size is None or scale == 1:
             full_size, scale = image.size, 1
-        # The picture's region of a reduced decode, in its pixels (None: the whole image).
-        whole = None if scale == 1 else (0.0, 0.0, full_size[0] / scale, full_size[1] / scale)
+        whole = decoded_region(full_size, scale)  # the picture's region of a reduced decode
         if self.resize == STRETCH:
             return to_array([image], self.color, (height, width), box=whole)[0]
         if self.resize == NO_RESIZE:

@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from contrastkit import layout
-from contrastkit._io import DISK_FULL, WriteFailed, atomic_file
+from contrastkit._io import DISK_FULL, atomic_file, naming_writes
 
 from contrastkit.data import check_positive_int, indexed_image_batches, skipped_reason
 from contrastkit.metrics.readout import extract_features
@@ -157,14 +157,10 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
         names = ("train", "val", "test") if split == "all" else (split,)
         head = projection_head(model) if projection else None
         read = _Reading(batch_size, saved.config.workers if workers is None else workers)
-        try:
+        with naming_writes(out, DISK_FULL):  # a full disk under the output (numpy's and zip's errors name no file)
             return _write(files, dataset, names, model.encoder, head, torch_device, read, progress,
                           {"run": os.path.abspath(run_dir), "checkpoint": os.path.abspath(saved.checkpoint),
                            "data": data or saved.config.data, "split": split})
-        except OSError as err:  # a full disk under the output: the write named (numpy's and zip's errors name none)
-            if err.errno not in DISK_FULL or err.filename is not None or isinstance(err, WriteFailed):
-                raise
-            raise WriteFailed(out, err) from err
 
 
 @dataclass(frozen=True)

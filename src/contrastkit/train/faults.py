@@ -530,17 +530,17 @@ def disk_full(err: OSError, step: Optional[int], last_good: Optional[Tuple[int, 
     ``step`` (``None``: before the first step, on resume the first of this invocation): what is
     safe, and what to do once space is freed. ``trained``: training had finished (the read-out,
     the summary or the report was being written); ``resume``: the invocation was a ``--resume``."""
-    if trained and last_good is not None:
-        held = (f"training finished and its checkpoint (step {last_good[0]}) is complete; free some space, then "
-                "--resume evaluates it again")
-    elif last_good is not None:
-        held = (f"the checkpoint of step {last_good[0]} ({last_good[1]} epoch(s) done) is intact; free some space, "
-                "then continue with --resume")
-    else:
-        held = "no checkpoint was written yet; free some space, then start again with --force"
-    when = "before training started" if step is None else f"at step {step}"
     if step is None:
         held = "free some space, then run the same command again" + ("" if resume else " with --force (the folder "
                                                                       "holds only what this run wrote)")
+    elif last_good is None:
+        held = "no checkpoint was written yet; free some space, then start again with --force"
+    elif trained:
+        held = (f"training finished and its checkpoint (step {last_good[0]}) is complete; free some space, then "
+                "--resume evaluates it again")
+    else:
+        held = (f"the checkpoint of step {last_good[0]} ({last_good[1]} epoch(s) done) is intact; free some space, "
+                "then continue with --resume")
+    when = "before training started" if step is None else f"at step {step}"
     return WriteFailed(getattr(err, "path", "") or str(err.filename or ""), getattr(err, "cause", err),
                        f"{err} {when}; {held}")

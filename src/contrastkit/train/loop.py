@@ -269,7 +269,10 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
               transform: Optional[Callable[[torch.Tensor], Any]] = None,
               guard: Optional[RunGuard] = None,
               on_summary: Optional[Callable[[Dict[str, Any]], None]] = None) -> Optional[Dict[str, Any]]:
-    try:
+    # A full disk before the first step: a folder with a checkpoint is continued with --resume,
+    # never started over with --force.
+    with _on_full_disk(lambda err: disk_full(
+            err, None, None, resume=resume or os.path.isfile(layout.RunFolder(config.out).last_checkpoint))):
         run = _set_up(config, resume, force, dataset, views, encoder, transform, guard or RunGuard())
         if run.parallel.is_main:
             manifest = Manifest(run.folder.root)
@@ -280,19 +283,9 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
             if "csv" in run.config.loggers:
                 manifest.mark_writing(layout.METRICS_CSV)  # recorded when the loggers close
             run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if run.resumed else None)
-    except OSError as err:  # a full disk before the first step
-        if err.errno not in DISK_FULL or isinstance(err, CheckpointWriteError):
-            raise
-        # (a folder with a checkpoint is continued with --resume, never started over with --force)
-        continues = resume or os.path.isfile(layout.RunFolder(config.out).last_checkpoint)
-        raise disk_full(err, None, None, resume=continues) from err
     try:
-        try:
+        with _on_full_disk(lambda err: disk_full(err, run.step, run.faults.last_checkpoint)):
             _train(run, progress, on_epoch_end)
-        except OSError as err:  # a full disk while writing a file other than the checkpoint
-            if err.errno not in DISK_FULL or isinstance(err, CheckpointWriteError):
-                raise
-            raise disk_full(err, run.step, run.faults.last_checkpoint) from err
         # The checkpoint is complete: a preemption signal from now on stops the run at once.
         run.guard.signals.raise_from_now(lambda name: _preempted(run, name))
         run.loader = None  # ends the persistent workers before the evaluation starts its own
@@ -333,15 +326,22 @@ def _close_loggers(run: "_Run") -> None:
 
 
 @contextlib.contextmanager
-def _after_training(run: "_Run") -> Any:
-    """A full disk while the read-out, the summary or the report is written: one error saying
-    that the trained checkpoint is complete, and how to evaluate it again."""
+def _on_full_disk(stop: Callable[[OSError], OSError]) -> Any:
+    """A full disk while the block writes a file other than the checkpoint (whose own error,
+    :func:`.faults.write_failed`, says what is safe): the run stops with ``stop(err)``, the one
+    error that says at which point and what to do (:func:`.faults.disk_full`)."""
     try:
         yield
     except OSError as err:
         if err.errno not in DISK_FULL or isinstance(err, CheckpointWriteError):
             raise
-        raise disk_full(err, run.step, run.faults.last_checkpoint, trained=True) from err
+        raise stop(err) from err
+
+
+def _after_training(run: "_Run") -> Any:
+    """:func:`_on_full_disk` while the read-out, the summary or the report is written: the
+    trained checkpoint is complete, and ``--resume`` evaluates it again."""
+    return _on_full_disk(lambda err: disk_full(err, run.step, run.faults.last_checkpoint, trained=True))
 
 
 def _leave_group(run: "_Run") -> None:
