@@ -28,7 +28,7 @@ def main() -> None:
     real_end_epoch = loop._end_epoch
 
     def end_epoch(run, *args, **kwargs):
-        ended_at.append(run.step)
+        ended_at.append(run.state.step)
         return real_end_epoch(run, *args, **kwargs)
 
     loop._end_epoch = end_epoch

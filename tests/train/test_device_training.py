@@ -74,7 +74,7 @@ class _MarkedBatches:
 
     def __iter__(self):
         for item in self.batches:
-            self.marks.append((self.run.step + 1, len(self.caught)))
+            self.marks.append((self.run.state.step + 1, len(self.caught)))
             yield item
 
 

@@ -41,7 +41,7 @@ class _TaggedBatches:
 
     def __iter__(self):
         for item in self.batches:
-            self.recorder.tag = self.run.step + 1
+            self.recorder.tag = self.run.state.step + 1
             yield item
 
 

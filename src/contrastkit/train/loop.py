@@ -57,14 +57,15 @@ from contrastkit.metrics.readout import ReadoutPartFailed, extract_features
 from contrastkit.metrics.temperatures import TemperatureHistogram
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
-from .checkpoint import CheckpointWriteError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from .faults import (Preempted, ReadoutFailed, RunGuard, StepFaults, launch_id, restart_resumes, restart_starts_over, restarts_allowed,
                      resume_starts_over, write_failed, disk_full)
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
 from .parallel import LossForward, Parallel, setup
-from .selection import EpochSelection, val_probe_accuracy
+from .selection import val_probe_accuracy
+from .state import Trainables, TrainState
 from .setup import compile_encoder, compile_failure, eager_calls, limit_threads, resolve_device
 
 __all__ = ["pretrain", "warmup_cosine", "OUTPUT_FILES"]
@@ -282,9 +283,9 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
             manifest.record(*marked)
             if "csv" in run.config.loggers:
                 manifest.mark_writing(layout.METRICS_CSV)  # recorded when the loggers close
-            run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.step if run.resumed else None)
+            run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.state.step if run.resumed else None)
     try:
-        with _on_full_disk(lambda err: disk_full(err, run.step, run.faults.last_checkpoint)):
+        with _on_full_disk(lambda err: disk_full(err, run.state.step, run.faults.last_checkpoint)):
             _train(run, progress, on_epoch_end)
         # The checkpoint is complete: a preemption signal from now on stops the run at once.
         run.guard.signals.raise_from_now(lambda name: _preempted(run, name))
@@ -341,7 +342,7 @@ def _on_full_disk(stop: Callable[[OSError], OSError]) -> Any:
 def _after_training(run: "_Run") -> Any:
     """:func:`_on_full_disk` while the read-out, the summary or the report is written: the
     trained checkpoint is complete, and ``--resume`` evaluates it again."""
-    return _on_full_disk(lambda err: disk_full(err, run.step, run.faults.last_checkpoint, trained=True))
+    return _on_full_disk(lambda err: disk_full(err, run.state.step, run.faults.last_checkpoint, trained=True))
 
 
 def _leave_group(run: "_Run") -> None:
@@ -358,7 +359,7 @@ def _leave_group(run: "_Run") -> None:
 
 def _preempted(run: "_Run", signal_name: Optional[str] = None) -> Preempted:
     """The stop of a run whose checkpoint holds its current step."""
-    return Preempted(signal_name or run.faults.stop or "a signal", run.step, run.folder.last_checkpoint,
+    return Preempted(signal_name or run.faults.stop or "a signal", run.state.step, run.folder.last_checkpoint,
                      rank=run.parallel.rank if run.parallel.active else None)
 
 
@@ -400,12 +401,7 @@ class _Run:
     # The module the caller passed, when its class cannot rebuild it (the baseline then starts
     # from it); None when config.encoder rebuilds the architecture (the baseline is built from it).
     encoder: Optional[torch.nn.Module] = None
-    epoch: int = 0
-    step: int = 0
-    train_seconds: float = 0.0
-    epoch_losses: List[float] = field(default_factory=list)
     loggers: Loggers = field(default_factory=Loggers)  # --logger (rank 0); metrics.jsonl is separate
-    selection: EpochSelection = field(default_factory=EpochSelection)  # the val read-out picks the epoch
     tap: BatchTap = field(default_factory=BatchTap)  # what the logged steps' loss saw (rank 0)
     # A temperature method's per-anchor temperatures over the epoch (None: one tau for all anchors).
     tau_histogram: Optional[TemperatureHistogram] = None
@@ -413,9 +409,8 @@ class _Run:
     previous_steps: List[Dict[str, Any]] = field(default_factory=list)  # the last step records written
     guard: RunGuard = field(default_factory=RunGuard)  # the stop signals and the folder lock (.faults)
     faults: StepFaults = None  # type: ignore[assignment]  # stop signals, non-finite losses (set by _set_up)
+    state: TrainState = None  # type: ignore[assignment]  # what the checkpoint restores (set by _set_up)
     resumed: bool = False                # continues a checkpoint (--resume, or a restarted torchrun group)
-    epoch_step: int = 0                  # on resume: the batches of the epoch in progress already done
-    epoch_loss_sum: float = 0.0          # ... and this rank's sum of their losses
     epoch_started: float = 0.0           # when this invocation started the epoch in progress
     # The loader may hand over batches short of readable images (damaged files skipped): each
     # step then asks whether to skip (every rank alike, :meth:`StepFaults.agree_short`).
@@ -524,6 +519,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None, precision=precision, guard=guard,
                faults=StepFaults(config.on_nan, parallel, guard.signals, layout.RunFolder(config.out).last_checkpoint),
                resumed=resume)
+    run.state = TrainState(run.faults)
     if getattr(model, "temperature_method", None) is not None:
         run.tau_histogram = TemperatureHistogram(device)
     run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
@@ -589,35 +585,14 @@ def _restore(run: _Run, state: Optional[Dict[str, Any]] = None) -> None:
     if state is None:
         state = load_checkpoint(path)  # a damaged last.pt is refused, naming previous.pt and how to use it
     _check_resumable(state, run.config, path)
-    world_size = run.parallel.world_size
-    if int(state.get("world_size", 1)) != world_size:
-        raise ValueError(f"checkpoint {path} was written by {state.get('world_size', 1)} "
-                         f"process(es); resume it with the same number (now {world_size})")
-    try:
-        run.model.load_state_dict(state["model"])
-        run.optimizer.load_state_dict(state["optimizer"])
-        run.scheduler.load_state_dict(state["scheduler"])
-    except (RuntimeError, ValueError, KeyError) as err:
-        raise ValueError(f"checkpoint {path} does not match this model/optimizer: "
-                         f"{str(err).splitlines()[0]}") from None
-    # The schedule's functions are not in the state (only its step): a changed --epochs
-    # reshapes the cosine from the resumed step on.
-    try:
-        run.precision.load_state_dict(state.get("precision"))
-    except (RuntimeError, ValueError, KeyError) as err:
-        raise ValueError(f"checkpoint {path} does not match --precision {run.config.precision}: {err}") from None
-    set_rng_state(state["rng_per_rank"][run.parallel.rank] if run.parallel.active else state["rng"])
-    run.epoch, run.step = int(state["epoch"]), int(state["step"])
-    run.train_seconds = float(state.get("train_seconds", 0.0))
-    run.epoch_losses = [float(v) for v in state.get("epoch_losses", [])]
-    run.selection.load_state_dict(state.get("selection"))
-    run.epoch_step = int(state.get("epoch_step", 0))
-    sums = state.get("epoch_loss_sums", [])
-    run.epoch_loss_sum = float(sums[run.parallel.rank]) if len(sums) == world_size else 0.0
-    run.faults.load_state(state)
-    run.faults.last_checkpoint = (run.step, run.epoch)
+    run.state.load_state_dict(state, run.parallel.rank, run.parallel.world_size, path)
+    _trainables(run).load_state_dict(state, path, run.config.precision)
     if run.parallel.is_main:
-        _truncate_metrics(run.folder.metrics, run.epoch, run.step)
+        _truncate_metrics(run.folder.metrics, run.state.epoch, run.state.step)
+
+
+def _trainables(run: _Run) -> Trainables:
+    return Trainables(run.model, run.optimizer, run.scheduler, run.precision)
 
 
 def _check_weights_unchanged(config: PretrainConfig, report: Any, resume: bool) -> None:
@@ -656,7 +631,7 @@ def _train(run: _Run, progress: Optional[bool],
            on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]]) -> None:
     """The remaining epochs, each ending with its record and checkpoint."""
     show = (sys.stderr.isatty() if progress is None else progress) and run.parallel.is_main
-    bar = _Progress(show, run.total_steps, run.step)
+    bar = _Progress(show, run.total_steps, run.state.step)
     labels = run.dataset.train.labels
     labels = labels.to(run.device) if labels is not None else None  # paired data may lack labels
     run.model.train()
@@ -668,14 +643,14 @@ def _train(run: _Run, progress: Optional[bool],
                          else open(os.devnull, "w")) as metrics:
             if restarts_allowed() and not run.resumed:  # a restart before the first checkpoint resumes too
                 _write_checkpoint(run, torch.zeros(()), 0)
-            while run.epoch < run.config.epochs:
+            while run.state.epoch < run.config.epochs:
                 run.epoch_started = time.perf_counter()
                 loss_sum = _train_epoch(run, labels, metrics, bar)
                 if loss_sum is None:  # stopped by a signal in the middle of the epoch, checkpointed
                     raise _preempted(run)
                 record = _end_epoch(run, loss_sum, time.perf_counter() - run.epoch_started, metrics)
                 if on_epoch_end is not None:
-                    on_epoch_end(run.epoch, record)
+                    on_epoch_end(run.state.epoch, record)
                 if run.faults.agree_stop():
                     raise _preempted(run)
     finally:
@@ -695,9 +670,9 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
     read back with the loss at the logging step; the last step's batch is saved for the
     report's pictures (:mod:`.last_batch`)."""
     config = run.config
-    start, run.epoch_step = run.epoch_step, 0
-    run.sampler.set_epoch(run.epoch, start=start)  # the epoch's order: seeded by (seed, epoch), nothing else
-    loss_sum = torch.tensor(run.epoch_loss_sum if start else 0.0, device=run.device)
+    start, run.state.epoch_step = run.state.epoch_step, 0
+    run.sampler.set_epoch(run.state.epoch, start=start)  # the epoch's order: seeded by (seed, epoch), nothing else
+    loss_sum = torch.tensor(run.state.epoch_loss_sum if start else 0.0, device=run.device)
     if not start:
         run.faults.start_epoch()
     window_started, window_steps = time.perf_counter(), 0
@@ -717,14 +692,14 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
         else:
             if not isinstance(item, torch.Tensor) and hasattr(run.batches, "hold"):
                 run.batches.hold(indices, images)  # a caller's own views read the split themselves
-            logging = (run.step + 1) % config.log_every == 0 or batch == run.steps_per_epoch - 1
-            last = run.step + 1 == run.total_steps
+            logging = (run.state.step + 1) % config.log_every == 0 or batch == run.steps_per_epoch - 1
+            last = run.state.step + 1 == run.total_steps
             if run.parallel.is_main and (logging or last):
                 run.tap.arm()
             try:
                 loss, made = _train_step(run, indices, labels, metrics)
             except ValueError:  # e.g. the losses refusing non-finite embeddings: a non-finite loss before it is the cause
-                run.faults.check_deferred(run.step)
+                run.faults.check_deferred(run.state.step)
                 raise
             step_tau = run.tap.tau
             problem, diagnostics = run.tap.take()
@@ -739,16 +714,16 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
                 window_steps = 0
             if last and problem is not None:
                 save_last_batch(run.folder, problem, made, indices, run.dataset, method=config.method,
-                                temperature=float(step_tau), step=run.step, epoch=run.epoch + 1)
+                                temperature=float(step_tau), step=run.state.step, epoch=run.state.epoch + 1)
         if batch + 1 < run.steps_per_epoch:  # (the epoch's end writes its own checkpoint)
-            if run.faults.stop or (config.checkpoint_every and run.step % config.checkpoint_every == 0):
+            if run.faults.stop or (config.checkpoint_every and run.state.step % config.checkpoint_every == 0):
                 _write_checkpoint(run, loss_sum, batch + 1)
                 run.faults.agree_stop()
             if run.faults.stop:
                 return None
     if drawn and not run.parallel.any(delivered > 0)[0]:
         raise _nothing_read(run, f"no image could be read: all {drawn * run.batch_size} training images of "
-                                 f"epoch {run.epoch + 1} were damaged and skipped")
+                                 f"epoch {run.state.epoch + 1} were damaged and skipped")
     return loss_sum
 
 
@@ -784,12 +759,12 @@ def _skip_short_batch(run: _Run, metrics: IO[str], bar: "_Progress") -> None:
     with warnings.catch_warnings():  # torch's "scheduler before optimizer" warning: no update, on purpose
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
         run.scheduler.step()
-    run.step += 1
-    metrics.write(records.metrics_line(records.metrics_record(records.SKIPPED, epoch=run.epoch + 1, step=run.step,
+    run.state.step += 1
+    metrics.write(records.metrics_line(records.metrics_record(records.SKIPPED, epoch=run.state.epoch + 1, step=run.state.step,
                                                               reason=_SHORT_BATCH)))
     if run.parallel.is_main and "short_batch" not in run.warned:
-        run.warned["short_batch"] = run.step
-        bar.warn(f"warning: step {run.step}: {_SHORT_BATCH}; the step was skipped"
+        run.warned["short_batch"] = run.state.step
+        bar.warn(f"warning: step {run.state.step}: {_SHORT_BATCH}; the step was skipped"
                  + (" on every process" if run.parallel.active else ""))
 
 
@@ -800,12 +775,12 @@ def _skip_step(run: _Run, loss: torch.Tensor, metrics: IO[str], bar: "_Progress"
     """``on_nan="skip"``: the step whose loss was not finite (on some rank) kept no update; its
     record in metrics.jsonl, and a warning the first time."""
     value = float(run.parallel.mean(loss))  # not finite: written as "nan" / "inf" (valid JSON)
-    metrics.write(records.metrics_line(records.metrics_record(records.SKIPPED, epoch=run.epoch + 1, step=run.step,
+    metrics.write(records.metrics_line(records.metrics_record(records.SKIPPED, epoch=run.state.epoch + 1, step=run.state.step,
                                                               loss=str(value))))
-    run.faults.count_skip(run.model, run.step, value)
+    run.faults.count_skip(run.model, run.state.step, value)
     if run.parallel.is_main and "skipped" not in run.warned:
-        run.warned["skipped"] = run.step
-        bar.warn(f"warning: step {run.step}: the loss was {value}; its update was skipped (--on-nan skip)")
+        run.warned["skipped"] = run.state.step
+        bar.warn(f"warning: step {run.state.step}: the loss was {value}; its update was skipped (--on-nan skip)")
 
 
 def _micro_batch(configured: int, rows: int) -> int:
@@ -848,9 +823,9 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
     batch = run.batches(run.dataset.train, indices)
     if run.config.channels_last:
         batch = channels_last_batch(batch)
-    tau_now = before_loss(run.model, run.schedule, run.step, run.total_steps)
+    tau_now = before_loss(run.model, run.schedule, run.state.step, run.total_steps)
     if tau_now is not None:  # a varying tau is logged at every step
-        metrics.write(records.metrics_line(records.metrics_record(records.TAU, step=run.step + 1, tau=tau_now)))
+        metrics.write(records.metrics_line(records.metrics_record(records.TAU, step=run.state.step + 1, tau=tau_now)))
     on_device = indices.to(run.device, non_blocking=True)  # the batch's sample indices: labels, per-sample state
     batch_labels = None if labels is None else labels[on_device]
     precision = run.precision
@@ -865,14 +840,14 @@ def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor]
         if failure is None:
             raise
         raise failure from err
-    if run.faults.keep_update(loss, run.step + 1):  # (a stop signal is agreed on here too)
+    if run.faults.keep_update(loss, run.state.step + 1):  # (a stop signal is agreed on here too)
         precision.step(run.optimizer)
     # The clamp of a learnable tau, a temperature method's own update (iSogCLR's temperatures).
     temperatures = after_optimizer_step(run.method, run.model)
     if run.tau_histogram is not None and temperatures is not None:
         run.tau_histogram.add(temperatures)
     run.scheduler.step()
-    run.step += 1
+    run.state.step += 1
     return loss, batch
 
 
@@ -883,7 +858,7 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
     ``diagnostics``: the step's batch diagnostics (:func:`contrastkit.metrics.batch.batch_diagnostics`,
     on the device), read back with the loss in one transfer; a failure they show is printed
     once per kind (:func:`contrastkit.metrics.batch.batch_warnings`) and listed in the record."""
-    run.faults.check_deferred(run.step)  # a non-finite loss since the last read is named by its own step
+    run.faults.check_deferred(run.state.step)  # a non-finite loss since the last read is named by its own step
     mean_loss = run.parallel.mean(loss)
     if diagnostics is not None:  # the only host sync, at logging cadence: the loss and the diagnostics together
         numbers = torch.cat([mean_loss.reshape(1).to(diagnostics.dtype), diagnostics]).tolist()
@@ -891,11 +866,11 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
     else:
         value, batch_numbers = float(mean_loss), {}
     if not math.isfinite(value):  # (a non-finite step loss stopped the run or was skipped before this)
-        raise run.faults.nonfinite(run.step, value)
+        raise run.faults.nonfinite(run.state.step, value)
     now = time.perf_counter()
     speed = window_steps * run.batch_size / max(now - window_started, 1e-9)
     tau = run.model.temperature.value
-    record = records.metrics_record(records.STEP, epoch=run.epoch + 1, step=run.step, loss=value, tau=tau,
+    record = records.metrics_record(records.STEP, epoch=run.state.epoch + 1, step=run.state.step, loss=value, tau=tau,
                                     lr=run.scheduler.get_last_lr()[0], images_per_second=speed, **batch_numbers)
     found = batch_warnings(record, learnable=run.config.learnable_temperature,
                            tau_bound=run.model.temperature.min_value, previous=run.previous_steps)
@@ -906,9 +881,9 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
     run.loggers.record(record)
     for warning in found if run.parallel.is_main else ():
         if warning["kind"] not in run.warned:
-            run.warned[warning["kind"]] = run.step
-            bar.warn(f"warning: step {run.step}: {warning['message']}")
-    bar.update(window_steps, epoch=f"{run.epoch + 1}/{run.config.epochs}", loss=f"{value:.4f}", tau=f"{tau:.3f}",
+            run.warned[warning["kind"]] = run.state.step
+            bar.warn(f"warning: step {run.state.step}: {warning['message']}")
+    bar.update(window_steps, epoch=f"{run.state.epoch + 1}/{run.config.epochs}", loss=f"{value:.4f}", tau=f"{tau:.3f}",
                speed=f"{speed:.0f}")
     return now
 
@@ -918,26 +893,26 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
     config, parallel = run.config, run.parallel
     kept_steps = run.steps_per_epoch - run.faults.epoch_skipped - run.faults.epoch_short
     if kept_steps == 0 and run.faults.epoch_short:  # damaged files left no batch of 2 readable images
-        raise _nothing_read(run, f"every batch of epoch {run.epoch + 1} was left with fewer than 2 readable "
+        raise _nothing_read(run, f"every batch of epoch {run.state.epoch + 1} was left with fewer than 2 readable "
                                  "images" + (" on some process" if parallel.active else "")
                                  + " by its damaged files, which were skipped")
     if kept_steps == 0:  # --on-nan skip skipped the whole epoch: nothing trains
-        raise run.faults.all_skipped(run.epoch + 1, run.step)
-    run.epoch += 1
+        raise run.faults.all_skipped(run.state.epoch + 1, run.state.step)
+    run.state.epoch += 1
     epoch_loss = float(parallel.mean(loss_sum)) / kept_steps
-    run.epoch_losses.append(epoch_loss)
-    run.train_seconds += seconds
-    record = records.metrics_record(records.EPOCH, epoch=run.epoch, step=run.step, loss=epoch_loss,
+    run.state.epoch_losses.append(epoch_loss)
+    run.state.train_seconds += seconds
+    record = records.metrics_record(records.EPOCH, epoch=run.state.epoch, step=run.state.step, loss=epoch_loss,
                                     tau=run.model.temperature.value, lr=run.scheduler.get_last_lr()[0],
-                                    train_seconds=run.train_seconds)
-    evaluating = config.eval_every and (run.epoch % config.eval_every == 0 or run.epoch == config.epochs)
+                                    train_seconds=run.state.train_seconds)
+    evaluating = config.eval_every and (run.state.epoch % config.eval_every == 0 or run.state.epoch == config.epochs)
     if evaluating and parallel.is_main:
         with eager_calls(config.compile):  # the read-out's calls run eagerly (no compilation per batch size)
             _evaluate_epoch(run, record)
     metrics.write(records.metrics_line(record))
     if run.tau_histogram is not None:  # the distribution of the per-anchor temperatures of the epoch
         run.tau_histogram.merged(parallel.reduce)
-        metrics.write(records.metrics_line(run.tau_histogram.record(run.epoch, run.step)))
+        metrics.write(records.metrics_line(run.tau_histogram.record(run.state.epoch, run.state.step)))
     metrics.flush()
     run.loggers.record(record)
     run.loggers.flush()
@@ -951,9 +926,8 @@ def _write_checkpoint(run: _Run, loss_sum: torch.Tensor, epoch_step: int) -> Non
     Every rank takes part; rank 0 writes. A write that fails stops the run with one error naming
     the checkpoint left intact (:func:`.faults.write_failed`)."""
     config, parallel = run.config, run.parallel
-    run.faults.check_deferred(run.step)  # never a checkpoint of a state a non-finite step updated
-    rng_per_rank = parallel.gather_objects(rng_state())
-    loss_sums = parallel.gather_objects(float(loss_sum))
+    run.faults.check_deferred(run.state.step)  # never a checkpoint of a state a non-finite step updated
+    ranks = parallel.gather_objects(TrainState.rank_state(float(loss_sum), None))
 
     def write() -> None:
         manifest = Manifest(run.folder.root)
@@ -961,22 +935,15 @@ def _write_checkpoint(run: _Run, loss_sum: torch.Tensor, epoch_step: int) -> Non
         in_epoch = time.perf_counter() - run.epoch_started if epoch_step else 0.0
         try:
             save_checkpoint(run.folder.last_checkpoint, {
-                "config": config.to_dict(), "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-                "scheduler": run.scheduler.state_dict(),
-                "rng": rng_per_rank[0], "rng_per_rank": rng_per_rank, "world_size": parallel.world_size,
-                "epoch": run.epoch, "step": run.step, "train_seconds": run.train_seconds + in_epoch,
-                "epoch_losses": run.epoch_losses, "selection": run.selection.state_dict(),
-                "precision": run.precision.state_dict(),
-                "epoch_step": epoch_step, "epoch_loss_sums": loss_sums if epoch_step else [],
-                "launch": launch_id(), **run.faults.state(),
-            })
+                "config": config.to_dict(), "launch": launch_id(), **_trainables(run).state_dict(),
+                **run.state.state_dict(ranks, epoch_step, run.state.train_seconds + in_epoch)})
         except CheckpointWriteError as err:
-            raise write_failed(err, run.step, run.faults.last_checkpoint) from None
+            raise write_failed(err, run.state.step, run.faults.last_checkpoint) from None
         manifest.record(*marked)  # hashed once, here (a digest the writer returns could be passed)
 
     parallel.run_on_main(write)  # a failed write stops every rank
     parallel.barrier()  # the checkpoint is complete before any rank goes on
-    run.faults.last_checkpoint = (run.step, run.epoch)
+    run.faults.last_checkpoint = (run.state.step, run.state.epoch)
 
 
 # -- evaluation ---------------------------------------------------------------------------
@@ -993,7 +960,7 @@ def _evaluate_epoch(run: _Run, record: Dict[str, Any]) -> None:
         score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed,
                                    features=features)
         record["val_probe_accuracy"] = score
-        run.selection.observe(run.epoch, score, run.model)
+        run.state.selection.observe(run.state.epoch, score, run.model)
     record.update(run.method.val_metrics(run.eval_context()))
 
 
@@ -1004,7 +971,7 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     try:  # an unlabeled collection's held-out files, read whole once: a damaged one is named too
         read_held_out_files(run.dataset, batch_size=run.batch_size, workers=config.workers)
     except BadItemError as err:  # --bad-files fail
-        raise ValueError(f"{err} (a held-out file, read after training; its checkpoint of step {run.step} is "
+        raise ValueError(f"{err} (a held-out file, read after training; its checkpoint of step {run.state.step} is "
                          "complete)") from None
     baseline = (build_model(config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder).encoder.to(run.device)
                 if baselines else None)
@@ -1012,7 +979,7 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
         numbers = evaluate_model(config, run.model, run.dataset, run.device, baseline_encoder=baseline,
                                  raw_pixels=baselines)
         numbers.update(run.method.test_metrics(run.eval_context()))
-        selected = run.selection.report(run.epoch, numbers, lambda state: _evaluate_snapshot(run, state))
+        selected = run.state.selection.report(run.state.epoch, numbers, lambda state: _evaluate_snapshot(run, state))
     except (ReadoutPartFailed, MemoryError, RuntimeError) as err:
         # The trained weights are safe in the last checkpoint: say so, and how to read them out.
         reason = str(err) if isinstance(err, ReadoutPartFailed) else \
@@ -1021,13 +988,13 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     eval_seconds = time.perf_counter() - eval_started
     summary = {
         **numbers, **selected,
-        "final_loss": run.epoch_losses[-1] if run.epoch_losses else None,
-        "epochs": run.epoch, "steps": run.step, "method": config.method, "data": run.dataset.name,
+        "final_loss": run.state.epoch_losses[-1] if run.state.epoch_losses else None,
+        "epochs": run.state.epoch, "steps": run.state.step, "method": config.method, "data": run.dataset.name,
         "encoder": config.encoder, "views": config.views, "final_temperature": run.model.temperature.value,
         "temperature_schedule": config.temperature_schedule, "temperature_method": config.temperature_method,
-        "train_seconds": run.train_seconds, "eval_seconds": eval_seconds,
+        "train_seconds": run.state.train_seconds, "eval_seconds": eval_seconds,
         "seconds": time.perf_counter() - run.started,  # this invocation (train_seconds adds up resumes)
-        "images_per_second": run.step * run.batch_size / run.train_seconds if run.train_seconds > 0 else None,
+        "images_per_second": run.state.step * run.batch_size / run.state.train_seconds if run.state.train_seconds > 0 else None,
         "beats_baselines": records.beats_baselines(numbers) if baselines else None,
     }
     if records.VIEW_RETRIEVAL_TOP1 in numbers:  # without labels: judged by view retrieval
@@ -1042,7 +1009,7 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
         summary["skipped_files"] = len(skipped)
     if skipped:
         print(f"skipped {len(skipped)} damaged image file(s); they are named in {run.folder.skipped}", file=sys.stderr)
-    run.loggers.summary(summary, step=run.step, epoch=run.epoch)
+    run.loggers.summary(summary, step=run.state.step, epoch=run.state.epoch)
     return summary
 
 
