@@ -92,7 +92,7 @@ def test_cuda_counts_no_sync_inside_a_training_step(test_device, options, tmp_pa
 
         def marking_set_up(*args, **kwargs):
             run = set_up(*args, **kwargs)
-            run.loader = _MarkedBatches(run.loader, run, caught, marks)
+            run.source.loader = _MarkedBatches(run.source.loader, run, caught, marks)
             runs.append(run)
             return run
 

@@ -57,7 +57,7 @@ def _reads_per_step(monkeypatch, tmp_path, dataset=None, **options):
     with recorded_reads() as recorder:
         def tagging_set_up(*args, **kwargs):
             run = set_up(*args, **kwargs)
-            run.loader = _TaggedBatches(run.loader, run, recorder)
+            run.source.loader = _TaggedBatches(run.source.loader, run, recorder)
             runs.append(run)
             return run
 

@@ -41,9 +41,9 @@ from contrastkit._io import DISK_FULL, append_file, atomic_file
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
-from contrastkit.data import (BadItemError, DataSplits, DeviceIndexBatches, EpochBatchSampler, OnDevicePlan,
-                              add_skipped, as_data, check_indexed, data_record, hold_on_device, make_loader,
-                              read_held_out_files, skipped_files, skipped_reasons, skips_bad_files)
+from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevicePlan, StepBatch, add_skipped,
+                              as_data, check_indexed, data_record, hold_on_device, read_held_out_files, skipped_files,
+                              skipped_reasons)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
@@ -289,7 +289,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
             _train(run, progress, on_epoch_end)
         # The checkpoint is complete: a preemption signal from now on stops the run at once.
         run.guard.signals.raise_from_now(lambda name: _preempted(run, name))
-        run.loader = None  # ends the persistent workers before the evaluation starts its own
+        run.source.close()  # ends the persistent workers before the evaluation starts its own
         # Each rank met the damaged files of its own share of the batches: rank 0 names them all.
         met_by_rank = run.parallel.gather_objects(skipped_reasons(run.dataset))
         if run.parallel.is_main:
@@ -395,8 +395,7 @@ class _Run:
     warmup_steps: int
     started: float
     precision: Optional[StepPrecision] = None  # the step's arithmetic (--precision), its scaler's state
-    loader: Any = None      # DataLoader of the training split (index batches, or images and indices)
-    sampler: Any = None     # its EpochBatchSampler (set_epoch before each epoch)
+    source: Optional[IndexBatchSource] = None  # the training batches (set_epoch before each epoch)
     on_device: Optional[OnDevicePlan] = None  # whether the training images are held on the device, and why
     # The module the caller passed, when its class cannot rebuild it (the baseline then starts
     # from it); None when config.encoder rebuilds the architecture (the baseline is built from it).
@@ -412,9 +411,6 @@ class _Run:
     state: TrainState = None  # type: ignore[assignment]  # what the checkpoint restores (set by _set_up)
     resumed: bool = False                # continues a checkpoint (--resume, or a restarted torchrun group)
     epoch_started: float = 0.0           # when this invocation started the epoch in progress
-    # The loader may hand over batches short of readable images (damaged files skipped): each
-    # step then asks whether to skip (every rank alike, :meth:`StepFaults.agree_short`).
-    short_batches: bool = False
 
     @property
     def n_train(self) -> int:
@@ -505,10 +501,9 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         step_loss = torch.nn.parallel.DistributedDataParallel(step_loss)
         torch.manual_seed(rank_seed(config.seed, parallel.rank))  # different views on each rank
     optimizer = build_optimizer(model, config)
-    steps_per_epoch = n_train // batch_size  # the last partial batch is dropped (fixed batch size)
     rank_batch = batch_size // parallel.world_size
-    if parallel.active:
-        steps_per_epoch = (n_train // parallel.world_size) // rank_batch
+    # The last partial batch is dropped (fixed batch size); under torchrun each rank's share.
+    steps_per_epoch = (n_train // parallel.world_size) // rank_batch
     total_steps = steps_per_epoch * config.epochs
     warmup = warmup_steps(config, total_steps)
     scheduler = build_lr_scheduler(optimizer, config, total_steps)
@@ -522,22 +517,15 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     run.state = TrainState(run.faults)
     if getattr(model, "temperature_method", None) is not None:
         run.tau_histogram = TemperatureHistogram(device)
-    run.sampler = EpochBatchSampler(n_train, rank_batch, config.seed, rank=parallel.rank,
-                                    world_size=parallel.world_size)
     # a batch maker whose views the workers make says what they read (items of two views)
     items = views.training_items(dataset.train) if hasattr(views, "training_items") else dataset.train
     run.on_device = hold_on_device(config.data_on_device, views, dataset.train, device, workers=config.workers)
     if parallel.is_main and (config.data_on_device != "auto" or device.type != "cpu"):
         # The default on the CPU holds nothing and measures nothing: config.json records it, quietly.
         print(run.on_device.message, file=sys.stderr, flush=True)
-    if run.on_device.hold:  # the epoch's order on the device, a batch a slice of it: no loader, no copy
-        run.loader = DeviceIndexBatches(run.sampler, device)
-    else:
-        # A batch that lost every image is still handed over: each rank then counts the
-        # sampler's batches, and every rank skips that step together.
-        run.loader = make_loader(items, batch_sampler=run.sampler, workers=config.workers,
-                                 pin_memory=device.type == "cuda", seed=config.seed, keep_emptied=True)
-        run.short_batches = skips_bad_files(items)
+    run.source = IndexBatchSource(dataset.train, batch_size=rank_batch, seed=config.seed, rank=parallel.rank,
+                                  world_size=parallel.world_size, items=items, workers=config.workers, device=device,
+                                  hold=run.on_device.hold)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
     parallel.run_on_main(lambda: _save_run_files(run))
     # What the data chose; a resumed run keeps the record of the run it continues (its saved
@@ -632,8 +620,6 @@ def _train(run: _Run, progress: Optional[bool],
     """The remaining epochs, each ending with its record and checkpoint."""
     show = (sys.stderr.isatty() if progress is None else progress) and run.parallel.is_main
     bar = _Progress(show, run.total_steps, run.state.step)
-    labels = run.dataset.train.labels
-    labels = labels.to(run.device) if labels is not None else None  # paired data may lack labels
     run.model.train()
     # metrics.jsonl grows all through training: marked as being written until it is closed.
     recording = (Manifest(run.folder.root).writing(layout.METRICS) if run.parallel.is_main
@@ -645,7 +631,7 @@ def _train(run: _Run, progress: Optional[bool],
                 _write_checkpoint(run, torch.zeros(()), 0)
             while run.state.epoch < run.config.epochs:
                 run.epoch_started = time.perf_counter()
-                loss_sum = _train_epoch(run, labels, metrics, bar)
+                loss_sum = _train_epoch(run, metrics, bar)
                 if loss_sum is None:  # stopped by a signal in the middle of the epoch, checkpointed
                     raise _preempted(run)
                 record = _end_epoch(run, loss_sum, time.perf_counter() - run.epoch_started, metrics)
@@ -657,10 +643,9 @@ def _train(run: _Run, progress: Optional[bool],
         bar.close()
 
 
-def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
-                 bar: "_Progress") -> Optional[torch.Tensor]:
-    """One pass over this rank's share of the shuffled training set (``labels``: of the whole
-    training split, on the device, or ``None``), from the batch a resumed run stopped at;
+def _train_epoch(run: _Run, metrics: IO[str], bar: "_Progress") -> Optional[torch.Tensor]:
+    """One pass over this rank's share of the shuffled training set (its batch source), from
+    the batch a resumed run stopped at;
     returns the summed loss of the steps whose update was kept, or ``None`` when a stop signal
     ended the epoch early (after a checkpoint at that step). Every ``checkpoint_every`` steps
     it writes a checkpoint (the epoch's end writes its own).
@@ -671,33 +656,30 @@ def _train_epoch(run: _Run, labels: Optional[torch.Tensor], metrics: IO[str],
     report's pictures (:mod:`.last_batch`)."""
     config = run.config
     start, run.state.epoch_step = run.state.epoch_step, 0
-    run.sampler.set_epoch(run.state.epoch, start=start)  # the epoch's order: seeded by (seed, epoch), nothing else
+    run.source.set_epoch(run.state.epoch, start=start, state=run.state.data)  # seeded by (seed, epoch), nothing else
     loss_sum = torch.tensor(run.state.epoch_loss_sum if start else 0.0, device=run.device)
     if not start:
         run.faults.start_epoch()
     window_started, window_steps = time.perf_counter(), 0
-    drawn, delivered = len(run.loader), 0  # batches the epoch draws, and those with an image left
-    for batch, item in enumerate(run.loader, start):
-        if isinstance(item, torch.Tensor):  # an in-memory split: the batch's indices
-            indices = item
-        else:  # a streamed split: the decoded images and their indices, handed to the batch maker
-            images, indices = item
+    drawn, delivered = len(run.source), 0  # batches the epoch draws, and those with an image left
+    for batch, step_batch in enumerate(run.source, start):
+        indices = step_batch.indices
         rows = int(indices.shape[0])  # known on the host: no read from the device
         delivered += rows > 0
         # Fewer than 2 readable images (damaged files skipped) leave the loss no negative and
         # BatchNorm one row: the step is skipped, on every rank if on any (they step together).
-        if run.short_batches and run.faults.agree_short(rows < min(2, run.rank_batch)):
+        if run.source.short_batches and run.faults.agree_short(rows < min(2, run.rank_batch)):
             _skip_short_batch(run, metrics, bar)
             window_steps += 1
         else:
-            if not isinstance(item, torch.Tensor) and hasattr(run.batches, "hold"):
-                run.batches.hold(indices, images)  # a caller's own views read the split themselves
+            if step_batch.images is not None and hasattr(run.batches, "hold"):
+                run.batches.hold(indices, step_batch.images)  # a caller's own views read the split themselves
             logging = (run.state.step + 1) % config.log_every == 0 or batch == run.steps_per_epoch - 1
             last = run.state.step + 1 == run.total_steps
             if run.parallel.is_main and (logging or last):
                 run.tap.arm()
             try:
-                loss, made = _train_step(run, indices, labels, metrics)
+                loss, made = _train_step(run, step_batch, metrics)
             except ValueError:  # e.g. the losses refusing non-finite embeddings: a non-finite loss before it is the cause
                 run.faults.check_deferred(run.state.step)
                 raise
@@ -812,22 +794,20 @@ def _step_loss_and_backward(run: _Run, batch: Any, batch_labels: Optional[torch.
     return loss
 
 
-def _train_step(run: _Run, indices: torch.Tensor, labels: Optional[torch.Tensor],
-                metrics: IO[str]) -> Tuple[torch.Tensor, Any]:
-    """One optimizer step on the batch of ``indices``; returns its loss (not synced) and the batch.
+def _train_step(run: _Run, step_batch: StepBatch, metrics: IO[str]) -> Tuple[torch.Tensor, Any]:
+    """One optimizer step on ``step_batch``; returns its loss (not synced) and the batch.
 
     Nothing in it reads a value back from the device (no ``.item()``, ``float(tensor)``, no
     blocking copy): on a GPU the host queues the step and goes on to the next batch; the loss
     is read at logging steps only (:func:`_log_step`). The forward pass and the loss run under
     the run's precision (:class:`~contrastkit.methods.precision.StepPrecision`)."""
+    indices, on_device, batch_labels = step_batch.indices, step_batch.on_device, step_batch.labels
     batch = run.batches(run.dataset.train, indices)
     if run.config.channels_last:
         batch = channels_last_batch(batch)
     tau_now = before_loss(run.model, run.schedule, run.state.step, run.total_steps)
     if tau_now is not None:  # a varying tau is logged at every step
         metrics.write(records.metrics_line(records.metrics_record(records.TAU, step=run.state.step + 1, tau=tau_now)))
-    on_device = indices.to(run.device, non_blocking=True)  # the batch's sample indices: labels, per-sample state
-    batch_labels = None if labels is None else labels[on_device]
     precision = run.precision
     # On an accelerator a run that reads its loss only at logging steps (faults.defers) lets a
     # non-finite value through the losses' input checks, which would otherwise end the run in a
@@ -1002,7 +982,7 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
                                                      if baselines else None)
     if config.on_nan == "skip":
         summary["skipped_steps"] = run.faults.skipped
-    if run.short_batches:  # steps skipped for a batch short of readable images (damaged files)
+    if run.source.short_batches:  # steps skipped for a batch short of readable images (damaged files)
         summary["skipped_batches"] = run.faults.short
     skipped = _write_skipped(run)
     if skipped or getattr(run.dataset, "source", None) == "collection":
