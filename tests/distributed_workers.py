@@ -322,3 +322,34 @@ def pretrain_worker(rank: int, world: int, options: dict, straight: str, interru
         results["overwrite"] = str(err)
     results["resumed"] = pretrain(PretrainConfig(out=interrupted, **options), resume=True, progress=False)
     return results
+
+
+def stream_worker(rank: int, world: int, options: dict, straight: str, interrupted: str, stop_at: int):
+    """Data-parallel pretraining from a stream: an uninterrupted run, a run that rank 0's
+    SIGTERM stops during backward pass ``stop_at`` (every rank stops at that step's
+    checkpoint), and its resume."""
+    import signal
+
+    from contrastkit.train import PretrainConfig, pretrain
+    from contrastkit.train.faults import Preempted
+
+    results = {"straight": pretrain(PretrainConfig(out=straight, **options), progress=False, baselines=False)}
+    real, calls = torch.Tensor.backward, [0]
+
+    def backward(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == stop_at and rank == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward
+    try:
+        pretrain(PretrainConfig(out=interrupted, **options), progress=False, baselines=False)
+        results["stopped_at"] = None
+    except Preempted as err:
+        results["stopped_at"] = err.step
+    finally:
+        torch.Tensor.backward = real
+    results["resumed"] = pretrain(PretrainConfig(out=interrupted, **options), resume=True, progress=False,
+                                  baselines=False)
+    return results

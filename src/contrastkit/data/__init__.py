@@ -50,8 +50,11 @@ from contrastkit.data.streaming import (BadItemError, CaptionedDataset, ImageFol
 from contrastkit.data.loading import BUILTIN, load_dataset, load_paired
 from contrastkit.data.sources import (DataRequest, DataSource, data_sources, find_data_source, register_data_source,
                                       unregister_data_source)
-from contrastkit.data.batch_source import IndexBatchSource, StepBatch
-from contrastkit.data.iterable import IterableDataSplits, IterableSplit, check_indexed, is_iterable_data, split_of_key
+from contrastkit.data.batch_source import IndexBatchSource, StepBatch, StreamBatchSource
+from contrastkit.data.iterable import (DamagedSample, IterableDataSplits, IterableSplit, check_indexed, is_iterable_data,
+                                      split_of_key)
+from contrastkit.data.shards import (ShardReadout, ShardSample, ShardSamples, TarShards, TarShardStream, open_tar_shards,
+                                    write_tar_shards)
 from contrastkit.data.paired import PairedDataset, PairedSplit
 from contrastkit.data.preprocess import ImagePreprocessing, preprocess_image, preprocessing_of
 from contrastkit.data.views import MODES, ViewMaker, make_views
@@ -69,5 +72,7 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "DeviceImages", "OnDevicePlan", "choose_on_device", "compact_images", "device_free_bytes", "hold_on_device",
            "TransformViews", "ImagePreprocessing", "preprocess_image", "preprocessing_of",
            "DataSource", "DataRequest", "register_data_source", "unregister_data_source", "data_sources",
-           "find_data_source", "IterableSplit", "IterableDataSplits", "IndexBatchSource", "StepBatch", "is_iterable_data", "check_indexed",
+           "find_data_source", "IterableSplit", "IterableDataSplits", "IndexBatchSource", "StepBatch", "StreamBatchSource",
+           "DamagedSample", "TarShards", "TarShardStream", "ShardSamples", "ShardSample", "ShardReadout",
+           "open_tar_shards", "write_tar_shards", "is_iterable_data", "check_indexed",
            "split_of_key"]

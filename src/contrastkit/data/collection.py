@@ -395,14 +395,11 @@ class CollectionDataset:
         return f"{self.name}: {c}x{h}x{w} images (streamed, unlabeled); {sizes}"
 
 
-def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = None, val_fraction: float = 0.1,
-                    test_fraction: float = 0.2, color: Optional[str] = None,
-                    bad_files: str = "skip") -> CollectionDataset:
-    """The unlabeled collection at ``source`` (a folder, or a ``.txt`` / ``.csv`` list of image
-    paths) by the rules of :mod:`contrastkit.data.collection`. Only the file index is read."""
-    from contrastkit.data.files import GRAY_MODES, open_image
-
-    size = DEFAULT_SIZE if size is None else check_image_size(size, "size")
+def check_unlabeled_options(val_fraction: float, test_fraction: float, color: Optional[str],
+                            bad_files: str) -> Tuple[float, float]:
+    """The options of image files split by the SHA-1 of their names (a collection, tar shards)
+    checked, each refused naming it: the val and test fractions (returned), the colour
+    (``None``, ``"L"``, ``"RGB"``) and ``bad_files``."""
     val_fraction = check_fraction(val_fraction, "val_fraction")
     test_fraction = check_fraction(test_fraction, "test_fraction")
     if val_fraction + test_fraction >= 1.0:
@@ -411,6 +408,18 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
         raise ValueError(f"color must be None, 'L' or 'RGB', got {color!r}")
     if bad_files not in BAD_FILES:
         raise ValueError(f"bad_files must be one of {BAD_FILES}, got {bad_files!r}")
+    return val_fraction, test_fraction
+
+
+def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = None, val_fraction: float = 0.1,
+                    test_fraction: float = 0.2, color: Optional[str] = None,
+                    bad_files: str = "skip") -> CollectionDataset:
+    """The unlabeled collection at ``source`` (a folder, or a ``.txt`` / ``.csv`` list of image
+    paths) by the rules of :mod:`contrastkit.data.collection`. Only the file index is read."""
+    from contrastkit.data.files import GRAY_MODES, open_image
+
+    size = DEFAULT_SIZE if size is None else check_image_size(size, "size")
+    val_fraction, test_fraction = check_unlabeled_options(val_fraction, test_fraction, color, bad_files)
     root, files, left_out = _index(source, bad_files)
     if color is None:
         modes = []

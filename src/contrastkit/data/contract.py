@@ -157,13 +157,13 @@ def indexed_image_batches(images: Any, batch_size: int = 256, workers: int = 0) 
 
 def read_held_out_files(dataset: Any, *, batch_size: int = 256, workers: int = 0) -> int:
     """Read once every image of the val and test splits of an unlabeled collection (a
-    ``source == "collection"`` data set), whose files a run otherwise reads in part (the
+    ``source == "collection"`` data set) or of tar shards (``"tar-shards"``), whose files a run otherwise reads in part (the
     label-free read-out takes the first 2,000 of test) or not at all (val, without
     ``--eval-every``): a damaged file is then recorded and named with the training ones
     (``bad_files="skip"``), or raises :class:`~contrastkit.data.BadItemError` naming it
     (``"fail"``), as a training file does. Other data sets: nothing is read. Returns the number
     of images read."""
-    if getattr(dataset, "source", None) != "collection":
+    if getattr(dataset, "source", None) not in ("collection", "tar-shards") or getattr(dataset, "held_out_read", False):
         return 0
     read = 0
     for split in (dataset.val, dataset.test):

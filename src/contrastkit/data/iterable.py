@@ -16,19 +16,25 @@ instead, whose training split is an :class:`IterableSplit`:
   process reads (``rank`` of ``world_size`` under torchrun); within a process the
   ``DataLoader`` workers split that share further among themselves
   (``torch.utils.data.get_worker_info()``, e.g. shard ``i`` to worker ``i % workers``), so
-  each sample of an epoch is read by exactly one worker of one rank. Every rank must yield
-  the same number of samples per epoch (drop or repeat to the smallest share), or the
-  collective steps of the ranks would fall out of step.
-* **Order and epochs.** :meth:`IterableSplit.set_epoch` is called before each epoch; the
-  order (shard order, a shuffle buffer) is a function of ``(seed, epoch)`` alone, never of
+  each sample of a pass is read by exactly one worker of one rank.
+* **Epochs.** A worker's iteration does not end: it reads its shards pass after pass (each
+  pass in a new order), and the reader takes what an epoch needs. An epoch is
+  ``num_samples // world_size`` samples per rank (``num_samples``: the training samples of
+  one pass over the whole split, declared by the split or counted when it is opened), so
+  every rank takes the same number of steps and the learning-rate and temperature schedules
+  know the run's length before it starts (open_clip asks ``--train-num-samples`` for the
+  same reason); a rank whose shards hold fewer samples repeats some.
+* **Order.** :meth:`IterableSplit.set_epoch` is called before each epoch; the order (which
+  shards a worker reads, a shuffle buffer) is a function of ``(seed, epoch)`` alone, never of
   the global RNG, which the views draw from.
-* **Resume.** :meth:`IterableSplit.state_dict` gives, at a step boundary, what
-  :meth:`IterableSplit.load_state_dict` needs to continue with exactly the samples not yet
-  yielded, in the same order: the epoch, the position (shard and offset, or the number of
-  samples this share has yielded) and the shuffle buffer's state (its contents' keys, or the
-  generator state to rebuild it). The state is plain data (ints, strings, lists, dicts),
-  written into the run's checkpoint per rank; it must not depend on the number of workers,
-  which may differ on resume (count positions per share, and let workers skip to theirs).
+* **Resume.** The position is what each worker has consumed: :meth:`IterableSplit.load_state_dict`
+  takes ``{"epoch", "workers", "consumed": [samples per worker], "first_worker"}`` (the
+  ``DataLoader``'s worker ``j`` reads as worker ``(first_worker + j) % workers``, so that a
+  resumed epoch's batches keep their order) and the split continues exactly there, replaying
+  its shuffle buffer rather than storing it; :meth:`IterableSplit.state_dict` gives the
+  position last set. The batch composition depends on the number of workers (each batch is
+  one worker's), so **a run resumes with the ``--workers`` it started with**: another number
+  is refused naming the option. The state is plain data written into the checkpoint per rank.
 * **Held-out splits.** ``val`` and ``test`` are read whole, in order, more than once (the
   probe, kNN and the held-out loss), so they are map-style :class:`~contrastkit.data.DataSplit`
   objects: held-out shards opened by index, or samples set aside by key.
@@ -36,33 +42,48 @@ instead, whose training split is an :class:`IterableSplit`:
   SHA-1 of its key (the rule of unlabeled collections, :mod:`contrastkit.data.collection`), so
   adding shards never moves a sample between splits; the training split then yields only the
   keys :func:`split_of_key` puts in ``"train"``.
-* **Skipped samples.** A sample that cannot be read is reported the way a collection reports
-  a damaged file: with ``bad_files == "skip"`` the split leaves it out and records
-  ``skipped[key] = reason`` (the dict :func:`~contrastkit.data.skipped_files` and
-  :func:`~contrastkit.data.add_skipped` read, written to the run's ``skipped.txt``); with
-  ``"fail"`` it raises :class:`~contrastkit.data.BadItemError` naming the key. A worker's
-  record reaches the main process with the batch (as :class:`~contrastkit.data.DamagedItem`).
+* **The read-out's training features.** The kNN monitor and the linear probe read a bounded,
+  seeded, map-style sample of the training split: the data set's ``readout()`` gives the
+  map-style data set they read (``train``: that sample; ``val``, ``test``), the same at every
+  epoch and on resume, and its size is recorded in the run's ``config.json``.
+* **Skipped samples.** A sample that cannot be read is yielded as a :class:`DamagedSample`
+  (its key and why) in its place, so that positions stay countable and the record reaches the
+  main process with the batch: with ``bad_files == "skip"`` the reader leaves it out of the
+  batch and records ``skipped[key] = reason`` (the run names it in ``skipped.txt``); with
+  ``"fail"`` it raises :class:`~contrastkit.data.BadItemError` naming the key.
 
-The training loop of this release reads splits by sample index only: it refuses an iterable
-data set in one line naming it (:func:`check_indexed`). A source of this kind can already be
-registered (:func:`~contrastkit.data.register_data_source`), opened and iterated.
+The training loop reads such a data set through
+:class:`~contrastkit.data.batch_source.StreamBatchSource`; what cannot work on a stream
+(holding the training images on the device, a per-sample temperature method, views made in
+the workers, image-text pairs) is refused before any work, naming the option.
+:mod:`contrastkit.data.shards` is the reference source: a folder of tar shards.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Protocol, Tuple, runtime_checkable
+from typing import Any, Dict, Iterator, NamedTuple, Protocol, Tuple, runtime_checkable
 
 from torch import Tensor
 
-__all__ = ["IterableSplit", "IterableDataSplits", "is_iterable_data", "check_indexed", "split_of_key"]
+__all__ = ["IterableSplit", "IterableDataSplits", "DamagedSample", "is_iterable_data", "check_indexed", "split_of_key"]
+
+
+class DamagedSample(NamedTuple):
+    """A sample of a stream that could not be read, yielded in its place: its ``key`` and why
+    (``reason``, which names the key)."""
+
+    key: str
+    reason: str
 
 
 @runtime_checkable
 class IterableSplit(Protocol):
     """A split read front to back (see the module's contract): ``image_shape`` ``(C, H, W)``,
-    ``bad_files`` (``"skip"`` or ``"fail"``), ``skipped`` (``{key: reason}``)."""
+    ``num_samples`` (the training samples of one pass), ``bad_files`` (``"skip"`` or
+    ``"fail"``), ``skipped`` (``{key: reason}``)."""
 
     image_shape: Tuple[int, int, int]
+    num_samples: int
     bad_files: str
     skipped: Dict[str, str]
 
@@ -73,7 +94,7 @@ class IterableSplit(Protocol):
         """Yield epoch ``epoch`` (its order a function of the seed and ``epoch``) next."""
 
     def __iter__(self) -> Iterator[Tuple[Tensor, int, str]]:
-        """This process's (this worker's) samples ``(image, label, key)`` of the epoch."""
+        """This worker's samples ``(image, label, key)`` (or :class:`DamagedSample`), without end."""
 
     def state_dict(self) -> Dict[str, Any]:
         """Plain data to continue exactly from here (epoch, position, shuffle buffer)."""
@@ -86,12 +107,17 @@ class IterableSplit(Protocol):
 class IterableDataSplits(Protocol):
     """A data set whose ``train`` is an :class:`IterableSplit` and whose ``val`` and ``test``
     are map-style :class:`~contrastkit.data.DataSplit` objects; ``name``, ``class_names``,
-    ``num_classes``, ``image_shape`` as for :class:`~contrastkit.data.DataSplits`."""
+    ``num_classes``, ``image_shape`` as for :class:`~contrastkit.data.DataSplits`; ``readout()``
+    the map-style data set the read-out reads (``train`` a bounded, seeded sample of the
+    training split)."""
 
     name: str
     train: Any
     val: Any
     test: Any
+
+    def readout(self) -> Any:
+        """A map-style data set: ``train`` a bounded, seeded sample of the stream, ``val``, ``test``."""
 
 
 def is_iterable_data(dataset: Any) -> bool:
@@ -102,11 +128,11 @@ def is_iterable_data(dataset: Any) -> bool:
 
 def check_indexed(dataset: Any, what: str) -> None:
     """Refuse, in one line naming ``what`` and the data set, an iterable data set where only
-    splits read by sample index can be used (this release's training loop)."""
+    splits read by sample index can be used (e.g. the Lightning data module)."""
     if is_iterable_data(dataset):
         raise ValueError(f"{what} reads the training split by sample index (to shuffle, split among processes and "
                          f"resume); the data set {getattr(dataset, 'name', type(dataset).__name__)!r} is iterable "
-                         "(contrastkit.data.IterableSplit), which it cannot read yet")
+                         "(contrastkit.data.IterableSplit), which it cannot read; contrastkit pretrain can")
 
 
 def split_of_key(key: str, val_fraction: float = 0.1, test_fraction: float = 0.2) -> str:

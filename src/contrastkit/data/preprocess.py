@@ -48,6 +48,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from contrastkit._io import one_line
 from contrastkit.data.files import (RESAMPLE, decoded_region, draft_scale, flatten_colour, load_image, open_image,
                                    to_array)
 
@@ -127,6 +128,23 @@ class ImagePreprocessing:
             full_size = opened.size
             scale = 1 if full_decode else draft_scale(opened, self.decode_size(full_size))
             return self.fit(load_image(opened, path), str(path), full_size=full_size, scale=scale)
+
+    def read_bytes(self, data: bytes, name: str, *, full_decode: bool = False) -> np.ndarray:
+        """:meth:`read` of an image file's bytes ``data`` (e.g. a member of a tar shard), named
+        ``name`` in a ``ValueError`` when they cannot be read."""
+        import io
+
+        from PIL import Image  # lazy: pillow is an optional dependency
+
+        try:
+            opened = Image.open(io.BytesIO(data))
+        except Exception as err:  # PIL raises many kinds (UnidentifiedImageError, OSError, SyntaxError...)
+            detail = "cannot identify image file" if isinstance(err, Image.UnidentifiedImageError) else one_line(err)
+            raise ValueError(f"{name}: cannot read image ({type(err).__name__}: {detail})") from None
+        with opened:
+            full_size = opened.size
+            scale = 1 if full_decode else draft_scale(opened, self.decode_size(full_size))
+            return self.fit(load_image(opened, Path(name)), name, full_size=full_size, scale=scale)
 
     def fit(self, image: Any, name: str = "the image", *, full_size: Optional[Tuple[int, int]] = None,
             scale: int = 1) -> np.ndarray:
@@ -220,10 +238,11 @@ def preprocess_image(image: ImageLike, contract: "Union[Mapping[str, Any], str, 
 def preprocessing_of(image_shape: Tuple[int, ...], source: str) -> Optional[ImagePreprocessing]:
     """The preprocessing of image files that a data set of ``source``'s kind (a data set's
     ``source``: ``"collection"``, ``"imagefolder"``, ...) applies to give images of
-    ``image_shape`` ``(C, H, W)``: unlabeled collections crop, class folders stretch, data held
+    ``image_shape`` ``(C, H, W)``: unlabeled collections and tar shards crop, class folders stretch, data held
     as arrays resize nothing; ``None`` when ``C`` is neither 1 nor 3."""
     channels, height, width = (int(s) for s in image_shape)
     if channels not in (1, 3):
         return None
-    rule = {"collection": SHORTER_SIDE_THEN_CENTRE_CROP, "imagefolder": STRETCH}.get(source, NO_RESIZE)
+    rule = {"collection": SHORTER_SIDE_THEN_CENTRE_CROP, "tar-shards": SHORTER_SIDE_THEN_CENTRE_CROP,
+            "imagefolder": STRETCH}.get(source, NO_RESIZE)
     return ImagePreprocessing("L" if channels == 1 else "RGB", (height, width), rule)

@@ -9,7 +9,8 @@ resolution, however many sources ask (:func:`path_format`).
 
 The built-in sources, in their order: ``glyphlab`` and ``digits`` (names, which win over a
 folder of the same name: write ``./digits`` for one), the labelled path formats ``npz``,
-``cifar10``, ``mnist`` and ``imagefolder`` (class subfolders of images; streamed with
+``cifar10``, ``mnist``, ``tar-shards`` (a folder of ``.tar`` shards, read as a stream:
+:mod:`contrastkit.data.shards`) and ``imagefolder`` (class subfolders of images; streamed with
 ``workers > 0`` or ``stream=true``), ``collection`` (unlabeled images: a folder without class
 structure, or a ``.txt`` / ``.csv`` list of image paths), and, for the image-text methods,
 ``glyphlab-text``, ``digits-text`` and ``pair-csv``.
@@ -309,6 +310,19 @@ def _open_imagefolder(request: DataRequest) -> Any:
     return _labelled("imagefolder")(request)
 
 
+def _is_tar_shards(data: str) -> bool:
+    from .shards import is_tar_shards
+
+    return is_tar_shards(data)
+
+
+def _open_tar_shards(request: DataRequest) -> Any:
+    from .shards import open_tar_shards
+
+    return call_with_options(open_tar_shards, request.data, request.options, folder=request.data, seed=request.seed,
+                             bad_files=request.bad_files or "skip")
+
+
 def _open_collection(request: DataRequest) -> Any:
     from .collection import open_collection
 
@@ -355,6 +369,9 @@ _BUILTINS: List[DataSource] = [
     DataSource("npz", _format_is("npz"), _labelled("npz"), "a .npz file of x_train, y_train, x_test, y_test"),
     DataSource("cifar10", _format_is("cifar10"), _labelled("cifar10"), "a folder of CIFAR-10 python batches"),
     DataSource("mnist", _format_is("mnist"), _labelled("mnist"), "a folder of MNIST idx files"),
+    DataSource("tar-shards", _is_tar_shards, _open_tar_shards,
+               "a folder of uncompressed tar shards of images (WebDataset's layout), read as a stream",
+               skips_bad_files=True),
     DataSource("imagefolder", _format_is("imagefolder"), _open_imagefolder,
                "a folder of class subfolders of images", streams=True),
     DataSource("collection", _format_is("collection"), _open_collection,

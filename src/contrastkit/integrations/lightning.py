@@ -78,13 +78,13 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from contrastkit.data import unit_float
-from contrastkit.data import (SkippingItems, add_skipped, as_data, check_positive_int, collate_skipping, item_dataset,
-                              reads_files, record_damaged, skipped_files, skipped_reasons, skips_bad_files)
+from contrastkit.data import (SkippingItems, add_skipped, as_data, check_indexed, check_positive_int, collate_skipping,
+                              item_dataset, reads_files, record_damaged, skipped_files, skipped_reasons, skips_bad_files)
 from contrastkit import layout
 from contrastkit.distributed import rank_seed
 from contrastkit.manifest import Manifest
 from contrastkit.methods import (MoCo, PretrainConfig, TwoViewMethod, build_lr_scheduler, build_model, build_optimizer,
-                                 channels_last_batch, default_batch_size, get_method, load_data)
+                                 channels_last_batch, default_batch_size, get_method, limit_data)
 from contrastkit.methods.step import after_optimizer_step, before_loss, keeps_sample_state, step_loss
 
 __all__ = ["ContrastiveModule", "ContrastiveDataModule"]
@@ -441,6 +441,7 @@ class ContrastiveDataModule(lightning.LightningDataModule):
             check_positive_int(batch_size, "batch_size", 2)  # a contrastive batch needs negatives
         check_positive_int(workers, "workers", 0)
         self.dataset = as_data(dataset)
+        check_indexed(self.dataset, "ContrastiveDataModule")  # a stream trains with contrastkit pretrain
         if hasattr(self.dataset.train, "texts"):
             raise ValueError("ContrastiveDataModule loads images with labels; image-text pairs train with "
                              "contrastkit pretrain")
@@ -455,7 +456,9 @@ class ContrastiveDataModule(lightning.LightningDataModule):
         sized to the training split, :meth:`~contrastkit.methods.PretrainConfig.fit_to_data`),
         ``config.workers`` and ``config.seed``."""
         config = config.resolved()
-        dataset = load_data(config)
+        opened = get_method(config.method).load_data(config)
+        check_indexed(opened, "ContrastiveDataModule")  # (load_data would give a stream's read-out sample)
+        dataset = limit_data(opened, config)
         return cls(dataset, batch_size=config.fit_to_data(len(dataset.train)).batch_size, workers=config.workers,
                    shuffle=shuffle, seed=config.seed)
 

@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from contrastkit.data import DataSplits, check_indexed, limit_splits
+from contrastkit.data import DataSplits, is_iterable_data, limit_splits
 
 from .config import PretrainConfig
 from .registry import get_method
@@ -20,9 +20,12 @@ __all__ = ["load_data", "limit_data", "build_model"]
 def load_data(config: PretrainConfig) -> DataSplits:
     """The data set of ``config.data`` as ``config.method`` reads it
     (:meth:`~contrastkit.methods.Method.load_data`), cut to the configured subsets
-    (:func:`limit_data`)."""
+    (:func:`limit_data`): what a finished run's read-out reads (``probe``, ``embed``, the
+    report). Of a stream (:mod:`contrastkit.data.iterable`), the map-style data set its
+    read-out read during training (``readout()``: ``train`` its bounded, seeded sample)."""
     dataset = get_method(config.method).load_data(config)
-    check_indexed(dataset, f"the {config.method} run")
+    if is_iterable_data(dataset):
+        return limit_splits(dataset.readout(config.workers), val=config.val_limit, test=config.test_limit, seed=config.subset_seed)
     return limit_data(dataset, config)
 
 

@@ -73,10 +73,14 @@ def _key(item: int, view: int) -> str:
 
 
 def save_last_batch(folder: layout.RunFolder, problem: BatchProblem, batch: Any, indices: Tensor, dataset: Any,
-                    *, method: str, temperature: float, step: int, epoch: int) -> None:
+                    *, method: str, temperature: float, step: int, epoch: int, images: Optional[Tensor] = None,
+                    labels: Optional[Tensor] = None, keys: Optional[List[str]] = None) -> None:
     """Write ``folder/last_batch.pt`` from the last step's ``problem`` (on any device), its
     ``batch`` (as the method's batch maker made it: ``batch[0]`` view A or the images,
-    ``batch[1]`` view B), the training ``indices`` of its elements and the ``dataset``."""
+    ``batch[1]`` view B), the training ``indices`` of its elements and the ``dataset``.
+    ``images``, ``labels``, ``keys``: the batch's decoded images ``(b, C, H, W)``, labels and
+    sample keys as its batch source gave them (a stream's batch has no index to read them by);
+    by default read from ``dataset.train`` by ``indices``."""
     from contrastkit.analysis import explain
 
     m, k = problem.shape
@@ -92,8 +96,12 @@ def save_last_batch(folder: layout.RunFolder, problem: BatchProblem, batch: Any,
         "indices": indices.detach().cpu().long(),
         "class_names": [str(name) for name in (getattr(dataset, "class_names", None) or [])],
     }
-    labels = getattr(dataset.train, "labels", None)
-    record["labels"] = None if labels is None else labels[record["indices"]].cpu().long()
+    if keys is not None:
+        record["keys"] = [str(key) for key in keys]
+    if labels is None and keys is None:
+        labels = getattr(dataset.train, "labels", None)
+        labels = None if labels is None else labels[record["indices"]]
+    record["labels"] = None if labels is None else labels.detach().cpu().long()
     anchors: Dict[str, int] = {}
     wanted: List[Tuple[int, int]] = []  # (element, view) pairs whose image is kept
     n = int(indices.shape[0])
@@ -131,7 +139,12 @@ def save_last_batch(folder: layout.RunFolder, problem: BatchProblem, batch: Any,
             pictures[_key(item, view)] = _uint8(source[item:item + 1])[0]
     record["pictures"] = pictures
     record["shown"] = shown
-    record["sources"] = _uint8(read_images(dataset.train, record["indices"][shown])) if shown else None
+    if not shown:
+        record["sources"] = None
+    elif images is not None and images.dim() == 4:  # decoded by the loader: not read again
+        record["sources"] = _uint8(images[torch.tensor(shown)])
+    else:
+        record["sources"] = _uint8(read_images(dataset.train, record["indices"][shown]))
     texts = getattr(dataset.train, "texts", None)
     text_items = sorted({item for item, _ in wanted} | set(shown)) if TEXT in problem.column_views.tolist() else []
     record["texts"] = {str(item): str(texts[int(record["indices"][item])]) for item in text_items} \

@@ -41,16 +41,16 @@ from contrastkit._io import DISK_FULL, append_file, atomic_file
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
-from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevicePlan, StepBatch, add_skipped,
-                              as_data, check_indexed, data_record, hold_on_device, read_held_out_files, skipped_files,
-                              skipped_reasons)
+from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevicePlan, StepBatch, StreamBatchSource,
+                              add_skipped, as_data, data_record, hold_on_device, is_iterable_data, read_held_out_files,
+                              skipped_files, skipped_reasons)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
                                  warmup_cosine)
 from contrastkit.methods.optimization import warmup_steps
 from contrastkit.methods.precision import StepPrecision, channels_last_batch
-from contrastkit.methods.step import after_optimizer_step, before_loss
+from contrastkit.methods.step import after_optimizer_step, before_loss, keeps_sample_state
 from contrastkit.methods.tap import BatchTap
 from contrastkit.metrics.batch import batch_warnings, diagnostics_record
 from contrastkit.metrics.readout import ReadoutPartFailed, extract_features
@@ -291,6 +291,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         run.guard.signals.raise_from_now(lambda name: _preempted(run, name))
         run.source.close()  # ends the persistent workers before the evaluation starts its own
         # Each rank met the damaged files of its own share of the batches: rank 0 names them all.
+        add_skipped(run.dataset, run.source.skipped)
         met_by_rank = run.parallel.gather_objects(skipped_reasons(run.dataset))
         if run.parallel.is_main:
             for found in met_by_rank[1:]:
@@ -395,7 +396,7 @@ class _Run:
     warmup_steps: int
     started: float
     precision: Optional[StepPrecision] = None  # the step's arithmetic (--precision), its scaler's state
-    source: Optional[IndexBatchSource] = None  # the training batches (set_epoch before each epoch)
+    source: Any = None  # the training batches (IndexBatchSource or StreamBatchSource; set_epoch before each epoch)
     on_device: Optional[OnDevicePlan] = None  # whether the training images are held on the device, and why
     # The module the caller passed, when its class cannot rebuild it (the baseline then starts
     # from it); None when config.encoder rebuilds the architecture (the baseline is built from it).
@@ -462,14 +463,17 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
     _seed_everything(config.seed)
     opened = method.load_data(config) if dataset is None else as_data(dataset)
-    check_indexed(opened, "pretrain")
+    stream = opened.train if is_iterable_data(opened) else None
+    if stream is not None:  # the read-out reads a bounded sample of the stream, map-style
+        _check_streamable(config, views, transform, stream, parallel.world_size)
+        opened = opened.readout(config.workers)
     dataset = limit_data(opened, config)
     if config.paired and getattr(dataset.train, "texts", None) is None:
         raise ValueError(f"{config.method} trains on (image, text) pairs; the data set's items are (image, label) "
                          "(pass paired data: contrastkit.data.as_streaming_pairs, or items (image, str))")
     if method.needs_labels and not dataset.num_classes:
         raise ValueError(f"{config.method} needs class labels; the data set {dataset.name!r} has none")
-    n_train = len(dataset.train)
+    n_train = len(dataset.train) if stream is None else int(stream.num_samples)
     if encoder is not None:  # record how to rebuild it: its class path, or that it was an object
         config.encoder, config.encoder_options = describe_encoder(encoder, dataset.image_shape[0]), {}
     config = config.fit_to_data(n_train, world_size=parallel.world_size)  # a batch size not given: the data's
@@ -487,6 +491,9 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         views = method.batches(dataset, config, device, tokenizer, transform=transform)
 
     model = build_model(config, dataset.image_shape, tokenizer, encoder=encoder).to(device)
+    if stream is not None and keeps_sample_state(model):
+        raise ValueError(f"--temperature-method {config.temperature_method} keeps a state per training sample, by "
+                         "its index; a stream's samples have no index (choose a method without per-sample state)")
     if model.weights_report is not None and parallel.is_main:
         _check_weights_unchanged(config, model.weights_report, resume)
         print(model.weights_report.summary(), file=sys.stderr, flush=True)
@@ -517,15 +524,21 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     run.state = TrainState(run.faults)
     if getattr(model, "temperature_method", None) is not None:
         run.tau_histogram = TemperatureHistogram(device)
-    # a batch maker whose views the workers make says what they read (items of two views)
-    items = views.training_items(dataset.train) if hasattr(views, "training_items") else dataset.train
-    run.on_device = hold_on_device(config.data_on_device, views, dataset.train, device, workers=config.workers)
+    if stream is not None:
+        run.on_device = OnDevicePlan(False, "a stream is read front to back", 0)
+        run.source = StreamBatchSource(stream, batch_size=rank_batch, steps_per_epoch=steps_per_epoch, seed=config.seed,
+                                       rank=parallel.rank, world_size=parallel.world_size, workers=config.workers,
+                                       device=device)
+    else:
+        # a batch maker whose views the workers make says what they read (items of two views)
+        items = views.training_items(dataset.train) if hasattr(views, "training_items") else dataset.train
+        run.on_device = hold_on_device(config.data_on_device, views, dataset.train, device, workers=config.workers)
+        run.source = IndexBatchSource(dataset.train, batch_size=rank_batch, seed=config.seed, rank=parallel.rank,
+                                      world_size=parallel.world_size, items=items, workers=config.workers,
+                                      device=device, hold=run.on_device.hold)
     if parallel.is_main and (config.data_on_device != "auto" or device.type != "cpu"):
         # The default on the CPU holds nothing and measures nothing: config.json records it, quietly.
         print(run.on_device.message, file=sys.stderr, flush=True)
-    run.source = IndexBatchSource(dataset.train, batch_size=rank_batch, seed=config.seed, rank=parallel.rank,
-                                  world_size=parallel.world_size, items=items, workers=config.workers, device=device,
-                                  hold=run.on_device.hold)
     parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
     parallel.run_on_main(lambda: _save_run_files(run))
     # What the data chose; a resumed run keeps the record of the run it continues (its saved
@@ -541,6 +554,24 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         Manifest(config.out).write_json(layout.CONFIG, {"config": config.to_dict(),
                                                         "derived": _derived(run, chosen)})
     return run
+
+
+def _check_streamable(config: PretrainConfig, views: Any, transform: Any, stream: Any, world_size: int) -> None:
+    """Refuse, before any work and one line each naming the option, what cannot read a stream
+    (an iterable training split, :mod:`contrastkit.data.iterable`)."""
+    StreamBatchSource.check_readers(stream, world_size, config.workers)
+    if config.data_on_device == "on":
+        raise ValueError(f"--data-on-device on holds the training images on the device; {config.data} is a stream, "
+                         "read front to back (leave --data-on-device at auto or off)")
+    if config.train_limit is not None:
+        raise ValueError(f"--train-limit draws a subset of a split read by index; {config.data} is a stream (an epoch "
+                         "is its sample count: write a smaller stream, or lower --epochs)")
+    if transform is not None:
+        raise ValueError("transform= makes the views in the DataLoader workers of a split read by index; a stream's "
+                         "views are made on the training device (the kornia views: leave transform out)")
+    if views is not None:
+        raise ValueError("views= (a batch maker of your own) reads the training split by index; a stream has none "
+                         "(leave views out)")
 
 
 def _recorded_defaults(out: str) -> Dict[str, Any]:
@@ -574,6 +605,7 @@ def _restore(run: _Run, state: Optional[Dict[str, Any]] = None) -> None:
         state = load_checkpoint(path)  # a damaged last.pt is refused, naming previous.pt and how to use it
     _check_resumable(state, run.config, path)
     run.state.load_state_dict(state, run.parallel.rank, run.parallel.world_size, path)
+    run.source.check_position(run.state.data)  # e.g. a stream's position is for the --workers it was read with
     _trainables(run).load_state_dict(state, path, run.config.precision)
     if run.parallel.is_main:
         _truncate_metrics(run.folder.metrics, run.state.epoch, run.state.step)
@@ -606,6 +638,7 @@ def _derived(run: _Run, defaults: Dict[str, Any]) -> Dict[str, Any]:
             "warmup_steps": run.warmup_steps, "defaults": defaults, "device": str(run.device),
             "data_on_device": run.on_device.record() if run.on_device is not None else None,
             "dataset": data_record(dataset),
+            **({"stream": run.source.record()} if hasattr(run.source, "record") else {}),
             "views": getattr(run.batches, "config", None),
             "parameters": sum(p.numel() for p in run.model.encoder.parameters()),
             "world_size": run.parallel.world_size,
@@ -657,6 +690,7 @@ def _train_epoch(run: _Run, metrics: IO[str], bar: "_Progress") -> Optional[torc
     config = run.config
     start, run.state.epoch_step = run.state.epoch_step, 0
     run.source.set_epoch(run.state.epoch, start=start, state=run.state.data)  # seeded by (seed, epoch), nothing else
+    run.state.data = None
     loss_sum = torch.tensor(run.state.epoch_loss_sum if start else 0.0, device=run.device)
     if not start:
         run.faults.start_epoch()
@@ -696,7 +730,8 @@ def _train_epoch(run: _Run, metrics: IO[str], bar: "_Progress") -> Optional[torc
                 window_steps = 0
             if last and problem is not None:
                 save_last_batch(run.folder, problem, made, indices, run.dataset, method=config.method,
-                                temperature=float(step_tau), step=run.state.step, epoch=run.state.epoch + 1)
+                                temperature=float(step_tau), step=run.state.step, epoch=run.state.epoch + 1,
+                                images=step_batch.images, labels=step_batch.labels, keys=step_batch.keys)
         if batch + 1 < run.steps_per_epoch:  # (the epoch's end writes its own checkpoint)
             if run.faults.stop or (config.checkpoint_every and run.state.step % config.checkpoint_every == 0):
                 _write_checkpoint(run, loss_sum, batch + 1)
@@ -713,6 +748,7 @@ def _nothing_read(run: _Run, what: str) -> ValueError:
     """The error of an epoch none of whose batches trained because an unlabeled collection's
     damaged files were skipped (``what`` happened): all their images lost, or too many. The
     skipped files are listed first (every rank calls this: each names the files of its own share)."""
+    add_skipped(run.dataset, run.source.skipped)
     met_by_rank = run.parallel.gather_objects(skipped_reasons(run.dataset))
     where = "skipped files"
     if run.parallel.is_main:
@@ -907,7 +943,7 @@ def _write_checkpoint(run: _Run, loss_sum: torch.Tensor, epoch_step: int) -> Non
     the checkpoint left intact (:func:`.faults.write_failed`)."""
     config, parallel = run.config, run.parallel
     run.faults.check_deferred(run.state.step)  # never a checkpoint of a state a non-finite step updated
-    ranks = parallel.gather_objects(TrainState.rank_state(float(loss_sum), None))
+    ranks = parallel.gather_objects(TrainState.rank_state(float(loss_sum), run.source.state_dict() if epoch_step else None))
 
     def write() -> None:
         manifest = Manifest(run.folder.root)

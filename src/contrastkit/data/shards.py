@@ -1,0 +1,495 @@
+"""Tar shards read as a stream: the reference iterable data source
+(:mod:`contrastkit.data.iterable`), what ``--data FOLDER`` opens for a folder of ``.tar`` files.
+
+**Layout.** ``FOLDER/*.tar`` (uncompressed POSIX tar files, read in name order) whose members
+are grouped into samples by key as WebDataset groups them: a member ``dir/name.ext`` belongs to
+the sample ``dir/name`` (its name up to the first dot of its base name), so ``000123.jpg`` and
+``000123.cls`` are one sample. A sample has one image member (JPEG, PNG, WebP, BMP, TIFF, GIF,
+PNM) and optionally ``.cls``, its class id as decimal text; ``FOLDER/classes.txt`` (one class
+name per line, line ``i`` naming id ``i``) names the classes. Without any ``.cls`` member the
+data are unlabeled. A sample's key is ``SHARD/name`` (``shard-00042.tar/000123``): by it a
+sample is put in a split (:func:`~contrastkit.data.split_of_key`), skipped and named.
+
+**Opening** reads the member headers (and the few bytes of each ``.cls``), not the images:
+the sample count that the schedules use is counted once here and recorded in the run's
+``config.json``. Images are read at the size used, by the unlabeled collections' rule
+(colour, shorter side resized and centre-cropped to ``size``,
+:class:`~contrastkit.data.preprocess.ImagePreprocessing`).
+
+**Training** (:class:`TarShardStream`) reads whole shards front to back: each epoch the shards
+are put in an order seeded by ``(seed, epoch)`` and dealt out, shard ``i`` of that order to
+process ``i % world_size`` and within it to ``DataLoader`` worker ``(i // world_size) %
+workers``; each worker passes its shards' samples through a shuffle buffer of
+``shuffle_buffer`` samples seeded by ``(seed, epoch, pass, rank, worker)``, and starts another
+pass (shuffled anew) when it has read them all, so that every process reads the same number of
+samples per epoch, ``num_samples // world_size`` (a small share repeats samples, as
+WebDataset's ``with_epoch`` does). Its position is what each worker has consumed; the buffer
+holds sample references, not images, so resuming replays the references up to there without
+decoding anything.
+
+**Held out** (:class:`ShardSamples`): val and test are the samples whose keys
+:func:`~contrastkit.data.split_of_key` sets aside, read by their offsets in the shards; so is
+the read-out's training sample (:meth:`TarShards.readout`): a seeded sample of at most
+``readout_samples`` training samples, the same for every epoch and every resume.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import random
+import tarfile
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from contrastkit.data.base import NO_LABEL, check_positive_int
+from contrastkit.data.collection import DEFAULT_SIZE, check_image_size, check_unlabeled_options
+from contrastkit.data.iterable import DamagedSample, split_of_key
+from contrastkit.data.streaming import BadItemError, UnreadableImageError
+
+__all__ = ["TarShards", "TarShardStream", "ShardSamples", "ShardSample", "ShardReadout", "open_tar_shards", "is_tar_shards",
+           "write_tar_shards", "SHARD_SUFFIX", "CLASSES_FILE", "DEFAULT_SHUFFLE_BUFFER", "DEFAULT_READOUT_SAMPLES"]
+
+SHARD_SUFFIX = ".tar"
+CLASSES_FILE = "classes.txt"
+#: Samples a worker's shuffle buffer holds (references only: the images are read as they leave it).
+DEFAULT_SHUFFLE_BUFFER = 5000
+#: The largest training sample the read-out (kNN, linear probe) reads of a stream.
+DEFAULT_READOUT_SAMPLES = 10_000
+_LABEL_BYTES = 32  # a .cls member longer than this is not a class id
+_COLOR_SAMPLE = 16
+
+
+class ShardSample(NamedTuple):
+    """Where one sample lies: its shard (an index into the data set's shard list), the offset
+    and size of its image member's bytes, its label (:data:`~contrastkit.data.NO_LABEL` when
+    unlabeled) and its key."""
+
+    shard: int
+    offset: int
+    size: int
+    label: int
+    key: str
+
+
+def is_tar_shards(path: Union[str, os.PathLike]) -> bool:
+    """Whether ``path`` is a folder holding ``.tar`` files (and no subfolder of images): tar shards."""
+    path = Path(path).expanduser()
+    try:
+        if not path.is_dir():
+            return False
+        return any(entry.is_file() and entry.name.endswith(SHARD_SUFFIX) and not entry.name.startswith(".")
+                   for entry in os.scandir(path))
+    except OSError:
+        return False
+
+
+def _shard_files(folder: Path) -> List[Path]:
+    shards = sorted(Path(entry.path) for entry in os.scandir(folder)
+                    if entry.name.endswith(SHARD_SUFFIX) and not entry.name.startswith(".") and entry.is_file())
+    if not shards:
+        raise ValueError(f"{folder}: no tar shards (*{SHARD_SUFFIX}) in it")
+    return shards
+
+
+def _index_shard(path: Path, number: int) -> List[ShardSample]:
+    """The samples of the shard ``path`` (headers, and the bytes of its ``.cls`` members)."""
+    from contrastkit.data.files import IMAGE_EXTENSIONS
+
+    image_kinds = tuple(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
+    try:
+        with tarfile.open(path, "r:") as tar:  # uncompressed: members are read by offset
+            groups: Dict[str, Dict[str, tarfile.TarInfo]] = {}
+            for member in tar:
+                if not member.isfile():
+                    continue
+                directory, base = posixpath.split(member.name)
+                stem, _, kind = base.partition(".")
+                groups.setdefault(posixpath.join(directory, stem), {})[kind.lower()] = member
+            samples = []
+            for name, members in groups.items():
+                image = next((members[kind] for kind in image_kinds if kind in members), None)
+                if image is None:
+                    continue  # e.g. a sample of texts only: nothing this source reads
+                key = f"{path.name}/{name}"
+                label = NO_LABEL
+                if "cls" in members:
+                    label = _read_label(tar, members["cls"], path, key)
+                samples.append(ShardSample(number, image.offset_data, image.size, label, key))
+    except tarfile.ReadError as err:
+        raise ValueError(f"shard {path} is not an uncompressed tar file ({err}); contrastkit reads members by "
+                         "their offsets (write the shards without compression)") from None
+    except OSError as err:
+        raise ValueError(f"shard {path} cannot be read ({err.strerror or err})") from None
+    return samples
+
+
+def _read_label(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, key: str) -> int:
+    handle = tar.extractfile(member)
+    text = handle.read(_LABEL_BYTES + 1) if handle is not None else b""
+    try:
+        label = int(text.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        label = -1
+    if label < 0 or len(text) > _LABEL_BYTES:
+        raise ValueError(f"shard {path}: sample {key}'s .cls member is not a class id (a non-negative integer): "
+                         f"{text[:_LABEL_BYTES]!r}")
+    return label
+
+
+def _read_sample(shards: Sequence[str], sample: ShardSample, preprocessing: Any) -> Tensor:
+    """The image of ``sample`` as ``(C, H, W)`` uint8; an :class:`UnreadableImageError` naming its key."""
+    try:
+        with open(shards[sample.shard], "rb") as handle:
+            handle.seek(sample.offset)
+            data = handle.read(sample.size)
+        if len(data) != sample.size:
+            raise ValueError(f"{sample.key}: cannot read image (the shard ends within it: changed since it was "
+                             "indexed)")
+        return torch.from_numpy(preprocessing.read_bytes(data, sample.key))
+    except ValueError as err:
+        raise UnreadableImageError(str(err)) from None
+    except OSError as err:
+        raise UnreadableImageError(f"{sample.key}: cannot read image ({type(err).__name__}: "
+                                   f"{err.strerror or err})") from None
+
+
+class ShardSamples(torch.utils.data.Dataset):
+    """A map-style split of samples in tar shards, read by offset: item ``i`` is ``(image,
+    label)``, ``image`` ``(C, size, size)`` uint8; ``labels`` ``(n,)`` int64 or ``None``
+    (unlabeled). A damaged image raises :class:`~contrastkit.data.BadItemError` naming its key;
+    with ``bad_files="skip"`` the loaders drop it and record it (``skipped``: key -> reason)."""
+
+    def __init__(self, shards: Sequence[str], samples: Sequence[ShardSample], preprocessing: Any, *,
+                 labelled: bool, bad_files: str = "skip") -> None:
+        self.shards, self.samples, self.preprocessing = list(shards), list(samples), preprocessing
+        self.bad_files = bad_files
+        self.labels = torch.tensor([s.label for s in self.samples], dtype=torch.int64) if labelled else None
+        self.skipped: Dict[str, str] = {}
+
+    @property
+    def image_shape(self) -> Tuple[int, int, int]:
+        height, width = self.preprocessing.size
+        return (self.preprocessing.channels, height, width)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def path(self, index: int) -> str:
+        """The key of item ``index`` (``SHARD/name``), by which it is named."""
+        return self.samples[index].key
+
+    def __getitem__(self, index: int) -> Tuple[Tensor, int]:
+        sample = self.samples[index]
+        return _read_sample(self.shards, sample, self.preprocessing), int(sample.label)
+
+    def record_skipped(self, index: int, reason: str) -> None:
+        """Note that item ``index`` was dropped (``bad_files="skip"``)."""
+        self.skipped[self.path(index)] = reason
+
+    def readable(self, workers: int = 0) -> "ShardSamples":
+        """This split without its damaged samples: every image read once (in ``workers``
+        processes), those that cannot be read recorded in ``skipped`` (and named by the run) or,
+        with ``bad_files="fail"``, a :class:`~contrastkit.data.BadItemError` naming the key. A
+        labelled read-out then pairs each feature with its label."""
+        from contrastkit.data.loader import make_loader
+
+        for _ in make_loader(self, batch_size=256, workers=workers):
+            pass
+        kept = ShardSamples(self.shards, [s for s in self.samples if s.key not in self.skipped], self.preprocessing,
+                            labelled=self.labels is not None, bad_files=self.bad_files)
+        kept.skipped = self.skipped
+        return kept
+
+
+class TarShardStream(torch.utils.data.IterableDataset):
+    """The training split of :class:`TarShards`, read front to back (the module's rules): an
+    :class:`~contrastkit.data.IterableSplit` whose iteration, in each ``DataLoader`` worker,
+    yields that worker's samples ``(image, label, key)`` (a damaged one as a
+    :class:`~contrastkit.data.DamagedSample`) pass after pass without end, from the position
+    :meth:`load_state_dict` set; the reader takes what an epoch needs."""
+
+    def __init__(self, shards: Sequence[str], samples: Sequence[ShardSample], preprocessing: Any, *, seed: int,
+                 shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, bad_files: str = "skip") -> None:
+        self.shards, self.preprocessing, self.seed = list(shards), preprocessing, int(seed)
+        self.shuffle_buffer = check_positive_int(shuffle_buffer, "shuffle_buffer", 1)
+        self.bad_files = bad_files
+        self.by_shard: List[List[ShardSample]] = [[] for _ in self.shards]
+        for sample in samples:
+            self.by_shard[sample.shard].append(sample)
+        self.num_samples = len(samples)
+        self.skipped: Dict[str, str] = {}
+        self.rank, self.world_size = 0, 1
+        self.epoch = 0
+        self.workers = 1
+        self.consumed: List[int] = [0]   # per (logical) worker: samples taken this epoch
+        self.first_worker = 0            # the logical worker the loader's worker 0 plays
+
+    @property
+    def image_shape(self) -> Tuple[int, int, int]:
+        height, width = self.preprocessing.size
+        return (self.preprocessing.channels, height, width)
+
+    def readers_needed(self, readers: int) -> Optional[str]:
+        """Why ``readers`` (processes x workers) cannot read this stream (each reads whole
+        shards, so there must be one shard each at least), or ``None``."""
+        nonempty = sum(1 for samples in self.by_shard if samples)
+        if readers > nonempty:
+            return f"{nonempty} shard(s) with training samples cannot feed {readers} reader(s) (each reads whole shards)"
+        return None
+
+    def set_share(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = int(rank), int(world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self.consumed, self.first_worker = [0] * self.workers, 0
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The position set last: ``epoch``, ``workers`` and each worker's ``consumed`` samples."""
+        return {"epoch": self.epoch, "workers": self.workers, "consumed": list(self.consumed),
+                "first_worker": self.first_worker}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue epoch ``state["epoch"]`` read by ``state["workers"]`` workers, each from its
+        ``consumed`` samples; the loader's worker ``j`` plays worker ``(first_worker + j) % workers``."""
+        self.epoch, self.workers = int(state["epoch"]), max(1, int(state["workers"]))
+        consumed = [int(c) for c in state.get("consumed", [0] * self.workers)]
+        if len(consumed) != self.workers:
+            raise ValueError(f"a stream position of {len(consumed)} worker(s) for {self.workers} worker(s)")
+        self.consumed, self.first_worker = consumed, int(state.get("first_worker", 0)) % self.workers
+
+    def worker_shards(self, worker: int) -> List[int]:
+        """The shards (indices) the logical ``worker`` of this process reads in the current epoch:
+        those with training samples, in the epoch's order, dealt out to the readers."""
+        nonempty = [shard for shard, samples in enumerate(self.by_shard) if samples]
+        order = torch.randperm(len(nonempty), generator=torch.Generator().manual_seed(
+            self.seed * 100_003 + self.epoch)).tolist()
+        readers = self.world_size * self.workers
+        reader = self.rank + self.world_size * worker
+        return [nonempty[i] for position, i in enumerate(order) if position % readers == reader]
+
+    def references(self, worker: int) -> Iterator[ShardSample]:
+        """The samples of the logical ``worker``, pass after pass through its shuffle buffer,
+        from the first (nothing read)."""
+        shards = self.worker_shards(worker)
+        if not shards:
+            raise ValueError(self.readers_needed(self.world_size * self.workers) or "a reader without shards")
+        passes = 0
+        while True:
+            rng = random.Random(f"{self.seed}/{self.epoch}/{passes}/{self.rank}/{worker}")
+            buffer: List[ShardSample] = []
+            for shard in shards:
+                for sample in self.by_shard[shard]:
+                    if len(buffer) < self.shuffle_buffer:
+                        buffer.append(sample)
+                        continue
+                    slot = rng.randrange(len(buffer))
+                    buffer[slot], sample = sample, buffer[slot]
+                    yield sample
+            rng.shuffle(buffer)
+            yield from buffer
+            passes += 1
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        loader_worker, loader_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if loader_workers != self.workers:
+            raise RuntimeError(f"the stream's position is for {self.workers} worker(s); it is read by {loader_workers}")
+        worker = (self.first_worker + loader_worker) % self.workers
+        references = self.references(worker)
+        for _ in range(self.consumed[worker]):  # the samples consumed before: replayed, not read
+            next(references)
+        for sample in references:
+            try:
+                image = _read_sample(self.shards, sample, self.preprocessing)
+            except BadItemError as error:
+                yield DamagedSample(sample.key, str(error))
+                continue
+            yield image, int(sample.label), sample.key
+
+
+class TarShards:
+    """A folder of tar shards as a data set (the module's rules): ``train`` a
+    :class:`TarShardStream`, ``val`` and ``test`` :class:`ShardSamples`; ``name``,
+    ``class_names``, ``num_classes``, ``image_shape``; ``source`` ``"tar-shards"``."""
+
+    source = "tar-shards"
+    streamed = True
+    has_realisations = False
+
+    def __init__(self, name: str, train: TarShardStream, val: ShardSamples, test: ShardSamples,
+                 class_names: List[str], readout_train: ShardSamples) -> None:
+        self.name, self.class_names = name, class_names
+        self.train, self.val, self.test = train, val, test
+        self.image_shape = train.image_shape
+        self.readout_train = readout_train
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def shards(self) -> List[str]:
+        return self.train.shards
+
+    def splits(self) -> List[Tuple[str, Any]]:
+        return [("val", self.val), ("test", self.test)]
+
+    def readout(self, workers: int = 0) -> "ShardReadout":
+        """The map-style data set the read-out reads: ``train`` the seeded training sample
+        (``readout_train``), ``val`` and ``test``. With labels, each is read once first (in
+        ``workers`` processes) and its damaged samples left out (:meth:`ShardSamples.readable`),
+        so that a feature is always paired with its own label."""
+        return ShardReadout(self, workers)
+
+    def summary(self) -> str:
+        c, h, w = self.image_shape
+        labels = f"{self.num_classes} classes" if self.num_classes else "unlabeled"
+        return (f"{self.name}: {c}x{h}x{w} images in {len(self.shards)} tar shard(s), {labels}; train "
+                f"{self.train.num_samples} (streamed), val {len(self.val)}, test {len(self.test)}")
+
+
+class ShardReadout:
+    """A :class:`TarShards` as the read-out and the held-out evaluation read it: map-style
+    splits (``train``: the seeded sample of :meth:`TarShards.readout`)."""
+
+    streamed = True
+    has_realisations = False
+
+    def __init__(self, shards: TarShards, workers: int = 0) -> None:
+        self.name, self.class_names, self.image_shape = shards.name, shards.class_names, shards.image_shape
+        self.source = shards.source
+        self.train, self.val, self.test = shards.readout_train, shards.val, shards.test
+        # Every held-out image was read once already, with labels: to leave out the damaged ones.
+        self.held_out_read = bool(shards.num_classes)
+        if self.held_out_read:
+            self.train, self.val, self.test = (split.readable(workers) for split in (self.train, self.val, self.test))
+        self.stream = shards.train
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def splits(self) -> List[Tuple[str, Any]]:
+        return [("train", self.train), ("val", self.val), ("test", self.test)]
+
+
+def open_tar_shards(folder: Union[str, os.PathLike], *, size: Optional[int] = None, color: Optional[str] = None,
+                    val_fraction: float = 0.1, test_fraction: float = 0.2, seed: int = 0,
+                    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, readout_samples: int = DEFAULT_READOUT_SAMPLES,
+                    bad_files: str = "skip") -> TarShards:
+    """The tar shards in ``folder`` (the module's rules). ``size``: the side of the square
+    images (default 32); ``color`` ``"L"``, ``"RGB"`` or ``None`` (grayscale when the first
+    samples all are); ``seed``: the epochs' shard orders and shuffle buffers, and the read-out's
+    sample; ``bad_files``: ``"skip"`` a damaged image (named in the run's ``skipped.txt``) or
+    ``"fail"``. Only headers are read now."""
+    from contrastkit.data.files import GRAY_MODES
+    from contrastkit.data.preprocess import SHORTER_SIDE_THEN_CENTRE_CROP, ImagePreprocessing
+
+    folder = Path(folder).expanduser()
+    size = DEFAULT_SIZE if size is None else check_image_size(size, "size")
+    val_fraction, test_fraction = check_unlabeled_options(val_fraction, test_fraction, color, bad_files)
+    readout_samples = check_positive_int(readout_samples, "readout_samples", 1)
+    shards = _shard_files(folder)
+    samples = [sample for number, path in enumerate(shards) for sample in _index_shard(path, number)]
+    seen: Dict[str, int] = {}
+    for sample in samples:
+        if sample.key in seen:
+            raise ValueError(f"{folder}: the key {sample.key} names two samples (a sample's members must be "
+                             "consecutive and its key unique within its shard)")
+        seen[sample.key] = 1
+    labelled = any(sample.label != NO_LABEL for sample in samples)
+    if labelled and any(sample.label == NO_LABEL for sample in samples):
+        missing = next(sample.key for sample in samples if sample.label == NO_LABEL)
+        raise ValueError(f"{folder}: some samples have a .cls member and {missing} has none; give every sample "
+                         "a class id, or none")
+    class_names = _class_names(folder, samples) if labelled else []
+    parts: Dict[str, List[ShardSample]] = {"train": [], "val": [], "test": []}
+    for sample in samples:
+        parts[split_of_key(sample.key, val_fraction, test_fraction)].append(sample)
+    for part, members in parts.items():
+        if not members:
+            raise ValueError(f"{folder}: the {part} split is empty ({len(samples)} samples in all: too few for the "
+                             "val and test fractions)")
+    paths = [str(path) for path in shards]
+    if color is None:
+        color = _colour(paths, parts["train"][:_COLOR_SAMPLE], GRAY_MODES)
+    preprocessing = ImagePreprocessing(color, (size, size), SHORTER_SIDE_THEN_CENTRE_CROP)
+    held = {part: ShardSamples(paths, parts[part], preprocessing, labelled=labelled, bad_files=bad_files)
+            for part in ("val", "test")}
+    drawn = random.Random(f"{seed}/readout").sample(range(len(parts["train"])),
+                                                     min(readout_samples, len(parts["train"])))
+    readout = ShardSamples(paths, [parts["train"][i] for i in sorted(drawn)], preprocessing, labelled=labelled,
+                           bad_files=bad_files)
+    stream = TarShardStream(paths, parts["train"], preprocessing, seed=seed, shuffle_buffer=shuffle_buffer,
+                            bad_files=bad_files)
+    return TarShards(folder.resolve().name or "shards", stream, held["val"], held["test"], class_names, readout)
+
+
+def _class_names(folder: Path, samples: Sequence[ShardSample]) -> List[str]:
+    largest = max(sample.label for sample in samples)
+    listed = folder / CLASSES_FILE
+    if not listed.is_file():
+        return [str(i) for i in range(largest + 1)]
+    try:
+        names = [line.strip() for line in listed.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{listed} cannot be read ({err})") from None
+    if largest >= len(names):
+        raise ValueError(f"{listed} names {len(names)} classes; the shards have class id {largest}")
+    return names
+
+
+def _colour(shards: Sequence[str], samples: Sequence[ShardSample], gray_modes: Any) -> str:
+    """``"L"`` when every one of ``samples`` that can be read is grayscale, else ``"RGB"``."""
+    from PIL import Image
+
+    modes = []
+    for sample in samples:
+        try:
+            with open(shards[sample.shard], "rb") as handle:
+                handle.seek(sample.offset)
+                with Image.open(io.BytesIO(handle.read(sample.size))) as image:
+                    modes.append(image.mode)
+        except Exception:  # a damaged image decides nothing (PIL raises many kinds)
+            continue
+    return "L" if modes and all(mode in gray_modes for mode in modes) else "RGB"
+
+
+def write_tar_shards(source: Union[str, os.PathLike], out: Union[str, os.PathLike], *,
+                     per_shard: int = 1000) -> List[str]:
+    """Write the class-folder tree ``source`` (``source/<class>/<image>``) as tar shards in
+    ``out`` (created; it must hold no shard yet): ``shard-000000.tar``, ... of ``per_shard``
+    samples each, sample ``i`` the members ``{i:08d}.<ext>`` (the file's bytes, unchanged) and
+    ``{i:08d}.cls``, in the tree's sorted order, and ``classes.txt``. Returns the shard paths."""
+    from contrastkit.data.files import scan_image_tree
+
+    per_shard = check_positive_int(per_shard, "per_shard", 1)
+    out = Path(out).expanduser()
+    parts, names = scan_image_tree(Path(source).expanduser())
+    files, labels = [], []
+    for part_files, part_labels in parts.values():
+        files += list(part_files)
+        labels += list(part_labels)
+    out.mkdir(parents=True, exist_ok=True)
+    if any(entry.name.endswith(SHARD_SUFFIX) or entry.name == CLASSES_FILE for entry in os.scandir(out)):
+        raise FileExistsError(f"{out} already holds shards or a {CLASSES_FILE}: write into an empty folder")
+    written = []
+    for first in range(0, len(files), per_shard):
+        path = out / f"shard-{first // per_shard:06d}{SHARD_SUFFIX}"
+        with tarfile.open(path, "x") as tar:
+            for number in range(first, min(first + per_shard, len(files))):
+                image = Path(files[number])
+                tar.add(str(image), arcname=f"{number:08d}{image.suffix.lower()}")
+                label = str(int(labels[number])).encode("ascii")
+                info = tarfile.TarInfo(f"{number:08d}.cls")
+                info.size = len(label)
+                tar.addfile(info, io.BytesIO(label))
+        written.append(str(path))
+    (out / CLASSES_FILE).write_text("".join(f"{name}\n" for name in names), encoding="utf-8")
+    return written

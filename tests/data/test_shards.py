@@ -1,0 +1,156 @@
+"""The reference stream, tar shards (``contrastkit.data.shards``): how a folder of shards is
+opened and split, how a pass is shared among processes and workers, and how a position is
+resumed; what is refused, by name."""
+
+import gzip
+import io
+import itertools
+import os
+import shutil
+import tarfile
+
+import pytest
+import torch
+
+from contrastkit.data import DamagedSample, find_data_source, is_iterable_data, open_data, open_tar_shards, split_of_key
+from contrastkit.data.shards import write_tar_shards
+
+from _shards import add_damaged_shard, write_image_tree, write_shards
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("shards"), per_shard=8)
+
+
+def _position(stream, worker, workers, consumed):
+    stream.load_state_dict({"epoch": stream.epoch, "workers": workers,
+                            "consumed": [consumed if w == worker else 0 for w in range(workers)],
+                            "first_worker": worker})
+    return stream
+
+
+def test_a_folder_of_shards_is_a_stream_resolved_through_the_registry(shards):
+    assert find_data_source(shards).name == "tar-shards"
+    data = open_data(shards, seed=3, size=16)
+    assert is_iterable_data(data)
+    assert data.class_names == ["class0", "class1", "class2"]  # classes.txt, written with the shards
+    keys = [s.key for s in data.train.by_shard[0]]
+    assert keys and all(k.startswith("shard-000000.tar/") for k in keys)
+    # Every sample is in the split its key puts it in, once.
+    held = {data.val.path(i): "val" for i in range(len(data.val))} | {data.test.path(i): "test" for i in
+                                                                         range(len(data.test))}
+    train = [s.key for samples in data.train.by_shard for s in samples]
+    assert data.train.num_samples == len(train) and len(train) + len(held) == 60
+    assert all(split_of_key(k) == "train" for k in train) and all(split_of_key(k) == p for k, p in held.items())
+    image, label = data.val[0]
+    assert image.shape == (3, 16, 16) and image.dtype == torch.uint8 and label in (0, 1, 2)
+
+
+def test_adding_a_shard_moves_no_sample_between_splits(shards, tmp_path):
+    before = open_tar_shards(shards)
+    grown = str(tmp_path / "grown")
+    shutil.copytree(shards, grown)
+    add_damaged_shard(grown)
+    after = open_tar_shards(grown)
+    for name in ("val", "test"):
+        old = {getattr(before, name).path(i) for i in range(len(getattr(before, name)))}
+        new = {getattr(after, name).path(i) for i in range(len(getattr(after, name)))}
+        assert old <= new and all(key.startswith("shard-damaged.tar/") for key in new - old)
+
+
+@pytest.mark.parametrize("world_size, workers", [(1, 1), (2, 1), (1, 3), (2, 2)])
+def test_the_readers_of_a_pass_read_each_training_sample_once(shards, world_size, workers):
+    stream = open_tar_shards(shards, size=16, seed=5).train
+    read = []
+    for rank in range(world_size):
+        stream.set_share(rank, world_size)
+        stream.set_epoch(1)
+        for worker in range(workers):
+            references = _position(stream, worker, workers, 0).references(worker)
+            own = sum(len(stream.by_shard[s]) for s in stream.worker_shards(worker))
+            read += [sample.key for sample in itertools.islice(references, own)]
+    assert sorted(read) == sorted(s.key for samples in stream.by_shard for s in samples)
+
+
+def test_an_epoch_order_depends_on_the_seed_and_epoch_alone(shards):
+    def first_keys(seed, epoch):
+        stream = open_tar_shards(shards, size=16, seed=seed).train
+        stream.set_epoch(epoch)
+        torch.manual_seed(epoch * 7 + 1)  # the global RNG (the views') plays no part
+        return [k for _, _, k in itertools.islice(iter(_position(stream, 0, 1, 0)), 12)]
+
+    assert first_keys(0, 0) == first_keys(0, 0)
+    assert first_keys(0, 0) != first_keys(0, 1) and first_keys(0, 0) != first_keys(1, 0)
+
+
+def test_a_position_continues_exactly_where_the_samples_were_consumed(shards):
+    stream = open_tar_shards(shards, size=16, shuffle_buffer=7).train
+    stream.set_epoch(2)
+    # Beyond one pass (every shard, one worker): the next pass, shuffled anew, continues it.
+    whole = [k for _, _, k in itertools.islice(iter(_position(stream, 0, 1, 0)), stream.num_samples + 20)]
+    assert sorted(whole[:stream.num_samples]) == sorted(s.key for samples in stream.by_shard for s in samples)
+    assert whole[stream.num_samples:] != whole[:20]
+    for consumed in (1, 13, stream.num_samples + 3):
+        resumed = [k for _, _, k in itertools.islice(iter(_position(stream, 0, 1, consumed)), 10)]
+        assert resumed == whole[consumed:consumed + 10]
+
+
+def test_a_damaged_sample_is_yielded_in_its_place_naming_its_key(shards, tmp_path):
+    folder = str(tmp_path / "with-damaged")
+    shutil.copytree(shards, folder)
+    damaged = add_damaged_shard(folder, train=3, held_out=0)
+    stream = open_tar_shards(folder, size=16).train
+    items = list(itertools.islice(iter(_position(stream, 0, 1, 0)), stream.num_samples))
+    found = [item for item in items if isinstance(item, DamagedSample)]
+    assert sorted(item.key for item in found) == sorted(damaged)
+    assert all(item.reason.startswith(item.key) and "cannot read image" in item.reason for item in found)
+
+
+def _tar_with(path, members):
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_what_a_folder_of_shards_cannot_be_is_refused_naming_the_file(shards, tmp_path):
+    compressed = tmp_path / "compressed"
+    compressed.mkdir()
+    with open(os.path.join(shards, "shard-000000.tar"), "rb") as source:
+        (compressed / "shard-0.tar").write_bytes(gzip.compress(source.read()))
+    with pytest.raises(ValueError, match="shard .*shard-0.tar is not an uncompressed tar file"):
+        open_tar_shards(compressed)
+    png = open(os.path.join(write_image_tree(str(tmp_path / "tree"), classes=1, per_class=1), "class0", "000.png"),
+               "rb").read()
+    bad_label = tmp_path / "bad-label"
+    bad_label.mkdir()
+    _tar_with(bad_label / "a.tar", {"x.png": png, "x.cls": b"cat"})
+    with pytest.raises(ValueError, match="a.tar: sample a.tar/x's .cls member is not a class id"):
+        open_tar_shards(bad_label)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    _tar_with(mixed / "a.tar", {"x.png": png, "x.cls": b"0", "y.png": png})
+    with pytest.raises(ValueError, match="a.tar/y has none"):
+        open_tar_shards(mixed)
+    assert not os.path.exists(tmp_path / "nothing") and find_data_source(str(tmp_path / "tree")).name != "tar-shards"
+
+
+def test_more_readers_than_shards_is_refused_naming_workers(shards):
+    stream = open_tar_shards(shards).train
+    nonempty = sum(1 for samples in stream.by_shard if samples)
+    assert stream.readers_needed(nonempty) is None
+    assert f"{nonempty} shard(s) with training samples cannot feed {nonempty + 1} reader(s)" in \
+        stream.readers_needed(nonempty + 1)
+
+
+def test_writing_shards_never_writes_over_shards(shards, tmp_path):
+    tree = write_image_tree(str(tmp_path / "tree"), classes=2, per_class=3)
+    out = tmp_path / "out"
+    assert [os.path.basename(p) for p in write_tar_shards(tree, out, per_shard=4)] == ["shard-000000.tar",
+                                                                                      "shard-000001.tar"]
+    before = (out / "shard-000000.tar").read_bytes()
+    with pytest.raises(FileExistsError, match="already holds shards"):
+        write_tar_shards(tree, out)
+    assert (out / "shard-000000.tar").read_bytes() == before
