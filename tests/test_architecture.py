@@ -22,7 +22,7 @@ PACKAGE = "contrastkit"
 
 #: The library: what a script or the Lightning integration trains with.
 LIBRARY = {"losses", "distributed", "models", "metrics", "data", "methods", "analysis", "temperature", "compat",
-           "temperature_methods", "layout",
+           "temperature_methods", "layout", "run_writer",
            "_io", "manifest", "config_files", "extras", "records"}
 #: The trainer and the tools on top of it.
 TRAINER = {"train", "studies", "commands", "cli", "report", "__main__"}

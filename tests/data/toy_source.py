@@ -4,7 +4,7 @@ generated images per class (two classes: bright left half, bright right half), h
 The tests register it in process (``register_data_source(SOURCE)``) and, for the command
 line, through the entry-point group ``contrastkit.data_sources`` (``toy = toy_source:SOURCE``).
 An iterable variant (``toy-stream:N``, :data:`ITERABLE_SOURCE`) follows the iterable contract
-(:mod:`contrastkit.data.iterable`), which the training loop refuses for now.
+(:mod:`contrastkit.data.iterable`), a second implementation of it beside tar shards.
 """
 
 import torch
@@ -42,34 +42,50 @@ SOURCE = DataSource("toy", detect=lambda data: data.startswith("toy:"), open=ope
 
 
 class ToyStream:
-    """A training split read front to back (the iterable contract), in shards of 4 samples."""
+    """A training split read front to back (the iterable contract), in shards of 4 samples
+    dealt to the readers (processes x workers); each reader reads its samples pass after pass."""
 
     bad_files = "fail"
 
     def __init__(self, per_class):
         self.images, self.labels = toy_images(per_class)
         self.image_shape = tuple(self.images.shape[1:])
+        self.num_samples = len(self.labels)
         self.skipped = {}
-        self.rank, self.world_size, self.epoch, self.position = 0, 1, 0, 0
+        self.rank, self.world_size, self.epoch = 0, 1, 0
+        self.workers, self.consumed, self.first_worker = 1, [0], 0
 
     def set_share(self, rank, world_size):
         self.rank, self.world_size = rank, world_size
 
     def set_epoch(self, epoch):
-        self.epoch, self.position = epoch, 0
+        self.epoch, self.consumed, self.first_worker = epoch, [0] * self.workers, 0
+
+    def _samples(self, worker):
+        readers, reader = self.world_size * self.workers, self.rank + self.world_size * worker
+        mine = [i for i in range(self.num_samples) if (i // 4) % readers == reader]
+        passes = 0
+        while True:
+            order = torch.randperm(len(mine), generator=torch.Generator().manual_seed(self.epoch * 1000 + passes))
+            yield from (mine[j] for j in order.tolist())
+            passes += 1
 
     def __iter__(self):
-        order = torch.randperm(len(self.labels), generator=torch.Generator().manual_seed(self.epoch))
-        share = order[self.rank::self.world_size]
-        for i in share[self.position:].tolist():
-            self.position += 1
+        info = torch.utils.data.get_worker_info()
+        worker = (self.first_worker + (info.id if info is not None else 0)) % self.workers
+        samples = self._samples(worker)
+        for _ in range(self.consumed[worker]):
+            next(samples)
+        for i in samples:
             yield self.images[i], int(self.labels[i]), f"shard-{i // 4}/{i}"
 
     def state_dict(self):
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.epoch, "workers": self.workers, "consumed": list(self.consumed),
+                "first_worker": self.first_worker}
 
     def load_state_dict(self, state):
-        self.epoch, self.position = state["epoch"], state["position"]
+        self.epoch, self.workers = state["epoch"], state["workers"]
+        self.consumed, self.first_worker = list(state["consumed"]), state.get("first_worker", 0)
 
 
 class ToyStreamData:
@@ -81,6 +97,10 @@ class ToyStreamData:
     @property
     def num_classes(self):
         return len(self.class_names)
+
+    def readout(self, workers=0):
+        """All of the (small) stream as the read-out's training sample."""
+        return Dataset("toy-stream", self.class_names, Split(self.train.images, self.train.labels), self.val, self.test)
 
 
 ITERABLE_SOURCE = DataSource("toy-stream", detect=lambda data: data.startswith("toy-stream:"),

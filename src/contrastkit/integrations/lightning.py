@@ -82,7 +82,7 @@ from contrastkit.data import (SkippingItems, add_skipped, as_data, check_indexed
                               item_dataset, reads_files, record_damaged, skipped_files, skipped_reasons, skips_bad_files)
 from contrastkit import layout
 from contrastkit.distributed import rank_seed
-from contrastkit.manifest import Manifest
+from contrastkit.run_writer import RunWriter
 from contrastkit.methods import (MoCo, PretrainConfig, TwoViewMethod, build_lr_scheduler, build_model, build_optimizer,
                                  channels_last_batch, default_batch_size, get_method, limit_data)
 from contrastkit.methods.step import after_optimizer_step, before_loss, keeps_sample_state, step_loss
@@ -512,7 +512,7 @@ class ContrastiveDataModule(lightning.LightningDataModule):
         if self.trainer is not None and self.trainer.global_rank != 0:
             return
         folder = folder or os.getcwd()
-        where = _write_skipped(folder, skipped)
+        where = RunWriter(folder).write_skipped(skipped)
         warnings.warn(f"skipped {len(skipped)} damaged image file(s); " + (
             f"they are named in {where}" if where else
             f"{os.path.join(folder, layout.SKIPPED)} is not contrastkit's, so not replaced: "
@@ -542,17 +542,3 @@ class ContrastiveDataModule(lightning.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self.test_dataloader()
-
-
-def _write_skipped(folder: str, lines: List[str]) -> Optional[str]:
-    """``folder/skipped.txt`` holding ``lines``, listed in the folder's manifest; ``None`` (nothing
-    written) where a file of that name is there and not one contrastkit wrote."""
-    path = os.path.join(folder, layout.SKIPPED)
-    os.makedirs(folder, exist_ok=True)
-    manifest = Manifest(folder)
-    if os.path.lexists(path) and layout.SKIPPED not in manifest.files:
-        return None
-    with manifest.writing(layout.SKIPPED):
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.writelines(line + "\n" for line in lines)
-    return path

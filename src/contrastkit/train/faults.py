@@ -54,7 +54,7 @@ import torch
 
 from contrastkit import layout
 from contrastkit._io import DISK_FULL, WriteFailed
-from contrastkit.manifest import Manifest
+from contrastkit.run_writer import RunWriter
 
 from .checkpoint import CheckpointWriteError, load_checkpoint
 
@@ -366,7 +366,7 @@ def _own_start_unsaved(folder: str) -> bool:
     if launch_id() is None or any(os.path.lexists(path) for path in (run.last_checkpoint, run.previous_checkpoint)):
         return False
     try:
-        record = Manifest(folder).read()
+        record = RunWriter(folder).manifest_record()
     except ValueError:  # an unreadable manifest: refused by the usual rules, with their message
         return False
     written = [name for name in layout.CHECKPOINT_FILES if "sha256" in record["files"].get(name, {})]

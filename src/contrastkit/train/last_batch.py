@@ -29,11 +29,11 @@ import torch
 from torch import Tensor
 
 from contrastkit import layout
-from contrastkit._io import atomic_file, one_line
+from contrastkit._io import one_line
 from contrastkit.data.loader import read_images
-from contrastkit.manifest import Manifest
 from contrastkit.metrics.batch import IMAGE, TEXT, VIEW_A, VIEW_B, BatchProblem
 from contrastkit.models import TensorFileError, load_tensors
+from contrastkit.run_writer import RunWriter
 
 __all__ = ["LastBatch", "save_last_batch", "read_last_batch", "FORMAT", "SHOWN_ELEMENTS", "HARDEST_SHOWN",
            "MAX_ENTRIES", "MAX_PICTURES", "MAX_SIDE", "ANCHOR_ROLES"]
@@ -72,10 +72,10 @@ def _key(item: int, view: int) -> str:
     return f"{item}:{view}"
 
 
-def save_last_batch(folder: layout.RunFolder, problem: BatchProblem, batch: Any, indices: Tensor, dataset: Any,
+def save_last_batch(writer: RunWriter, problem: BatchProblem, batch: Any, indices: Tensor, dataset: Any,
                     *, method: str, temperature: float, step: int, epoch: int, images: Optional[Tensor] = None,
                     labels: Optional[Tensor] = None, keys: Optional[List[str]] = None) -> None:
-    """Write ``folder/last_batch.pt`` from the last step's ``problem`` (on any device), its
+    """Write ``last_batch.pt`` through the run folder's ``writer`` from the last step's ``problem`` (on any device), its
     ``batch`` (as the method's batch maker made it: ``batch[0]`` view A or the images,
     ``batch[1]`` view B), the training ``indices`` of its elements and the ``dataset``.
     ``images``, ``labels``, ``keys``: the batch's decoded images ``(b, C, H, W)``, labels and
@@ -149,10 +149,7 @@ def save_last_batch(folder: layout.RunFolder, problem: BatchProblem, batch: Any,
     text_items = sorted({item for item, _ in wanted} | set(shown)) if TEXT in problem.column_views.tolist() else []
     record["texts"] = {str(item): str(texts[int(record["indices"][item])]) for item in text_items} \
         if texts is not None else {}
-    path = folder.last_batch
-    with Manifest(folder.root).writing(layout.LAST_BATCH, f"{layout.LAST_BATCH}.tmp"):
-        with atomic_file(path, "wb") as handle:
-            torch.save(record, handle)
+    writer.write_last_batch(record)
 
 
 @dataclass

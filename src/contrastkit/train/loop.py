@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import math
 import os
 import platform
@@ -37,9 +36,8 @@ import torch
 from contrastkit import layout, records
 from contrastkit.losses import value_checks
 from contrastkit import __version__
-from contrastkit._io import DISK_FULL, append_file, atomic_file
-from contrastkit.config_files import write_config_file
-from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
+from contrastkit._io import DISK_FULL
+from contrastkit.run_writer import RunWriter
 
 from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevicePlan, StepBatch, StreamBatchSource,
                               add_skipped, as_data, data_record, hold_on_device, is_iterable_data, read_held_out_files,
@@ -77,63 +75,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def _check_out(out: str, resume: bool, force: bool) -> Optional[RemovalPlan]:
-    """Refuse before any work: a non-empty OUT needs --resume or --force, and --force needs a
-    folder whose manifest accounts for what would be deleted (returns that plan)."""
-    if resume and force:
-        raise ValueError("--resume and --force exclude each other: resume continues a run, force starts over")
-    if resume:  # (an OUT that is not a folder was refused by the folder's lock, .faults.RunLock)
-        checkpoint = layout.RunFolder(out).last_checkpoint
-        if not os.path.isfile(checkpoint):
-            raise FileNotFoundError(f"nothing to resume: {checkpoint} does not exist")
-        Manifest(out).read()  # an unreadable manifest is refused before any work
-        return None
-    if os.path.isdir(out) and set(os.listdir(out)) - {layout.LOCK} and not force:
-        raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the run "
-                              f"in it or --force to start over (this deletes the files its {layout.MANIFEST} "
-                              "lists as contrastkit's, nothing else)")
-    return plan_removal(out, will_write=layout.RUN_FILES) if force else None
-
-
-def _prepare_out(out: str, resume: bool, plan: Optional[RemovalPlan] = None) -> None:
-    """Once the run is set up: with --force delete the previous run's files (the ``plan`` of
-    :func:`_check_out`), and start the folder's manifest; on resume keep it (a run of an older
-    contrastkit, without one, gets one listing its run files)."""
-    manifest = Manifest(out, "run")
-    if resume:
-        if not manifest.exists():
-            manifest.adopt(layout.RUN_FILES)
-    else:
-        if plan is not None:
-            plan.apply()
-        manifest.reset(launch=launch_id())  # a restarted torchrun group knows its own start by it
-    os.makedirs(layout.RunFolder(out).checkpoints, exist_ok=True)
-
-
-def _truncate_metrics(path: str, epoch: int, step: int) -> None:
-    """Drop records written after the checkpoint a run resumes from (an interrupted epoch); a
-    record of an unknown format version is a ``ValueError`` naming the file and line (before
-    anything is rewritten)."""
-    if not os.path.isfile(path):
-        return
-    kept = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut off by the interruption
-            if isinstance(record, dict):
-                records.metrics_record_from_dict(record, f"{path} line {number}")
-            # Up to the checkpoint's step (it may lie inside the epoch after the `epoch` done ones).
-            if record.get("step", 0) <= step and (record.get("kind") != records.EPOCH
-                                                   or record.get("epoch", 0) <= epoch):
-                kept.append(json.dumps(record) + "\n")
-    with Manifest(os.path.dirname(path)).writing(os.path.basename(path)):
-        with atomic_file(path, encoding="utf-8") as handle:
-            handle.writelines(kept)
 
 
 def _check_resumable(state: Dict[str, Any], config: PretrainConfig, path: str) -> None:
@@ -276,13 +217,8 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
             err, None, None, resume=resume or os.path.isfile(layout.RunFolder(config.out).last_checkpoint))):
         run = _set_up(config, resume, force, dataset, views, encoder, transform, guard or RunGuard())
         if run.parallel.is_main:
-            manifest = Manifest(run.folder.root)
-            marked = manifest.mark_writing(layout.CONFIG_FILE)
-            write_config_file(run.folder.config_file, run.config.to_dict(),
-                              header="contrastkit pretrain --config FILE reruns this run (options given override it)")
-            manifest.record(*marked)
-            if "csv" in run.config.loggers:
-                manifest.mark_writing(layout.METRICS_CSV)  # recorded when the loggers close
+            run.writer.write_config_file(run.config.to_dict())
+            run.writer.mark_logger_files(run.config.loggers)  # recorded when the loggers close
             run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.state.step if run.resumed else None)
     try:
         with _on_full_disk(lambda err: disk_full(err, run.state.step, run.faults.last_checkpoint)):
@@ -312,7 +248,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         raise
     with _after_training(run):
         _close_loggers(run)
-        Manifest(run.folder.root).write_json(layout.SUMMARY, records.summary_to_dict(summary))
+        run.writer.write_summary(summary)
         if on_summary is not None:
             on_summary(summary)  # (rank 0 alone gets here; the folder's lock is held until pretrain returns)
     run.parallel.barrier()
@@ -324,7 +260,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
 def _close_loggers(run: "_Run") -> None:
     run.loggers.close()
     if run.parallel.is_main:
-        _record_logger_files(run.folder)
+        run.writer.record_logger_files()
 
 
 @contextlib.contextmanager
@@ -388,7 +324,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     schedule: Any           # the temperature schedule
-    folder: layout.RunFolder
+    writer: RunWriter       # every file of the run folder is written through it (rank 0)
     batch_size: int         # global batch
     rank_batch: int         # this rank's share of it
     steps_per_epoch: int
@@ -412,6 +348,10 @@ class _Run:
     state: TrainState = None  # type: ignore[assignment]  # what the checkpoint restores (set by _set_up)
     resumed: bool = False                # continues a checkpoint (--resume, or a restarted torchrun group)
     epoch_started: float = 0.0           # when this invocation started the epoch in progress
+
+    @property
+    def folder(self) -> layout.RunFolder:
+        return self.writer.folder
 
     @property
     def n_train(self) -> int:
@@ -460,7 +400,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         if parallel.is_main:
             print(f"--resume: {config.out} holds no checkpoint; this launch ({launch_id()}) started it and stopped "
                   "before the run's first checkpoint: starting the run over in it", file=sys.stderr, flush=True)
-    plan = parallel.run_on_main(lambda: _check_out(config.out, resume, force))
+    writer = RunWriter(config.out)
+    plan = parallel.run_on_main(lambda: writer.check_new_run(resume, force))
     _seed_everything(config.seed)
     opened = method.load_data(config) if dataset is None else as_data(dataset)
     stream = opened.train if is_iterable_data(opened) else None
@@ -516,7 +457,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     scheduler = build_lr_scheduler(optimizer, config, total_steps)
 
     run = _Run(config, method, parallel, device, dataset, views, tokenizer, model, step_loss, optimizer,
-               scheduler, schedule, layout.RunFolder(config.out), batch_size, rank_batch, steps_per_epoch,
+               scheduler, schedule, writer, batch_size, rank_batch, steps_per_epoch,
                total_steps, warmup, started,
                encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None, precision=precision, guard=guard,
                faults=StepFaults(config.on_nan, parallel, guard.signals, layout.RunFolder(config.out).last_checkpoint),
@@ -539,8 +480,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     if parallel.is_main and (config.data_on_device != "auto" or device.type != "cpu"):
         # The default on the CPU holds nothing and measures nothing: config.json records it, quietly.
         print(run.on_device.message, file=sys.stderr, flush=True)
-    parallel.run_on_main(lambda: _prepare_out(config.out, resume, plan))
-    parallel.run_on_main(lambda: _save_run_files(run))
+    parallel.run_on_main(lambda: writer.start(resume, plan, launch=launch_id()))  # a restarted torchrun group knows its own start by it
+    parallel.run_on_main(lambda: writer.write_method_files(lambda folder: method.save_run_files(model, folder)))
     # What the data chose; a resumed run keeps the record of the run it continues (its saved
     # configuration, batch size included, is the one it resumes with).
     chosen = config.data_defaults or (_recorded_defaults(config.out) if resume else {})
@@ -551,8 +492,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         if told is not None:
             print(f"{told} ({steps_per_epoch:,} steps an epoch, {total_steps:,} in {config.epochs} epochs, "
                   f"{warmup:,} of warm-up)", file=sys.stderr, flush=True)
-        Manifest(config.out).write_json(layout.CONFIG, {"config": config.to_dict(),
-                                                        "derived": _derived(run, chosen)})
+        writer.write_run_record(config.to_dict(), _derived(run, chosen))
     return run
 
 
@@ -583,20 +523,6 @@ def _recorded_defaults(out: str) -> Dict[str, Any]:
     return recorded if isinstance(recorded, dict) else {}
 
 
-def _save_run_files(run: _Run) -> None:
-    """The method's own files (the tokenizer of the paired methods), recorded in the manifest."""
-    with Manifest(run.folder.root).writing(layout.TOKENIZER):
-        run.method.save_run_files(run.model, run.folder)
-
-
-def _record_logger_files(folder: layout.RunFolder) -> None:
-    """List what the loggers wrote (``metrics.csv``, the TensorBoard event files) in the manifest."""
-    names = [layout.METRICS_CSV, f"{layout.METRICS_CSV}.tmp"]  # a missing one leaves the list
-    for directory, _, files in os.walk(os.path.join(folder.root, layout.TENSORBOARD)):
-        names += [os.path.relpath(os.path.join(directory, name), folder.root).replace(os.sep, "/") for name in files]
-    Manifest(folder.root).record(*names)
-
-
 def _restore(run: _Run, state: Optional[Dict[str, Any]] = None) -> None:
     """Continue from ``checkpoints/last.pt`` (``state``: already loaded): weights, optimizer,
     schedule, RNG, counters and the position in the epoch in progress."""
@@ -608,7 +534,7 @@ def _restore(run: _Run, state: Optional[Dict[str, Any]] = None) -> None:
     run.source.check_position(run.state.data)  # e.g. a stream's position is for the --workers it was read with
     _trainables(run).load_state_dict(state, path, run.config.precision)
     if run.parallel.is_main:
-        _truncate_metrics(run.folder.metrics, run.state.epoch, run.state.step)
+        run.writer.truncate_metrics(run.state.epoch, run.state.step)
 
 
 def _trainables(run: _Run) -> Trainables:
@@ -654,12 +580,8 @@ def _train(run: _Run, progress: Optional[bool],
     show = (sys.stderr.isatty() if progress is None else progress) and run.parallel.is_main
     bar = _Progress(show, run.total_steps, run.state.step)
     run.model.train()
-    # metrics.jsonl grows all through training: marked as being written until it is closed.
-    recording = (Manifest(run.folder.root).writing(layout.METRICS) if run.parallel.is_main
-                 else contextlib.nullcontext())
-    try:
-        with recording, (append_file(run.folder.metrics, encoding="utf-8") if run.parallel.is_main
-                         else open(os.devnull, "w")) as metrics:
+    try:  # metrics.jsonl grows all through training: marked as being written until it is closed
+        with (run.writer.appending_metrics() if run.parallel.is_main else open(os.devnull, "w")) as metrics:
             if restarts_allowed() and not run.resumed:  # a restart before the first checkpoint resumes too
                 _write_checkpoint(run, torch.zeros(()), 0)
             while run.state.epoch < run.config.epochs:
@@ -729,7 +651,7 @@ def _train_epoch(run: _Run, metrics: IO[str], bar: "_Progress") -> Optional[torc
                                            diagnostics, problem.negatives if problem is not None else 0)
                 window_steps = 0
             if last and problem is not None:
-                save_last_batch(run.folder, problem, made, indices, run.dataset, method=config.method,
+                save_last_batch(run.writer, problem, made, indices, run.dataset, method=config.method,
                                 temperature=float(step_tau), step=run.state.step, epoch=run.state.epoch + 1,
                                 images=step_batch.images, labels=step_batch.labels, keys=step_batch.keys)
         if batch + 1 < run.steps_per_epoch:  # (the epoch's end writes its own checkpoint)
@@ -763,9 +685,7 @@ def _write_skipped(run: _Run) -> List[str]:
     """Write the run's skipped.txt (the damaged files it met and why), if it met any; their lines."""
     skipped = skipped_files(run.dataset)
     if skipped:
-        with Manifest(run.folder.root).writing(layout.SKIPPED):
-            with atomic_file(run.folder.skipped, encoding="utf-8") as handle:
-                handle.writelines(line + "\n" for line in skipped)
+        run.writer.write_skipped(skipped)
     return skipped
 
 
@@ -946,16 +866,13 @@ def _write_checkpoint(run: _Run, loss_sum: torch.Tensor, epoch_step: int) -> Non
     ranks = parallel.gather_objects(TrainState.rank_state(float(loss_sum), run.source.state_dict() if epoch_step else None))
 
     def write() -> None:
-        manifest = Manifest(run.folder.root)
-        marked = manifest.mark_writing(*layout.CHECKPOINT_FILES)
         in_epoch = time.perf_counter() - run.epoch_started if epoch_step else 0.0
+        payload = {"config": config.to_dict(), "launch": launch_id(), **_trainables(run).state_dict(),
+                   **run.state.state_dict(ranks, epoch_step, run.state.train_seconds + in_epoch)}
         try:
-            save_checkpoint(run.folder.last_checkpoint, {
-                "config": config.to_dict(), "launch": launch_id(), **_trainables(run).state_dict(),
-                **run.state.state_dict(ranks, epoch_step, run.state.train_seconds + in_epoch)})
+            run.writer.write_checkpoint(lambda path: save_checkpoint(path, payload))
         except CheckpointWriteError as err:
             raise write_failed(err, run.state.step, run.faults.last_checkpoint) from None
-        manifest.record(*marked)  # hashed once, here (a digest the writer returns could be passed)
 
     parallel.run_on_main(write)  # a failed write stops every rank
     parallel.barrier()  # the checkpoint is complete before any rank goes on
