@@ -92,7 +92,7 @@ def test_cuda_counts_no_sync_inside_a_training_step(test_device, options, tmp_pa
 
         def marking_set_up(*args, **kwargs):
             run = set_up(*args, **kwargs)
-            run.source.loader = _MarkedBatches(run.source.loader, run, caught, marks)
+            run.data.source.loader = _MarkedBatches(run.data.source.loader, run, caught, marks)
             runs.append(run)
             return run
 
@@ -115,6 +115,6 @@ def test_cuda_counts_no_sync_inside_a_training_step(test_device, options, tmp_pa
     bounds = marks + [(None, len(caught))]
     for (step, start), (_, stop) in zip(bounds, bounds[1:]):
         per_step[step] = [f"{w.filename}:{w.lineno}" for w in caught[start:stop] if w in syncs]
-    logging = {s for s in per_step if s % run.config.log_every == 0 or s % run.steps_per_epoch == 0}
+    logging = {s for s in per_step if s % run.plan.config.log_every == 0 or s % run.plan.steps_per_epoch == 0}
     quiet = {s: where for s, where in per_step.items() if s not in logging and where}
     assert quiet == {}

@@ -57,7 +57,7 @@ def _reads_per_step(monkeypatch, tmp_path, dataset=None, **options):
     with recorded_reads() as recorder:
         def tagging_set_up(*args, **kwargs):
             run = set_up(*args, **kwargs)
-            run.source.loader = _TaggedBatches(run.source.loader, run, recorder)
+            run.data.source.loader = _TaggedBatches(run.data.source.loader, run, recorder)
             runs.append(run)
             return run
 
@@ -74,14 +74,14 @@ def _reads_per_step(monkeypatch, tmp_path, dataset=None, **options):
                                                   **options})
         train_only(config, dataset=dataset)
     run = runs[0]
-    assert run.on_device.hold
-    counters = [state["step"] for state in run.optimizer.state.values() if "step" in state]
-    logging = {step for step in range(1, run.total_steps + 1)
-               if step % run.config.log_every == 0 or step % run.steps_per_epoch == 0}
+    assert run.data.on_device.hold
+    counters = [state["step"] for state in run.trainables.optimizer.state.values() if "step" in state]
+    logging = {step for step in range(1, run.plan.total_steps + 1)
+               if step % run.plan.config.log_every == 0 or step % run.plan.steps_per_epoch == 0}
     device, host = collections.defaultdict(list), collections.defaultdict(list)
     for read in recorder.reads:
         (host if _host_side(read, counters) else device)[read.tag].append(read.where)
-    return run.total_steps, logging, device, host
+    return run.plan.total_steps, logging, device, host
 
 
 CASES = {

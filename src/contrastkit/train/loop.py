@@ -37,6 +37,7 @@ from contrastkit import layout, records
 from contrastkit.losses import value_checks
 from contrastkit import __version__
 from contrastkit._io import DISK_FULL
+from contrastkit.manifest import RemovalPlan
 from contrastkit.run_writer import RunWriter
 
 from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevicePlan, StepBatch, StreamBatchSource,
@@ -216,29 +217,29 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     with _on_full_disk(lambda err: disk_full(
             err, None, None, resume=resume or os.path.isfile(layout.RunFolder(config.out).last_checkpoint))):
         run = _set_up(config, resume, force, dataset, views, encoder, transform, guard or RunGuard())
-        if run.parallel.is_main:
-            run.writer.write_config_file(run.config.to_dict())
-            run.writer.mark_logger_files(run.config.loggers)  # recorded when the loggers close
-            run.loggers = open_loggers(run.config.loggers, run.folder, resume_step=run.state.step if run.resumed else None)
+        if run.plan.parallel.is_main:
+            run.writer.write_config_file(run.plan.config.to_dict())
+            run.writer.mark_logger_files(run.plan.config.loggers)  # recorded when the loggers close
+            run.monitor.loggers = open_loggers(run.plan.config.loggers, run.folder, resume_step=run.state.step if run.resumed else None)
     try:
         with _on_full_disk(lambda err: disk_full(err, run.state.step, run.faults.last_checkpoint)):
             _train(run, progress, on_epoch_end)
         # The checkpoint is complete: a preemption signal from now on stops the run at once.
         run.guard.signals.raise_from_now(lambda name: _preempted(run, name))
-        run.source.close()  # ends the persistent workers before the evaluation starts its own
+        run.data.source.close()  # ends the persistent workers before the evaluation starts its own
         # Each rank met the damaged files of its own share of the batches: rank 0 names them all.
-        add_skipped(run.dataset, run.source.skipped)
-        met_by_rank = run.parallel.gather_objects(skipped_reasons(run.dataset))
-        if run.parallel.is_main:
+        add_skipped(run.data.dataset, run.data.source.skipped)
+        met_by_rank = run.plan.parallel.gather_objects(skipped_reasons(run.data.dataset))
+        if run.plan.parallel.is_main:
             for found in met_by_rank[1:]:
-                add_skipped(run.dataset, found)
-        if not run.parallel.is_main:
-            run.parallel.barrier()  # rank 0 evaluates and writes the summary
+                add_skipped(run.data.dataset, found)
+        if not run.plan.parallel.is_main:
+            run.plan.parallel.barrier()  # rank 0 evaluates and writes the summary
             _leave_group(run)
             _return_encoder(run, encoder)
             return None
         with _after_training(run):
-            with eager_calls(run.config.compile):
+            with eager_calls(run.plan.config.compile):
                 summary = _summarise(run, baselines)
     except BaseException:
         # The error on its way is the one to report: closing the loggers on the full disk that
@@ -251,15 +252,15 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         run.writer.write_summary(summary)
         if on_summary is not None:
             on_summary(summary)  # (rank 0 alone gets here; the folder's lock is held until pretrain returns)
-    run.parallel.barrier()
+    run.plan.parallel.barrier()
     _leave_group(run)
     _return_encoder(run, encoder)
     return summary
 
 
-def _close_loggers(run: "_Run") -> None:
-    run.loggers.close()
-    if run.parallel.is_main:
+def _close_loggers(run: "_Training") -> None:
+    run.monitor.loggers.close()
+    if run.plan.parallel.is_main:
         run.writer.record_logger_files()
 
 
@@ -276,110 +277,167 @@ def _on_full_disk(stop: Callable[[OSError], OSError]) -> Any:
         raise stop(err) from err
 
 
-def _after_training(run: "_Run") -> Any:
+def _after_training(run: "_Training") -> Any:
     """:func:`_on_full_disk` while the read-out, the summary or the report is written: the
     trained checkpoint is complete, and ``--resume`` evaluates it again."""
     return _on_full_disk(lambda err: disk_full(err, run.state.step, run.faults.last_checkpoint, trained=True))
 
 
-def _leave_group(run: "_Run") -> None:
+def _leave_group(run: "_Training") -> None:
     """Free the run's DDP wrapper, then leave the process group (where the run joined it).
 
     A reference cycle keeps the wrapper, and through it the group's backend, alive past
     ``destroy_process_group`` until the next garbage collection, or the interpreter's shutdown,
     where freeing the backend's threads can abort a rank that finished its work."""
-    if run.parallel.active:
-        run.step_loss = None
+    if run.plan.parallel.active:
+        run.trainables.step_loss = None
         gc.collect()
-    run.parallel.teardown()
+    run.plan.parallel.teardown()
 
 
-def _preempted(run: "_Run", signal_name: Optional[str] = None) -> Preempted:
+def _preempted(run: "_Training", signal_name: Optional[str] = None) -> Preempted:
     """The stop of a run whose checkpoint holds its current step."""
     return Preempted(signal_name or run.faults.stop or "a signal", run.state.step, run.folder.last_checkpoint,
-                     rank=run.parallel.rank if run.parallel.active else None)
+                     rank=run.plan.parallel.rank if run.plan.parallel.active else None)
 
 
-def _return_encoder(run: "_Run", encoder: Optional[torch.nn.Module]) -> None:
+def _return_encoder(run: "_Training", encoder: Optional[torch.nn.Module]) -> None:
     """The caller's encoder module gets the trained weights (after the baseline was built)."""
     if encoder is not None:
-        encoder.load_state_dict(unwrap_encoder(run.model.encoder).state_dict())
+        encoder.load_state_dict(unwrap_encoder(run.trainables.model.encoder).state_dict())
 
 
-@dataclass
-class _Run:
-    """One pretraining invocation: what :func:`_set_up` builds, and the counters the epochs
-    advance (restored from the checkpoint on resume)."""
+@dataclass(frozen=True)
+class _Plan:
+    """What a run settles before its first step and keeps: the configuration completed by the
+    data, the method, where it runs and the batches' and steps' counts."""
 
     config: PretrainConfig
     method: Method
     parallel: Parallel
     device: torch.device
-    dataset: DataSplits
-    batches: Any            # the method's batch maker: batches(split, indices) -> batch
-    tokenizer: Any          # the run's text tokenizer (paired methods), else None
-    model: torch.nn.Module
-    # step_loss(batch, labels, indices=, tap=): contrastkit.methods.step.step_loss, DDP-wrapped under torchrun
-    step_loss: Callable[..., torch.Tensor]
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    schedule: Any           # the temperature schedule
-    writer: RunWriter       # every file of the run folder is written through it (rank 0)
     batch_size: int         # global batch
     rank_batch: int         # this rank's share of it
     steps_per_epoch: int
     total_steps: int
     warmup_steps: int
-    started: float
-    precision: Optional[StepPrecision] = None  # the step's arithmetic (--precision), its scaler's state
-    source: Any = None  # the training batches (IndexBatchSource or StreamBatchSource; set_epoch before each epoch)
-    on_device: Optional[OnDevicePlan] = None  # whether the training images are held on the device, and why
-    # The module the caller passed, when its class cannot rebuild it (the baseline then starts
-    # from it); None when config.encoder rebuilds the architecture (the baseline is built from it).
-    encoder: Optional[torch.nn.Module] = None
-    loggers: Loggers = field(default_factory=Loggers)  # --logger (rank 0); metrics.jsonl is separate
-    tap: BatchTap = field(default_factory=BatchTap)  # what the logged steps' loss saw (rank 0)
+
+
+@dataclass
+class _Data:
+    """What a run reads: the data set the read-out reads (``dataset``; of a stream, its
+    map-style read-out), the method's batch maker, the text tokenizer (paired methods), the
+    training batches and whether the training images are held on the device."""
+
+    dataset: DataSplits
+    batches: Any            # the method's batch maker: batches(split, indices) -> batch
+    tokenizer: Any          # the run's text tokenizer (paired methods), else None
+    stream: Any             # the training split when it is a stream (contrastkit.data.iterable), else None
+    source: Any = None      # IndexBatchSource or StreamBatchSource (set_epoch before each epoch)
+    on_device: Optional[OnDevicePlan] = None
+
+
+@dataclass
+class _Monitor:
+    """What a run watches while it trains (rank 0 writes it): the loggers, the logged steps'
+    batch tap, the per-anchor temperatures' histogram and the warnings printed."""
+
+    loggers: Loggers = field(default_factory=Loggers)  # --logger; metrics.jsonl is separate
+    tap: BatchTap = field(default_factory=BatchTap)  # what the logged steps' loss saw
     # A temperature method's per-anchor temperatures over the epoch (None: one tau for all anchors).
     tau_histogram: Optional[TemperatureHistogram] = None
     warned: Dict[str, int] = field(default_factory=dict)  # warning kind -> the first step it was printed
     previous_steps: List[Dict[str, Any]] = field(default_factory=list)  # the last step records written
-    guard: RunGuard = field(default_factory=RunGuard)  # the stop signals and the folder lock (.faults)
-    faults: StepFaults = None  # type: ignore[assignment]  # stop signals, non-finite losses (set by _set_up)
-    state: TrainState = None  # type: ignore[assignment]  # what the checkpoint restores (set by _set_up)
-    resumed: bool = False                # continues a checkpoint (--resume, or a restarted torchrun group)
-    epoch_started: float = 0.0           # when this invocation started the epoch in progress
+
+
+@dataclass
+class _Training:
+    """One pretraining invocation, by concern: its plan, its data, what the optimizer changes
+    (:class:`~.state.Trainables`), the counters its checkpoint restores
+    (:class:`~.state.TrainState`), its folder's writer, its fault handling and its monitor."""
+
+    plan: _Plan
+    data: _Data
+    trainables: Trainables
+    state: TrainState
+    writer: RunWriter       # every file of the run folder is written through it (rank 0)
+    faults: StepFaults      # stop signals, non-finite losses, short batches
+    guard: RunGuard         # the stop signals and the folder lock (.faults)
+    started: float          # when this invocation started
+    resumed: bool           # continues a checkpoint (--resume, or a restarted torchrun group)
+    monitor: _Monitor = field(default_factory=_Monitor)
+    epoch_started: float = 0.0  # when this invocation started the epoch in progress
 
     @property
     def folder(self) -> layout.RunFolder:
         return self.writer.folder
 
-    @property
-    def n_train(self) -> int:
-        return len(self.dataset.train)
-
     def eval_context(self) -> EvalContext:
-        return EvalContext(self.model, self.dataset, self.batches, self.device, self.config, self.batch_size)
+        return EvalContext(self.trainables.model, self.data.dataset, self.data.batches, self.plan.device,
+                           self.plan.config, self.plan.batch_size)
 
 
 # -- set-up -------------------------------------------------------------------------------
 
 def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, views: Any,
             encoder: Optional[torch.nn.Module] = None,
-            transform: Optional[Callable[[torch.Tensor], Any]] = None, guard: Optional[RunGuard] = None) -> _Run:
-    """Everything before the first step: process group, the folder lock, data, model,
-    optimizer, the run folder, and on resume (or on a restart of a torchrun group: the
-    checkpoint of its own launch, :func:`.faults.restart_resumes`) the checkpointed state."""
+            transform: Optional[Callable[[torch.Tensor], Any]] = None, guard: Optional[RunGuard] = None) -> _Training:
+    """Everything before the first step, by concern: where the run works (process group,
+    device, the folder's lock) and whether it resumes or starts over (:func:`_restart_policy`);
+    its data (:func:`_open_data`); its plan (:func:`_plan`); the model and optimizer
+    (:func:`_build_trainables`); the training batches (:func:`_batch_source`); the folder
+    (:func:`_start_folder`); on resume the checkpointed state (:func:`_restore`)."""
     guard = guard or RunGuard()
     started = time.perf_counter()
     method = get_method(config.method)
+    device, parallel = _where(config)
+    precision = StepPrecision(config.precision, device)  # an unsupported precision is refused before any work
+    resume, force, restart_state = _restart_policy(config, resume, force, parallel, guard)
+    writer = RunWriter(config.out)
+    removal = parallel.run_on_main(lambda: writer.check_new_run(resume, force))
+    _seed_everything(config.seed)
+    config, data = _open_data(config, method, parallel, resume, dataset, views, transform, encoder)
+    plan = _plan(config, method, parallel, device, _sample_count(data))
+    config = plan.config
+    if data.batches is None:
+        data.batches = method.batches(data.dataset, config, device, data.tokenizer, transform=transform)
+    trainables = _build_trainables(plan, data, precision, encoder, resume)
+    data.source, data.on_device = _batch_source(plan, data)
+    faults = StepFaults(config.on_nan, parallel, guard.signals, writer.folder.last_checkpoint)
+    run = _Training(plan, data, trainables, TrainState(faults), writer, faults, guard, started, resume)
+    if getattr(trainables.model, "temperature_method", None) is not None:
+        run.monitor.tau_histogram = TemperatureHistogram(device)
+    _start_folder(run, removal)
+    if resume:
+        _restore(run, restart_state)
+    if parallel.is_main:
+        told = config.describe_data_defaults()
+        if told is not None:
+            print(f"{told} ({plan.steps_per_epoch:,} steps an epoch, {plan.total_steps:,} in {config.epochs} epochs, "
+                  f"{plan.warmup_steps:,} of warm-up)", file=sys.stderr, flush=True)
+        # What the data chose; a resumed run keeps the record of the run it continues (its saved
+        # configuration, batch size included, is the one it resumes with).
+        chosen = config.data_defaults or (_recorded_defaults(config.out) if resume else {})
+        writer.write_run_record(config.to_dict(), _derived(run, chosen))
+    return run
+
+
+def _where(config: PretrainConfig) -> Tuple[torch.device, Parallel]:
+    """The training device and the process group (under torchrun: joined, a GPU per rank)."""
     device = resolve_device(config.device)
     parallel = setup(device)
     if parallel.active and device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
-    precision = StepPrecision(config.precision, device)  # an unsupported precision is refused before any work
-    parallel.run_on_main(lambda: guard.hold(config.out))  # a folder another run holds is refused
+    return device, parallel
+
+
+def _restart_policy(config: PretrainConfig, resume: bool, force: bool, parallel: Parallel,
+                    guard: RunGuard) -> Tuple[bool, bool, Optional[Dict[str, Any]]]:
+    """Take the folder's lock (a folder another run holds is refused) and decide whether the
+    run resumes or starts over: ``(resume, force, restart_state)``, ``restart_state`` the
+    checkpoint a restarted torchrun group resumes from (:func:`.faults.restart_resumes`)."""
+    parallel.run_on_main(lambda: guard.hold(config.out))
     restart_state = parallel.run_on_main(lambda: restart_resumes(config.out))
-    # A restart before the first checkpoint: the folder this launch started (its manifest says so).
     # A restart before the first checkpoint: the folder this launch started (its manifest says so);
     # so is --resume of a requeued job (the same launch) that never reached its first checkpoint.
     own_start = parallel.run_on_main(lambda: restart_state is None and (restart_starts_over(config.out) if not resume
@@ -400,9 +458,14 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         if parallel.is_main:
             print(f"--resume: {config.out} holds no checkpoint; this launch ({launch_id()}) started it and stopped "
                   "before the run's first checkpoint: starting the run over in it", file=sys.stderr, flush=True)
-    writer = RunWriter(config.out)
-    plan = parallel.run_on_main(lambda: writer.check_new_run(resume, force))
-    _seed_everything(config.seed)
+    return resume, force, restart_state
+
+
+def _open_data(config: PretrainConfig, method: Method, parallel: Parallel, resume: bool, dataset: Any, views: Any,
+               transform: Any, encoder: Optional[torch.nn.Module]) -> Tuple[PretrainConfig, _Data]:
+    """The run's data (``dataset``, the caller's, or ``config.data`` opened by the method), cut
+    to its subsets and checked against the method; a stream's read-out sample for the
+    read-out. The configuration records a caller's encoder (how to rebuild it)."""
     opened = method.load_data(config) if dataset is None else as_data(dataset)
     stream = opened.train if is_iterable_data(opened) else None
     if stream is not None:  # the read-out reads a bounded sample of the stream, map-style
@@ -414,10 +477,24 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
                          "(pass paired data: contrastkit.data.as_streaming_pairs, or items (image, str))")
     if method.needs_labels and not dataset.num_classes:
         raise ValueError(f"{config.method} needs class labels; the data set {dataset.name!r} has none")
-    n_train = len(dataset.train) if stream is None else int(stream.num_samples)
     if encoder is not None:  # record how to rebuild it: its class path, or that it was an object
         config.encoder, config.encoder_options = describe_encoder(encoder, dataset.image_shape[0]), {}
-    config = config.fit_to_data(n_train, world_size=parallel.world_size)  # a batch size not given: the data's
+    if views is not None and transform is not None:
+        raise ValueError("pass views (a batch maker of your own) or transform (views made in the workers), not both")
+    tokenizer = method.run_tokenizer(dataset, config.out, resume)
+    return config, _Data(dataset, views, tokenizer, stream)
+
+
+def _sample_count(data: _Data) -> int:
+    """The training samples of an epoch: the split's, or a stream's count of one pass."""
+    return len(data.dataset.train) if data.stream is None else int(data.stream.num_samples)
+
+
+def _plan(config: PretrainConfig, method: Method, parallel: Parallel, device: torch.device, n_train: int) -> _Plan:
+    """The batch sizes and the steps: a batch size not given is the data's
+    (:meth:`~contrastkit.methods.PretrainConfig.fit_to_data`); the last partial batch of an
+    epoch is dropped (a fixed batch size), under torchrun from each rank's share."""
+    config = config.fit_to_data(n_train, world_size=parallel.world_size)
     batch_size = min(config.batch_size, n_train)
     if batch_size < 2:
         raise ValueError(f"the training split of {config.data} has {n_train} image(s); at least 2 are needed")
@@ -425,14 +502,21 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         raise ValueError(f"the batch size {batch_size} must be a multiple of the number of processes "
                          f"({parallel.world_size})")
     config = config.with_queue(batch_size, n_train)
-    tokenizer = method.run_tokenizer(dataset, config.out, resume)
-    if views is not None and transform is not None:
-        raise ValueError("pass views (a batch maker of your own) or transform (views made in the workers), not both")
-    if views is None:
-        views = method.batches(dataset, config, device, tokenizer, transform=transform)
+    rank_batch = batch_size // parallel.world_size
+    steps_per_epoch = (n_train // parallel.world_size) // rank_batch
+    total_steps = steps_per_epoch * config.epochs
+    return _Plan(config, method, parallel, device, batch_size, rank_batch, steps_per_epoch, total_steps,
+                 warmup_steps(config, total_steps))
 
-    model = build_model(config, dataset.image_shape, tokenizer, encoder=encoder).to(device)
-    if stream is not None and keeps_sample_state(model):
+
+def _build_trainables(plan: _Plan, data: _Data, precision: StepPrecision, encoder: Optional[torch.nn.Module],
+                      resume: bool) -> Trainables:
+    """The model at its initialisation (from ``encoder``, a caller's module, or the
+    configured one), its training forward (DDP-wrapped under torchrun), the optimizer and the
+    learning-rate schedule."""
+    config, parallel, device = plan.config, plan.parallel, plan.device
+    model = build_model(config, data.dataset.image_shape, data.tokenizer, encoder=encoder).to(device)
+    if data.stream is not None and keeps_sample_state(model):
         raise ValueError(f"--temperature-method {config.temperature_method} keeps a state per training sample, by "
                          "its index; a stream's samples have no index (choose a method without per-sample state)")
     if model.weights_report is not None and parallel.is_main:
@@ -442,58 +526,47 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
         compile_encoder(model.encoder)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    schedule = config.schedule
-    step_loss: Any = LossForward(model, method)
+    step_loss: Any = LossForward(model, plan.method)
     if parallel.active:
         model.distributed = True
         step_loss = torch.nn.parallel.DistributedDataParallel(step_loss)
         torch.manual_seed(rank_seed(config.seed, parallel.rank))  # different views on each rank
     optimizer = build_optimizer(model, config)
-    rank_batch = batch_size // parallel.world_size
-    # The last partial batch is dropped (fixed batch size); under torchrun each rank's share.
-    steps_per_epoch = (n_train // parallel.world_size) // rank_batch
-    total_steps = steps_per_epoch * config.epochs
-    warmup = warmup_steps(config, total_steps)
-    scheduler = build_lr_scheduler(optimizer, config, total_steps)
+    scheduler = build_lr_scheduler(optimizer, config, plan.total_steps)
+    return Trainables(model, optimizer, scheduler, precision, step_loss=step_loss, schedule=config.schedule,
+                      given_encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
 
-    run = _Run(config, method, parallel, device, dataset, views, tokenizer, model, step_loss, optimizer,
-               scheduler, schedule, writer, batch_size, rank_batch, steps_per_epoch,
-               total_steps, warmup, started,
-               encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None, precision=precision, guard=guard,
-               faults=StepFaults(config.on_nan, parallel, guard.signals, layout.RunFolder(config.out).last_checkpoint),
-               resumed=resume)
-    run.state = TrainState(run.faults)
-    if getattr(model, "temperature_method", None) is not None:
-        run.tau_histogram = TemperatureHistogram(device)
-    if stream is not None:
-        run.on_device = OnDevicePlan(False, "a stream is read front to back", 0)
-        run.source = StreamBatchSource(stream, batch_size=rank_batch, steps_per_epoch=steps_per_epoch, seed=config.seed,
-                                       rank=parallel.rank, world_size=parallel.world_size, workers=config.workers,
-                                       device=device)
+
+def _batch_source(plan: _Plan, data: _Data) -> Tuple[Any, OnDevicePlan]:
+    """The training batches (a stream's, or the split's by index) and whether the training
+    images are held on the device (``--data-on-device``)."""
+    config, parallel, device = plan.config, plan.parallel, plan.device
+    if data.stream is not None:
+        on_device = OnDevicePlan(False, "a stream is read front to back", 0)
+        source: Any = StreamBatchSource(data.stream, batch_size=plan.rank_batch, steps_per_epoch=plan.steps_per_epoch,
+                                        seed=config.seed, rank=parallel.rank, world_size=parallel.world_size,
+                                        workers=config.workers, device=device)
     else:
+        views, train = data.batches, data.dataset.train
         # a batch maker whose views the workers make says what they read (items of two views)
-        items = views.training_items(dataset.train) if hasattr(views, "training_items") else dataset.train
-        run.on_device = hold_on_device(config.data_on_device, views, dataset.train, device, workers=config.workers)
-        run.source = IndexBatchSource(dataset.train, batch_size=rank_batch, seed=config.seed, rank=parallel.rank,
-                                      world_size=parallel.world_size, items=items, workers=config.workers,
-                                      device=device, hold=run.on_device.hold)
+        items = views.training_items(train) if hasattr(views, "training_items") else train
+        on_device = hold_on_device(config.data_on_device, views, train, device, workers=config.workers)
+        source = IndexBatchSource(train, batch_size=plan.rank_batch, seed=config.seed, rank=parallel.rank,
+                                  world_size=parallel.world_size, items=items, workers=config.workers,
+                                  device=device, hold=on_device.hold)
     if parallel.is_main and (config.data_on_device != "auto" or device.type != "cpu"):
         # The default on the CPU holds nothing and measures nothing: config.json records it, quietly.
-        print(run.on_device.message, file=sys.stderr, flush=True)
-    parallel.run_on_main(lambda: writer.start(resume, plan, launch=launch_id()))  # a restarted torchrun group knows its own start by it
-    parallel.run_on_main(lambda: writer.write_method_files(lambda folder: method.save_run_files(model, folder)))
-    # What the data chose; a resumed run keeps the record of the run it continues (its saved
-    # configuration, batch size included, is the one it resumes with).
-    chosen = config.data_defaults or (_recorded_defaults(config.out) if resume else {})
-    if resume:
-        _restore(run, restart_state)
-    if parallel.is_main:
-        told = config.describe_data_defaults()
-        if told is not None:
-            print(f"{told} ({steps_per_epoch:,} steps an epoch, {total_steps:,} in {config.epochs} epochs, "
-                  f"{warmup:,} of warm-up)", file=sys.stderr, flush=True)
-        writer.write_run_record(config.to_dict(), _derived(run, chosen))
-    return run
+        print(on_device.message, file=sys.stderr, flush=True)
+    return source, on_device
+
+
+def _start_folder(run: _Training, removal: Optional[RemovalPlan]) -> None:
+    """Rank 0 starts the run folder (with ``--force``, deleting the previous run's files, the
+    ``removal`` plan) and writes the method's own files; the torchrun launch is recorded, so
+    that a restarted group knows its own start."""
+    writer, method, model = run.writer, run.plan.method, run.trainables.model
+    run.plan.parallel.run_on_main(lambda: writer.start(run.resumed, removal, launch=launch_id()))
+    run.plan.parallel.run_on_main(lambda: writer.write_method_files(lambda folder: method.save_run_files(model, folder)))
 
 
 def _check_streamable(config: PretrainConfig, views: Any, transform: Any, stream: Any, world_size: int) -> None:
@@ -523,22 +596,18 @@ def _recorded_defaults(out: str) -> Dict[str, Any]:
     return recorded if isinstance(recorded, dict) else {}
 
 
-def _restore(run: _Run, state: Optional[Dict[str, Any]] = None) -> None:
+def _restore(run: _Training, state: Optional[Dict[str, Any]] = None) -> None:
     """Continue from ``checkpoints/last.pt`` (``state``: already loaded): weights, optimizer,
     schedule, RNG, counters and the position in the epoch in progress."""
     path = run.folder.last_checkpoint
     if state is None:
         state = load_checkpoint(path)  # a damaged last.pt is refused, naming previous.pt and how to use it
-    _check_resumable(state, run.config, path)
-    run.state.load_state_dict(state, run.parallel.rank, run.parallel.world_size, path)
-    run.source.check_position(run.state.data)  # e.g. a stream's position is for the --workers it was read with
-    _trainables(run).load_state_dict(state, path, run.config.precision)
-    if run.parallel.is_main:
+    _check_resumable(state, run.plan.config, path)
+    run.state.load_state_dict(state, run.plan.parallel.rank, run.plan.parallel.world_size, path)
+    run.data.source.check_position(run.state.data)  # e.g. a stream's position is for the --workers it was read with
+    run.trainables.load_state_dict(state, path, run.plan.config.precision)
+    if run.plan.parallel.is_main:
         run.writer.truncate_metrics(run.state.epoch, run.state.step)
-
-
-def _trainables(run: _Run) -> Trainables:
-    return Trainables(run.model, run.optimizer, run.scheduler, run.precision)
 
 
 def _check_weights_unchanged(config: PretrainConfig, report: Any, resume: bool) -> None:
@@ -552,39 +621,39 @@ def _check_weights_unchanged(config: PretrainConfig, report: Any, resume: bool) 
                          "it (SHA-256 differs); resume with the file as it was")
 
 
-def _derived(run: _Run, defaults: Dict[str, Any]) -> Dict[str, Any]:
+def _derived(run: _Training, defaults: Dict[str, Any]) -> Dict[str, Any]:
     """``config.json``'s ``derived``: what the run worked out from its configuration and data;
     ``defaults``: what the data chose and why (:attr:`PretrainConfig.data_defaults
     <contrastkit.methods.PretrainConfig.data_defaults>`; ``{}`` when every such option was given);
     for a run started from a weights file, what that file gave the encoder."""
-    dataset = run.dataset
-    report = getattr(run.model, "weights_report", None)
+    dataset = run.data.dataset
+    report = getattr(run.trainables.model, "weights_report", None)
     return {**({"encoder_weights": report.to_dict()} if report is not None else {}),
-            "batch_size": run.batch_size, "steps_per_epoch": run.steps_per_epoch, "total_steps": run.total_steps,
-            "warmup_steps": run.warmup_steps, "defaults": defaults, "device": str(run.device),
-            "data_on_device": run.on_device.record() if run.on_device is not None else None,
+            "batch_size": run.plan.batch_size, "steps_per_epoch": run.plan.steps_per_epoch, "total_steps": run.plan.total_steps,
+            "warmup_steps": run.plan.warmup_steps, "defaults": defaults, "device": str(run.plan.device),
+            "data_on_device": run.data.on_device.record() if run.data.on_device is not None else None,
             "dataset": data_record(dataset),
-            **({"stream": run.source.record()} if hasattr(run.source, "record") else {}),
-            "views": getattr(run.batches, "config", None),
-            "parameters": sum(p.numel() for p in run.model.encoder.parameters()),
-            "world_size": run.parallel.world_size,
+            **({"stream": run.data.source.record()} if hasattr(run.data.source, "record") else {}),
+            "views": getattr(run.data.batches, "config", None),
+            "parameters": sum(p.numel() for p in run.trainables.model.encoder.parameters()),
+            "world_size": run.plan.parallel.world_size,
             "versions": {"contrastkit": __version__, "torch": torch.__version__,
                          "python": platform.python_version()}}
 
 
 # -- training -----------------------------------------------------------------------------
 
-def _train(run: _Run, progress: Optional[bool],
+def _train(run: _Training, progress: Optional[bool],
            on_epoch_end: Optional[Callable[[int, Dict[str, Any]], None]]) -> None:
     """The remaining epochs, each ending with its record and checkpoint."""
-    show = (sys.stderr.isatty() if progress is None else progress) and run.parallel.is_main
-    bar = _Progress(show, run.total_steps, run.state.step)
-    run.model.train()
+    show = (sys.stderr.isatty() if progress is None else progress) and run.plan.parallel.is_main
+    bar = _Progress(show, run.plan.total_steps, run.state.step)
+    run.trainables.model.train()
     try:  # metrics.jsonl grows all through training: marked as being written until it is closed
-        with (run.writer.appending_metrics() if run.parallel.is_main else open(os.devnull, "w")) as metrics:
+        with (run.writer.appending_metrics() if run.plan.parallel.is_main else open(os.devnull, "w")) as metrics:
             if restarts_allowed() and not run.resumed:  # a restart before the first checkpoint resumes too
                 _write_checkpoint(run, torch.zeros(()), 0)
-            while run.state.epoch < run.config.epochs:
+            while run.state.epoch < run.plan.config.epochs:
                 run.epoch_started = time.perf_counter()
                 loss_sum = _train_epoch(run, metrics, bar)
                 if loss_sum is None:  # stopped by a signal in the middle of the epoch, checkpointed
@@ -598,7 +667,7 @@ def _train(run: _Run, progress: Optional[bool],
         bar.close()
 
 
-def _train_epoch(run: _Run, metrics: IO[str], bar: "_Progress") -> Optional[torch.Tensor]:
+def _train_epoch(run: _Training, metrics: IO[str], bar: "_Progress") -> Optional[torch.Tensor]:
     """One pass over this rank's share of the shuffled training set (its batch source), from
     the batch a resumed run stopped at;
     returns the summed loss of the steps whose update was kept, or ``None`` when a stop signal
@@ -609,38 +678,38 @@ def _train_epoch(run: _Run, metrics: IO[str], bar: "_Progress") -> Optional[torc
     step's loss keeps its similarity problem and diagnostics (:mod:`contrastkit.methods.tap`),
     read back with the loss at the logging step; the last step's batch is saved for the
     report's pictures (:mod:`.last_batch`)."""
-    config = run.config
+    config = run.plan.config
     start, run.state.epoch_step = run.state.epoch_step, 0
-    run.source.set_epoch(run.state.epoch, start=start, state=run.state.data)  # seeded by (seed, epoch), nothing else
+    run.data.source.set_epoch(run.state.epoch, start=start, state=run.state.data)  # seeded by (seed, epoch), nothing else
     run.state.data = None
-    loss_sum = torch.tensor(run.state.epoch_loss_sum if start else 0.0, device=run.device)
+    loss_sum = torch.tensor(run.state.epoch_loss_sum if start else 0.0, device=run.plan.device)
     if not start:
         run.faults.start_epoch()
     window_started, window_steps = time.perf_counter(), 0
-    drawn, delivered = len(run.source), 0  # batches the epoch draws, and those with an image left
-    for batch, step_batch in enumerate(run.source, start):
+    drawn, delivered = len(run.data.source), 0  # batches the epoch draws, and those with an image left
+    for batch, step_batch in enumerate(run.data.source, start):
         indices = step_batch.indices
         rows = int(indices.shape[0])  # known on the host: no read from the device
         delivered += rows > 0
         # Fewer than 2 readable images (damaged files skipped) leave the loss no negative and
         # BatchNorm one row: the step is skipped, on every rank if on any (they step together).
-        if run.source.short_batches and run.faults.agree_short(rows < min(2, run.rank_batch)):
+        if run.data.source.short_batches and run.faults.agree_short(rows < min(2, run.plan.rank_batch)):
             _skip_short_batch(run, metrics, bar)
             window_steps += 1
         else:
-            if step_batch.images is not None and hasattr(run.batches, "hold"):
-                run.batches.hold(indices, step_batch.images)  # a caller's own views read the split themselves
-            logging = (run.state.step + 1) % config.log_every == 0 or batch == run.steps_per_epoch - 1
-            last = run.state.step + 1 == run.total_steps
-            if run.parallel.is_main and (logging or last):
-                run.tap.arm()
+            if step_batch.images is not None and hasattr(run.data.batches, "hold"):
+                run.data.batches.hold(indices, step_batch.images)  # a caller's own views read the split themselves
+            logging = (run.state.step + 1) % config.log_every == 0 or batch == run.plan.steps_per_epoch - 1
+            last = run.state.step + 1 == run.plan.total_steps
+            if run.plan.parallel.is_main and (logging or last):
+                run.monitor.tap.arm()
             try:
                 loss, made = _train_step(run, step_batch, metrics)
             except ValueError:  # e.g. the losses refusing non-finite embeddings: a non-finite loss before it is the cause
                 run.faults.check_deferred(run.state.step)
                 raise
-            step_tau = run.tap.tau
-            problem, diagnostics = run.tap.take()
+            step_tau = run.monitor.tap.tau
+            problem, diagnostics = run.monitor.tap.take()
             if run.faults.kept:
                 loss_sum += loss.detach()
             else:
@@ -651,73 +720,73 @@ def _train_epoch(run: _Run, metrics: IO[str], bar: "_Progress") -> Optional[torc
                                            diagnostics, problem.negatives if problem is not None else 0)
                 window_steps = 0
             if last and problem is not None:
-                save_last_batch(run.writer, problem, made, indices, run.dataset, method=config.method,
+                save_last_batch(run.writer, problem, made, indices, run.data.dataset, method=config.method,
                                 temperature=float(step_tau), step=run.state.step, epoch=run.state.epoch + 1,
                                 images=step_batch.images, labels=step_batch.labels, keys=step_batch.keys)
-        if batch + 1 < run.steps_per_epoch:  # (the epoch's end writes its own checkpoint)
+        if batch + 1 < run.plan.steps_per_epoch:  # (the epoch's end writes its own checkpoint)
             if run.faults.stop or (config.checkpoint_every and run.state.step % config.checkpoint_every == 0):
                 _write_checkpoint(run, loss_sum, batch + 1)
                 run.faults.agree_stop()
             if run.faults.stop:
                 return None
-    if drawn and not run.parallel.any(delivered > 0)[0]:
-        raise _nothing_read(run, f"no image could be read: all {drawn * run.batch_size} training images of "
+    if drawn and not run.plan.parallel.any(delivered > 0)[0]:
+        raise _nothing_read(run, f"no image could be read: all {drawn * run.plan.batch_size} training images of "
                                  f"epoch {run.state.epoch + 1} were damaged and skipped")
     return loss_sum
 
 
-def _nothing_read(run: _Run, what: str) -> ValueError:
+def _nothing_read(run: _Training, what: str) -> ValueError:
     """The error of an epoch none of whose batches trained because an unlabeled collection's
     damaged files were skipped (``what`` happened): all their images lost, or too many. The
     skipped files are listed first (every rank calls this: each names the files of its own share)."""
-    add_skipped(run.dataset, run.source.skipped)
-    met_by_rank = run.parallel.gather_objects(skipped_reasons(run.dataset))
+    add_skipped(run.data.dataset, run.data.source.skipped)
+    met_by_rank = run.plan.parallel.gather_objects(skipped_reasons(run.data.dataset))
     where = "skipped files"
-    if run.parallel.is_main:
+    if run.plan.parallel.is_main:
         for found in met_by_rank[1:]:
-            add_skipped(run.dataset, found)
+            add_skipped(run.data.dataset, found)
         if _write_skipped(run):
             where = run.folder.skipped
-    return ValueError(f"{run.config.data}: {what} (they are named in {where})")
+    return ValueError(f"{run.plan.config.data}: {what} (they are named in {where})")
 
 
-def _write_skipped(run: _Run) -> List[str]:
+def _write_skipped(run: _Training) -> List[str]:
     """Write the run's skipped.txt (the damaged files it met and why), if it met any; their lines."""
-    skipped = skipped_files(run.dataset)
+    skipped = skipped_files(run.data.dataset)
     if skipped:
         run.writer.write_skipped(skipped)
     return skipped
 
 
-def _skip_short_batch(run: _Run, metrics: IO[str], bar: "_Progress") -> None:
+def _skip_short_batch(run: _Training, metrics: IO[str], bar: "_Progress") -> None:
     """A step whose batch (on this rank or another) was left with fewer than 2 readable images
     by the damaged files skipped: no forward pass and no update, but the step counts (the
     schedules go on, every rank runs the epoch's steps); its record in metrics.jsonl, and a
     warning the first time. The files are named in skipped.txt as the loader recorded them."""
     with warnings.catch_warnings():  # torch's "scheduler before optimizer" warning: no update, on purpose
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-        run.scheduler.step()
+        run.trainables.scheduler.step()
     run.state.step += 1
     metrics.write(records.metrics_line(records.metrics_record(records.SKIPPED, epoch=run.state.epoch + 1, step=run.state.step,
                                                               reason=_SHORT_BATCH)))
-    if run.parallel.is_main and "short_batch" not in run.warned:
-        run.warned["short_batch"] = run.state.step
+    if run.plan.parallel.is_main and "short_batch" not in run.monitor.warned:
+        run.monitor.warned["short_batch"] = run.state.step
         bar.warn(f"warning: step {run.state.step}: {_SHORT_BATCH}; the step was skipped"
-                 + (" on every process" if run.parallel.active else ""))
+                 + (" on every process" if run.plan.parallel.active else ""))
 
 
 _SHORT_BATCH = "the batch was left with fewer than 2 readable images (damaged files skipped)"
 
 
-def _skip_step(run: _Run, loss: torch.Tensor, metrics: IO[str], bar: "_Progress") -> None:
+def _skip_step(run: _Training, loss: torch.Tensor, metrics: IO[str], bar: "_Progress") -> None:
     """``on_nan="skip"``: the step whose loss was not finite (on some rank) kept no update; its
     record in metrics.jsonl, and a warning the first time."""
-    value = float(run.parallel.mean(loss))  # not finite: written as "nan" / "inf" (valid JSON)
+    value = float(run.plan.parallel.mean(loss))  # not finite: written as "nan" / "inf" (valid JSON)
     metrics.write(records.metrics_line(records.metrics_record(records.SKIPPED, epoch=run.state.epoch + 1, step=run.state.step,
                                                               loss=str(value))))
-    run.faults.count_skip(run.model, run.state.step, value)
-    if run.parallel.is_main and "skipped" not in run.warned:
-        run.warned["skipped"] = run.state.step
+    run.faults.count_skip(run.trainables.model, run.state.step, value)
+    if run.plan.parallel.is_main and "skipped" not in run.monitor.warned:
+        run.monitor.warned["skipped"] = run.state.step
         bar.warn(f"warning: step {run.state.step}: the loss was {value}; its update was skipped (--on-nan skip)")
 
 
@@ -730,27 +799,27 @@ def _micro_batch(configured: int, rows: int) -> int:
     return max(d for d in range(1, min(configured, rows) + 1) if rows % d == 0)
 
 
-def _step_loss_and_backward(run: _Run, batch: Any, batch_labels: Optional[torch.Tensor], on_device: torch.Tensor,
+def _step_loss_and_backward(run: _Training, batch: Any, batch_labels: Optional[torch.Tensor], on_device: torch.Tensor,
                             indices: torch.Tensor, checked: bool) -> torch.Tensor:
     """The step's loss and its gradients (zeroed first), under the run's precision."""
-    precision = run.precision
-    if run.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
-        run.optimizer.zero_grad(set_to_none=True)
+    precision = run.trainables.precision
+    if run.plan.config.micro_batch:  # cached-gradient accumulation, outside DDP: it averages nothing here
+        run.trainables.optimizer.zero_grad(set_to_none=True)
         with value_checks(checked):
-            loss = run.method.cached_gradient_loss(run.model, batch, batch_labels,
-                                                   _micro_batch(run.config.micro_batch, int(indices.shape[0])),
-                                                   indices=on_device, tap=run.tap,
+            loss = run.plan.method.cached_gradient_loss(run.trainables.model, batch, batch_labels,
+                                                   _micro_batch(run.plan.config.micro_batch, int(indices.shape[0])),
+                                                   indices=on_device, tap=run.monitor.tap,
                                                    autocast=precision.autocast, backward=precision.backward)
-        average_gradients(run.model.parameters())
+        average_gradients(run.trainables.model.parameters())
     else:
         with precision.autocast(), value_checks(checked):
-            loss = run.step_loss(batch, batch_labels, indices=on_device, tap=run.tap)  # step_loss, DDP-wrapped
-        run.optimizer.zero_grad(set_to_none=True)
+            loss = run.trainables.step_loss(batch, batch_labels, indices=on_device, tap=run.monitor.tap)  # step_loss, DDP-wrapped
+        run.trainables.optimizer.zero_grad(set_to_none=True)
         precision.backward(loss)
     return loss
 
 
-def _train_step(run: _Run, step_batch: StepBatch, metrics: IO[str]) -> Tuple[torch.Tensor, Any]:
+def _train_step(run: _Training, step_batch: StepBatch, metrics: IO[str]) -> Tuple[torch.Tensor, Any]:
     """One optimizer step on ``step_batch``; returns its loss (not synced) and the batch.
 
     Nothing in it reads a value back from the device (no ``.item()``, ``float(tensor)``, no
@@ -758,36 +827,36 @@ def _train_step(run: _Run, step_batch: StepBatch, metrics: IO[str]) -> Tuple[tor
     is read at logging steps only (:func:`_log_step`). The forward pass and the loss run under
     the run's precision (:class:`~contrastkit.methods.precision.StepPrecision`)."""
     indices, on_device, batch_labels = step_batch.indices, step_batch.on_device, step_batch.labels
-    batch = run.batches(run.dataset.train, indices)
-    if run.config.channels_last:
+    batch = run.data.batches(run.data.dataset.train, indices)
+    if run.plan.config.channels_last:
         batch = channels_last_batch(batch)
-    tau_now = before_loss(run.model, run.schedule, run.state.step, run.total_steps)
+    tau_now = before_loss(run.trainables.model, run.trainables.schedule, run.state.step, run.plan.total_steps)
     if tau_now is not None:  # a varying tau is logged at every step
         metrics.write(records.metrics_line(records.metrics_record(records.TAU, step=run.state.step + 1, tau=tau_now)))
-    precision = run.precision
+    precision = run.trainables.precision
     # On an accelerator a run that reads its loss only at logging steps (faults.defers) lets a
     # non-finite value through the losses' input checks, which would otherwise end the run in a
     # device-side assertion before the loss is read and the step that went wrong is named.
-    checked = not run.faults.defers or run.device.type == "cpu"
+    checked = not run.faults.defers or run.plan.device.type == "cpu"
     try:
         loss = _step_loss_and_backward(run, batch, batch_labels, on_device, indices, checked)
     except Exception as err:  # a --compile run whose kernels torch cannot build here: one line, not torch's trace
-        failure = compile_failure(err) if run.config.compile else None
+        failure = compile_failure(err) if run.plan.config.compile else None
         if failure is None:
             raise
         raise failure from err
     if run.faults.keep_update(loss, run.state.step + 1):  # (a stop signal is agreed on here too)
-        precision.step(run.optimizer)
+        precision.step(run.trainables.optimizer)
     # The clamp of a learnable tau, a temperature method's own update (iSogCLR's temperatures).
-    temperatures = after_optimizer_step(run.method, run.model)
-    if run.tau_histogram is not None and temperatures is not None:
-        run.tau_histogram.add(temperatures)
-    run.scheduler.step()
+    temperatures = after_optimizer_step(run.plan.method, run.trainables.model)
+    if run.monitor.tau_histogram is not None and temperatures is not None:
+        run.monitor.tau_histogram.add(temperatures)
+    run.trainables.scheduler.step()
     run.state.step += 1
     return loss, batch
 
 
-def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps: int, metrics: IO[str],
+def _log_step(run: _Training, loss: torch.Tensor, window_started: float, window_steps: int, metrics: IO[str],
               bar: "_Progress", diagnostics: Optional[torch.Tensor] = None, negatives: int = 0) -> float:
     """The step record and progress update for the ``window_steps`` steps since
     ``window_started``; returns the time it was written (the next window's start).
@@ -795,7 +864,7 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
     on the device), read back with the loss in one transfer; a failure they show is printed
     once per kind (:func:`contrastkit.metrics.batch.batch_warnings`) and listed in the record."""
     run.faults.check_deferred(run.state.step)  # a non-finite loss since the last read is named by its own step
-    mean_loss = run.parallel.mean(loss)
+    mean_loss = run.plan.parallel.mean(loss)
     if diagnostics is not None:  # the only host sync, at logging cadence: the loss and the diagnostics together
         numbers = torch.cat([mean_loss.reshape(1).to(diagnostics.dtype), diagnostics]).tolist()
         value, batch_numbers = numbers[0], diagnostics_record(numbers[1:], negatives)
@@ -804,30 +873,30 @@ def _log_step(run: _Run, loss: torch.Tensor, window_started: float, window_steps
     if not math.isfinite(value):  # (a non-finite step loss stopped the run or was skipped before this)
         raise run.faults.nonfinite(run.state.step, value)
     now = time.perf_counter()
-    speed = window_steps * run.batch_size / max(now - window_started, 1e-9)
-    tau = run.model.temperature.value
+    speed = window_steps * run.plan.batch_size / max(now - window_started, 1e-9)
+    tau = run.trainables.model.temperature.value
     record = records.metrics_record(records.STEP, epoch=run.state.epoch + 1, step=run.state.step, loss=value, tau=tau,
-                                    lr=run.scheduler.get_last_lr()[0], images_per_second=speed, **batch_numbers)
-    found = batch_warnings(record, learnable=run.config.learnable_temperature,
-                           tau_bound=run.model.temperature.min_value, previous=run.previous_steps)
-    run.previous_steps = (run.previous_steps + [record])[-4:]
+                                    lr=run.trainables.scheduler.get_last_lr()[0], images_per_second=speed, **batch_numbers)
+    found = batch_warnings(record, learnable=run.plan.config.learnable_temperature,
+                           tau_bound=run.trainables.model.temperature.min_value, previous=run.monitor.previous_steps)
+    run.monitor.previous_steps = (run.monitor.previous_steps + [record])[-4:]
     if found:
         record["warnings"] = [w["kind"] for w in found]
     metrics.write(records.metrics_line(record))
-    run.loggers.record(record)
-    for warning in found if run.parallel.is_main else ():
-        if warning["kind"] not in run.warned:
-            run.warned[warning["kind"]] = run.state.step
+    run.monitor.loggers.record(record)
+    for warning in found if run.plan.parallel.is_main else ():
+        if warning["kind"] not in run.monitor.warned:
+            run.monitor.warned[warning["kind"]] = run.state.step
             bar.warn(f"warning: step {run.state.step}: {warning['message']}")
-    bar.update(window_steps, epoch=f"{run.state.epoch + 1}/{run.config.epochs}", loss=f"{value:.4f}", tau=f"{tau:.3f}",
+    bar.update(window_steps, epoch=f"{run.state.epoch + 1}/{run.plan.config.epochs}", loss=f"{value:.4f}", tau=f"{tau:.3f}",
                speed=f"{speed:.0f}")
     return now
 
 
-def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[str]) -> Dict[str, Any]:
+def _end_epoch(run: _Training, loss_sum: torch.Tensor, seconds: float, metrics: IO[str]) -> Dict[str, Any]:
     """The epoch record (with the val numbers every ``eval_every`` epochs) and the checkpoint."""
-    config, parallel = run.config, run.parallel
-    kept_steps = run.steps_per_epoch - run.faults.epoch_skipped - run.faults.epoch_short
+    config, parallel = run.plan.config, run.plan.parallel
+    kept_steps = run.plan.steps_per_epoch - run.faults.epoch_skipped - run.faults.epoch_short
     if kept_steps == 0 and run.faults.epoch_short:  # damaged files left no batch of 2 readable images
         raise _nothing_read(run, f"every batch of epoch {run.state.epoch + 1} was left with fewer than 2 readable "
                                  "images" + (" on some process" if parallel.active else "")
@@ -839,35 +908,35 @@ def _end_epoch(run: _Run, loss_sum: torch.Tensor, seconds: float, metrics: IO[st
     run.state.epoch_losses.append(epoch_loss)
     run.state.train_seconds += seconds
     record = records.metrics_record(records.EPOCH, epoch=run.state.epoch, step=run.state.step, loss=epoch_loss,
-                                    tau=run.model.temperature.value, lr=run.scheduler.get_last_lr()[0],
+                                    tau=run.trainables.model.temperature.value, lr=run.trainables.scheduler.get_last_lr()[0],
                                     train_seconds=run.state.train_seconds)
     evaluating = config.eval_every and (run.state.epoch % config.eval_every == 0 or run.state.epoch == config.epochs)
     if evaluating and parallel.is_main:
         with eager_calls(config.compile):  # the read-out's calls run eagerly (no compilation per batch size)
             _evaluate_epoch(run, record)
     metrics.write(records.metrics_line(record))
-    if run.tau_histogram is not None:  # the distribution of the per-anchor temperatures of the epoch
-        run.tau_histogram.merged(parallel.reduce)
-        metrics.write(records.metrics_line(run.tau_histogram.record(run.state.epoch, run.state.step)))
+    if run.monitor.tau_histogram is not None:  # the distribution of the per-anchor temperatures of the epoch
+        run.monitor.tau_histogram.merged(parallel.reduce)
+        metrics.write(records.metrics_line(run.monitor.tau_histogram.record(run.state.epoch, run.state.step)))
     metrics.flush()
-    run.loggers.record(record)
-    run.loggers.flush()
+    run.monitor.loggers.record(record)
+    run.monitor.loggers.flush()
     _write_checkpoint(run, loss_sum, 0)
     return record
 
 
-def _write_checkpoint(run: _Run, loss_sum: torch.Tensor, epoch_step: int) -> None:
+def _write_checkpoint(run: _Training, loss_sum: torch.Tensor, epoch_step: int) -> None:
     """``checkpoints/last.pt`` at the current step: at the end of an epoch (``epoch_step`` 0) or
     ``epoch_step`` batches into the epoch in progress (with each rank's ``loss_sum`` of them).
     Every rank takes part; rank 0 writes. A write that fails stops the run with one error naming
     the checkpoint left intact (:func:`.faults.write_failed`)."""
-    config, parallel = run.config, run.parallel
+    config, parallel = run.plan.config, run.plan.parallel
     run.faults.check_deferred(run.state.step)  # never a checkpoint of a state a non-finite step updated
-    ranks = parallel.gather_objects(TrainState.rank_state(float(loss_sum), run.source.state_dict() if epoch_step else None))
+    ranks = parallel.gather_objects(TrainState.rank_state(float(loss_sum), run.data.source.state_dict() if epoch_step else None))
 
     def write() -> None:
         in_epoch = time.perf_counter() - run.epoch_started if epoch_step else 0.0
-        payload = {"config": config.to_dict(), "launch": launch_id(), **_trainables(run).state_dict(),
+        payload = {"config": config.to_dict(), "launch": launch_id(), **run.trainables.state_dict(),
                    **run.state.state_dict(ranks, epoch_step, run.state.train_seconds + in_epoch)}
         try:
             run.writer.write_checkpoint(lambda path: save_checkpoint(path, payload))
@@ -881,37 +950,37 @@ def _write_checkpoint(run: _Run, loss_sum: torch.Tensor, epoch_step: int) -> Non
 
 # -- evaluation ---------------------------------------------------------------------------
 
-def _evaluate_epoch(run: _Run, record: Dict[str, Any]) -> None:
+def _evaluate_epoch(run: _Training, record: Dict[str, Any]) -> None:
     """The val numbers of an ``eval_every`` epoch into ``record`` (rank 0), and the epoch's
     candidacy for the reported one."""
-    config = run.config
-    if run.dataset.num_classes:
+    config = run.plan.config
+    if run.data.dataset.num_classes:
         # One extraction of the train and val features serves the kNN and the probe.
-        features = tuple(extract_features(run.model.encoder, split, run.device,
-                                          workers=config.workers) for split in (run.dataset.train, run.dataset.val))
-        record["val_knn_accuracy"] = _val_knn(features, run.dataset, config)
-        score = val_probe_accuracy(run.model.encoder, run.dataset, run.device, seed=config.subset_seed,
+        features = tuple(extract_features(run.trainables.model.encoder, split, run.plan.device,
+                                          workers=config.workers) for split in (run.data.dataset.train, run.data.dataset.val))
+        record["val_knn_accuracy"] = _val_knn(features, run.data.dataset, config)
+        score = val_probe_accuracy(run.trainables.model.encoder, run.data.dataset, run.plan.device, seed=config.subset_seed,
                                    features=features)
         record["val_probe_accuracy"] = score
-        run.state.selection.observe(run.state.epoch, score, run.model)
-    record.update(run.method.val_metrics(run.eval_context()))
+        run.state.selection.observe(run.state.epoch, score, run.trainables.model)
+    record.update(run.plan.method.val_metrics(run.eval_context()))
 
 
-def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
+def _summarise(run: _Training, baselines: bool) -> Dict[str, Any]:
     """Rank 0's held-out evaluation and the summary (``summary.json``)."""
-    config = run.config
+    config = run.plan.config
     eval_started = time.perf_counter()
     try:  # an unlabeled collection's held-out files, read whole once: a damaged one is named too
-        read_held_out_files(run.dataset, batch_size=run.batch_size, workers=config.workers)
+        read_held_out_files(run.data.dataset, batch_size=run.plan.batch_size, workers=config.workers)
     except BadItemError as err:  # --bad-files fail
         raise ValueError(f"{err} (a held-out file, read after training; its checkpoint of step {run.state.step} is "
                          "complete)") from None
-    baseline = (build_model(config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder).encoder.to(run.device)
+    baseline = (build_model(config, run.data.dataset.image_shape, run.data.tokenizer, encoder=run.trainables.given_encoder).encoder.to(run.plan.device)
                 if baselines else None)
     try:
-        numbers = evaluate_model(config, run.model, run.dataset, run.device, baseline_encoder=baseline,
+        numbers = evaluate_model(config, run.trainables.model, run.data.dataset, run.plan.device, baseline_encoder=baseline,
                                  raw_pixels=baselines)
-        numbers.update(run.method.test_metrics(run.eval_context()))
+        numbers.update(run.plan.method.test_metrics(run.eval_context()))
         selected = run.state.selection.report(run.state.epoch, numbers, lambda state: _evaluate_snapshot(run, state))
     except (ReadoutPartFailed, MemoryError, RuntimeError) as err:
         # The trained weights are safe in the last checkpoint: say so, and how to read them out.
@@ -922,12 +991,12 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
     summary = {
         **numbers, **selected,
         "final_loss": run.state.epoch_losses[-1] if run.state.epoch_losses else None,
-        "epochs": run.state.epoch, "steps": run.state.step, "method": config.method, "data": run.dataset.name,
-        "encoder": config.encoder, "views": config.views, "final_temperature": run.model.temperature.value,
+        "epochs": run.state.epoch, "steps": run.state.step, "method": config.method, "data": run.data.dataset.name,
+        "encoder": config.encoder, "views": config.views, "final_temperature": run.trainables.model.temperature.value,
         "temperature_schedule": config.temperature_schedule, "temperature_method": config.temperature_method,
         "train_seconds": run.state.train_seconds, "eval_seconds": eval_seconds,
         "seconds": time.perf_counter() - run.started,  # this invocation (train_seconds adds up resumes)
-        "images_per_second": run.state.step * run.batch_size / run.state.train_seconds if run.state.train_seconds > 0 else None,
+        "images_per_second": run.state.step * run.plan.batch_size / run.state.train_seconds if run.state.train_seconds > 0 else None,
         "beats_baselines": records.beats_baselines(numbers) if baselines else None,
     }
     if records.VIEW_RETRIEVAL_TOP1 in numbers:  # without labels: judged by view retrieval
@@ -935,25 +1004,25 @@ def _summarise(run: _Run, baselines: bool) -> Dict[str, Any]:
                                                      if baselines else None)
     if config.on_nan == "skip":
         summary["skipped_steps"] = run.faults.skipped
-    if run.source.short_batches:  # steps skipped for a batch short of readable images (damaged files)
+    if run.data.source.short_batches:  # steps skipped for a batch short of readable images (damaged files)
         summary["skipped_batches"] = run.faults.short
     skipped = _write_skipped(run)
-    if skipped or getattr(run.dataset, "source", None) == "collection":
+    if skipped or getattr(run.data.dataset, "source", None) == "collection":
         summary["skipped_files"] = len(skipped)
     if skipped:
         print(f"skipped {len(skipped)} damaged image file(s); they are named in {run.folder.skipped}", file=sys.stderr)
-    run.loggers.summary(summary, step=run.state.step, epoch=run.state.epoch)
+    run.monitor.loggers.summary(summary, step=run.state.step, epoch=run.state.epoch)
     return summary
 
 
-def _evaluate_snapshot(run: _Run, state: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+def _evaluate_snapshot(run: _Training, state: Dict[str, torch.Tensor]) -> Dict[str, Any]:
     """The held-out numbers (no baselines) of the model with the weights ``state``."""
-    model = build_model(run.config, run.dataset.image_shape, run.tokenizer, encoder=run.encoder, initial_weights=False)
+    model = build_model(run.plan.config, run.data.dataset.image_shape, run.data.tokenizer, encoder=run.trainables.given_encoder, initial_weights=False)
     model.load_state_dict(state)
-    model.to(run.device)
-    numbers = evaluate_model(run.config, model, run.dataset, run.device, raw_pixels=False)
-    context = EvalContext(model, run.dataset, run.batches, run.device, run.config, run.batch_size)
-    numbers.update(run.method.test_metrics(context))
+    model.to(run.plan.device)
+    numbers = evaluate_model(run.plan.config, model, run.data.dataset, run.plan.device, raw_pixels=False)
+    context = EvalContext(model, run.data.dataset, run.data.batches, run.plan.device, run.plan.config, run.plan.batch_size)
+    numbers.update(run.plan.method.test_metrics(context))
     return numbers
 
 

@@ -24,7 +24,7 @@ The keys (a checkpoint is a flat dict, :mod:`.checkpoint` checks them on load):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -38,12 +38,19 @@ __all__ = ["Trainables", "TrainState"]
 @dataclass
 class Trainables:
     """What the optimizer changes: the model, the optimizer, its learning-rate scheduler and the
-    step's precision (its gradient scaler's state)."""
+    step's precision (its gradient scaler's state), which the checkpoint holds; and, not in it,
+    the training forward ``step_loss`` (DDP-wrapped under torchrun), the temperature
+    ``schedule`` and the caller's encoder module when its class cannot rebuild it
+    (``given_encoder``: the random-init baseline then starts from it)."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
     precision: Any
+    # step_loss(batch, labels, indices=, tap=): contrastkit.methods.step.step_loss
+    step_loss: Optional[Callable[..., torch.Tensor]] = None
+    schedule: Any = None
+    given_encoder: Optional[torch.nn.Module] = None
 
     def state_dict(self) -> Dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
