@@ -1,7 +1,7 @@
 """The one writer of a pretraining run's folder: every file the trainer writes there
 (``config.json``, ``config.yaml``, ``metrics.jsonl`` and the loggers' files, ``summary.json``,
 ``skipped.txt``, the checkpoints, ``last_batch.pt``, the method's own files such as
-``tokenizer.json``) goes through a :class:`RunWriter`, which records each in the folder's
+``tokenizer.json``) and ``contrastkit probe --save``'s ``probe.json`` go through a :class:`RunWriter`, which records each in the folder's
 manifest (:mod:`contrastkit.manifest`) as it is written, so that ``--force`` deletes exactly
 these. The file names are :mod:`contrastkit.layout`'s. ``contrastkit pretrain`` and the
 Lightning integration (``skipped.txt``) write through it.
@@ -166,6 +166,10 @@ class RunWriter:
             with atomic_file(path, encoding="utf-8") as handle:
                 handle.writelines(line + "\n" for line in lines)
         return path
+
+    def write_probe(self, result: Dict[str, Any]) -> None:
+        """``probe.json``: ``contrastkit probe --save``'s re-evaluation of the run."""
+        self._manifest.write_json(layout.PROBE, result)
 
     def write_summary(self, summary: Dict[str, Any]) -> None:
         """``summary.json``: the run's final numbers."""

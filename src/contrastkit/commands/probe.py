@@ -6,8 +6,7 @@ import argparse
 import json
 import os
 
-from contrastkit import layout
-from contrastkit.manifest import Manifest
+from contrastkit.run_writer import RunWriter
 from contrastkit.commands.common import print_result_table
 
 
@@ -31,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     result = evaluate_run(args.run_dir, checkpoint=args.checkpoint, device=args.device,
                           baselines=not args.no_baselines, threads=args.threads, baseline_cache=args.baseline_cache)
     if args.save:
-        Manifest(args.run_dir).write_json(layout.PROBE, result)  # recorded in the run's manifest
+        RunWriter(args.run_dir).write_probe(result)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
