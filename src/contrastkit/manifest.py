@@ -16,8 +16,8 @@ the mark, and the file counts as contrastkit's whatever its content. ``nested`` 
 sub-folders that have manifests of their own (the runs of a study). ``launch``, only in a run
 started under torchrun, is the launch (``TORCHELASTIC_RUN_ID``) that started the folder's run:
 a group that torchrun restarts before the run's first checkpoint knows the folder as its own
-start (``contrastkit.train.faults.restart_starts_over``), as does a requeued job's
-``--resume`` under the same launch (``resume_starts_over``). The manifest is rewritten
+start (``contrastkit.train.faults.starts_over``), as does a requeued job's
+``--resume`` under the same launch. The manifest is rewritten
 atomically (a temporary file, then ``os.replace``) after every change, re-read first, so that
 two writers of one folder (a report written while the run trains) keep each other's entries.
 

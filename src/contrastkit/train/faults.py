@@ -16,9 +16,9 @@
   restarts allowed the run checkpoints before its first step, so a restart finds one unless a
   rank died while the run was being set up: then the folder's manifest, which records the
   launch that started it, says the folder is this launch's own start, and the restarted run
-  starts over in it (:func:`restart_starts_over`; replacing only the files that manifest lists,
+  starts over in it (:func:`starts_over`; replacing only the files that manifest lists,
   as ``--force`` does). So does ``--resume`` of a job requeued by its scheduler under the same
-  launch (SLURM keeps the job id) after such a start (:func:`resume_starts_over`).
+  launch (SLURM keeps the job id) after such a start.
 * **Two runs on one folder** (:class:`RunLock`). The run holds ``OUT/contrastkit.lock``
   (its process id, host and start time) while it works; a second run on ``OUT`` is refused
   naming the holder. The lock is an ``flock`` on that file where the file system has one (the
@@ -59,8 +59,8 @@ from contrastkit.run_writer import RunWriter
 from .checkpoint import CheckpointWriteError, load_checkpoint
 
 __all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "ReadoutFailed", "NonFiniteLoss", "CheckpointWriteError", "StopSignals",
-           "RunLock", "RunGuard", "StepFaults", "launch_id", "restart_resumes", "restart_starts_over", "restarts_allowed",
-           "resume_starts_over", "write_failed", "disk_full"]
+           "RunLock", "RunGuard", "StepFaults", "launch_id", "restart_resumes", "starts_over", "restarts_allowed",
+           "write_failed", "disk_full"]
 
 #: The exit status of a run stopped by a preemption signal after its checkpoint, ``EX_TEMPFAIL``
 #: of ``sysexits.h`` ("a temporary failure, the user is invited to retry", with ``--resume``).
@@ -334,26 +334,20 @@ def restart_resumes(folder: str) -> Optional[Dict[str, Any]]:
     return state if state.get("launch") == launch_id() else None
 
 
-def restart_starts_over(folder: str) -> bool:
-    """On a restart of a torchrun group, whether ``folder`` is this launch's own start that
-    wrote no checkpoint (a rank died while the run was being set up, ``_own_start_unsaved``).
-    The restarted run then starts over in it as ``--force`` would: only the files the manifest
-    lists, unchanged, are replaced (one changed since, or a file of the user's where the run
-    writes, still refuses it); the user's other files stay. A folder another launch started
-    (an earlier torchrun, a run by hand), or an unreadable manifest, is left to the usual rules."""
-    return _restarted() and _own_start_unsaved(folder)
+def starts_over(folder: str, resume: bool) -> bool:
+    """Whether a run on ``folder`` that finds no checkpoint of its own launch starts over in it
+    as ``--force`` would, ``folder`` being this torchrun launch's own start that wrote no
+    checkpoint (``_own_start_unsaved``): only the files the manifest lists, unchanged, are then
+    replaced (one changed since, or a file of the user's where the run writes, still refuses
+    it); the user's other files stay.
 
-
-def resume_starts_over(folder: str) -> bool:
-    """Whether ``--resume`` on ``folder``, which holds no checkpoint, starts the run over
-    instead of finding nothing to resume: the folder is this launch's own start that never
-    wrote a checkpoint (``_own_start_unsaved``). A job that a scheduler requeued after its
-    ranks died while the run was being set up passes ``--resume`` with the same launch
-    (SLURM keeps the job id, the ``--rdzv-id`` of docs/distributed.md's script); the run is
-    then replaced as on a torchrun restart (:func:`restart_starts_over`), nothing of the
-    user's deleted. Without torchrun, or in a folder another launch started, ``--resume``
-    still needs a checkpoint."""
-    return _own_start_unsaved(folder)
+    Without ``resume``: on a restart of a torchrun group (a rank died while the run was being
+    set up). With ``resume``: a job that a scheduler requeued after its ranks died while the
+    run was being set up passes ``--resume`` with the same launch (SLURM keeps the job id, the
+    ``--rdzv-id`` of docs/distributed.md's script), and finds nothing to resume. A folder
+    another launch started (an earlier torchrun, a run by hand), or an unreadable manifest, is
+    left to the usual rules; so is ``--resume`` without torchrun."""
+    return (resume or _restarted()) and _own_start_unsaved(folder)
 
 
 def _own_start_unsaved(folder: str) -> bool:

@@ -57,8 +57,8 @@ from contrastkit.metrics.temperatures import TemperatureHistogram
 from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
-from .faults import (Preempted, ReadoutFailed, RunGuard, StepFaults, launch_id, restart_resumes, restart_starts_over, restarts_allowed,
-                     resume_starts_over, write_failed, disk_full)
+from .faults import (Preempted, ReadoutFailed, RunGuard, StepFaults, disk_full, launch_id, restart_resumes,
+                     restarts_allowed, starts_over, write_failed)
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
@@ -440,20 +440,19 @@ def _restart_policy(config: PretrainConfig, resume: bool, force: bool, parallel:
     restart_state = parallel.run_on_main(lambda: restart_resumes(config.out))
     # A restart before the first checkpoint: the folder this launch started (its manifest says so);
     # so is --resume of a requeued job (the same launch) that never reached its first checkpoint.
-    own_start = parallel.run_on_main(lambda: restart_state is None and (restart_starts_over(config.out) if not resume
-                                                                        else resume_starts_over(config.out)))
-    resumes, starts_over = parallel.gather_objects((restart_state is not None, bool(own_start)))[0]
+    own_start = parallel.run_on_main(lambda: restart_state is None and starts_over(config.out, resume))
+    resumes, own_start_over = parallel.gather_objects((restart_state is not None, bool(own_start)))[0]
     if not resume and resumes:
         resume, force = True, False
         if parallel.is_main:
             print(f"torchrun restarted the group: resuming from {layout.RunFolder(config.out).last_checkpoint} "
                   f"(step {restart_state['step']})", file=sys.stderr, flush=True)
-    elif not resume and starts_over:
+    elif not resume and own_start_over:
         force = True  # only the files its manifest lists (its own start's) are replaced
         if parallel.is_main:
             print(f"torchrun restarted the group before the run's first checkpoint: starting the run over in "
                   f"{config.out}", file=sys.stderr, flush=True)
-    elif resume and starts_over:
+    elif resume and own_start_over:
         resume, force = False, True  # as above: the launch's own start, which wrote no checkpoint
         if parallel.is_main:
             print(f"--resume: {config.out} holds no checkpoint; this launch ({launch_id()}) started it and stopped "

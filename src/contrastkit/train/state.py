@@ -3,7 +3,7 @@
 checkpoint writer and the resume both go through these two; no other code reads or writes a
 checkpoint's keys.
 
-The keys (a checkpoint is a flat dict, :mod:`.checkpoint` checks them on load):
+The keys (a checkpoint is a flat dict; ``contrastkit.train.checkpoint`` checks them on load):
 
 * ``model``, ``optimizer``, ``scheduler``, ``precision`` (the gradient scaler): :class:`Trainables`.
 * ``epoch`` (epochs done), ``step`` (optimizer steps done, skipped ones included),
