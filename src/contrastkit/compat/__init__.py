@@ -4,6 +4,7 @@ computed by contrastkit's losses (dense, memory-linear tiled, distributed), so t
 one import gives the same numbers with contrastkit's memory.
 
 * :mod:`contrastkit.compat.info_nce`: info-nce-pytorch's ``InfoNCE`` and ``info_nce``.
+* :mod:`contrastkit.compat.pml`: pytorch-metric-learning's ``NTXentLoss`` and ``SupConLoss``.
 
 Where a peer's behaviour differs from contrastkit's core (its defaults, a temperature the core
 refuses), the compat class keeps the peer's and its docstring says so; docs/migrating.md lists
