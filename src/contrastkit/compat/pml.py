@@ -124,6 +124,20 @@ class _PairLoss(nn.Module):
         pairs = tuple(torch.as_tensor(t, device=queries.device).long().reshape(-1) for t in indices_tuple)
         return queries, references, pairs, same_set
 
+    def forward(self, embeddings: Tensor, labels: Optional[Tensor] = None,
+                indices_tuple: Optional[Sequence[Tensor]] = None, ref_emb: Optional[Tensor] = None,
+                ref_labels: Optional[Tensor] = None) -> Tensor:
+        """The loss of ``embeddings`` ``(N, D)`` (PML's call: the module's description)."""
+        queries, references, pairs, same_set = self._inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        positives, negatives = self._count(pairs)
+        if max(positives, negatives) <= 1 or positives == 0 or negatives == 0:
+            return self._zero(embeddings)  # the peer's zero loss
+        return self._loss(embeddings, labels, queries, references, pairs, same_set, positives)
+
+    def _loss(self, embeddings: Tensor, labels: Optional[Tensor], queries: Tensor, references: Tensor, pairs: Any,
+              same_set: bool, positives: int) -> Tensor:
+        raise NotImplementedError
+
     @staticmethod
     def _count(pairs: Any) -> Tuple[int, int]:
         """The positive and negative pairs' counts (masks or index lists)."""
@@ -170,13 +184,8 @@ class NTXentLoss(_PairLoss):
         _refuse_options("NTXentLoss", options)
         super().__init__(temperature)
 
-    def forward(self, embeddings: Tensor, labels: Optional[Tensor] = None,
-                indices_tuple: Optional[Sequence[Tensor]] = None, ref_emb: Optional[Tensor] = None,
-                ref_labels: Optional[Tensor] = None) -> Tensor:
-        queries, references, pairs, _ = self._inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        positives, negatives = self._count(pairs)
-        if max(positives, negatives) <= 1 or positives == 0 or negatives == 0:
-            return self._zero(embeddings)  # the peer's zero loss
+    def _loss(self, embeddings: Tensor, labels: Optional[Tensor], queries: Tensor, references: Tensor, pairs: Any,
+              same_set: bool, positives: int) -> Tensor:
         scores = queries @ references.T / self.temperature
         if len(pairs) == 2:  # every pair of the batch, as (N, M) masks
             positive, negative = pairs
@@ -195,13 +204,8 @@ class SupConLoss(_PairLoss):
         _refuse_options("SupConLoss", options)
         super().__init__(temperature)
 
-    def forward(self, embeddings: Tensor, labels: Optional[Tensor] = None,
-                indices_tuple: Optional[Sequence[Tensor]] = None, ref_emb: Optional[Tensor] = None,
-                ref_labels: Optional[Tensor] = None) -> Tensor:
-        queries, references, pairs, same_set = self._inputs(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        positives, negatives = self._count(pairs)
-        if max(positives, negatives) <= 1 or positives == 0 or negatives == 0:
-            return self._zero(embeddings)  # the peer's zero loss
+    def _loss(self, embeddings: Tensor, labels: Optional[Tensor], queries: Tensor, references: Tensor, pairs: Any,
+              same_set: bool, positives: int) -> Tensor:
         positive_temperature = not isinstance(self.temperature, Tensor) and self.temperature > 0
         if len(pairs) == 2 and same_set and positive_temperature:
             # Labels alone: contrastkit's SupCon (L_out), tiled for large batches.
