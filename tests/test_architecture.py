@@ -267,3 +267,21 @@ def test_the_record_literal_check_sees_a_literal(tmp_path):
     (tree / "records.py").write_text('PROBE_ACCURACY = "probe_accuracy"\n')
     (tree / "table.py").write_text('"""Reads probe_accuracy."""\nKEY = "probe_accuracy"\nBASE = f"raw_pixel_{KEY}"\n')
     assert _record_literals(tree) == [f"{PACKAGE}.table:2", f"{PACKAGE}.table:3"]
+
+
+def test_only_the_writers_keep_a_manifest():
+    """Every file contrastkit writes goes through a writer of ``contrastkit.run_writer``: no other
+    module constructs a folder's ``Manifest`` (``contrastkit.manifest`` reads nested ones while
+    planning a removal)."""
+    makers = []
+    for path in ROOT.rglob("*.py"):
+        module = _module_name(path)
+        if module in ("contrastkit.run_writer", "contrastkit.manifest"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                called = node.func.id if isinstance(node.func, ast.Name) else \
+                    node.func.attr if isinstance(node.func, ast.Attribute) else None
+                if called == "Manifest":
+                    makers.append(f"{module}:{node.lineno}")
+    assert makers == []

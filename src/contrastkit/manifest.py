@@ -16,7 +16,7 @@ the mark, and the file counts as contrastkit's whatever its content. ``nested`` 
 sub-folders that have manifests of their own (the runs of a study). ``launch``, only in a run
 started under torchrun, is the launch (``TORCHELASTIC_RUN_ID``) that started the folder's run:
 a group that torchrun restarts before the run's first checkpoint knows the folder as its own
-start (``contrastkit.train.faults.starts_over``), as does a requeued job's
+start (``contrastkit.train.faults.own_start_launch``), as does a requeued job's
 ``--resume`` under the same launch. The manifest is rewritten
 atomically (a temporary file, then ``os.replace``) after every change, re-read first, so that
 two writers of one folder (a report written while the run trains) keep each other's entries.
@@ -56,7 +56,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 
 from contrastkit import _io, layout
 
-__all__ = ["MANIFEST", "FORMAT", "VERSION", "Manifest", "RemovalPlan", "plan_removal", "clear_folder",
+__all__ = ["MANIFEST", "FORMAT", "VERSION", "Manifest", "RemovalPlan", "plan_removal",
            "file_sha256"]
 
 #: The manifest's file name inside every folder contrastkit writes.
@@ -321,6 +321,13 @@ class Manifest:
         self.record(*[n for n in map(_name, names) if n not in listed
                       and os.path.isfile(os.path.join(self.folder, *n.split("/")))])
 
+    def unchanged(self, name: "str | os.PathLike[str]", entry: Optional[Mapping[str, Any]]) -> bool:
+        """Whether ``name``, listed as ``entry`` (``None``: not listed), was written completely
+        and is still what contrastkit wrote: a plain file reached through no symbolic link, of
+        the recorded size and SHA-256."""
+        return (isinstance(entry, Mapping) and "sha256" in entry
+                and _changed(self.folder, _name(name), entry) is None)
+
     def add_nested(self, *names: "str | os.PathLike[str]") -> None:
         """List the sub-folders ``names`` as folders with manifests of their own."""
         added = [_name(name) for name in names]
@@ -492,9 +499,3 @@ def plan_removal(folder: "str | os.PathLike[str]", *, will_write: Iterable[str] 
             "the files it wrote, unchanged, and never follows a symbolic link: move these out of the "
             "folder or delete them by hand, or choose another --out")
     return plan
-
-
-def clear_folder(folder: "str | os.PathLike[str]", *, kind: str = "folder", will_write: Iterable[str] = ()) -> None:
-    """:func:`plan_removal` and :meth:`RemovalPlan.apply`, then an empty manifest of ``kind``."""
-    plan_removal(folder, will_write=will_write).apply()
-    Manifest(folder, kind).reset()

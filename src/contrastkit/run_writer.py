@@ -1,10 +1,17 @@
-"""The one writer of a pretraining run's folder: every file the trainer writes there
-(``config.json``, ``config.yaml``, ``metrics.jsonl`` and the loggers' files, ``summary.json``,
-``skipped.txt``, the checkpoints, ``last_batch.pt``, the method's own files such as
-``tokenizer.json``) and ``contrastkit probe --save``'s ``probe.json`` go through a :class:`RunWriter`, which records each in the folder's
-manifest (:mod:`contrastkit.manifest`) as it is written, so that ``--force`` deletes exactly
-these. The file names are :mod:`contrastkit.layout`'s. ``contrastkit pretrain`` and the
-Lightning integration (``skipped.txt``) write through it.
+"""The writers of the folders contrastkit writes: every file goes through one, which records
+it in the folder's manifest (:mod:`contrastkit.manifest`) as it is written, so that
+``--force`` deletes exactly these and a file a user put there is never replaced. No other
+module keeps a folder's manifest.
+
+* :class:`RunWriter`, the one writer of a pretraining run's folder: every file the trainer
+  writes there (``config.json``, ``config.yaml``, ``metrics.jsonl`` and the loggers' files,
+  ``summary.json``, ``skipped.txt``, the checkpoints, ``last_batch.pt``, the method's own files
+  such as ``tokenizer.json``), and what other commands add to a run (``contrastkit probe
+  --save``'s ``probe.json``, ``contrastkit neighbors``' saved FAISS indexes). The file names
+  are :mod:`contrastkit.layout`'s. ``contrastkit pretrain`` and the Lightning integration
+  (``skipped.txt``) write through it.
+* :class:`FolderWriter`, the writer of any other folder contrastkit writes into: a study's
+  (its tables, verdicts and plots), an export's, a report page's, a picture's.
 """
 
 from __future__ import annotations
@@ -12,37 +19,117 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from contrastkit import layout, records
 from contrastkit._io import append_file, atomic_file
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
-__all__ = ["RunWriter"]
+__all__ = ["FolderStart", "FolderWriter", "RunWriter"]
 
 
-class RunWriter:
+class FolderWriter:
+    """The writer of ``root``, a folder contrastkit writes files into, each recorded in the
+    folder's manifest (``kind``, e.g. ``"sweep"``, is stored when the manifest is created and
+    only says what the folder is). Names are paths relative to ``root``, ``/``-separated."""
+
+    def __init__(self, root: "str | os.PathLike[str]", kind: str = "folder") -> None:
+        self.root = os.fspath(root)
+        self._manifest = Manifest(self.root, kind)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.root!r})"
+
+    # -- what contrastkit wrote here -------------------------------------------------------
+
+    def exists(self) -> bool:
+        """Whether the folder has a manifest (contrastkit wrote here)."""
+        return self._manifest.exists()
+
+    def listed(self) -> Dict[str, Dict[str, Any]]:
+        """The files contrastkit wrote here: name -> ``{"size", "sha256"}`` or ``{"writing":
+        True}`` (a ``ValueError`` naming the manifest when it cannot be read)."""
+        return self._manifest.files
+
+    @property
+    def nested(self) -> List[str]:
+        """The listed sub-folders that have manifests of their own (a study's runs)."""
+        return self._manifest.nested
+
+    def unchanged(self, names: Iterable[str]) -> List[str]:
+        """Those of ``names`` that are listed as written and are still what contrastkit wrote:
+        plain files, reached through no symbolic link, of the recorded size and SHA-256 (what
+        may be reused or replaced). An unreadable manifest vouches for nothing (``[]``)."""
+        try:
+            listed = self.listed()
+        except ValueError:
+            return []
+        return [name for name in names if self._manifest.unchanged(name, listed.get(name))]
+
+    # -- writing ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def writing(self, *names: "str | os.PathLike[str]") -> Iterator[Dict[str, str]]:
+        """Mark ``names`` as being written, run the body, then record them (also when the body
+        raises: a file cut off is still contrastkit's). The body may put digests it computed
+        into the dict it receives (``{name: sha256}``)."""
+        with self._manifest.writing(*names) as known:
+            yield known
+
+    def mark_writing(self, *names: "str | os.PathLike[str]") -> List[str]:
+        """Mark ``names`` as being written before they appear; returns them for :meth:`record`."""
+        return self._manifest.mark_writing(*names)
+
+    def record(self, *names: "str | os.PathLike[str]", sha256: Optional[Dict[str, str]] = None) -> None:
+        """Record ``names`` as written (their size and SHA-256; ``sha256`` saves hashing what the
+        caller hashed); a name no longer there is dropped from the list."""
+        self._manifest.record(*names, sha256=sha256)
+
+    def write_json(self, name: str, data: Any) -> None:
+        """``name``: ``data`` as indented, key-sorted JSON, written atomically and recorded."""
+        self._manifest.write_json(name, data)
+
+    def write_csv(self, name: str, rows: List[Dict[str, Any]]) -> None:
+        """``name``: ``rows`` (dicts with the same keys) as CSV with a header, atomically, recorded."""
+        self._manifest.write_csv(name, rows)
+
+    def adopt(self, names: Iterable[str]) -> None:
+        """Record those of ``names`` that are there as plain files and not listed yet (a folder
+        of an older contrastkit, without a manifest, that the user resumes)."""
+        self._manifest.adopt(names)
+
+    def add_nested(self, *names: "str | os.PathLike[str]") -> None:
+        """List the sub-folders ``names`` as folders with manifests of their own."""
+        self._manifest.add_nested(*names)
+
+    def reset(self) -> None:
+        """Start an empty manifest (the folder's files were removed, or there were none)."""
+        self._manifest.reset()
+
+
+class RunWriter(FolderWriter):
     """The writer of the run folder ``root`` (:class:`~contrastkit.layout.RunFolder` names its files)."""
 
     def __init__(self, root: "str | os.PathLike[str]") -> None:
-        self.folder = layout.RunFolder(os.fspath(root))
-        self._manifest = Manifest(self.folder.root, "run")
-
-    @property
-    def root(self) -> str:
-        return self.folder.root
-
-    def manifest_record(self) -> Dict[str, Any]:
-        """The folder's manifest as read (a ``ValueError`` naming it when unreadable)."""
-        return self._manifest.read()
+        super().__init__(root, "run")
+        self.folder = layout.RunFolder(self.root)
 
     # -- before the run -----------------------------------------------------------------
 
-    def check_new_run(self, resume: bool, force: bool) -> Optional[RemovalPlan]:
+    def check_new_run(self, resume: bool, force: bool, launch: Optional[str] = None) -> "FolderStart":
         """Refuse before any work: a non-empty folder needs ``resume`` or ``force``, and
-        ``force`` a folder whose manifest accounts for what would be deleted (returns that
-        plan); ``resume`` a checkpoint to resume and a readable manifest."""
+        ``force`` a folder whose manifest accounts for what would be deleted (the plan is
+        returned); ``resume`` a checkpoint to resume and a readable manifest.
+
+        ``launch``: this torchrun launch (:func:`contrastkit.train.faults.launch_id`), given
+        where a folder it started itself and that holds no checkpoint is started over (a
+        restarted group, a requeued job's ``--resume``); such a folder is started over as with
+        ``force``, replacing only the files its manifest lists."""
+        own_start_over = launch is not None and self._started_unsaved_by(launch)
+        if own_start_over:
+            resume, force = False, True
         if resume and force:
             raise ValueError("--resume and --force exclude each other: resume continues a run, force starts over")
         out = self.root
@@ -51,26 +138,60 @@ class RunWriter:
             if not os.path.isfile(checkpoint):
                 raise FileNotFoundError(f"nothing to resume: {checkpoint} does not exist")
             self._manifest.read()  # an unreadable manifest is refused before any work
-            return None
+            return FolderStart(True, False, False, None, self._recorded_derived())
         if os.path.isdir(out) and set(os.listdir(out)) - {layout.LOCK} and not force:
             raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the run "
                                   f"in it or --force to start over (this deletes the files its {layout.MANIFEST} "
                                   "lists as contrastkit's, nothing else)")
-        return plan_removal(out, will_write=layout.RUN_FILES) if force else None
+        removal = plan_removal(out, will_write=layout.RUN_FILES) if force else None
+        return FolderStart(False, force, own_start_over, removal, {})
 
-    def start(self, resume: bool, plan: Optional[RemovalPlan] = None, launch: Optional[str] = None) -> None:
-        """Once the run is set up: with ``force`` delete the previous run's files (``plan``, from
-        :meth:`check_new_run`) and start the manifest, recording the torchrun ``launch`` that
-        started the run; on resume keep it (a run of an older contrastkit, without one, gets one
-        listing its run files)."""
-        if resume:
+    def _started_unsaved_by(self, launch: str) -> bool:
+        """Whether the manifest records ``launch`` as the one that started this folder and no
+        checkpoint was ever completed here: none on disk (``checkpoints/last.pt``,
+        ``previous.pt``) and none recorded in the manifest (a finished run whose checkpoints
+        were deleted since is not an unstarted one; one marked as being written, by a rank that
+        died writing it, is). An unreadable manifest is left to the usual rules."""
+        if any(os.path.lexists(path) for path in (self.folder.last_checkpoint, self.folder.previous_checkpoint)):
+            return False
+        try:
+            record = self._manifest.read()
+        except ValueError:
+            return False
+        written = [name for name in layout.CHECKPOINT_FILES if "sha256" in record["files"].get(name, {})]
+        return record.get("launch") == launch and not written
+
+    def _recorded_derived(self) -> Dict[str, Any]:
+        """``config.json``'s ``derived`` of the run a resume continues (``{}`` where it recorded
+        none, or the file cannot be read: the resume rewrites it)."""
+        try:
+            derived = layout.read_run_record(self.root).get("derived")
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return derived if isinstance(derived, dict) else {}
+
+    def start(self, start: "FolderStart", *, launch: Optional[str], method_files: Callable[[layout.RunFolder], None],
+              config: Dict[str, Any], derived: Dict[str, Any], resumed_at: Optional[Tuple[int, int]] = None) -> None:
+        """Once the run is set up, open the folder for training, in this order: without
+        ``start.resume`` delete the previous run's files (``start.removal``, with ``force``) and
+        start the manifest, recording the torchrun ``launch`` that started the run (a resume
+        keeps it; a run of an older contrastkit, without one, gets one listing its run files);
+        the method's own files (``method_files(folder)``); on resume ``metrics.jsonl`` cut back to
+        the checkpoint (``resumed_at``: its epochs and steps done, :meth:`truncate_metrics`);
+        ``config.json`` (:meth:`write_run_record`)."""
+        if start.resume:
             if not self._manifest.exists():
                 self._manifest.adopt(layout.RUN_FILES)
         else:
-            if plan is not None:
-                plan.apply()
+            if start.removal is not None:
+                start.removal.apply()
             self._manifest.reset(launch=launch)
         os.makedirs(self.folder.checkpoints, exist_ok=True)
+        with self._manifest.writing(layout.TOKENIZER):
+            method_files(self.folder)
+        if resumed_at is not None:
+            self.truncate_metrics(*resumed_at)
+        self.write_run_record(config, derived)
 
     def truncate_metrics(self, epoch: int, step: int) -> None:
         """Drop the records of ``metrics.jsonl`` written after the checkpoint a run resumes from
@@ -108,11 +229,6 @@ class RunWriter:
     def write_run_record(self, config: Dict[str, Any], derived: Dict[str, Any]) -> None:
         """``config.json``: the resolved configuration and what the run derived from it."""
         self._manifest.write_json(layout.CONFIG, {"config": config, "derived": derived})
-
-    def write_method_files(self, save: Callable[[layout.RunFolder], None]) -> None:
-        """The method's own files (``tokenizer.json`` of the paired methods): ``save(folder)``."""
-        with self._manifest.writing(layout.TOKENIZER):
-            save(self.folder)
 
     # -- while it trains ----------------------------------------------------------------
 
@@ -174,3 +290,14 @@ class RunWriter:
     def write_summary(self, summary: Dict[str, Any]) -> None:
         """``summary.json``: the run's final numbers."""
         self._manifest.write_json(layout.SUMMARY, records.summary_to_dict(summary))
+
+
+@dataclass
+class FolderStart:
+    """How a run opens its folder, as :meth:`RunWriter.check_new_run` settled it before any work."""
+
+    resume: bool                     # continues the checkpoint in the folder
+    force: bool                      # starts over, replacing the files ``removal`` lists
+    own_start_over: bool             # the folder was this launch's own start, with no checkpoint: started over
+    removal: Optional[RemovalPlan]   # what ``force`` deletes (checked), else None
+    previous: Dict[str, Any]         # on resume, the ``derived`` record of the run it continues ({} if none)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from contrastkit._io import atomic_file, escape_undecodable
-from contrastkit.manifest import Manifest
+from contrastkit.run_writer import FolderWriter
 
 __all__ = ["Page", "check_target", "is_generated_by", "write_page", "figure_png", "fmt", "open_in_browser"]
 
@@ -242,7 +242,7 @@ def write_page(path: PathLike, text: str, *, generator: str, force: bool = False
     target = check_target(path, generator=generator, force=force, option=option)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     # Recorded in the folder's manifest (a run or study folder's, or one started for the page).
-    with Manifest(target.parent).writing(target.name, temporary.name):
+    with FolderWriter(target.parent).writing(target.name, temporary.name):
         with atomic_file(target, tmp=temporary, encoding="utf-8") as handle:
             handle.write(escape_undecodable(text))  # a data folder whose name is not UTF-8: its bytes escaped
     return target

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from contrastkit import layout
-from contrastkit.manifest import Manifest
+from contrastkit.run_writer import FolderWriter
 
 from .grid import check_jobs, check_run_options, check_specs, prepare_out, with_run_options
 from .study import Study, StudyResult, option
@@ -289,7 +289,7 @@ def run_budgets(study: Study, out: Optional[str] = None, *, budgets: Union[str, 
         folder = os.path.join(out, budget.folder)
         started = os.path.isfile(os.path.join(folder, study.settings_file))
         # a budget cut off before its settings were written holds only contrastkit's files: start it over
-        cut_off = not started and Manifest(folder).exists()
+        cut_off = not started and FolderWriter(folder).exists()
         at_budget = dataclasses.replace(study, title=f"{study.title}, budget {budget.describe()}")
         results.append(at_budget.run(folder, resume=started, force=cut_off, progress=progress, jobs=jobs,
                                      run_options=run_options, **{**options, "epochs": budget.epochs, "train_limit": budget.train_size}))

@@ -29,7 +29,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 from contrastkit import layout, records
 from contrastkit._io import available_memory as _available_memory  # tests replace it here
 from contrastkit._io import read_json as _read_json
-from contrastkit.manifest import Manifest, clear_folder
+from contrastkit.manifest import plan_removal
+from contrastkit.run_writer import FolderWriter
 
 __all__ = ["RunSpec", "RunBusy", "prepare_out", "check_specs", "check_jobs", "resolve_jobs", "RUN_MEMORY_BYTES",
            "RUN_OPTIONS", "check_run_options", "with_run_options", "run_grid", "read_json"]
@@ -66,7 +67,7 @@ def read_summary(path: str) -> Dict[str, Any]:
 
 
 def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], settings: Dict[str, Any],
-                settings_file: str, command: str) -> Manifest:
+                settings_file: str, command: str) -> FolderWriter:
     """Make ``out`` ready and return its manifest: a new or empty folder; with ``force`` the
     files its manifest lists (the runs through their own manifests) are deleted first, and a
     folder without a manifest is refused (:func:`contrastkit.manifest.plan_removal`); with
@@ -81,7 +82,7 @@ def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], se
         raise FileExistsError(f"output path {out} exists and is not a folder")
     settings = json.loads(json.dumps(settings))  # compare as stored
     settings_path = os.path.join(out, settings_file)
-    manifest = Manifest(out, command)
+    manifest = FolderWriter(out, command)
     if resume:
         if not os.path.isfile(settings_path):
             raise FileNotFoundError(f"nothing to resume: {settings_path} does not exist")
@@ -98,7 +99,8 @@ def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], se
         raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the {command} "
                               f"in it or --force to start over (deletes the files its {layout.MANIFEST} "
                               "lists as contrastkit's, and the runs it lists through their own)")
-    clear_folder(out, kind=command, will_write=[name for name in owned if name != layout.RUNS])
+    plan_removal(out, will_write=[name for name in owned if name != layout.RUNS]).apply()
+    manifest.reset()
     manifest.write_json(settings_file, settings)
     return manifest
 
@@ -296,25 +298,25 @@ class _Display:
             self.live.stop()
 
 
-def _register_runs(specs: Sequence[RunSpec], runs_dir: str, manifest: Manifest, resume: bool) -> None:
+def _register_runs(specs: Sequence[RunSpec], runs_dir: str, manifest: FolderWriter, resume: bool) -> None:
     """List every run folder in the study's manifest before any run starts. A folder already
     in ``runs_dir`` under a run's name that the manifest does not list is someone else's: it
     is refused, except on ``resume`` (the user continues this study: its runs are adopted)."""
     nested = set(manifest.nested)
-    names = [os.path.relpath(os.path.join(runs_dir, spec.name), manifest.folder).replace(os.sep, "/")
+    names = [os.path.relpath(os.path.join(runs_dir, spec.name), manifest.root).replace(os.sep, "/")
              for spec in specs]
     foreign = [name for name in names if name not in nested and not resume
-               and os.path.lexists(os.path.join(manifest.folder, name))
-               and (not os.path.isdir(os.path.join(manifest.folder, name))
-                    or os.listdir(os.path.join(manifest.folder, name)))]
+               and os.path.lexists(os.path.join(manifest.root, name))
+               and (not os.path.isdir(os.path.join(manifest.root, name))
+                    or os.listdir(os.path.join(manifest.root, name)))]
     if foreign:
-        raise FileExistsError(f"{', '.join(foreign)} in {manifest.folder} already exist(s) and are not runs "
+        raise FileExistsError(f"{', '.join(foreign)} in {manifest.root} already exist(s) and are not runs "
                               f"this study's {layout.MANIFEST} lists; move them away or choose another --out")
     manifest.add_nested(*[name for name in names if name not in nested])
 
 
 def run_grid(specs: List[RunSpec], runs_dir: str, *, title: str, progress: bool,
-             cell: Callable[[Dict[str, Any]], str], manifest: Optional[Manifest] = None,
+             cell: Callable[[Dict[str, Any]], str], manifest: Optional[FolderWriter] = None,
              resume: bool = False, jobs: int = 0) -> List[RunSpec]:
     """Run every spec (``runs_dir/<name>``), filling ``spec.summary``.
 

@@ -20,7 +20,8 @@ from torch import nn
 
 from contrastkit import __version__, layout
 from contrastkit._io import write_json
-from contrastkit.manifest import Manifest, file_sha256
+from contrastkit.manifest import file_sha256
+from contrastkit.run_writer import FolderWriter
 
 __all__ = ["check_targets", "replaceable_files", "remove_earlier_export", "mark_export", "finish_export",
            "projection_head"]
@@ -62,21 +63,7 @@ def replaceable_files(files: Dict[str, str]) -> List[str]:
         mine.update(name for name in earlier if isinstance(name, str))
     except (OSError, ValueError, AttributeError, TypeError):
         pass  # no earlier marker, or not one of ours: only ``files`` are candidates
-    try:
-        listed = Manifest(folder).files
-    except ValueError:  # an unreadable manifest vouches for nothing
-        return []
-    unchanged = []
-    for name, entry in listed.items():
-        if name not in mine:
-            continue
-        path = os.path.join(folder, name)
-        if ("/" in name or not isinstance(entry, dict) or "sha256" not in entry or not os.path.isfile(path)
-                or os.path.islink(path)):
-            continue
-        if os.path.getsize(path) == entry.get("size") and file_sha256(path) == entry["sha256"]:
-            unchanged.append(name)
-    return unchanged
+    return FolderWriter(folder).unchanged(sorted(name for name in mine if "/" not in name))
 
 
 def remove_earlier_export(files: Dict[str, str]) -> None:
@@ -90,7 +77,7 @@ def mark_export(files: Dict[str, str]) -> List[str]:
     """Mark every file of ``files`` as being written in the folder's manifest, before they
     appear (a crash from here on leaves them contrastkit's); returns the marked names for
     :func:`finish_export`."""
-    return Manifest(_folder(files)).mark_writing(*(os.path.basename(path) for path in files.values()))
+    return FolderWriter(_folder(files)).mark_writing(*(os.path.basename(path) for path in files.values()))
 
 
 def finish_export(files: Dict[str, str], marked: List[str], facts: Dict[str, Any]) -> Dict[str, str]:
@@ -105,7 +92,7 @@ def finish_export(files: Dict[str, str], marked: List[str], facts: Dict[str, Any
         "sizes": {os.path.basename(path): os.path.getsize(path) for path in written},
         "sha256": digests,
     })
-    Manifest(_folder(files)).record(*marked, sha256=digests)
+    FolderWriter(_folder(files)).record(*marked, sha256=digests)
     return digests
 
 

@@ -16,7 +16,7 @@
   restarts allowed the run checkpoints before its first step, so a restart finds one unless a
   rank died while the run was being set up: then the folder's manifest, which records the
   launch that started it, says the folder is this launch's own start, and the restarted run
-  starts over in it (:func:`starts_over`; replacing only the files that manifest lists,
+  starts over in it (:func:`own_start_launch`; replacing only the files that manifest lists,
   as ``--force`` does). So does ``--resume`` of a job requeued by its scheduler under the same
   launch (SLURM keeps the job id) after such a start.
 * **Two runs on one folder** (:class:`RunLock`). The run holds ``OUT/contrastkit.lock``
@@ -54,12 +54,11 @@ import torch
 
 from contrastkit import layout
 from contrastkit._io import DISK_FULL, WriteFailed
-from contrastkit.run_writer import RunWriter
 
 from .checkpoint import CheckpointWriteError, load_checkpoint
 
 __all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "ReadoutFailed", "NonFiniteLoss", "CheckpointWriteError", "StopSignals",
-           "RunLock", "RunGuard", "StepFaults", "launch_id", "restart_resumes", "starts_over", "restarts_allowed",
+           "RunLock", "RunGuard", "StepFaults", "launch_id", "restart_resumes", "own_start_launch", "restarts_allowed",
            "write_failed", "disk_full"]
 
 #: The exit status of a run stopped by a preemption signal after its checkpoint, ``EX_TEMPFAIL``
@@ -334,12 +333,13 @@ def restart_resumes(folder: str) -> Optional[Dict[str, Any]]:
     return state if state.get("launch") == launch_id() else None
 
 
-def starts_over(folder: str, resume: bool) -> bool:
-    """Whether a run on ``folder`` that finds no checkpoint of its own launch starts over in it
-    as ``--force`` would, ``folder`` being this torchrun launch's own start that wrote no
-    checkpoint (``_own_start_unsaved``): only the files the manifest lists, unchanged, are then
-    replaced (one changed since, or a file of the user's where the run writes, still refuses
-    it); the user's other files stay.
+def own_start_launch(resume: bool) -> Optional[str]:
+    """The launch whose own start a run on a folder with no checkpoint of its own starts over
+    (``RunWriter.check_new_run``'s ``launch``: a folder whose manifest records this torchrun
+    launch as its start, with no checkpoint ever completed, is started over as ``--force``
+    would, replacing only the files the manifest lists, unchanged; one changed since, or a file
+    of the user's where the run writes, still refuses it; the user's other files stay); ``None``
+    where the usual rules apply.
 
     Without ``resume``: on a restart of a torchrun group (a rank died while the run was being
     set up). With ``resume``: a job that a scheduler requeued after its ranks died while the
@@ -347,24 +347,7 @@ def starts_over(folder: str, resume: bool) -> bool:
     ``--rdzv-id`` of docs/distributed.md's script), and finds nothing to resume. A folder
     another launch started (an earlier torchrun, a run by hand), or an unreadable manifest, is
     left to the usual rules; so is ``--resume`` without torchrun."""
-    return (resume or _restarted()) and _own_start_unsaved(folder)
-
-
-def _own_start_unsaved(folder: str) -> bool:
-    """Whether ``folder``'s manifest records this torchrun launch as the one that started it
-    (``Manifest.launch``) and no checkpoint was ever completed there: none on disk
-    (``checkpoints/last.pt``, ``previous.pt``) and none recorded in the manifest (a finished
-    run whose checkpoints were deleted since is not an unstarted one; one marked as being
-    written, by a rank that died writing it, is)."""
-    run = layout.RunFolder(folder)
-    if launch_id() is None or any(os.path.lexists(path) for path in (run.last_checkpoint, run.previous_checkpoint)):
-        return False
-    try:
-        record = RunWriter(folder).manifest_record()
-    except ValueError:  # an unreadable manifest: refused by the usual rules, with their message
-        return False
-    written = [name for name in layout.CHECKPOINT_FILES if "sha256" in record["files"].get(name, {})]
-    return record.get("launch") == launch_id() and not written
+    return launch_id() if resume or _restarted() else None
 
 
 # ------------------------------------------------------------------------------ each step

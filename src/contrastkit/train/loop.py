@@ -27,7 +27,7 @@ import random
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -37,8 +37,7 @@ from contrastkit import layout, records
 from contrastkit.losses import value_checks
 from contrastkit import __version__
 from contrastkit._io import DISK_FULL
-from contrastkit.manifest import RemovalPlan
-from contrastkit.run_writer import RunWriter
+from contrastkit.run_writer import FolderStart, RunWriter
 
 from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevicePlan, StepBatch, StreamBatchSource,
                               add_skipped, as_data, data_record, hold_on_device, is_iterable_data, read_held_out_files,
@@ -58,7 +57,7 @@ from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 
 from .checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from .faults import (Preempted, ReadoutFailed, RunGuard, StepFaults, disk_full, launch_id, restart_resumes,
-                     restarts_allowed, starts_over, write_failed)
+                     restarts_allowed, own_start_launch, write_failed)
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
@@ -320,7 +319,7 @@ class _Plan:
     rank_batch: int         # this rank's share of it
     steps_per_epoch: int
     total_steps: int
-    warmup_steps: int
+    warmup_steps: int = 0   # settled with the learning-rate schedule (_build_trainables)
 
 
 @dataclass
@@ -384,41 +383,33 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
             transform: Optional[Callable[[torch.Tensor], Any]] = None, guard: Optional[RunGuard] = None) -> _Training:
     """Everything before the first step, by concern: where the run works (process group,
     device, the folder's lock) and whether it resumes or starts over (:func:`_restart_policy`);
-    its data (:func:`_open_data`); its plan (:func:`_plan`); the model and optimizer
-    (:func:`_build_trainables`); the training batches (:func:`_batch_source`); the folder
-    (:func:`_start_folder`); on resume the checkpointed state (:func:`_restore`)."""
+    its data (:func:`_open_data`); its plan (:func:`_plan`); the model and its training forward
+    (:func:`_build_model`); the training batches (:func:`_batch_source`); the optimizer and its
+    schedule (:func:`_build_trainables`); on resume the checkpointed state (:func:`_restore`);
+    last, the folder (:func:`_start_folder`), so that a refusal anywhere before leaves it as it was."""
     guard = guard or RunGuard()
     started = time.perf_counter()
     method = get_method(config.method)
     device, parallel = _where(config)
     precision = StepPrecision(config.precision, device)  # an unsupported precision is refused before any work
-    resume, force, restart_state = _restart_policy(config, resume, force, parallel, guard)
     writer = RunWriter(config.out)
-    removal = parallel.run_on_main(lambda: writer.check_new_run(resume, force))
+    start, restart_state = _restart_policy(config, resume, force, parallel, guard, writer)
     _seed_everything(config.seed)
-    config, data = _open_data(config, method, parallel, resume, dataset, views, transform, encoder)
+    config, data = _open_data(config, method, parallel, start.resume, dataset, views, transform, encoder)
     plan = _plan(config, method, parallel, device, _sample_count(data))
     config = plan.config
     if data.batches is None:
         data.batches = method.batches(data.dataset, config, device, data.tokenizer, transform=transform)
-    trainables = _build_trainables(plan, data, precision, encoder, resume)
+    model, step_loss = _build_model(plan, data, encoder, start)
     data.source, data.on_device = _batch_source(plan, data)
     faults = StepFaults(config.on_nan, parallel, guard.signals, writer.folder.last_checkpoint)
-    run = _Training(plan, data, trainables, TrainState(faults), writer, faults, guard, started, resume)
-    if getattr(trainables.model, "temperature_method", None) is not None:
-        run.monitor.tau_histogram = TemperatureHistogram(device)
-    _start_folder(run, removal)
-    if resume:
+    plan, trainables = _build_trainables(plan, data, model, step_loss, precision, encoder)
+    monitor = _Monitor(tau_histogram=TemperatureHistogram(device)
+                       if getattr(model, "temperature_method", None) is not None else None)
+    run = _Training(plan, data, trainables, TrainState(faults), writer, faults, guard, started, start.resume, monitor)
+    if start.resume:
         _restore(run, restart_state)
-    if parallel.is_main:
-        told = config.describe_data_defaults()
-        if told is not None:
-            print(f"{told} ({plan.steps_per_epoch:,} steps an epoch, {plan.total_steps:,} in {config.epochs} epochs, "
-                  f"{plan.warmup_steps:,} of warm-up)", file=sys.stderr, flush=True)
-        # What the data chose; a resumed run keeps the record of the run it continues (its saved
-        # configuration, batch size included, is the one it resumes with).
-        chosen = config.data_defaults or (_recorded_defaults(config.out) if resume else {})
-        writer.write_run_record(config.to_dict(), _derived(run, chosen))
+    _start_folder(run, start)
     return run
 
 
@@ -431,33 +422,34 @@ def _where(config: PretrainConfig) -> Tuple[torch.device, Parallel]:
     return device, parallel
 
 
-def _restart_policy(config: PretrainConfig, resume: bool, force: bool, parallel: Parallel,
-                    guard: RunGuard) -> Tuple[bool, bool, Optional[Dict[str, Any]]]:
-    """Take the folder's lock (a folder another run holds is refused) and decide whether the
-    run resumes or starts over: ``(resume, force, restart_state)``, ``restart_state`` the
-    checkpoint a restarted torchrun group resumes from (:func:`.faults.restart_resumes`)."""
+def _restart_policy(config: PretrainConfig, resume: bool, force: bool, parallel: Parallel, guard: RunGuard,
+                    writer: RunWriter) -> Tuple[FolderStart, Optional[Dict[str, Any]]]:
+    """Take the folder's lock (a folder another run holds is refused) and decide, on rank 0 for
+    every rank, whether the run resumes or starts over (:meth:`RunWriter.check_new_run`):
+    ``(start, restart_state)``, ``restart_state`` the checkpoint a restarted torchrun group
+    resumes from (:func:`.faults.restart_resumes`; rank 0's, ``None`` on the others)."""
     parallel.run_on_main(lambda: guard.hold(config.out))
     restart_state = parallel.run_on_main(lambda: restart_resumes(config.out))
-    # A restart before the first checkpoint: the folder this launch started (its manifest says so);
-    # so is --resume of a requeued job (the same launch) that never reached its first checkpoint.
-    own_start = parallel.run_on_main(lambda: restart_state is None and starts_over(config.out, resume))
-    resumes, own_start_over = parallel.gather_objects((restart_state is not None, bool(own_start)))[0]
-    if not resume and resumes:
-        resume, force = True, False
-        if parallel.is_main:
-            print(f"torchrun restarted the group: resuming from {layout.RunFolder(config.out).last_checkpoint} "
+
+    def decide() -> Tuple[bool, FolderStart]:
+        if restart_state is not None:  # the checkpoint this launch wrote: resumed without --resume
+            return True, writer.check_new_run(True, False)
+        # A restart before the first checkpoint: the folder this launch started (its manifest says
+        # so); so is --resume of a requeued job (the same launch) that never reached its first checkpoint.
+        return False, writer.check_new_run(resume, force, launch=own_start_launch(resume))
+
+    restarted, start = parallel.run_on_main(decide, share=True)
+    if parallel.is_main:
+        if restarted and not resume:
+            print(f"torchrun restarted the group: resuming from {writer.folder.last_checkpoint} "
                   f"(step {restart_state['step']})", file=sys.stderr, flush=True)
-    elif not resume and own_start_over:
-        force = True  # only the files its manifest lists (its own start's) are replaced
-        if parallel.is_main:
+        elif start.own_start_over and not resume:
             print(f"torchrun restarted the group before the run's first checkpoint: starting the run over in "
                   f"{config.out}", file=sys.stderr, flush=True)
-    elif resume and own_start_over:
-        resume, force = False, True  # as above: the launch's own start, which wrote no checkpoint
-        if parallel.is_main:
+        elif start.own_start_over:
             print(f"--resume: {config.out} holds no checkpoint; this launch ({launch_id()}) started it and stopped "
                   "before the run's first checkpoint: starting the run over in it", file=sys.stderr, flush=True)
-    return resume, force, restart_state
+    return start, restart_state
 
 
 def _open_data(config: PretrainConfig, method: Method, parallel: Parallel, resume: bool, dataset: Any, views: Any,
@@ -504,22 +496,17 @@ def _plan(config: PretrainConfig, method: Method, parallel: Parallel, device: to
     rank_batch = batch_size // parallel.world_size
     steps_per_epoch = (n_train // parallel.world_size) // rank_batch
     total_steps = steps_per_epoch * config.epochs
-    return _Plan(config, method, parallel, device, batch_size, rank_batch, steps_per_epoch, total_steps,
-                 warmup_steps(config, total_steps))
+    return _Plan(config, method, parallel, device, batch_size, rank_batch, steps_per_epoch, total_steps)
 
 
-def _build_trainables(plan: _Plan, data: _Data, precision: StepPrecision, encoder: Optional[torch.nn.Module],
-                      resume: bool) -> Trainables:
-    """The model at its initialisation (from ``encoder``, a caller's module, or the
-    configured one), its training forward (DDP-wrapped under torchrun), the optimizer and the
-    learning-rate schedule."""
+def _build_model(plan: _Plan, data: _Data, encoder: Optional[torch.nn.Module],
+                 start: FolderStart) -> Tuple[torch.nn.Module, Any]:
+    """The model at its initialisation (from ``encoder``, a caller's module, or the configured
+    one) and its training forward (DDP-wrapped under torchrun)."""
     config, parallel, device = plan.config, plan.parallel, plan.device
     model = build_model(config, data.dataset.image_shape, data.tokenizer, encoder=encoder).to(device)
-    if data.stream is not None and keeps_sample_state(model):
-        raise ValueError(f"--temperature-method {config.temperature_method} keeps a state per training sample, by "
-                         "its index; a stream's samples have no index (choose a method without per-sample state)")
     if model.weights_report is not None and parallel.is_main:
-        _check_weights_unchanged(config, model.weights_report, resume)
+        _check_weights_unchanged(config, model.weights_report, start)
         print(model.weights_report.summary(), file=sys.stderr, flush=True)
     if config.compile:  # the training steps' encoder; the read-out calls it eagerly (eager_calls)
         compile_encoder(model.encoder)
@@ -530,10 +517,22 @@ def _build_trainables(plan: _Plan, data: _Data, precision: StepPrecision, encode
         model.distributed = True
         step_loss = torch.nn.parallel.DistributedDataParallel(step_loss)
         torch.manual_seed(rank_seed(config.seed, parallel.rank))  # different views on each rank
+    return model, step_loss
+
+
+def _build_trainables(plan: _Plan, data: _Data, model: torch.nn.Module, step_loss: Any, precision: StepPrecision,
+                      encoder: Optional[torch.nn.Module]) -> Tuple[_Plan, Trainables]:
+    """The optimizer and the learning-rate schedule (the plan gets its warm-up steps); a
+    temperature method that keeps a state per training sample is refused on a stream."""
+    config = plan.config
+    if data.stream is not None and keeps_sample_state(model):
+        raise ValueError(f"--temperature-method {config.temperature_method} keeps a state per training sample, by "
+                         "its index; a stream's samples have no index (choose a method without per-sample state)")
     optimizer = build_optimizer(model, config)
     scheduler = build_lr_scheduler(optimizer, config, plan.total_steps)
-    return Trainables(model, optimizer, scheduler, precision, step_loss=step_loss, schedule=config.schedule,
-                      given_encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
+    plan = replace(plan, warmup_steps=warmup_steps(config, plan.total_steps))
+    return plan, Trainables(model, optimizer, scheduler, precision, step_loss=step_loss, schedule=config.schedule,
+                            given_encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
 
 
 def _batch_source(plan: _Plan, data: _Data) -> Tuple[Any, OnDevicePlan]:
@@ -559,13 +558,27 @@ def _batch_source(plan: _Plan, data: _Data) -> Tuple[Any, OnDevicePlan]:
     return source, on_device
 
 
-def _start_folder(run: _Training, removal: Optional[RemovalPlan]) -> None:
-    """Rank 0 starts the run folder (with ``--force``, deleting the previous run's files, the
-    ``removal`` plan) and writes the method's own files; the torchrun launch is recorded, so
-    that a restarted group knows its own start."""
-    writer, method, model = run.writer, run.plan.method, run.trainables.model
-    run.plan.parallel.run_on_main(lambda: writer.start(run.resumed, removal, launch=launch_id()))
-    run.plan.parallel.run_on_main(lambda: writer.write_method_files(lambda folder: method.save_run_files(model, folder)))
+def _start_folder(run: _Training, start: FolderStart) -> None:
+    """Rank 0 opens the run folder (:meth:`RunWriter.start`: with ``--force`` the previous
+    run's files deleted; the torchrun launch recorded, so that a restarted group knows its own
+    start; the method's own files; on resume the metrics cut back to the checkpoint;
+    ``config.json``) and says what the data chose."""
+    plan, method, model = run.plan, run.plan.method, run.trainables.model
+    config = plan.config
+
+    def open_folder() -> None:
+        told = config.describe_data_defaults()
+        if told is not None:
+            print(f"{told} ({plan.steps_per_epoch:,} steps an epoch, {plan.total_steps:,} in {config.epochs} epochs, "
+                  f"{plan.warmup_steps:,} of warm-up)", file=sys.stderr, flush=True)
+        # What the data chose; a resumed run keeps the record of the run it continues (its saved
+        # configuration, batch size included, is the one it resumes with).
+        derived = _derived(run, config.data_defaults or (_recorded_defaults(start) if start.resume else {}))
+        run.writer.start(start, launch=launch_id(), method_files=lambda folder: method.save_run_files(model, folder),
+                         config=config.to_dict(), derived=derived,
+                         resumed_at=(run.state.epoch, run.state.step) if start.resume else None)
+
+    plan.parallel.run_on_main(open_folder)
 
 
 def _check_streamable(config: PretrainConfig, views: Any, transform: Any, stream: Any, world_size: int) -> None:
@@ -586,12 +599,9 @@ def _check_streamable(config: PretrainConfig, views: Any, transform: Any, stream
                          "(leave views out)")
 
 
-def _recorded_defaults(out: str) -> Dict[str, Any]:
-    """``derived.defaults`` of the run in ``out`` (``{}`` for a run that recorded none)."""
-    try:
-        recorded = layout.read_run_record(out).get("derived", {}).get("defaults")
-    except (OSError, ValueError, AttributeError):
-        return {}
+def _recorded_defaults(start: FolderStart) -> Dict[str, Any]:
+    """``derived.defaults`` of the run a resume continues (``{}`` for a run that recorded none)."""
+    recorded = start.previous.get("defaults")
     return recorded if isinstance(recorded, dict) else {}
 
 
@@ -605,16 +615,12 @@ def _restore(run: _Training, state: Optional[Dict[str, Any]] = None) -> None:
     run.state.load_state_dict(state, run.plan.parallel.rank, run.plan.parallel.world_size, path)
     run.data.source.check_position(run.state.data)  # e.g. a stream's position is for the --workers it was read with
     run.trainables.load_state_dict(state, path, run.plan.config.precision)
-    if run.plan.parallel.is_main:
-        run.writer.truncate_metrics(run.state.epoch, run.state.step)
 
 
-def _check_weights_unchanged(config: PretrainConfig, report: Any, resume: bool) -> None:
+def _check_weights_unchanged(config: PretrainConfig, report: Any, start: FolderStart) -> None:
     """A resumed run reads its ``encoder_weights`` file again (its starting-point baseline is
     built from it): the file must be the one the run started from."""
-    if not resume or not os.path.isfile(layout.RunFolder(config.out).config):
-        return
-    recorded = (layout.read_run_record(config.out).get("derived") or {}).get("encoder_weights") or {}
+    recorded = start.previous.get("encoder_weights") or {}
     if isinstance(recorded, dict) and recorded.get("sha256") not in (None, report.sha256):
         raise ValueError(f"the encoder weights file {report.path} changed since the run in {config.out} started from "
                          "it (SHA-256 differs); resume with the file as it was")

@@ -76,7 +76,7 @@ from contrastkit import __version__, layout
 from contrastkit._io import atomic_file, read_json, write_json
 from contrastkit.data import (BadItemError, ImageFolderDataset, indexed_image_batches, item_dataset, skips_bad_files,
                               unit_float)
-from contrastkit.manifest import Manifest, file_sha256
+from contrastkit.run_writer import FolderWriter, RunWriter
 from contrastkit.metrics.readout import extract_features
 from contrastkit.metrics.search import (DEFAULT_CHUNK, Neighbors, faiss_flat_index, faiss_nearest, import_faiss,
                                         nearest, read_faiss_index, write_faiss_index)
@@ -426,19 +426,11 @@ class _FaissIndex:
     reused: bool
 
 
-def _listed_unchanged(folder: str, name: str, listed: Dict[str, Any]) -> bool:
-    """Whether the manifest ``listed`` of ``folder`` has ``name`` with the size and SHA-256 it still has."""
-    entry = listed.get(name)
-    path = os.path.join(folder, *name.split("/"))
-    if not isinstance(entry, dict) or "sha256" not in entry or not os.path.isfile(path) or os.path.islink(path):
-        return False
-    return os.path.getsize(path) == entry.get("size") and file_sha256(path) == entry["sha256"]
-
-
 def _saved_indexes(run_dir: str) -> Dict[str, Dict[str, Any]]:
     """The run's FAISS indexes whose description is listed unchanged in its manifest: key -> description."""
+    writer = RunWriter(run_dir)
     try:
-        listed = Manifest(run_dir).files
+        listed = writer.listed()
     except ValueError:  # an unreadable manifest vouches for nothing
         return {}
     found = {}
@@ -447,7 +439,7 @@ def _saved_indexes(run_dir: str) -> Dict[str, Dict[str, Any]]:
         if folder != layout.NEIGHBOR_INDEXES or not file.endswith(".json"):
             continue
         key = file[:-len(".json")]
-        if layout.neighbor_index_files(key)[1] != name or not _listed_unchanged(run_dir, name, listed):
+        if layout.neighbor_index_files(key)[1] != name or not writer.unchanged([name]):
             continue
         try:
             description = read_json(os.path.join(run_dir, *name.split("/")))
@@ -505,7 +497,7 @@ def _read_saved_index(run_dir: str, name: str, rows: int) -> Any:
     else ``None`` (with a warning saying why it is not used)."""
     path = os.path.join(run_dir, *name.split("/"))
     try:
-        if not _listed_unchanged(run_dir, name, Manifest(run_dir).files):
+        if not RunWriter(run_dir).unchanged([name]):
             warnings.warn(f"{path} is not listed unchanged in {layout.MANIFEST}; not reusing it", stacklevel=3)
             return None
         index = read_faiss_index(path)
@@ -525,13 +517,14 @@ def _save_index(run_dir: str, index: Any, index_name: str, description_name: str
     in the way that is not contrastkit's, or a folder that cannot be written, is a warning (the
     search goes on with the index in memory). Returns whether the index was written."""
     paths = [os.path.join(run_dir, *name.split("/")) for name in (index_name, description_name)]
+    writer = RunWriter(run_dir)
     try:
-        listed = Manifest(run_dir).files
+        writer.listed()  # an unreadable manifest: not written
         for name, path in zip((index_name, description_name), paths):
-            if os.path.lexists(path) and not _listed_unchanged(run_dir, name, listed):
+            if os.path.lexists(path) and not writer.unchanged([name]):
                 raise FileExistsError(f"{path} exists and is not listed unchanged in {layout.MANIFEST}")
         os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
-        with Manifest(run_dir).writing(index_name, description_name):
+        with writer.writing(index_name, description_name):
             write_faiss_index(index, f"{paths[0]}.tmp")
             os.replace(f"{paths[0]}.tmp", paths[0])
             write_json(paths[1], description)
@@ -544,15 +537,15 @@ def _save_index(run_dir: str, index: Any, index_name: str, description_name: str
 def _remove_other_checkpoints_indexes(run_dir: str, saved: Dict[str, Dict[str, Any]], encoder_key: str) -> None:
     """Delete the saved indexes of other encoder weights (an earlier checkpoint of the run):
     they can no longer be reused. Only files the manifest lists unchanged."""
+    writer = RunWriter(run_dir)
     try:
-        listed = Manifest(run_dir).files
         for key, description in saved.items():
             if description.get("encoder") == encoder_key:
                 continue
-            names = [name for name in layout.neighbor_index_files(key) if _listed_unchanged(run_dir, name, listed)]
+            names = writer.unchanged(layout.neighbor_index_files(key))
             for name in names:
                 os.remove(os.path.join(run_dir, *name.split("/")))
-            Manifest(run_dir).record(*names)  # gone: dropped from the manifest
+            writer.record(*names)  # gone: dropped from the manifest
     except (OSError, ValueError) as err:
         warnings.warn(f"earlier FAISS indexes in {run_dir} are not removed ({err})", stacklevel=3)
 
@@ -574,11 +567,7 @@ def _check_picture_target(path: str) -> None:
         return
     if os.path.isdir(path) or os.path.islink(path):
         raise FileExistsError(f"{path} is a folder or a symbolic link; choose another --out")
-    try:
-        listed = Manifest(folder).files
-    except ValueError:
-        listed = {}
-    if not (_listed_unchanged(folder, os.path.basename(path), listed) and _is_our_picture(path)):
+    if not (FolderWriter(folder).unchanged([os.path.basename(path)]) and _is_our_picture(path)):
         raise FileExistsError(f"{path} exists and is not a picture contrastkit neighbors wrote (unchanged, by the "
                               f"folder's {layout.MANIFEST}); not replacing it: choose another --out")
 
@@ -619,7 +608,7 @@ def _write_picture(path: str, found: List[QueryNeighbors], queries: List[_Query]
         rows.append((head, cells))
     png = neighbor_picture_png(rows, title, metadata=dict([_PICTURE_MARK]))
     folder = os.path.dirname(os.path.abspath(path))
-    with Manifest(folder).writing(os.path.basename(path)):
+    with FolderWriter(folder).writing(os.path.basename(path)):
         with atomic_file(path, "wb") as handle:
             handle.write(png)
 

@@ -83,9 +83,10 @@ class Parallel:
         dist.all_gather_object(out, obj)
         return out
 
-    def run_on_main(self, action: Callable[[], Any]) -> Any:
+    def run_on_main(self, action: Callable[[], Any], share: bool = False) -> Any:
         """Run ``action`` on rank 0; if it raises, every rank raises the same kind of error
-        (the others would otherwise wait in the next collective)."""
+        (the others would otherwise wait in the next collective). Its result is rank 0's
+        (``None`` on the others), or with ``share`` every rank's (pickled: keep it small)."""
         if not self.active:
             return action()
         error: Optional[BaseException] = None
@@ -95,7 +96,7 @@ class Parallel:
                 result = action()
             except (ValueError, TypeError, OSError) as err:  # OSError: a file in the way, a full disk...
                 error = err
-        shared = [None if error is None else (type(error).__name__, str(error))]
+        shared = [None if error is None else (type(error).__name__, str(error)), result if share else None]
         dist.broadcast_object_list(shared, src=0)
         if shared[0] is not None:
             if error is not None:
@@ -103,7 +104,7 @@ class Parallel:
             kind = {"TypeError": TypeError, "FileNotFoundError": FileNotFoundError,
                     "FileExistsError": FileExistsError, "PermissionError": PermissionError}.get(shared[0][0], ValueError)
             raise kind(shared[0][1])
-        return result
+        return shared[1] if share else result
 
     def teardown(self) -> None:
         if self.owns_group and dist.is_initialized():
