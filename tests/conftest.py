@@ -129,6 +129,8 @@ def pytest_collection_modifyitems(config, items):
 # cores (their gloo and subprocess time-outs assume a machine they share with one test). A
 # nodeid prefix: a whole module, or one test of it. They get the ``serial`` mark (``-m serial``).
 SERIAL = (
+    "tests/compat/test_compat_lightly.py::test_gathered_options_under_two_processes_equal_the_peer",
+    "tests/compat/test_compat_open_clip.py::test_two_processes_",
     "tests/distributed/test_cluster_faults.py::",
     "tests/distributed/test_distributed.py::",
     "tests/distributed/test_distributed_accumulation.py::",
