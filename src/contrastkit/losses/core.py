@@ -93,9 +93,22 @@ def per_anchor_nll(
     ``(N,)`` and, for a mask, which anchors have at least one positive (else ``None``).
     """
     masked = logits if denominator_mask is None else logits.masked_fill(~denominator_mask, float("-inf"))
-    log_denominator = torch.logsumexp(masked, dim=1)
+    # log sum_j exp(l_ij) = m + log1p(sum_{j != j*} exp(l_ij - m)), m = l_ij* the row's maximum,
+    # and the loss (m - positive term) + log1p(...). A small loss (the positive the maximum)
+    # keeps its digits: m - l_pos is exactly 0, and log1p takes the sum of the other terms
+    # whole, where lse - l_pos would round at the size of the logits (up to 1/tau) and
+    # F.cross_entropy's log(1 + sum) at 1. m carries no gradient (the value does not depend on
+    # it); the maximum's own term enters as expm1(l_ij* - m), exactly 0 with the gradient of its
+    # exponential.
+    top, top_index = masked.detach().max(dim=1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    shifted = masked - top
+    shifted.scatter_(1, top_index, float("-inf"))  # the maximum's term, 1, is left out of the sum
+    others = shifted.exp().sum(dim=1) + torch.expm1(masked.gather(1, top_index) - top).squeeze(1)
+    log_sum = torch.log1p(others)
+    top = top.squeeze(1)
     if positives.dtype != torch.bool:
-        return log_denominator - logits.gather(1, positives[:, None]).squeeze(1), None
+        return (top - logits.gather(1, positives[:, None]).squeeze(1)) + log_sum, None
     counts = positives.sum(dim=1)
     valid = counts > 0
     safe_counts = counts.clamp(min=1).to(logits.dtype)
@@ -107,7 +120,7 @@ def per_anchor_nll(
         positive_term = torch.where(valid, positive_term, torch.zeros((), dtype=logits.dtype,
                                                                       device=logits.device))
         positive_term = positive_term - safe_counts.log()
-    return log_denominator - positive_term, valid
+    return (top - positive_term) + log_sum, valid
 
 
 def contrastive_loss(
