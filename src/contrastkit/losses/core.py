@@ -97,15 +97,13 @@ def per_anchor_nll(
     # and the loss (m - positive term) + log1p(...). A small loss (the positive the maximum)
     # keeps its digits: m - l_pos is exactly 0, and log1p takes the sum of the other terms
     # whole, where lse - l_pos would round at the size of the logits (up to 1/tau) and
-    # F.cross_entropy's log(1 + sum) at 1. m carries no gradient (the value does not depend on
-    # it); the maximum's own term enters as expm1(l_ij* - m), exactly 0 with the gradient of its
-    # exponential.
-    top, top_index = masked.detach().max(dim=1, keepdim=True)
+    # F.cross_entropy's log(1 + sum) at 1. The sum, whose maximum's term is exactly 1, is taken
+    # in float64, so that subtracting that 1 leaves the others' sum exact to float32. m carries
+    # no gradient (the value does not depend on it); a row without candidates gives -inf.
+    top = masked.detach().amax(dim=1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    shifted = masked - top
-    shifted.scatter_(1, top_index, float("-inf"))  # the maximum's term, 1, is left out of the sum
-    others = shifted.exp().sum(dim=1) + torch.expm1(masked.gather(1, top_index) - top).squeeze(1)
-    log_sum = torch.log1p(others)
+    total = (masked - top).exp_().sum(dim=1, dtype=torch.float64)
+    log_sum = torch.log1p((total - 1.0).to(logits.dtype))
     top = top.squeeze(1)
     if positives.dtype != torch.bool:
         return (top - logits.gather(1, positives[:, None]).squeeze(1)) + log_sum, None
