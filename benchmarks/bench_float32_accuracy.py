@@ -2,12 +2,15 @@
 F.cross_entropy on the same float32 logits (what info-nce-pytorch and lightly call), each
 measured against float64 on the same rounded inputs.
 
-    PYTHONPATH=src python benchmarks/bench_float32_accuracy.py [--seeds 5] [--out benchmarks/results/float32_small_losses.md]
+    PYTHONPATH=src python benchmarks/bench_float32_accuracy.py [--seeds 5] [--repeats 200]
+        [--out benchmarks/results/float32_small_losses.md]
 
 Cases: N = 64 query / positive pairs of dimension 32 whose positives are near-duplicates
 (noise 0.05 before normalising), tau = 0.05: per-anchor losses from about 1e-6 to 1e-3, where
 ``lse - l_pos`` rounds at the size of the logits (20) and ``log(1 + small)`` at 1. Reported: the
-largest and the median relative error over every anchor of every seed.
+largest and the median relative error over every anchor of every seed. Then the cost of the
+dense form: forward and backward of the per-anchor losses of 1,024 x 1,024 logits, against the
+former ``lse - l_pos`` and ``F.cross_entropy``, interleaved, one thread.
 """
 
 from __future__ import annotations
@@ -40,9 +43,41 @@ CASES = {
 }
 
 
+def _timing(repeats: int) -> dict:
+    """Median ms of forward + backward for each way of computing the dense per-anchor loss."""
+    import time
+
+    from contrastkit.losses.core import per_anchor_nll
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1024, 1024, generator=g) * 5
+    mask = ~torch.eye(1024, dtype=torch.bool)
+    positive = torch.randint(1024, (1024,), generator=g)
+    positive = torch.where(positive == torch.arange(1024), (positive + 1) % 1024, positive)
+
+    def former(x):
+        masked = x.masked_fill(~mask, float("-inf"))
+        return torch.logsumexp(masked, dim=1) - x.gather(1, positive[:, None]).squeeze(1)
+
+    ways = {"contrastkit (max - l_pos) + log1p(others)": lambda x: per_anchor_nll(x, positive, mask)[0],
+            "lse - l_pos (the former form)": former,
+            "F.cross_entropy": lambda x: F.cross_entropy(x.masked_fill(~mask, float("-inf")), positive,
+                                                        reduction="none")}
+    times = {name: [] for name in ways}
+    for _ in range(repeats):
+        for name, way in ways.items():
+            x = logits.clone().requires_grad_()
+            started = time.perf_counter()
+            way(x).sum().backward()
+            times[name].append(1e3 * (time.perf_counter() - started))
+    return {name: statistics.median(values[repeats // 10:]) for name, values in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                       "float32_small_losses.md"))
     args = parser.parse_args()
@@ -65,11 +100,18 @@ def main() -> None:
                 errors[key] += ((value.double() - reference).abs() / reference).tolist()
         for key, values in errors.items():
             rows.append(f"| {name} | {key} | {max(values):.1e} | {statistics.median(values):.1e} |")
-    command = f"python benchmarks/bench_float32_accuracy.py --seeds {args.seeds}"
+    timing = _timing(args.repeats)
+    command = f"python benchmarks/bench_float32_accuracy.py --seeds {args.seeds} --repeats {args.repeats}"
     text = "\n".join(["# float32 rounding of small per-anchor losses", "",
                       f"Command: `{command}` (the script's docstring says what is measured). torch "
-                      f"{torch.__version__}, {platform.machine()}, CPU. Smallest float64 loss: {smallest:.1e}.", "",
-                      *rows, ""])
+                      f"{torch.__version__}, {platform.machine()}, CPU, {os.cpu_count()} CPUs, load average "
+                      f"{tuple(round(x, 2) for x in os.getloadavg())}. Smallest float64 loss: {smallest:.1e}.", "",
+                      *rows, "", "What the dense form costs: forward and backward of the per-anchor losses of "
+                      "1,024 x 1,024 float32 logits (the dense path's largest), the diagonal masked, one thread, "
+                      "median milliseconds of interleaved repeats:", "",
+                      "| computed by | ms | ratio to lse - l_pos |", "|---|---:|---:|",
+                      *[f"| {name} | {ms:.2f} | {ms / timing['lse - l_pos (the former form)']:.2f} |"
+                        for name, ms in timing.items()], ""])
     print(text)
     with open(args.out, "w", encoding="utf-8") as handle:
         handle.write(text)
