@@ -340,7 +340,7 @@ def test_shared_shift_path_used_for_typical_inputs(monkeypatch):
 def test_automatic_dispatch(monkeypatch):
     used = []
     real_self, real_cross = tiled.self_logsumexp, tiled.cross_logsumexp
-    monkeypatch.setattr(tiled, "self_logsumexp", lambda *a: used.append("self") or real_self(*a))
+    monkeypatch.setattr(tiled, "self_logsumexp", lambda *a, **k: used.append("self") or real_self(*a, **k))
     monkeypatch.setattr(tiled, "cross_logsumexp", lambda *a, **k: used.append("cross") or real_cross(*a, **k))
     z = torch.randn(40, 8, generator=torch.Generator().manual_seed(0))
     nt_xent_views(z, z.flip(0), temperature=0.1)

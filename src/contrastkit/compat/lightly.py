@@ -38,8 +38,8 @@ What differs from the peer, or is kept from it on purpose:
 * a **non-finite entry** is refused by name (the peer returns NaN);
 * with a memory bank the bank is used in the inputs' dtype (the peer's float32 bank makes a
   float64 call fail); the bank itself stays float32, as the peer keeps it;
-* the float32 rounding of a small per-anchor loss is contrastkit's, not ``F.cross_entropy``'s:
-  finer on the dense path, coarser on the tiled path of large batches (docs/migrating.md).
+* the float32 rounding of a small per-anchor loss is contrastkit's, finer than
+  ``F.cross_entropy``'s (docs/migrating.md).
 """
 
 from __future__ import annotations

@@ -53,17 +53,129 @@ def _finite_or_zero(x: Tensor) -> Tensor:
     return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
 
 
-def row_stats(tile: Tensor, work: Tensor) -> Tuple[Tensor, Tensor]:
-    """Per-row (max, sum exp(tile - max)); rows that are entirely -inf give (-inf, 0)."""
+def row_stats(tile: Tensor, work: Tensor, positives: Optional[Tuple[Tensor, Tensor]] = None):
+    """Per-row (max, sum exp(tile - max)); rows that are entirely -inf give (-inf, 0).
+
+    ``positives`` (:meth:`PositiveSplit.entries`): also the sums without each row's positive,
+    ``(max, sums, sums_without)``."""
     row_max = tile.amax(dim=1)
     torch.sub(tile, _finite_or_zero(row_max)[:, None], out=work).exp_()
-    return row_max, work.sum(dim=1)
+    if positives is None:
+        return row_max, work.sum(dim=1)
+    positive = PositiveSplit.take_(work, *positives)
+    without = work.sum(dim=1)
+    return row_max, without + positive, without
 
 
-def col_stats(tile: Tensor, work: Tensor) -> Tuple[Tensor, Tensor]:
+class PositiveSplit:
+    """Next to a kernel's log-sum-exp over all candidates, the same sums without each anchor's
+    positive, for the value of a small loss: ``loss_i = softplus(lse_neg_i - l_pos_i)`` keeps
+    the digits that ``lse_i - l_pos_i`` loses to rounding at the size of the logits (a value
+    only: the gradient stays the kernel's). ``positive`` ``(n,)``: each row's positive column
+    (of the whole candidate block); in a tile shared by rows and columns the positive map is an
+    involution, so the entries left out of the rows are those left out of the columns.
+
+    A tile's sums are taken once, with the positives' entries set to 0 in the exponentials
+    (their terms kept aside, ``O(rows)``), and the sums over all candidates are the sums
+    without them plus those terms: no pass over the tile is added."""
+
+    def __init__(self, positive: Tensor, like: Tensor, rows: int, cols: int, shift: Optional[int] = None) -> None:
+        self.positive = positive
+        self.shift = shift  # positive[i] = (i + shift) % rows where known (views, a diagonal): tiles skipped
+        self.rows = rows
+        self.row_m, self.row_s = like.new_full((rows,), float("-inf")), like.new_zeros(rows)
+        self.col_m, self.col_s = like.new_full((cols,), float("-inf")), like.new_zeros(cols)
+
+    def entries(self, i0: int, i1: int, j0: int, j1: int) -> Optional[Tuple[Tensor, Tensor]]:
+        """Each row's positive column inside the tile (clamped) and whether it is inside;
+        ``None`` for a tile known to hold no positive."""
+        if self.shift is not None:
+            first, last = (i0 + self.shift) % self.rows, (i1 - 1 + self.shift) % self.rows
+            spans = [(first, last)] if first <= last else [(first, self.rows - 1), (0, last)]
+            if not any(lo < j1 and hi >= j0 for lo, hi in spans):
+                return None
+        columns = self.positive[i0:i1] - j0
+        inside = (columns >= 0) & (columns < j1 - j0)
+        return columns.clamp(0, j1 - j0 - 1)[:, None], inside
+
+    @staticmethod
+    def take_(work: Tensor, columns: Tensor, inside: Tensor) -> Tensor:
+        """Set the positives' entries of ``work`` to 0; returns their values (0 for rows whose
+        positive is not in the tile)."""
+        found = work.gather(1, columns).squeeze(1)
+        kept = torch.where(inside, torch.zeros_like(found), found)
+        work.scatter_(1, columns, kept[:, None])
+        return torch.where(inside, found, torch.zeros_like(found))
+
+    def lse(self) -> Tuple[Tensor, Tensor]:
+        """``(row lse without positives, column lse without positives)``."""
+        return self.row_m + self.row_s.log(), self.col_m + self.col_s.log()
+
+
+def split_row_stats(tile: Tensor, work: Tensor, split: PositiveSplit, i0: int, i1: int, j0: int,
+                    j1: int, m: Tensor, s: Tensor) -> None:
+    """:func:`row_stats` merged into ``(m, s)`` (all candidates) and into ``split``'s rows (the
+    positives left out)."""
+    entries = split.entries(i0, i1, j0, j1)
+    if entries is None:
+        row_max, every = row_stats(tile, work)
+        without = every
+    else:
+        row_max, every, without = row_stats(tile, work, entries)
+    merge_(m, s, row_max, every)
+    merge_(split.row_m[i0:i1], split.row_s[i0:i1], row_max, without)
+
+
+def split_both_stats(tile: Tensor, work: Tensor, split: PositiveSplit, i0: int, i1: int, j0: int, j1: int,
+                     row_m: Tensor, row_s: Tensor, col_m: Tensor, col_s: Tensor) -> Tuple[Tensor, bool]:
+    """:func:`both_stats` with ``split``: the rows' and the columns' sums without the positives
+    merged into it too (the same entries, the positive map being an involution)."""
+    split_cols = (split.col_m[j0:j1], split.col_s[j0:j1])
+    split_rows = (split.row_m[i0:i1], split.row_s[i0:i1])
+    entries = split.entries(i0, i1, j0, j1)
+    if entries is None:  # no positive here: the same sums for both
+        (rows_max, rows, cols_max, cols), shift, shared = _both_sums(tile, work)
+        for accumulators in ((row_m, row_s), split_rows):
+            merge_(*accumulators, rows_max, rows)
+        for accumulators in ((col_m, col_s), split_cols):
+            merge_(*accumulators, cols_max, cols)
+        return shift, shared
+    columns, inside = entries
+    if validation.reads_are_free(tile):
+        shift = tile.max()
+        torch.sub(tile, shift, out=work).exp_()
+        positive = PositiveSplit.take_(work, columns, inside)
+        rows, cols = work.sum(dim=1), work.sum(dim=0)
+        col_positive = torch.zeros_like(cols).scatter_add_(0, columns.squeeze(1), positive)
+        if float(torch.minimum(rows.min(), cols.min())) >= _MIN_SHIFTED_SUM:
+            merge_(row_m, row_s, shift, rows + positive)
+            merge_(col_m, col_s, shift, cols + col_positive)
+            merge_(*split_rows, shift, rows)
+            merge_(*split_cols, shift, cols)
+            return shift, True
+    else:
+        shift = tile.new_zeros(())
+    # Separate shifts: per row, then per column, each with the positives kept aside.
+    row_max, every, without = row_stats(tile, work, (columns, inside))
+    merge_(row_m, row_s, row_max, every)
+    merge_(*split_rows, row_max, without)
+    col_max, every, without = col_stats(tile, work, (columns, inside))
+    merge_(col_m, col_s, col_max, every)
+    merge_(*split_cols, col_max, without)
+    return shift, False
+
+
+def col_stats(tile: Tensor, work: Tensor, positives: Optional[Tuple[Tensor, Tensor]] = None):
+    """Per-column (max, sum exp(tile - max)); with ``positives`` (the rows' positive entries,
+    which are the columns' own) also the sums without them, as :func:`row_stats`."""
     col_max = tile.amax(dim=0)
     torch.sub(tile, _finite_or_zero(col_max)[None, :], out=work).exp_()
-    return col_max, work.sum(dim=0)
+    if positives is None:
+        return col_max, work.sum(dim=0)
+    columns, _ = positives
+    positive = PositiveSplit.take_(work, *positives)
+    without = work.sum(dim=0)
+    return col_max, without + torch.zeros_like(without).scatter_add_(0, columns.squeeze(1), positive), without
 
 
 def both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m: Tensor,
@@ -75,21 +187,23 @@ def both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m: 
     accelerator it would stop the host once per tile, so there every tile takes the separate
     per-row and per-column shifts (one more exponential per element, no synchronisation).
     """
+    (rows_max, rows, cols_max, cols), shift, shared = _both_sums(tile, work)
+    merge_(row_m, row_s, rows_max, rows)
+    merge_(col_m, col_s, cols_max, cols)
+    return shift, shared
+
+
+def _both_sums(tile: Tensor, work: Tensor) -> Tuple[Tuple[Tensor, Tensor, Tensor, Tensor], Tensor, bool]:
+    """:func:`both_stats`' per-row and per-column ``(shift, sum)`` pairs, not merged."""
     if not validation.reads_are_free(tile):
-        merge_(row_m, row_s, *row_stats(tile, work))
-        merge_(col_m, col_s, *col_stats(tile, work))
-        return tile.new_zeros(()), False
+        return (*row_stats(tile, work), *col_stats(tile, work)), tile.new_zeros(()), False
     shift = tile.max()
     torch.sub(tile, shift, out=work).exp_()
     rows = work.sum(dim=1)
     cols = work.sum(dim=0)
     if float(torch.minimum(rows.min(), cols.min())) >= _MIN_SHIFTED_SUM:
-        merge_(row_m, row_s, shift, rows)
-        merge_(col_m, col_s, shift, cols)
-        return shift, True
-    merge_(row_m, row_s, *row_stats(tile, work))
-    merge_(col_m, col_s, *col_stats(tile, work))
-    return shift, False
+        return (shift, rows, shift, cols), shift, True
+    return (*row_stats(tile, work), *col_stats(tile, work)), shift, False
 
 
 def scaled_row_stats(tile: Tensor, work: Tensor, scale: Tensor) -> Tuple[Tensor, Tensor]:

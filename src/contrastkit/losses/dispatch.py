@@ -27,6 +27,12 @@ and is described by its anchors, candidates, positives and exclusions:
   :mod:`contrastkit.losses.tiled`, with the temperature folded into their inputs.
 * **dense** -- otherwise: the similarity matrix and :func:`contrastkit.losses.core.per_anchor_nll`.
 
+Float32 rounding: a small loss (the positive far above the negatives) keeps its digits. The
+dense path computes ``(max - positive) + log1p(the other terms)``; the tiled kernels with one
+temperature also return each anchor's log-sum-exp without its positive, and the loss takes the
+value ``softplus(that - positive)`` with the gradient of ``lse - positive`` (``_nll``). The ring
+exchange and the kernels with a temperature per anchor keep ``lse - positive``.
+
 The temperature is one ``tau`` for every anchor, or a ``(A,)`` tensor with one per anchor
 row (:func:`~contrastkit.losses.validation.resolve_temperature`), in the order of the rows a
 loss returns with ``reduction="none"``: anchor ``i``'s logits are ``s_ij / tau_i``. Every
@@ -280,7 +286,11 @@ class SelfContrast:
         elif per_anchor(call.tau):
             lse = tiled.self_logsumexp(x, chunk, scale=_inverse(call.tau, x.dtype))
         else:
-            lse = tiled.self_logsumexp(x, chunk)
+            views = self.positive_index is None and len(blocks) == 2
+            lse, without = tiled.self_logsumexp(x, chunk, positive=index,
+                                                positive_shift=x.shape[0] // 2 if views else None)
+            return reduce(_nll(lse, without, _anchor_logits(x, index, self.positive_index is None, call.tau)),
+                          call.reduction)
         return reduce(lse - _anchor_logits(x, index, self.positive_index is None, call.tau), call.reduction)
 
     def dense(self, call: LossCall, gathered, normalize: bool, total: int) -> Tensor:
@@ -301,6 +311,21 @@ class SelfContrast:
         logits = divide_rows(select(x, rows) @ x.T, call.tau)
         losses, valid = per_anchor_nll(logits, positives, mask, self.multi_positive)
         return shard.reduce(losses, call.reduction, valid, anchors_total=anchors_total)
+
+
+def _nll(lse: Tensor, without: Tensor, positive: Tensor) -> Tensor:
+    """Per-anchor ``lse - positive`` (its gradient) with the value ``softplus(without -
+    positive)``, ``without`` the log-sum-exp without the positive (a kernel's value, no
+    gradient): the same number, whose small values keep their digits in float32 where ``lse -
+    positive`` rounds at the size of the logits (up to ``1 / tau``)."""
+    loss = lse - positive
+    exact = _softplus(without - positive)
+    return torch.where(torch.isfinite(loss), loss + (exact - loss).detach(), loss)
+
+
+def _softplus(x: Tensor) -> Tensor:
+    """``log(1 + e^x)`` to the last digit (``F.softplus`` returns ``x`` itself above 20)."""
+    return torch.logaddexp(x, torch.zeros_like(x))
 
 
 def _positive_logits(x: Tensor, index: Tensor, views: bool) -> Tensor:
@@ -448,14 +473,16 @@ class CrossContrast:
         diagonal = (a * b).sum(dim=1)
         if weight is None and self.bank is not None:
             bank_lse, _ = tiled.cross_logsumexp(a, prepare(self.bank, normalize, "negatives"), chunk, columns=False)
-            losses = torch.logaddexp(diagonal, bank_lse) - diagonal
+            losses = _softplus(bank_lse - diagonal)  # log(e^d + e^bank) - d
         elif weight is None or weight == 1.0:
-            losses = tiled.cross_logsumexp(a, b, chunk, columns=False)[0] - diagonal
+            lse, _, without, _ = tiled.cross_logsumexp(a, b, chunk, columns=False, diagonal_positives=True)
+            losses = _nll(lse, without, diagonal)
         elif weight == 0.0:
-            losses = tiled.cross_logsumexp(b, a, chunk, columns=False)[0] - diagonal
+            lse, _, without, _ = tiled.cross_logsumexp(b, a, chunk, columns=False, diagonal_positives=True)
+            losses = _nll(lse, without, diagonal)
         else:  # both directions from the same tiles
-            a_lse, b_lse = tiled.cross_logsumexp(a, b, chunk)
-            losses = weight * (a_lse - diagonal) + (1.0 - weight) * (b_lse - diagonal)
+            a_lse, b_lse, a_without, b_without = tiled.cross_logsumexp(a, b, chunk, diagonal_positives=True)
+            losses = weight * _nll(a_lse, a_without, diagonal) + (1.0 - weight) * _nll(b_lse, b_without, diagonal)
         return reduce(losses, call.reduction)
 
     def _tiled_per_anchor(self, call: LossCall, gathered, chunk: int, normalize: bool) -> Tensor:
@@ -508,13 +535,12 @@ class CrossContrast:
             a_logits = divide_rows(products, tau_a)
             # Column j is anchor j of b -> a: divided by its own tau.
             b_logits = a_logits if not per_anchor(tau) else products / tau_b.to(products.dtype)[None, :]
-            a_to_b = torch.logsumexp(a_logits, dim=1) - a_logits.diagonal()
-            b_to_a = torch.logsumexp(b_logits, dim=0) - b_logits.diagonal()
+            diagonal = torch.arange(rows, device=a.device)
+            a_to_b, _ = per_anchor_nll(a_logits, diagonal)
+            b_to_a, _ = per_anchor_nll(b_logits.T, diagonal)
         else:  # rows and columns of this rank's pairs only
-            a_rows = divide_rows(a[own] @ b.T, tau_a)
-            b_rows = divide_rows(b[own] @ a.T, tau_b)
-            a_to_b = torch.logsumexp(a_rows, dim=1) - a_rows.gather(1, own[:, None]).squeeze(1)
-            b_to_a = torch.logsumexp(b_rows, dim=1) - b_rows.gather(1, own[:, None]).squeeze(1)
+            a_to_b, _ = per_anchor_nll(divide_rows(a[own] @ b.T, tau_a), own)
+            b_to_a, _ = per_anchor_nll(divide_rows(b[own] @ a.T, tau_b), own)
         return self.weight * a_to_b + (1.0 - self.weight) * b_to_a
 
 

@@ -52,6 +52,7 @@ from ._tiles import (
     add_masked_row_grads_,
     backward_lse,
     mask_excluded_,
+    PositiveSplit,
     both_stats,
     merge_masked_rows_,
     merge_,
@@ -59,6 +60,8 @@ from ._tiles import (
     pair_weights,
     refuse_double_backward,
     row_stats,
+    split_both_stats,
+    split_row_stats,
     scaled_both_stats,
     scaled_pair_weights,
     scaled_row_stats,
@@ -97,37 +100,54 @@ def use_tiled(rows: int, cols: int, chunk_size: Optional[int]) -> Optional[int]:
 
 class _SelfLogSumExp(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, chunk: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, chunk: int, positive: Optional[Tensor],  # type: ignore[override]
+                positive_shift: Optional[int]):
         n = x.shape[0]
         m = x.new_full((n,), float("-inf"))
         s = x.new_zeros(n)
         blocks = tile_ranges(n, chunk)
         tile_buf, work_buf = tile_buffers(x, min(chunk, n))
         shifts: List[Tuple[Tensor, bool]] = []
+        split = None if positive is None else PositiveSplit(positive, x, n, n, shift=positive_shift)
         with torch.no_grad(), no_autocast(x):
             for bi, (i0, i1) in enumerate(blocks):
                 xi = x[i0:i1]
                 tile = torch.mm(xi, xi.T, out=tile_view(tile_buf, i1 - i0, i1 - i0))
                 tile.fill_diagonal_(float("-inf"))
-                merge_(m[i0:i1], s[i0:i1], *row_stats(tile, tile_view(work_buf, i1 - i0, i1 - i0)))
+                work = tile_view(work_buf, i1 - i0, i1 - i0)
+                if split is None:
+                    merge_(m[i0:i1], s[i0:i1], *row_stats(tile, work))
+                else:
+                    split_row_stats(tile, work, split, i0, i1, i0, i1, m[i0:i1], s[i0:i1])
                 for j0, j1 in blocks[bi + 1:]:
                     tile = torch.mm(xi, x[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
-                    shifts.append(both_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0),
-                                              m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1]))
+                    work = tile_view(work_buf, i1 - i0, j1 - j0)
+                    if split is None:
+                        shifts.append(both_stats(tile, work, m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1]))
+                    else:
+                        shifts.append(split_both_stats(tile, work, split, i0, i1, j0, j1,
+                                                       m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1]))
             lse = m + s.log()
+            if split is None:
+                without = x.new_empty(0)
+            else:  # a row's sum without its positive: from the rows, and from the columns of tiles above
+                rows_part = (split.row_m, split.row_s)
+                merge_(*rows_part, split.col_m, split.col_s)
+                without = split.row_m + split.row_s.log()
         ctx.chunk = chunk
         ctx.shifts = shifts
         ctx.save_for_backward(x, lse)
-        return lse
+        ctx.mark_non_differentiable(without)
+        return lse, without
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor, _without: Optional[Tensor] = None):  # type: ignore[override]
         refuse_double_backward()
         x, lse = ctx.saved_tensors
         n = x.shape[0]
         dx = torch.zeros_like(x)
         if n < 2:  # no candidate at all: lse = -inf does not depend on x
-            return dx, None
+            return dx, None, None, None
         grad = grad.to(x.dtype)
         blocks = tile_ranges(n, ctx.chunk)
         tile_buf, work_buf = tile_buffers(x, min(ctx.chunk, n))
@@ -147,7 +167,7 @@ class _SelfLogSumExp(torch.autograd.Function):
                                             grad[i0:i1], lse[i0:i1], grad[j0:j1], lse[j0:j1])
                     dx[i0:i1].addmm_(weights, xj)
                     dx[j0:j1].addmm_(weights.T, xi)
-        return dx, None
+        return dx, None, None, None
 
 
 class _ScaledSelfLogSumExp(torch.autograd.Function):
@@ -215,7 +235,8 @@ class _ScaledSelfLogSumExp(torch.autograd.Function):
         return dx, d_scale, None
 
 
-def self_logsumexp(x: Tensor, chunk_size: int, *, scale: Optional[Tensor] = None) -> Tensor:
+def self_logsumexp(x: Tensor, chunk_size: int, *, scale: Optional[Tensor] = None,
+                   positive: Optional[Tensor] = None, positive_shift: Optional[int] = None):
     """``lse_i = log sum_{j != i} exp(x_i . x_j)`` for ``x`` of shape ``(N, d)``, in tiles.
 
     Exact (same value as the dense ``logsumexp`` of ``X X^T`` with the diagonal masked, up
@@ -226,10 +247,19 @@ def self_logsumexp(x: Tensor, chunk_size: int, *, scale: Optional[Tensor] = None
     ``lse_i = log sum_{j != i} exp(scale_i x_i . x_j)``, differentiable in ``scale`` too;
     each tile is still computed once for its rows and its columns (three tile buffers in the
     backward pass instead of two).
+
+    ``positive``: ``(N,)`` each row's positive (an involution, ``positive[positive[i]] = i``);
+    then returns ``(lse, lse_without)``, ``lse_without_i`` the same sum without the positive, a
+    value without gradient (:class:`~contrastkit.losses._tiles.PositiveSplit`; not with
+    ``scale``). ``positive_shift``: where ``positive[i] = (i + shift) % N`` (two views:
+    ``N / 2``), the tiles without a positive are known without reading ``positive``.
     """
     if scale is not None:
+        if positive is not None:
+            raise ValueError("positive= is not offered with scale=")
         return _ScaledSelfLogSumExp.apply(x, scale, int(chunk_size))
-    return _SelfLogSumExp.apply(x, int(chunk_size))
+    lse, without = _SelfLogSumExp.apply(x, int(chunk_size), positive, positive_shift)
+    return lse if positive is None else (lse, without)
 
 
 # --------------------------------------------------------------------------- two modalities
@@ -237,7 +267,7 @@ def self_logsumexp(x: Tensor, chunk_size: int, *, scale: Optional[Tensor] = None
 
 class _CrossLogSumExp(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, chunk: int, columns: bool):  # type: ignore[override]
+    def forward(ctx, a: Tensor, b: Tensor, chunk: int, columns: bool, diagonal: bool):  # type: ignore[override]
         n, k = a.shape[0], b.shape[0]
         row_m = a.new_full((n,), float("-inf"))
         row_s = a.new_zeros(n)
@@ -246,35 +276,47 @@ class _CrossLogSumExp(torch.autograd.Function):
         row_blocks, col_blocks = tile_ranges(n, chunk), tile_ranges(k, chunk)
         tile_buf, work_buf = tile_buffers(a, max(min(chunk, n), min(chunk, k)))
         shifts: List[Tuple[Tensor, bool]] = []
+        # diagonal: row i's positive is column i (and column j's row j), set apart for the values.
+        split = PositiveSplit(torch.arange(n, device=a.device), a, n, k, shift=0) if diagonal else None
         with torch.no_grad(), no_autocast(a):
             for i0, i1 in row_blocks:
                 ai = a[i0:i1]
                 for j0, j1 in col_blocks:
                     tile = torch.mm(ai, b[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
                     work = tile_view(work_buf, i1 - i0, j1 - j0)
-                    if columns:
+                    if columns and split is not None:
+                        shifts.append(split_both_stats(tile, work, split, i0, i1, j0, j1, row_m[i0:i1],
+                                                       row_s[i0:i1], col_m[j0:j1], col_s[j0:j1]))
+                    elif columns:
                         shifts.append(both_stats(tile, work, row_m[i0:i1], row_s[i0:i1],
                                                   col_m[j0:j1], col_s[j0:j1]))
+                    elif split is not None:
+                        split_row_stats(tile, work, split, i0, i1, j0, j1, row_m[i0:i1], row_s[i0:i1])
                     else:
                         merge_(row_m[i0:i1], row_s[i0:i1], *row_stats(tile, work))
             row_lse = row_m + row_s.log()
             col_lse = col_m + col_s.log() if columns else a.new_empty(0)
+            row_without, col_without = split.lse() if split is not None else (a.new_empty(0), a.new_empty(0))
+            if not columns:
+                col_without = a.new_empty(0)
         ctx.chunk, ctx.columns, ctx.shifts = chunk, columns, shifts
         ctx.save_for_backward(a, b, row_lse, col_lse)
         ctx.set_materialize_grads(False)
         if not columns:
             ctx.mark_non_differentiable(col_lse)
-        return row_lse, col_lse
+        ctx.mark_non_differentiable(row_without, col_without)
+        return row_lse, col_lse, row_without, col_without
 
     @staticmethod
-    def backward(ctx, grad_row: Optional[Tensor], grad_col: Optional[Tensor]):  # type: ignore[override]
+    def backward(ctx, grad_row: Optional[Tensor], grad_col: Optional[Tensor],  # type: ignore[override]
+                 _row_without: Optional[Tensor] = None, _col_without: Optional[Tensor] = None):
         refuse_double_backward()
         a, b, row_lse, col_lse = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         da = torch.zeros_like(a) if need_a else None
         db = torch.zeros_like(b) if need_b else None
         if grad_row is None and grad_col is None:
-            return da, db, None, None
+            return da, db, None, None, None
         n, k = a.shape[0], b.shape[0]
         grad_row = a.new_zeros(n) if grad_row is None else grad_row.to(a.dtype)
         shifts = iter(ctx.shifts)
@@ -300,7 +342,7 @@ class _CrossLogSumExp(torch.autograd.Function):
                         da[i0:i1].addmm_(weights, bj)
                     if need_b:
                         db[j0:j1].addmm_(weights.T, ai)
-        return da, db, None, None
+        return da, db, None, None, None
 
 
 class _ScaledCrossLogSumExp(torch.autograd.Function):
@@ -364,7 +406,8 @@ class _ScaledCrossLogSumExp(torch.autograd.Function):
 
 
 def cross_logsumexp(a: Tensor, b: Tensor, chunk_size: int, *, columns: bool = True,
-                    row_scale: Optional[Tensor] = None, col_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                    row_scale: Optional[Tensor] = None, col_scale: Optional[Tensor] = None,
+                    diagonal_positives: bool = False):
     """Row-wise and column-wise log-sum-exp of ``A B^T`` for ``a`` ``(N, d)``, ``b`` ``(K, d)``.
 
     Returns ``(row_lse (N,), col_lse (K,))``; with ``columns=False`` only the rows are
@@ -375,6 +418,11 @@ def cross_logsumexp(a: Tensor, b: Tensor, chunk_size: int, *, columns: bool = Tr
     positive factors, one per row of ``a`` and one per row of ``b`` (inverse temperatures of
     the two directions' anchors): ``row_lse_i = log sum_j exp(row_scale_i a_i . b_j)``,
     ``col_lse_j = log sum_i exp(col_scale_j a_i . b_j)``, differentiable in the scales too.
+
+    ``diagonal_positives`` (``a`` and ``b`` paired, ``N = K``): also returns the sums without
+    each row's and column's positive, the diagonal entry, as values without gradient:
+    ``(row_lse, col_lse, row_lse_without, col_lse_without)``
+    (:class:`~contrastkit.losses._tiles.PositiveSplit`; not with the scales).
     """
     if (row_scale is None) != (col_scale is None):
         raise ValueError("give both row_scale and col_scale, or neither")
@@ -382,8 +430,14 @@ def cross_logsumexp(a: Tensor, b: Tensor, chunk_size: int, *, columns: bool = Tr
         if not columns:
             raise ValueError("row_scale and col_scale apply to both directions (columns=True); for the rows "
                              "alone multiply each row of a by its scale")
+        if diagonal_positives:
+            raise ValueError("diagonal_positives is not offered with the scales")
         return _ScaledCrossLogSumExp.apply(a, b, row_scale, col_scale, int(chunk_size))
-    return _CrossLogSumExp.apply(a, b, int(chunk_size), bool(columns))
+    if diagonal_positives and a.shape[0] != b.shape[0]:
+        raise ValueError(f"diagonal_positives needs paired rows, got {a.shape[0]} and {b.shape[0]}")
+    row_lse, col_lse, row_without, col_without = _CrossLogSumExp.apply(a, b, int(chunk_size), bool(columns),
+                                                                      bool(diagonal_positives))
+    return (row_lse, col_lse, row_without, col_without) if diagonal_positives else (row_lse, col_lse)
 
 
 # --------------------------------------------------------------------------- masked rows
