@@ -1,14 +1,15 @@
 """A peer library's losses against their drop-in classes in ``contrastkit.compat`` (the same
 call): forward + backward time and peak memory, CPU, float32.
 
-    PYTHONPATH=src python benchmarks/bench_compat.py --peer {pml,lightly,open_clip} [--sizes 1024,4096,16384]
+    PYTHONPATH=src python benchmarks/bench_compat.py --peer {pml,lightly,open_clip,info_nce} [--sizes 1024,4096,16384]
         [--dim 128] [--classes 10] [--repeats 3] [--out benchmarks/results/compat_PEER.md]
 
 ``--peer pml``: pytorch-metric-learning's ``NTXentLoss`` / ``SupConLoss`` on N labelled
 embeddings (labels drawn from ``--classes`` classes). ``--peer lightly``: lightly's
 ``NTXentLoss`` / ``DCLLoss`` on N pairs of views (two ``(N, dim)`` tensors). ``--peer open_clip``:
 open_clip's ``ClipLoss`` / ``SigLipLoss`` on N image-text pairs (unit features, ``logit_scale``
-``1 / 0.07``, SigLIP's ``logit_bias`` -10).
+``1 / 0.07``, SigLIP's ``logit_bias`` -10). ``--peer info_nce``: info-nce-pytorch's ``InfoNCE`` on N
+query / positive-key pairs (in-batch negatives).
 
 Each (implementation, loss, N) runs in its own process (so that one's peak is not another's):
 the loss and its backward pass ``--repeats`` times after one warm-up; reported: the median
@@ -40,6 +41,7 @@ PEERS = {
     "lightly": ("lightly", "lightly.loss", "contrastkit.compat.lightly", ("NTXentLoss", "DCLLoss"), "views"),
     "open_clip": ("open_clip", "open_clip.loss", "contrastkit.compat.open_clip", ("ClipLoss", "SigLipLoss"),
                   "pairs"),
+    "info_nce": ("info-nce-pytorch", "info_nce", "contrastkit.compat.info_nce", ("InfoNCE",), "views"),
 }
 
 
