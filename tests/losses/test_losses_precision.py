@@ -95,10 +95,17 @@ def _views_logits(q, p, t):
     return logits, torch.cat([torch.arange(n, 2 * n), torch.arange(n)])
 
 
+ANCHORS = {"info_nce": N, "info_nce_bank": N, "bidirectional": 2 * N, "nt_xent_views": 2 * N}
+
+
+@pytest.mark.parametrize("per_anchor", [False, True], ids=["one-tau", "tau-per-anchor"])
 @pytest.mark.parametrize("chunk", [None, 16], ids=["dense", "tiled"])
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_float32_small_losses_keep_their_digits(name, chunk):
-    loss, logits_of = SMALL[name]
+def test_float32_small_losses_keep_their_digits(name, chunk, per_anchor):
+    given, logits_of = SMALL[name]
+
+    def loss(q, p, t, r, c):  # the same 0.05 as one temperature, or as one per anchor
+        return given(q, p, torch.full((ANCHORS[name],), t, dtype=q.dtype) if per_anchor else t, r, c)
     ours_worst = theirs_worst = 0.0
     for seed in range(5):
         g = torch.Generator().manual_seed(seed)

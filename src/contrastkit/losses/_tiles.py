@@ -62,9 +62,7 @@ def row_stats(tile: Tensor, work: Tensor, positives: Optional[Tuple[Tensor, Tens
     torch.sub(tile, _finite_or_zero(row_max)[:, None], out=work).exp_()
     if positives is None:
         return row_max, work.sum(dim=1)
-    positive = PositiveSplit.take_(work, *positives)
-    without = work.sum(dim=1)
-    return row_max, without + positive, without
+    return (row_max, *PositiveSplit.row_sums(work, positives))
 
 
 class PositiveSplit:
@@ -107,21 +105,37 @@ class PositiveSplit:
         work.scatter_(1, columns, kept[:, None])
         return torch.where(inside, found, torch.zeros_like(found))
 
+    @staticmethod
+    def row_sums(work: Tensor, positives: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:
+        """The rows' sums of ``work`` (exponentials), over all entries and without the positives."""
+        positive = PositiveSplit.take_(work, *positives)
+        without = work.sum(dim=1)
+        return without + positive, without
+
+    @staticmethod
+    def col_sums(work: Tensor, positives: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:
+        """The columns' sums, over all entries and without the positives (the rows' positive
+        entries, which are the columns' own)."""
+        positive = PositiveSplit.take_(work, *positives)
+        without = work.sum(dim=0)
+        return without + torch.zeros_like(without).scatter_add_(0, positives[0].squeeze(1), positive), without
+
     def lse(self) -> Tuple[Tensor, Tensor]:
         """``(row lse without positives, column lse without positives)``."""
         return self.row_m + self.row_s.log(), self.col_m + self.col_s.log()
 
 
 def split_row_stats(tile: Tensor, work: Tensor, split: PositiveSplit, i0: int, i1: int, j0: int,
-                    j1: int, m: Tensor, s: Tensor) -> None:
-    """:func:`row_stats` merged into ``(m, s)`` (all candidates) and into ``split``'s rows (the
-    positives left out)."""
+                    j1: int, m: Tensor, s: Tensor, scale: Optional[Tensor] = None) -> None:
+    """:func:`row_stats` (:func:`scaled_row_stats` with ``scale``) merged into ``(m, s)`` (all
+    candidates) and into ``split``'s rows (the positives left out)."""
     entries = split.entries(i0, i1, j0, j1)
+    stats = row_stats if scale is None else (lambda t, w, *p: scaled_row_stats(t, w, scale, *p))
     if entries is None:
-        row_max, every = row_stats(tile, work)
+        row_max, every = stats(tile, work)
         without = every
     else:
-        row_max, every, without = row_stats(tile, work, entries)
+        row_max, every, without = stats(tile, work, entries)
     merge_(m, s, row_max, every)
     merge_(split.row_m[i0:i1], split.row_s[i0:i1], row_max, without)
 
@@ -144,12 +158,12 @@ def split_both_stats(tile: Tensor, work: Tensor, split: PositiveSplit, i0: int, 
     if validation.reads_are_free(tile):
         shift = tile.max()
         torch.sub(tile, shift, out=work).exp_()
-        positive = PositiveSplit.take_(work, columns, inside)
-        rows, cols = work.sum(dim=1), work.sum(dim=0)
-        col_positive = torch.zeros_like(cols).scatter_add_(0, columns.squeeze(1), positive)
+        rows_all, rows = PositiveSplit.row_sums(work, (columns, inside))
+        cols = work.sum(dim=0)  # the positives' entries are 0 by now: the sums without them
+        cols_all = cols + torch.zeros_like(cols).scatter_add_(0, columns.squeeze(1), rows_all - rows)
         if float(torch.minimum(rows.min(), cols.min())) >= _MIN_SHIFTED_SUM:
-            merge_(row_m, row_s, shift, rows + positive)
-            merge_(col_m, col_s, shift, cols + col_positive)
+            merge_(row_m, row_s, shift, rows_all)
+            merge_(col_m, col_s, shift, cols_all)
             merge_(*split_rows, shift, rows)
             merge_(*split_cols, shift, cols)
             return shift, True
@@ -172,10 +186,7 @@ def col_stats(tile: Tensor, work: Tensor, positives: Optional[Tuple[Tensor, Tens
     torch.sub(tile, _finite_or_zero(col_max)[None, :], out=work).exp_()
     if positives is None:
         return col_max, work.sum(dim=0)
-    columns, _ = positives
-    positive = PositiveSplit.take_(work, *positives)
-    without = work.sum(dim=0)
-    return col_max, without + torch.zeros_like(without).scatter_add_(0, columns.squeeze(1), positive), without
+    return (col_max, *PositiveSplit.col_sums(work, positives))
 
 
 def both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m: Tensor,
@@ -206,41 +217,65 @@ def _both_sums(tile: Tensor, work: Tensor) -> Tuple[Tuple[Tensor, Tensor, Tensor
     return (*row_stats(tile, work), *col_stats(tile, work)), shift, False
 
 
-def scaled_row_stats(tile: Tensor, work: Tensor, scale: Tensor) -> Tuple[Tensor, Tensor]:
+def scaled_row_stats(tile: Tensor, work: Tensor, scale: Tensor, positives: Optional[Tuple[Tensor, Tensor]] = None):
     """:func:`row_stats` of ``scale[:, None] * tile`` (``scale > 0``, one per row), the
-    scaling done in the same pass as the shift."""
+    scaling done in the same pass as the shift; with ``positives``, also the sums without them."""
     row_max = tile.amax(dim=1) * scale
     torch.addcmul(_finite_or_zero(row_max).neg()[:, None], tile, scale[:, None], out=work).exp_()
-    return row_max, work.sum(dim=1)
+    if positives is None:
+        return row_max, work.sum(dim=1)
+    return (row_max, *PositiveSplit.row_sums(work, positives))
 
 
-def scaled_col_stats(tile: Tensor, work: Tensor, scale: Tensor) -> Tuple[Tensor, Tensor]:
-    """:func:`col_stats` of ``tile * scale[None, :]`` (one scale per column)."""
+def scaled_col_stats(tile: Tensor, work: Tensor, scale: Tensor, positives: Optional[Tuple[Tensor, Tensor]] = None):
+    """:func:`col_stats` of ``tile * scale[None, :]`` (one scale per column); with
+    ``positives``, also the sums without them."""
     col_max = tile.amax(dim=0) * scale
     torch.addcmul(_finite_or_zero(col_max).neg()[None, :], tile, scale[None, :], out=work).exp_()
-    return col_max, work.sum(dim=0)
+    if positives is None:
+        return col_max, work.sum(dim=0)
+    return (col_max, *PositiveSplit.col_sums(work, positives))
 
 
-def scaled_both_stats(tile: Tensor, work: Tensor, row_scale: Tensor, col_scale: Tensor, row_m: Tensor,
-                      row_s: Tensor, col_m: Tensor, col_s: Tensor) -> None:
-    """Merge a tile's statistics into its rows (at ``row_scale``) and its columns (at
-    ``col_scale``). On the CPU one scalar, the tile maximum ``c``, shifts both: row ``i`` sums
-    ``exp(row_scale_i (S_ij - c))`` (no per-row maximum pass), kept when every row's and
-    column's sum stays above ``exp(-margin)`` as for :func:`both_stats`; otherwise, and on an
-    accelerator (where the check would stop the host), exact per-row and per-column maxima."""
+def _scaled_both_sums(tile: Tensor, work: Tensor, row_scale: Tensor, col_scale: Tensor,
+                      positives: Optional[Tuple[Tensor, Tensor]]) -> Tuple[Tensor, ...]:
+    """:func:`scaled_both_stats`' per-row and per-column ``(shift, sum, sum without the
+    positives)``, not merged (the last two the same without ``positives``)."""
     if validation.reads_are_free(tile):
         shift = tile.max()
         row_shift, col_shift = row_scale * shift, col_scale * shift
         torch.addcmul(row_shift.neg()[:, None], tile, row_scale[:, None], out=work).exp_()
-        rows = work.sum(dim=1)
+        rows_all, rows = (work.sum(dim=1),) * 2 if positives is None else PositiveSplit.row_sums(work, positives)
         torch.addcmul(col_shift.neg()[None, :], tile, col_scale[None, :], out=work).exp_()
-        cols = work.sum(dim=0)
+        cols_all, cols = (work.sum(dim=0),) * 2 if positives is None else PositiveSplit.col_sums(work, positives)
         if float(torch.minimum(rows.min(), cols.min())) >= _MIN_SHIFTED_SUM:
-            merge_(row_m, row_s, row_shift, rows)
-            merge_(col_m, col_s, col_shift, cols)
-            return
-    merge_(row_m, row_s, *scaled_row_stats(tile, work, row_scale))
-    merge_(col_m, col_s, *scaled_col_stats(tile, work, col_scale))
+            return row_shift, rows_all, rows, col_shift, cols_all, cols
+    if positives is None:
+        row_max, rows = scaled_row_stats(tile, work, row_scale)
+        col_max, cols = scaled_col_stats(tile, work, col_scale)
+        return row_max, rows, rows, col_max, cols, cols
+    return (*scaled_row_stats(tile, work, row_scale, positives), *scaled_col_stats(tile, work, col_scale, positives))
+
+
+def scaled_both_stats(tile: Tensor, work: Tensor, row_scale: Tensor, col_scale: Tensor, row_m: Tensor,
+                      row_s: Tensor, col_m: Tensor, col_s: Tensor, split: Optional[PositiveSplit] = None,
+                      where: Optional[Tuple[int, int, int, int]] = None) -> None:
+    """Merge a tile's statistics into its rows (at ``row_scale``) and its columns (at
+    ``col_scale``). On the CPU one scalar, the tile maximum ``c``, shifts both: row ``i`` sums
+    ``exp(row_scale_i (S_ij - c))`` (no per-row maximum pass), kept when every row's and
+    column's sum stays above ``exp(-margin)`` as for :func:`both_stats`; otherwise, and on an
+    accelerator (where the check would stop the host), exact per-row and per-column maxima.
+    With ``split`` (and the tile's ``where``, ``(i0, i1, j0, j1)``), the sums without the
+    positives are merged into it too."""
+    entries = None if split is None else split.entries(*where)
+    row_max, rows, rows_without, col_max, cols, cols_without = _scaled_both_sums(tile, work, row_scale, col_scale,
+                                                                                 entries)
+    merge_(row_m, row_s, row_max, rows)
+    merge_(col_m, col_s, col_max, cols)
+    if split is not None:
+        i0, i1, j0, j1 = where
+        merge_(split.row_m[i0:i1], split.row_s[i0:i1], row_max, rows_without)
+        merge_(split.col_m[j0:j1], split.col_s[j0:j1], col_max, cols_without)
 
 
 def scaled_pair_weights(tile: Tensor, work: Tensor, spare: Tensor, row_scale: Tensor, g_row: Tensor,

@@ -30,8 +30,8 @@ and is described by its anchors, candidates, positives and exclusions:
 Float32 rounding: a small loss (the positive far above the negatives) keeps its digits. The
 dense path computes ``(max - positive) + log1p(the other terms)``; the tiled kernels with one
 temperature also return each anchor's log-sum-exp without its positive, and the loss takes the
-value ``softplus(that - positive)`` with the gradient of ``lse - positive`` (``_nll``). The ring
-exchange and the kernels with a temperature per anchor keep ``lse - positive``.
+value ``softplus(that - positive)`` with the gradient of ``lse - positive`` (``_nll``), with one
+temperature or one per anchor. The ring exchange keeps ``lse - positive``.
 
 The temperature is one ``tau`` for every anchor, or a ``(A,)`` tensor with one per anchor
 row (:func:`~contrastkit.losses.validation.resolve_temperature`), in the order of the rows a
@@ -283,11 +283,10 @@ class SelfContrast:
         if self.exclude_positive:
             own = torch.arange(x.shape[0], device=x.device)
             lse = tiled.masked_logsumexp(anchors, x, chunk, exclude=self._exclusions(own, index))
-        elif per_anchor(call.tau):
-            lse = tiled.self_logsumexp(x, chunk, scale=_inverse(call.tau, x.dtype))
         else:
             views = self.positive_index is None and len(blocks) == 2
-            lse, without = tiled.self_logsumexp(x, chunk, positive=index,
+            scale = _inverse(call.tau, x.dtype) if per_anchor(call.tau) else None
+            lse, without = tiled.self_logsumexp(x, chunk, scale=scale, positive=index,
                                                 positive_shift=x.shape[0] // 2 if views else None)
             return reduce(_nll(lse, without, _anchor_logits(x, index, self.positive_index is None, call.tau)),
                           call.reduction)
@@ -494,16 +493,19 @@ class CrossContrast:
         diagonal = (a * b).sum(dim=1)
         weight = self.weight
         if weight == 1.0:
-            a_lse = tiled.cross_logsumexp(_divide_by_temperature(a, tau_a, 1.0), b, chunk, columns=False)[0]
-            losses = a_lse - divide_rows(diagonal, tau_a)
+            a_lse, _, a_without, _ = tiled.cross_logsumexp(_divide_by_temperature(a, tau_a, 1.0), b, chunk,
+                                                           columns=False, diagonal_positives=True)
+            losses = _nll(a_lse, a_without, divide_rows(diagonal, tau_a))
         elif weight == 0.0:
-            b_lse = tiled.cross_logsumexp(_divide_by_temperature(b, tau_b, 1.0), a, chunk, columns=False)[0]
-            losses = b_lse - divide_rows(diagonal, tau_b)
+            b_lse, _, b_without, _ = tiled.cross_logsumexp(_divide_by_temperature(b, tau_b, 1.0), a, chunk,
+                                                           columns=False, diagonal_positives=True)
+            losses = _nll(b_lse, b_without, divide_rows(diagonal, tau_b))
         else:
-            a_lse, b_lse = tiled.cross_logsumexp(a, b, chunk, row_scale=_inverse(tau_a, a.dtype),
-                                                 col_scale=_inverse(tau_b, a.dtype))
-            losses = (weight * (a_lse - divide_rows(diagonal, tau_a))
-                      + (1.0 - weight) * (b_lse - divide_rows(diagonal, tau_b)))
+            a_lse, b_lse, a_without, b_without = tiled.cross_logsumexp(
+                a, b, chunk, row_scale=_inverse(tau_a, a.dtype), col_scale=_inverse(tau_b, a.dtype),
+                diagonal_positives=True)
+            losses = (weight * _nll(a_lse, a_without, divide_rows(diagonal, tau_a))
+                      + (1.0 - weight) * _nll(b_lse, b_without, divide_rows(diagonal, tau_b)))
         return reduce(losses, call.reduction)
 
     def dense(self, call: LossCall, gathered, normalize: bool, total: int) -> Tensor:

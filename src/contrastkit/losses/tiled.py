@@ -175,37 +175,48 @@ class _ScaledSelfLogSumExp(torch.autograd.Function):
     ``beta`` of its rows for the rows and of its columns for the columns."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, scale: Tensor, chunk: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, scale: Tensor, chunk: int, positive: Optional[Tensor],  # type: ignore[override]
+                positive_shift: Optional[int]):
         n = x.shape[0]
         m = x.new_full((n,), float("-inf"))
         s = x.new_zeros(n)
         blocks = tile_ranges(n, chunk)
         tile_buf, work_buf = tile_buffers(x, min(chunk, n))
+        split = None if positive is None else PositiveSplit(positive, x, n, n, shift=positive_shift)
         with torch.no_grad(), no_autocast(x):
             for bi, (i0, i1) in enumerate(blocks):
                 xi = x[i0:i1]
                 tile = torch.mm(xi, xi.T, out=tile_view(tile_buf, i1 - i0, i1 - i0))
                 tile.fill_diagonal_(float("-inf"))
-                merge_(m[i0:i1], s[i0:i1], *scaled_row_stats(tile, tile_view(work_buf, i1 - i0, i1 - i0),
-                                                             scale[i0:i1]))
+                work = tile_view(work_buf, i1 - i0, i1 - i0)
+                if split is None:
+                    merge_(m[i0:i1], s[i0:i1], *scaled_row_stats(tile, work, scale[i0:i1]))
+                else:
+                    split_row_stats(tile, work, split, i0, i1, i0, i1, m[i0:i1], s[i0:i1], scale=scale[i0:i1])
                 for j0, j1 in blocks[bi + 1:]:
                     tile = torch.mm(xi, x[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
                     scaled_both_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0), scale[i0:i1], scale[j0:j1],
-                                      m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1])
+                                      m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1], split, (i0, i1, j0, j1))
             lse = m + s.log()
+            if split is None:
+                without = x.new_empty(0)
+            else:  # a row's sum without its positive: from the rows, and from the columns of tiles above
+                merge_(split.row_m, split.row_s, split.col_m, split.col_s)
+                without = split.row_m + split.row_s.log()
         ctx.chunk = chunk
         ctx.save_for_backward(x, scale, lse)
-        return lse
+        ctx.mark_non_differentiable(without)
+        return lse, without
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor, _without: Optional[Tensor] = None):  # type: ignore[override]
         refuse_double_backward()
         x, scale, lse = ctx.saved_tensors
         n = x.shape[0]
         dx = torch.zeros_like(x)
         d_scale = torch.zeros_like(scale) if ctx.needs_input_grad[1] else None
         if n < 2:  # no candidate at all: lse = -inf does not depend on x
-            return dx, d_scale, None
+            return dx, d_scale, None, None, None
         grad = grad.to(x.dtype)
         blocks = tile_ranges(n, ctx.chunk)
         side = min(ctx.chunk, n)
@@ -232,7 +243,7 @@ class _ScaledSelfLogSumExp(torch.autograd.Function):
                         None if d_scale is None else d_scale[i0:i1], None if d_scale is None else d_scale[j0:j1])
                     dx[i0:i1].addmm_(weights, xj)
                     dx[j0:j1].addmm_(weights.T, xi)
-        return dx, d_scale, None
+        return dx, d_scale, None, None, None
 
 
 def self_logsumexp(x: Tensor, chunk_size: int, *, scale: Optional[Tensor] = None,
@@ -250,15 +261,14 @@ def self_logsumexp(x: Tensor, chunk_size: int, *, scale: Optional[Tensor] = None
 
     ``positive``: ``(N,)`` each row's positive (an involution, ``positive[positive[i]] = i``);
     then returns ``(lse, lse_without)``, ``lse_without_i`` the same sum without the positive, a
-    value without gradient (:class:`~contrastkit.losses._tiles.PositiveSplit`; not with
-    ``scale``). ``positive_shift``: where ``positive[i] = (i + shift) % N`` (two views:
+    value without gradient (:class:`~contrastkit.losses._tiles.PositiveSplit`).
+    ``positive_shift``: where ``positive[i] = (i + shift) % N`` (two views:
     ``N / 2``), the tiles without a positive are known without reading ``positive``.
     """
     if scale is not None:
-        if positive is not None:
-            raise ValueError("positive= is not offered with scale=")
-        return _ScaledSelfLogSumExp.apply(x, scale, int(chunk_size))
-    lse, without = _SelfLogSumExp.apply(x, int(chunk_size), positive, positive_shift)
+        lse, without = _ScaledSelfLogSumExp.apply(x, scale, int(chunk_size), positive, positive_shift)
+    else:
+        lse, without = _SelfLogSumExp.apply(x, int(chunk_size), positive, positive_shift)
     return lse if positive is None else (lse, without)
 
 
@@ -351,26 +361,31 @@ class _ScaledCrossLogSumExp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, row_scale: Tensor, col_scale: Tensor,  # type: ignore[override]
-                chunk: int):
+                chunk: int, diagonal: bool):
         n, k = a.shape[0], b.shape[0]
         row_m, row_s = a.new_full((n,), float("-inf")), a.new_zeros(n)
         col_m, col_s = a.new_full((k,), float("-inf")), a.new_zeros(k)
         tile_buf, work_buf = tile_buffers(a, max(min(chunk, n), min(chunk, k)))
+        split = PositiveSplit(torch.arange(n, device=a.device), a, n, k, shift=0) if diagonal else None
         with torch.no_grad(), no_autocast(a):
             for i0, i1 in tile_ranges(n, chunk):
                 ai = a[i0:i1]
                 for j0, j1 in tile_ranges(k, chunk):
                     tile = torch.mm(ai, b[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
                     scaled_both_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0), row_scale[i0:i1],
-                                      col_scale[j0:j1], row_m[i0:i1], row_s[i0:i1], col_m[j0:j1], col_s[j0:j1])
+                                      col_scale[j0:j1], row_m[i0:i1], row_s[i0:i1], col_m[j0:j1], col_s[j0:j1],
+                                      split, (i0, i1, j0, j1))
             row_lse, col_lse = row_m + row_s.log(), col_m + col_s.log()
+            row_without, col_without = split.lse() if split is not None else (a.new_empty(0), a.new_empty(0))
         ctx.chunk = chunk
         ctx.save_for_backward(a, b, row_scale, col_scale, row_lse, col_lse)
         ctx.set_materialize_grads(False)
-        return row_lse, col_lse
+        ctx.mark_non_differentiable(row_without, col_without)
+        return row_lse, col_lse, row_without, col_without
 
     @staticmethod
-    def backward(ctx, grad_row: Optional[Tensor], grad_col: Optional[Tensor]):  # type: ignore[override]
+    def backward(ctx, grad_row: Optional[Tensor], grad_col: Optional[Tensor],  # type: ignore[override]
+                 _row_without: Optional[Tensor] = None, _col_without: Optional[Tensor] = None):
         refuse_double_backward()
         a, b, row_scale, col_scale, row_lse, col_lse = ctx.saved_tensors
         need_a, need_b, need_row, need_col = ctx.needs_input_grad[:4]
@@ -379,7 +394,7 @@ class _ScaledCrossLogSumExp(torch.autograd.Function):
         d_row = torch.zeros_like(row_scale) if need_row else None
         d_col = torch.zeros_like(col_scale) if need_col else None
         if grad_row is None and grad_col is None:
-            return da, db, d_row, d_col, None
+            return da, db, d_row, d_col, None, None
         n, k = a.shape[0], b.shape[0]
         grad_row = a.new_zeros(n) if grad_row is None else grad_row.to(a.dtype)
         grad_col = a.new_zeros(k) if grad_col is None else grad_col.to(a.dtype)
@@ -402,7 +417,7 @@ class _ScaledCrossLogSumExp(torch.autograd.Function):
                         da[i0:i1].addmm_(weights, bj)
                     if need_b:
                         db[j0:j1].addmm_(weights.T, ai)
-        return da, db, d_row, d_col, None
+        return da, db, d_row, d_col, None, None
 
 
 def cross_logsumexp(a: Tensor, b: Tensor, chunk_size: int, *, columns: bool = True,
@@ -422,7 +437,7 @@ def cross_logsumexp(a: Tensor, b: Tensor, chunk_size: int, *, columns: bool = Tr
     ``diagonal_positives`` (``a`` and ``b`` paired, ``N = K``): also returns the sums without
     each row's and column's positive, the diagonal entry, as values without gradient:
     ``(row_lse, col_lse, row_lse_without, col_lse_without)``
-    (:class:`~contrastkit.losses._tiles.PositiveSplit`; not with the scales).
+    (:class:`~contrastkit.losses._tiles.PositiveSplit`).
     """
     if (row_scale is None) != (col_scale is None):
         raise ValueError("give both row_scale and col_scale, or neither")
@@ -430,13 +445,14 @@ def cross_logsumexp(a: Tensor, b: Tensor, chunk_size: int, *, columns: bool = Tr
         if not columns:
             raise ValueError("row_scale and col_scale apply to both directions (columns=True); for the rows "
                              "alone multiply each row of a by its scale")
-        if diagonal_positives:
-            raise ValueError("diagonal_positives is not offered with the scales")
-        return _ScaledCrossLogSumExp.apply(a, b, row_scale, col_scale, int(chunk_size))
     if diagonal_positives and a.shape[0] != b.shape[0]:
         raise ValueError(f"diagonal_positives needs paired rows, got {a.shape[0]} and {b.shape[0]}")
-    row_lse, col_lse, row_without, col_without = _CrossLogSumExp.apply(a, b, int(chunk_size), bool(columns),
-                                                                      bool(diagonal_positives))
+    if row_scale is not None:
+        row_lse, col_lse, row_without, col_without = _ScaledCrossLogSumExp.apply(
+            a, b, row_scale, col_scale, int(chunk_size), bool(diagonal_positives))
+    else:
+        row_lse, col_lse, row_without, col_without = _CrossLogSumExp.apply(a, b, int(chunk_size), bool(columns),
+                                                                          bool(diagonal_positives))
     return (row_lse, col_lse, row_without, col_without) if diagonal_positives else (row_lse, col_lse)
 
 
