@@ -130,6 +130,7 @@ def pytest_collection_modifyitems(config, items):
 # nodeid prefix: a whole module, or one test of it. They get the ``serial`` mark (``-m serial``).
 SERIAL = (
     "tests/compat/test_compat_lightly.py::test_gathered_options_under_two_processes_equal_the_peer",
+    "tests/losses/test_losses_precision.py::test_float32_small_losses_keep_their_digits_in_the_ring",
     "tests/compat/test_compat_open_clip.py::test_two_processes_",
     "tests/distributed/test_cluster_faults.py::",
     "tests/distributed/test_distributed.py::",

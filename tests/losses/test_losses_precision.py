@@ -124,3 +124,15 @@ def test_float32_small_losses_keep_their_digits(name, chunk, per_anchor):
     # (benchmarks/results/float32_small_losses.md).
     assert ours_worst <= theirs_worst
     assert ours_worst < 1e-4
+
+
+def test_float32_small_losses_keep_their_digits_in_the_ring(tmp_path):
+    """The ring exchange (``distributed_mode="local"`` with tiles) on two processes: the same
+    digits as one process, against float64 on the same rounded inputs."""
+    import distributed_workers as W
+    import precision_workers as P
+
+    for rank, found in enumerate(W.spawn(P.ring_worker, 2, tmp_path, 32, D, 0.05)):
+        for name, (reference, ours) in found.items():
+            assert float(reference.min()) < 1e-4, (rank, name)  # the case this test is for
+            assert float(((ours - reference).abs() / reference).max()) < 1e-4, (rank, name)

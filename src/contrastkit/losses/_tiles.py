@@ -365,11 +365,22 @@ def masked_tiles(a: Tensor, c: Tensor, exclude: Optional[Tensor], a_labels: Opti
 
 def merge_masked_rows_(m: Tensor, s: Tensor, a: Tensor, c: Tensor, exclude: Optional[Tensor],
                        a_labels: Optional[Tensor], c_labels: Optional[Tensor], chunk: int,
-                       tile_buf: Tensor, work_buf: Tensor) -> None:
+                       tile_buf: Tensor, work_buf: Tensor, split: Optional[PositiveSplit] = None,
+                       positives_here: bool = False) -> None:
     """Merge the masked tiles of ``a c^T`` (:func:`masked_tiles`) into the rows' running
-    ``(m, s)``, in place."""
+    ``(m, s)``, in place; with ``split``, the sums without each row's positive into its rows
+    too (the positives are among ``c`` where ``positives_here``)."""
     for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf):
-        merge_(m[i0:i1], s[i0:i1], *row_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0)))
+        work = tile_view(work_buf, i1 - i0, j1 - j0)
+        entries = split.entries(i0, i1, j0, j1) if split is not None and positives_here else None
+        if entries is None:
+            row_max, every = row_stats(tile, work)
+            without = every
+        else:
+            row_max, every, without = row_stats(tile, work, entries)
+        merge_(m[i0:i1], s[i0:i1], row_max, every)
+        if split is not None:
+            merge_(split.row_m[i0:i1], split.row_s[i0:i1], row_max, without)
 
 
 def add_masked_row_grads_(da: Optional[Tensor], dc: Optional[Tensor], a: Tensor, c: Tensor, grad: Tensor,

@@ -31,7 +31,7 @@ Float32 rounding: a small loss (the positive far above the negatives) keeps its 
 dense path computes ``(max - positive) + log1p(the other terms)``; the tiled kernels with one
 temperature also return each anchor's log-sum-exp without its positive, and the loss takes the
 value ``softplus(that - positive)`` with the gradient of ``lse - positive`` (``_nll``), with one
-temperature or one per anchor. The ring exchange keeps ``lse - positive``.
+temperature or one per anchor, in the ring exchange too.
 
 The temperature is one ``tau`` for every anchor, or a ``(A,)`` tensor with one per anchor
 row (:func:`~contrastkit.losses.validation.resolve_temperature`), in the order of the rows a
@@ -168,11 +168,21 @@ def _gather_anchor_rows(shard: Shard, tau: Tensor, groups: int, per_row: int = 1
 
 
 def _ring_lse(shard: Shard, anchors: Tensor, candidates: Tensor, chunk: int, blocks: int = 1,
-              exclude_own: Optional[Tensor] = None, labels: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
+              exclude_own: Optional[Tensor] = None, labels: Optional[Tuple[Tensor, Tensor]] = None,
+              positive_own: Optional[Tensor] = None):
     """Log-sum-exp of this rank's anchors against every rank's candidates, by ring exchange;
-    each rank holds ``blocks`` candidate rows per row of its batch."""
+    each rank holds ``blocks`` candidate rows per row of its batch. With ``positive_own`` (each
+    anchor's positive among this rank's candidates) also the sums without it."""
     sizes = [blocks * size for size in shard.layout.sizes]
-    return ring.ring_logsumexp(anchors, candidates, shard.group, sizes, chunk, exclude_own, labels)
+    return ring.ring_logsumexp(anchors, candidates, shard.group, sizes, chunk, exclude_own, labels, positive_own)
+
+
+def _ring_nll(shard: Shard, anchors: Tensor, candidates: Tensor, chunk: int, positive_logit: Tensor,
+              **options) -> Tensor:
+    """Per-anchor ``lse - positive`` by ring exchange, its value ``softplus(lse_without -
+    positive)`` (:func:`_nll`); ``options`` as :func:`_ring_lse`'s, ``positive_own`` among them."""
+    lse, without = _ring_lse(shard, anchors, candidates, chunk, **options)
+    return _nll(lse, without, positive_logit)
 
 
 @dataclass
@@ -262,8 +272,13 @@ class SelfContrast:
             losses = lse - positive_lse + counts.clamp(min=1).to(x.dtype).log()
             return shard.reduce(losses, call.reduction, valid, anchors_total=_anchors_with_positive(everyone))
         positive = views_positive_index(self.blocks[0].shape[0], x.device)
-        lse = _ring_lse(shard, anchors, x, chunk, blocks=blocks, exclude_own=self._exclusions(own, positive))
-        losses = lse - _anchor_logits(x, positive, True, call.tau)
+        exclude = self._exclusions(own, positive)
+        if self.exclude_positive:  # the decoupled loss: its positive is not in its sum
+            losses = (_ring_lse(shard, anchors, x, chunk, blocks=blocks, exclude_own=exclude)
+                      - _anchor_logits(x, positive, True, call.tau))
+        else:
+            losses = _ring_nll(shard, anchors, x, chunk, _anchor_logits(x, positive, True, call.tau), blocks=blocks,
+                               exclude_own=exclude, positive_own=positive)
         return shard.reduce(losses, call.reduction, anchors_total=self._rows(total))
 
     def gather(self, shard: Shard) -> Tuple[Tensor, ...]:
@@ -443,19 +458,21 @@ class CrossContrast:
         shard = call.shard
         if self.weight is None:
             a, b = self._prepared(self.anchors, self.candidates, normalize, call.tau)
-            losses = _ring_lse(shard, a, b, chunk) - (a * b).sum(dim=1)
+            own = torch.arange(a.shape[0], device=a.device)
+            losses = _ring_nll(shard, a, b, chunk, (a * b).sum(dim=1), positive_own=own)
             return shard.reduce(losses, call.reduction, anchors_total=total)
         a, b = self._prepared(self.anchors, self.candidates, normalize)
         tau_a, tau_b = self._directions(call.tau, a.shape[0])
         diagonal = (a * b).sum(dim=1)
         weight = self.weight
         losses = 0.0
+        own = torch.arange(a.shape[0], device=a.device)
         if weight > 0:  # once per direction, the anchors divided by their tau
-            losses = weight * (_ring_lse(shard, _divide_by_temperature(a, tau_a, 1.0), b, chunk)
-                               - divide_rows(diagonal, tau_a))
+            losses = weight * _ring_nll(shard, _divide_by_temperature(a, tau_a, 1.0), b, chunk,
+                                        divide_rows(diagonal, tau_a), positive_own=own)
         if weight < 1:
-            losses = losses + (1.0 - weight) * (_ring_lse(shard, _divide_by_temperature(b, tau_b, 1.0), a, chunk)
-                                                - divide_rows(diagonal, tau_b))
+            losses = losses + (1.0 - weight) * _ring_nll(shard, _divide_by_temperature(b, tau_b, 1.0), a, chunk,
+                                                         divide_rows(diagonal, tau_b), positive_own=own)
         return shard.reduce(losses, call.reduction, anchors_total=total)
 
     def gather(self, shard: Shard) -> Tuple[Tensor, Tensor]:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ._tiles import (
+    PositiveSplit,
     add_masked_row_grads_,
     backward_lse,
     merge_masked_rows_,
@@ -74,7 +75,7 @@ class _RingLogSumExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchors: Tensor, candidates: Tensor, exclude: Optional[Tensor],  # type: ignore[override]
                 sizes: Tuple[int, ...], group, chunk: int, anchor_labels: Optional[Tensor] = None,
-                candidate_labels: Optional[Tensor] = None) -> Tensor:
+                candidate_labels: Optional[Tensor] = None, positive: Optional[Tensor] = None):
         world = len(sizes)
         n = anchors.shape[0]
         m = anchors.new_full((n,), float("-inf"))
@@ -82,21 +83,24 @@ class _RingLogSumExp(torch.autograd.Function):
         side = max(min(chunk, n), min(chunk, max(sizes)))
         tile_buf, work_buf = tile_buffers(anchors, side)
         block = _travelling(candidates, candidate_labels)
+        split = None if positive is None else PositiveSplit(positive, anchors, n, 0)
         with torch.no_grad(), no_autocast(anchors):
             for step in range(world):
                 incoming, requests = _prefetch(block, sizes, step, group)
                 merge_masked_rows_(m, s, anchors, block[0], exclude if step == 0 else None, anchor_labels,
-                                   _labels(block), chunk, tile_buf, work_buf)
+                                   _labels(block), chunk, tile_buf, work_buf, split, positives_here=step == 0)
                 _wait(requests)
                 if incoming is not None:
                     block = incoming
             lse = m + s.log()
+            without = anchors.new_empty(0) if split is None else split.lse()[0]
         ctx.sizes, ctx.group, ctx.chunk = sizes, group, chunk
         ctx.save_for_backward(anchors, candidates, lse, exclude, anchor_labels, candidate_labels)
-        return lse
+        ctx.mark_non_differentiable(without)
+        return lse, without
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor, _without: Optional[Tensor] = None):  # type: ignore[override]
         refuse_double_backward()
         anchors, candidates, lse, exclude, anchor_labels, candidate_labels = ctx.saved_tensors
         sizes, group, chunk = ctx.sizes, ctx.group, ctx.chunk
@@ -125,7 +129,7 @@ class _RingLogSumExp(torch.autograd.Function):
                     block = incoming
                 d_block = incoming_grad
         # After W hops the gradient of this rank's own candidates has come home.
-        return d_anchors, d_block, None, None, None, None, None, None
+        return d_anchors, d_block, None, None, None, None, None, None, None
 
 
 def ring_logsumexp(
@@ -136,7 +140,8 @@ def ring_logsumexp(
     chunk_size: int,
     exclude_own: Optional[Tensor] = None,
     labels: Optional[Tuple[Tensor, Tensor]] = None,
-) -> Tensor:
+    positive_own: Optional[Tensor] = None,
+):
     """``lse_i = log sum_j exp(a_i . c_j)`` over the candidates of *every* rank, in tiles.
 
     Args:
@@ -152,9 +157,14 @@ def ring_logsumexp(
             labels travel with their block. An anchor left with no candidate gets ``-inf``
             (and a zero gradient).
 
+        positive_own: optional ``(n,)``: each anchor's positive, a column of this rank's own
+            candidates; then returns ``(lse, lse_without)``, the second the same sums without
+            the positive (a value, no gradient: :class:`contrastkit.losses._tiles.PositiveSplit`).
+
     Returns ``(n,)``; the backward pass sends each rank's candidate gradient home (see the
     module docstring). Memory ``O((n + max(sizes)) d + chunk_size^2)``.
     """
     anchor_labels, candidate_labels = (None, None) if labels is None else labels
-    return _RingLogSumExp.apply(anchors, candidates, exclude_own, tuple(int(s) for s in sizes), group,
-                                int(chunk_size), anchor_labels, candidate_labels)
+    lse, without = _RingLogSumExp.apply(anchors, candidates, exclude_own, tuple(int(s) for s in sizes), group,
+                                        int(chunk_size), anchor_labels, candidate_labels, positive_own)
+    return lse if positive_own is None else (lse, without)
