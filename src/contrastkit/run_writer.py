@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from contrastkit import layout, records
 from contrastkit._io import append_file, atomic_file

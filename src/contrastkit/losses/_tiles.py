@@ -120,9 +120,33 @@ class PositiveSplit:
         without = work.sum(dim=0)
         return without + torch.zeros_like(without).scatter_add_(0, positives[0].squeeze(1), positive), without
 
+    @staticmethod
+    def both_sums(work: Tensor, positives: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The rows' and the columns' sums of one ``work`` (a shift shared by both), each over
+        all entries and without the positives: ``(rows, rows_without, cols, cols_without)``."""
+        positive = PositiveSplit.take_(work, *positives)
+        rows, cols = work.sum(dim=1), work.sum(dim=0)
+        return rows + positive, rows, cols + torch.zeros_like(cols).scatter_add_(0, positives[0].squeeze(1),
+                                                                                 positive), cols
+
+    def merge(self, where: Tuple[int, int, int, int], row_max: Tensor, rows: Tensor,
+              col_max: Optional[Tensor] = None, cols: Optional[Tensor] = None) -> None:
+        """Merge a tile's sums without the positives into the rows ``i0:i1`` (and the columns
+        ``j0:j1``) of ``where = (i0, i1, j0, j1)``."""
+        i0, i1, j0, j1 = where
+        merge_(self.row_m[i0:i1], self.row_s[i0:i1], row_max, rows)
+        if cols is not None:
+            merge_(self.col_m[j0:j1], self.col_s[j0:j1], col_max, cols)
+
     def lse(self) -> Tuple[Tensor, Tensor]:
         """``(row lse without positives, column lse without positives)``."""
         return self.row_m + self.row_s.log(), self.col_m + self.col_s.log()
+
+    def self_lse(self) -> Tensor:
+        """Of a kernel whose rows are also its columns (one set contrasted with itself, each tile
+        above the diagonal once): each row's sum without its positive, from both sides."""
+        merge_(self.row_m, self.row_s, self.col_m, self.col_s)
+        return self.row_m + self.row_s.log()
 
 
 def split_row_stats(tile: Tensor, work: Tensor, split: PositiveSplit, i0: int, i1: int, j0: int,
@@ -137,46 +161,7 @@ def split_row_stats(tile: Tensor, work: Tensor, split: PositiveSplit, i0: int, i
     else:
         row_max, every, without = stats(tile, work, entries)
     merge_(m, s, row_max, every)
-    merge_(split.row_m[i0:i1], split.row_s[i0:i1], row_max, without)
-
-
-def split_both_stats(tile: Tensor, work: Tensor, split: PositiveSplit, i0: int, i1: int, j0: int, j1: int,
-                     row_m: Tensor, row_s: Tensor, col_m: Tensor, col_s: Tensor) -> Tuple[Tensor, bool]:
-    """:func:`both_stats` with ``split``: the rows' and the columns' sums without the positives
-    merged into it too (the same entries, the positive map being an involution)."""
-    split_cols = (split.col_m[j0:j1], split.col_s[j0:j1])
-    split_rows = (split.row_m[i0:i1], split.row_s[i0:i1])
-    entries = split.entries(i0, i1, j0, j1)
-    if entries is None:  # no positive here: the same sums for both
-        (rows_max, rows, cols_max, cols), shift, shared = _both_sums(tile, work)
-        for accumulators in ((row_m, row_s), split_rows):
-            merge_(*accumulators, rows_max, rows)
-        for accumulators in ((col_m, col_s), split_cols):
-            merge_(*accumulators, cols_max, cols)
-        return shift, shared
-    columns, inside = entries
-    if validation.reads_are_free(tile):
-        shift = tile.max()
-        torch.sub(tile, shift, out=work).exp_()
-        rows_all, rows = PositiveSplit.row_sums(work, (columns, inside))
-        cols = work.sum(dim=0)  # the positives' entries are 0 by now: the sums without them
-        cols_all = cols + torch.zeros_like(cols).scatter_add_(0, columns.squeeze(1), rows_all - rows)
-        if float(torch.minimum(rows.min(), cols.min())) >= _MIN_SHIFTED_SUM:
-            merge_(row_m, row_s, shift, rows_all)
-            merge_(col_m, col_s, shift, cols_all)
-            merge_(*split_rows, shift, rows)
-            merge_(*split_cols, shift, cols)
-            return shift, True
-    else:
-        shift = tile.new_zeros(())
-    # Separate shifts: per row, then per column, each with the positives kept aside.
-    row_max, every, without = row_stats(tile, work, (columns, inside))
-    merge_(row_m, row_s, row_max, every)
-    merge_(*split_rows, row_max, without)
-    col_max, every, without = col_stats(tile, work, (columns, inside))
-    merge_(col_m, col_s, col_max, every)
-    merge_(*split_cols, col_max, without)
-    return shift, False
+    split.merge((i0, i1, j0, j1), row_max, without)
 
 
 def col_stats(tile: Tensor, work: Tensor, positives: Optional[Tuple[Tensor, Tensor]] = None):
@@ -190,31 +175,49 @@ def col_stats(tile: Tensor, work: Tensor, positives: Optional[Tuple[Tensor, Tens
 
 
 def both_stats(tile: Tensor, work: Tensor, row_m: Tensor, row_s: Tensor, col_m: Tensor,
-                col_s: Tensor) -> Tuple[Tensor, bool]:
+                col_s: Tensor, split: Optional[PositiveSplit] = None,
+                where: Optional[Tuple[int, int, int, int]] = None) -> Tuple[Tensor, bool]:
     """Merge a tile's statistics into its rows and columns; returns (shift, shared_shift_used).
 
     With a shared scalar shift the tile is exponentiated once for both axes. Whether that
     shift is safe is a value of the tile: reading it is free on the CPU, but on an
     accelerator it would stop the host once per tile, so there every tile takes the separate
     per-row and per-column shifts (one more exponential per element, no synchronisation).
+    With ``split`` (and the tile's ``where``, ``(i0, i1, j0, j1)``), the sums without the
+    positives are merged into it too (the same entries for rows and columns, the positive map
+    being an involution).
     """
-    (rows_max, rows, cols_max, cols), shift, shared = _both_sums(tile, work)
-    merge_(row_m, row_s, rows_max, rows)
-    merge_(col_m, col_s, cols_max, cols)
+    entries = None if split is None else split.entries(*where)
+    (row_max, rows, rows_without, col_max, cols, cols_without), shift, shared = _both_sums(tile, work, entries)
+    merge_(row_m, row_s, row_max, rows)
+    merge_(col_m, col_s, col_max, cols)
+    if split is not None:
+        split.merge(where, row_max, rows_without, col_max, cols_without)
     return shift, shared
 
 
-def _both_sums(tile: Tensor, work: Tensor) -> Tuple[Tuple[Tensor, Tensor, Tensor, Tensor], Tensor, bool]:
-    """:func:`both_stats`' per-row and per-column ``(shift, sum)`` pairs, not merged."""
+def _both_sums(tile: Tensor, work: Tensor, positives: Optional[Tuple[Tensor, Tensor]] = None):
+    """:func:`both_stats`' per-row and per-column ``(shift, sum, sum without the positives)``,
+    not merged (the last two the same without ``positives``), with the shift and whether it
+    was shared."""
+    def separate(shift: Tensor):
+        if positives is None:
+            (row_max, rows), (col_max, cols) = row_stats(tile, work), col_stats(tile, work)
+            return (row_max, rows, rows, col_max, cols, cols), shift, False
+        return (*row_stats(tile, work, positives), *col_stats(tile, work, positives)), shift, False
+
     if not validation.reads_are_free(tile):
-        return (*row_stats(tile, work), *col_stats(tile, work)), tile.new_zeros(()), False
+        return separate(tile.new_zeros(()))
     shift = tile.max()
     torch.sub(tile, shift, out=work).exp_()
-    rows = work.sum(dim=1)
-    cols = work.sum(dim=0)
+    if positives is None:
+        rows = rows_all = work.sum(dim=1)
+        cols = cols_all = work.sum(dim=0)
+    else:
+        rows_all, rows, cols_all, cols = PositiveSplit.both_sums(work, positives)
     if float(torch.minimum(rows.min(), cols.min())) >= _MIN_SHIFTED_SUM:
-        return (shift, rows, shift, cols), shift, True
-    return (*row_stats(tile, work), *col_stats(tile, work)), shift, False
+        return (shift, rows_all, rows, shift, cols_all, cols), shift, True
+    return separate(shift)
 
 
 def scaled_row_stats(tile: Tensor, work: Tensor, scale: Tensor, positives: Optional[Tuple[Tensor, Tensor]] = None):
@@ -273,9 +276,7 @@ def scaled_both_stats(tile: Tensor, work: Tensor, row_scale: Tensor, col_scale: 
     merge_(row_m, row_s, row_max, rows)
     merge_(col_m, col_s, col_max, cols)
     if split is not None:
-        i0, i1, j0, j1 = where
-        merge_(split.row_m[i0:i1], split.row_s[i0:i1], row_max, rows_without)
-        merge_(split.col_m[j0:j1], split.col_s[j0:j1], col_max, cols_without)
+        split.merge(where, row_max, rows_without, col_max, cols_without)
 
 
 def scaled_pair_weights(tile: Tensor, work: Tensor, spare: Tensor, row_scale: Tensor, g_row: Tensor,
@@ -380,7 +381,7 @@ def merge_masked_rows_(m: Tensor, s: Tensor, a: Tensor, c: Tensor, exclude: Opti
             row_max, every, without = row_stats(tile, work, entries)
         merge_(m[i0:i1], s[i0:i1], row_max, every)
         if split is not None:
-            merge_(split.row_m[i0:i1], split.row_s[i0:i1], row_max, without)
+            split.merge((i0, i1, j0, j1), row_max, without)
 
 
 def add_masked_row_grads_(da: Optional[Tensor], dc: Optional[Tensor], a: Tensor, c: Tensor, grad: Tensor,

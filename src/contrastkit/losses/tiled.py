@@ -60,7 +60,6 @@ from ._tiles import (
     pair_weights,
     refuse_double_backward,
     row_stats,
-    split_both_stats,
     split_row_stats,
     scaled_both_stats,
     scaled_pair_weights,
@@ -122,18 +121,10 @@ class _SelfLogSumExp(torch.autograd.Function):
                 for j0, j1 in blocks[bi + 1:]:
                     tile = torch.mm(xi, x[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
                     work = tile_view(work_buf, i1 - i0, j1 - j0)
-                    if split is None:
-                        shifts.append(both_stats(tile, work, m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1]))
-                    else:
-                        shifts.append(split_both_stats(tile, work, split, i0, i1, j0, j1,
-                                                       m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1]))
+                    shifts.append(both_stats(tile, work, m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1],
+                                              split, (i0, i1, j0, j1)))
             lse = m + s.log()
-            if split is None:
-                without = x.new_empty(0)
-            else:  # a row's sum without its positive: from the rows, and from the columns of tiles above
-                rows_part = (split.row_m, split.row_s)
-                merge_(*rows_part, split.col_m, split.col_s)
-                without = split.row_m + split.row_s.log()
+            without = x.new_empty(0) if split is None else split.self_lse()
         ctx.chunk = chunk
         ctx.shifts = shifts
         ctx.save_for_backward(x, lse)
@@ -198,11 +189,7 @@ class _ScaledSelfLogSumExp(torch.autograd.Function):
                     scaled_both_stats(tile, tile_view(work_buf, i1 - i0, j1 - j0), scale[i0:i1], scale[j0:j1],
                                       m[i0:i1], s[i0:i1], m[j0:j1], s[j0:j1], split, (i0, i1, j0, j1))
             lse = m + s.log()
-            if split is None:
-                without = x.new_empty(0)
-            else:  # a row's sum without its positive: from the rows, and from the columns of tiles above
-                merge_(split.row_m, split.row_s, split.col_m, split.col_s)
-                without = split.row_m + split.row_s.log()
+            without = x.new_empty(0) if split is None else split.self_lse()
         ctx.chunk = chunk
         ctx.save_for_backward(x, scale, lse)
         ctx.mark_non_differentiable(without)
@@ -294,12 +281,9 @@ class _CrossLogSumExp(torch.autograd.Function):
                 for j0, j1 in col_blocks:
                     tile = torch.mm(ai, b[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
                     work = tile_view(work_buf, i1 - i0, j1 - j0)
-                    if columns and split is not None:
-                        shifts.append(split_both_stats(tile, work, split, i0, i1, j0, j1, row_m[i0:i1],
-                                                       row_s[i0:i1], col_m[j0:j1], col_s[j0:j1]))
-                    elif columns:
-                        shifts.append(both_stats(tile, work, row_m[i0:i1], row_s[i0:i1],
-                                                  col_m[j0:j1], col_s[j0:j1]))
+                    if columns:
+                        shifts.append(both_stats(tile, work, row_m[i0:i1], row_s[i0:i1], col_m[j0:j1],
+                                                  col_s[j0:j1], split, (i0, i1, j0, j1)))
                     elif split is not None:
                         split_row_stats(tile, work, split, i0, i1, j0, j1, row_m[i0:i1], row_s[i0:i1])
                     else:
