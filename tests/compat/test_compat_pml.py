@@ -187,3 +187,47 @@ def test_bad_input_is_refused_by_name():
         compat.NTXentLoss()(x, torch.tensor([0, 0, 1, 1]))
     with pytest.raises(ValueError, match="labels .* are required without indices_tuple"):
         compat.SupConLoss()(torch.randn(4, 3))
+
+
+@pytest.mark.parametrize("tau", [0.05, -0.3])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_tiled_ntxent_equals_the_peer(tau, dtype, monkeypatch):
+    """The memory-linear form (contrastkit's tiles, here of 7 rows so that a batch of 40 has
+    many): the peer's values and gradients, with ``ref_emb`` too."""
+    monkeypatch.setattr(compat, "_tiles", lambda rows, columns, dtype: 7)
+    x, labels = _batch(40, 8, 4, dtype, seed=11)
+    ref, ref_labels = _batch(23, 8, 4, dtype, seed=12)
+    tolerance = _tolerance(dtype, tau)
+    for call in ({"labels": labels}, {"labels": labels, "ref_emb": ref, "ref_labels": ref_labels}):
+        (theirs, their_grad), (ours, our_grad) = _both("NTXentLoss", tau, x, **call)
+        assert float(ours) == pytest.approx(float(theirs), rel=tolerance, abs=tolerance)
+        assert torch.allclose(our_grad, their_grad, rtol=tolerance * 10, atol=tolerance * 10 / 40)
+
+
+def test_the_tiled_ntxent_gradcheck_with_the_temperature(monkeypatch):
+    monkeypatch.setattr(compat, "_tiles", lambda rows, columns, dtype: 4)
+    x, labels = _batch(9, 4, 3, torch.float64, seed=5)
+    inputs = x.clone().requires_grad_()
+    tau = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda z, t: compat.NTXentLoss(temperature=t)(z, labels), (inputs, tau))
+
+
+def test_a_labelled_batch_above_the_dense_size_runs_in_tiles(monkeypatch):
+    """N = 1,100 (1.2 million pairs, above contrastkit's dense size; the peer would build a
+    1,100 x 1.2 million matrix): the tiles are taken, and give the dense form's numbers (which
+    the tests above hold to the peer's)."""
+    x, labels = _batch(1100, 16, 5, torch.float64, seed=13)
+    calls = []
+    kernel = compat.losses.tiled.pair_softplus_sum
+    monkeypatch.setattr(compat.losses.tiled, "pair_softplus_sum", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    tiled_input = x.clone().requires_grad_()
+    tiled_loss = compat.NTXentLoss(temperature=0.1)(tiled_input, labels)
+    tiled_loss.backward()
+    assert calls == [1]
+    monkeypatch.setattr(compat, "_tiles", lambda rows, columns, dtype: None)
+    dense_input = x.clone().requires_grad_()
+    dense_loss = compat.NTXentLoss(temperature=0.1)(dense_input, labels)
+    dense_loss.backward()
+    assert calls == [1]
+    assert float(tiled_loss) == pytest.approx(float(dense_loss), rel=1e-12)
+    assert torch.allclose(tiled_input.grad, dense_input.grad, rtol=1e-9, atol=1e-15)

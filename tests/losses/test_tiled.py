@@ -287,6 +287,46 @@ def test_gradcheck_kernels(n, chunk):
     assert torch.autograd.gradcheck(lambda a, b: tiled.masked_logsumexp(a, b, chunk, exclude=exclude), (x, y))
     labels = (torch.arange(n) % 2, torch.arange(n + 2) % 3)
     assert torch.autograd.gradcheck(lambda a, b: tiled.masked_logsumexp(a, b, chunk, labels=labels), (x, y))
+    assert torch.autograd.gradcheck(
+        lambda a, b: tiled.masked_logsumexp(a, b, chunk, labels=labels, keep="other"), (x, y))
+    offset = leaf(n, 1, dtype=torch.float64, seed=n + 2).detach().reshape(-1).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda a, b, o: tiled.pair_softplus_sum(a, b, o, chunk, labels=labels), (x, y, offset))
+
+
+def _pair_softplus_loop(a, c, offset, a_labels, c_labels, own: bool):
+    """``sum_{j: same label, j != i if own} log(1 + exp(offset_i - a_i . c_j))`` per row, in
+    Python floats."""
+    out = []
+    for i, row in enumerate(ref.rows(a)):
+        terms = [ref.log_sum_exp([0.0, float(offset[i]) - ref.dot(row, col)]) for j, col in enumerate(ref.rows(c))
+                 if int(a_labels[i]) == int(c_labels[j]) and not (own and i == j)]
+        out.append(sum(terms))
+    return out
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["one-set", "two-sets"])
+def test_the_negatives_log_sum_exp_and_the_pair_softplus_sum_equal_loops(own):
+    """pytorch-metric-learning's NT-Xent in tiles: each anchor's log-sum-exp over the other
+    classes (``keep="other"``), then one softplus per positive pair against it; an offset of
+    ``-inf`` (an anchor without a negative) costs 0."""
+    a = leaf(11, 4, dtype=torch.float64, seed=21).detach()
+    c = a if own else leaf(9, 4, dtype=torch.float64, seed=22).detach()
+    a_labels = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1])
+    c_labels = a_labels if own else torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    exclude = torch.arange(11)[:, None] if own else None
+    negatives = tiled.masked_logsumexp(a, c, 3, labels=(a_labels, c_labels), keep="other")
+    expected = [ref.log_sum_exp([ref.dot(row, col) for j, col in enumerate(ref.rows(c))
+                                 if int(a_labels[i]) != int(c_labels[j])]) for i, row in enumerate(ref.rows(a))]
+    assert torch.allclose(negatives, torch.tensor(expected, dtype=torch.float64), rtol=1e-13, atol=0)
+    offset = negatives.clone()
+    offset[4] = float("-inf")  # nothing to compare with: every pair of anchor 4 costs 0
+    pairs = tiled.pair_softplus_sum(a, c, offset, 3, labels=(a_labels, c_labels), exclude=exclude)
+    expected = _pair_softplus_loop(a, c, offset, a_labels, c_labels, own)
+    assert float(pairs[4]) == 0.0
+    assert torch.allclose(pairs, torch.tensor(expected, dtype=torch.float64), rtol=1e-13, atol=0)
+    with pytest.raises(ValueError, match="keep must be 'same' or 'other'"):
+        tiled.masked_logsumexp(a, c, 3, labels=(a_labels, c_labels), keep="different")
 
 
 def test_gradcheck_public_losses_with_temperature():

@@ -15,7 +15,10 @@ or those of ``indices_tuple`` (a miner's ``(anchors, positives, negatives)`` tri
   ``(a, p)`` is its own softmax of ``s_ap / tau`` against the anchor's negatives only (the
   anchor's other positives are left out), ``-log(e^{s_ap/tau} / (e^{s_ap/tau} + sum_n
   e^{s_an/tau}))``, computed as ``softplus(logsumexp_n(s_an / tau) - s_ap / tau)``; the mean over
-  the positive pairs. A pair whose anchor has no negative costs 0.
+  the positive pairs. A pair whose anchor has no negative costs 0. With labels, a batch above
+  contrastkit's dense size (float32 or float64) runs in tiles, memory linear in ``N``
+  (``contrastkit.losses.tiled.pair_softplus_sum``); with ``indices_tuple``, a dense
+  ``(N, M)`` computation.
 * **SupConLoss** (Khosla et al. 2020, L_out): for each anchor, the mean over its positives of
   the log-probability of the positive among all its pairs (positives and negatives, itself
   left out); the mean over the anchors whose loss is above 0 (PML's ``AvgNonZeroReducer``).
@@ -40,6 +43,7 @@ What differs from the peer, or is kept from it on purpose:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple
 
 import torch
@@ -111,11 +115,7 @@ class _PairLoss(nn.Module):
         if indices_tuple is None:
             if labels is None or ref_labels is None:
                 raise ValueError("labels (and ref_labels with ref_emb) are required without indices_tuple")
-            same = labels[:, None] == ref_labels[None, :]
-            negative = ~same
-            if same_set:
-                same = same & ~torch.eye(same.shape[0], dtype=torch.bool, device=same.device)
-            return queries, references, (same, negative), same_set
+            return queries, references, _LabelPairs(labels, ref_labels, same_set), same_set
         if len(indices_tuple) == 3:  # a miner's triplets: anchor-positive and anchor-negative pairs
             a, p, n = indices_tuple
             indices_tuple = (a, p, a, n)
@@ -140,14 +140,55 @@ class _PairLoss(nn.Module):
 
     @staticmethod
     def _count(pairs: Any) -> Tuple[int, int]:
-        """The positive and negative pairs' counts (masks or index lists)."""
-        if len(pairs) == 2:
-            return int(pairs[0].sum()), int(pairs[1].sum())
+        """The positive and negative pairs' counts (labels or index lists)."""
+        if isinstance(pairs, _LabelPairs):
+            return pairs.counts()
         return int(pairs[0].numel()), int(pairs[2].numel())
 
     @staticmethod
     def _zero(embeddings: Tensor) -> Tensor:
         return (embeddings * 0).sum()
+
+
+@dataclass
+class _LabelPairs:
+    """Every pair of the batch by its labels: same label positive (a row never with itself),
+    another label negative. Counted in ``O(N + M)``; the ``(N, M)`` masks only on request."""
+
+    labels: Tensor
+    ref_labels: Tensor
+    same_set: bool
+
+    def counts(self) -> Tuple[int, int]:
+        classes, sizes = torch.unique(self.ref_labels, return_counts=True)
+        labels = self.labels.to(classes.dtype)
+        where = torch.searchsorted(classes, labels).clamp(max=classes.numel() - 1)
+        same = torch.where(classes[where] == labels, sizes[where], torch.zeros_like(sizes[where]))
+        same_pairs = int(same.sum())
+        everything = self.labels.numel() * self.ref_labels.numel()
+        return same_pairs - (self.labels.numel() if self.same_set else 0), everything - same_pairs
+
+    def masks(self) -> Tuple[Tensor, Tensor]:
+        """``(positive, negative)`` boolean ``(N, M)``."""
+        same = self.labels[:, None] == self.ref_labels[None, :]
+        negative = ~same
+        if self.same_set:
+            same.fill_diagonal_(False)
+        return same, negative
+
+    def own_column(self) -> Optional[Tensor]:
+        """``(N, 1)``: each row's own column, left out of its pairs (same set only)."""
+        if not self.same_set:
+            return None
+        return torch.arange(self.labels.numel(), device=self.labels.device)[:, None]
+
+
+def _tiles(rows: int, columns: int, dtype: torch.dtype) -> Optional[int]:
+    """The tile size where contrastkit would tile a ``rows x columns`` similarity matrix
+    (float32 and float64 only), else ``None``."""
+    if dtype not in (torch.float32, torch.float64):
+        return None
+    return losses.tiled.use_tiled(rows, columns, None)
 
 
 def _scatter_logsumexp(values: Tensor, index: Tensor, size: int) -> Tensor:
@@ -186,15 +227,28 @@ class NTXentLoss(_PairLoss):
 
     def _loss(self, embeddings: Tensor, labels: Optional[Tensor], queries: Tensor, references: Tensor, pairs: Any,
               same_set: bool, positives: int) -> Tensor:
-        scores = queries @ references.T / self.temperature
-        if len(pairs) == 2:  # every pair of the batch, as (N, M) masks
-            positive, negative = pairs
+        if isinstance(pairs, _LabelPairs):  # every pair of the batch, by labels
+            chunk = _tiles(queries.shape[0], references.shape[0], queries.dtype)
+            if chunk is not None:
+                return self._tiled(queries, references, pairs, chunk) / positives
+            positive, negative = pairs.masks()
+            scores = queries @ references.T / self.temperature
             per_anchor = _masked_logsumexp(scores, negative)
             per_pair = _pair_softplus(per_anchor[:, None].expand_as(scores), scores)
             return per_pair[positive].sum() / positives
+        scores = queries @ references.T / self.temperature
         a1, p, a2, n = pairs
         per_anchor = _scatter_logsumexp(scores[a2, n], a2, scores.shape[0])
         return _pair_softplus(per_anchor[a1], scores[a1, p]).mean()
+
+    def _tiled(self, queries: Tensor, references: Tensor, pairs: _LabelPairs, chunk: int) -> Tensor:
+        """The sum over positive pairs in contrastkit's tiles (memory linear in ``N``): each
+        anchor's negatives' log-sum-exp, then each positive pair's softplus against it."""
+        anchors = queries / self.temperature
+        classes = (pairs.labels, pairs.ref_labels)
+        negatives = losses.tiled.masked_logsumexp(anchors, references, chunk, labels=classes, keep="other")
+        return losses.tiled.pair_softplus_sum(anchors, references, negatives, chunk, labels=classes,
+                                              exclude=pairs.own_column()).sum()
 
 
 class SupConLoss(_PairLoss):
@@ -207,7 +261,7 @@ class SupConLoss(_PairLoss):
     def _loss(self, embeddings: Tensor, labels: Optional[Tensor], queries: Tensor, references: Tensor, pairs: Any,
               same_set: bool, positives: int) -> Tensor:
         positive_temperature = not isinstance(self.temperature, Tensor) and self.temperature > 0
-        if len(pairs) == 2 and same_set and positive_temperature:
+        if isinstance(pairs, _LabelPairs) and same_set and positive_temperature:
             # Labels alone: contrastkit's SupCon (L_out), tiled for large batches.
             per_anchor = losses.supcon(embeddings, labels, temperature=float(self.temperature), variant="out",
                                        reduction="none")
@@ -220,8 +274,8 @@ class SupConLoss(_PairLoss):
 
     def _dense(self, queries: Tensor, references: Tensor, pairs: Any) -> Tensor:
         scores = queries @ references.T / self.temperature
-        if len(pairs) == 2:
-            positive, negative = pairs
+        if isinstance(pairs, _LabelPairs):
+            positive, negative = pairs.masks()
         else:
             a1, p, a2, n = pairs
             positive = torch.zeros_like(scores, dtype=torch.bool)

@@ -323,10 +323,13 @@ def mask_excluded_(tile: Tensor, exclude: Optional[Tensor], i0: int, i1: int, j0
     tile.scatter_reduce_(1, columns.clamp(0, j1 - j0 - 1), limits, reduce="amin")
 
 
-def mask_other_labels_(tile: Tensor, row_labels: Optional[Tensor], col_labels: Optional[Tensor]) -> None:
-    """Keep only the entries whose row and column share a label (SupCon's positives)."""
+def mask_other_labels_(tile: Tensor, row_labels: Optional[Tensor], col_labels: Optional[Tensor],
+                       keep_same: bool = True) -> None:
+    """Keep only the entries whose row and column share a label (SupCon's positives), or with
+    ``keep_same=False`` only those whose labels differ (an anchor's negatives)."""
     if row_labels is not None:
-        tile.masked_fill_(row_labels[:, None] != col_labels[None, :], float("-inf"))
+        differ = row_labels[:, None] != col_labels[None, :]
+        tile.masked_fill_(differ if keep_same else ~differ, float("-inf"))
 
 
 def top_k_mask(scores: Tensor, k: int) -> Tensor:
@@ -352,26 +355,27 @@ def backward_lse(lse: Tensor) -> Tensor:
 
 
 def masked_tiles(a: Tensor, c: Tensor, exclude: Optional[Tensor], a_labels: Optional[Tensor],
-                 c_labels: Optional[Tensor], chunk: int,
-                 tile_buf: Tensor) -> Iterator[Tuple[int, int, int, int, Tensor]]:
-    """Every tile ``a[i0:i1] @ c[j0:j1].T`` with its left-out entries -inf, in one buffer."""
+                 c_labels: Optional[Tensor], chunk: int, tile_buf: Tensor,
+                 keep_same: bool = True) -> Iterator[Tuple[int, int, int, int, Tensor]]:
+    """Every tile ``a[i0:i1] @ c[j0:j1].T`` with its left-out entries -inf, in one buffer
+    (``keep_same``: :func:`mask_other_labels_`)."""
     for i0, i1 in tile_ranges(a.shape[0], chunk):
         for j0, j1 in tile_ranges(c.shape[0], chunk):
             tile = torch.mm(a[i0:i1], c[j0:j1].T, out=tile_view(tile_buf, i1 - i0, j1 - j0))
             mask_excluded_(tile, exclude, i0, i1, j0, j1)
             mask_other_labels_(tile, None if a_labels is None else a_labels[i0:i1],
-                               None if c_labels is None else c_labels[j0:j1])
+                               None if c_labels is None else c_labels[j0:j1], keep_same)
             yield i0, i1, j0, j1, tile
 
 
 def merge_masked_rows_(m: Tensor, s: Tensor, a: Tensor, c: Tensor, exclude: Optional[Tensor],
                        a_labels: Optional[Tensor], c_labels: Optional[Tensor], chunk: int,
                        tile_buf: Tensor, work_buf: Tensor, split: Optional[PositiveSplit] = None,
-                       positives_here: bool = False) -> None:
+                       positives_here: bool = False, keep_same: bool = True) -> None:
     """Merge the masked tiles of ``a c^T`` (:func:`masked_tiles`) into the rows' running
     ``(m, s)``, in place; with ``split``, the sums without each row's positive into its rows
     too (the positives are among ``c`` where ``positives_here``)."""
-    for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf):
+    for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf, keep_same):
         work = tile_view(work_buf, i1 - i0, j1 - j0)
         entries = split.entries(i0, i1, j0, j1) if split is not None and positives_here else None
         if entries is None:
@@ -386,11 +390,12 @@ def merge_masked_rows_(m: Tensor, s: Tensor, a: Tensor, c: Tensor, exclude: Opti
 
 def add_masked_row_grads_(da: Optional[Tensor], dc: Optional[Tensor], a: Tensor, c: Tensor, grad: Tensor,
                           lse: Tensor, exclude: Optional[Tensor], a_labels: Optional[Tensor],
-                          c_labels: Optional[Tensor], chunk: int, tile_buf: Tensor) -> None:
+                          c_labels: Optional[Tensor], chunk: int, tile_buf: Tensor,
+                          keep_same: bool = True) -> None:
     """The backward of :func:`merge_masked_rows_`: with ``P = grad * exp(a c^T - lse)`` on
     the kept entries, ``da += P c`` and ``dc += P^T a`` (either may be ``None``); ``lse`` as
     from :func:`backward_lse`."""
-    for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf):
+    for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf, keep_same):
         weights = tile.sub_(lse[i0:i1, None]).exp_().mul_(grad[i0:i1, None])
         if da is not None:
             da[i0:i1].addmm_(weights, c[j0:j1])

@@ -14,7 +14,11 @@ tile by tile and never hold more than two ``chunk x chunk`` tiles:
 * :func:`masked_logsumexp` — the row-wise log-sum-exp of ``A C^T`` over a subset of the
   candidates of each row: some columns excluded per row (the decoupled loss leaves out the
   anchor and its positive) and/or only the columns of the row's class (SupCon L_in's
-  positives). Every tile is computed for its rows only.
+  positives), or only the columns of other classes (its negatives). Every tile is computed
+  for its rows only.
+* :func:`pair_softplus_sum` — ``sum_j softplus(offset_i - a_i . c_j)`` over the columns of
+  the row's class: one softmax per positive pair against the anchor's negatives (the offset),
+  pytorch-metric-learning's NT-Xent over labels.
 * :func:`topk_logsumexp` — the row-wise log-sum-exp of ``A C^T`` over only the ``k`` largest
   entries of each row (hard-negative mining). Selecting them needs whole rows, so it works
   in blocks of whole rows holding about ``chunk_size^2`` entries.
@@ -52,6 +56,7 @@ from ._tiles import (
     add_masked_row_grads_,
     backward_lse,
     mask_excluded_,
+    masked_tiles,
     PositiveSplit,
     both_stats,
     merge_masked_rows_,
@@ -71,8 +76,8 @@ from ._tiles import (
     top_k_mask,
 )
 
-__all__ = ["self_logsumexp", "cross_logsumexp", "masked_logsumexp", "topk_logsumexp", "DEFAULT_CHUNK_SIZE",
-           "DENSE_MAX_ENTRIES", "use_tiled"]
+__all__ = ["self_logsumexp", "cross_logsumexp", "masked_logsumexp", "pair_softplus_sum", "topk_logsumexp",
+           "DEFAULT_CHUNK_SIZE", "DENSE_MAX_ENTRIES", "use_tiled"]
 
 #: Tile edge used when tiling is chosen automatically (fastest on a 2-core CPU, fp32, d=128;
 #: see benchmarks/RESULTS.md). Two float32 tiles of this size take 8 MiB.
@@ -446,14 +451,15 @@ def cross_logsumexp(a: Tensor, b: Tensor, chunk_size: int, *, columns: bool = Tr
 class _MaskedLogSumExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: Tensor, c: Tensor, chunk: int, exclude: Optional[Tensor],  # type: ignore[override]
-                a_labels: Optional[Tensor], c_labels: Optional[Tensor]) -> Tensor:
-        ctx.chunk = chunk
+                a_labels: Optional[Tensor], c_labels: Optional[Tensor], keep_same: bool) -> Tensor:
+        ctx.chunk, ctx.keep_same = chunk, keep_same
         n, k = a.shape[0], c.shape[0]
         m = a.new_full((n,), float("-inf"))
         s = a.new_zeros(n)
         tile_buf, work_buf = tile_buffers(a, max(min(chunk, n), min(chunk, k), 1))
         with torch.no_grad(), no_autocast(a):
-            merge_masked_rows_(m, s, a, c, exclude, a_labels, c_labels, chunk, tile_buf, work_buf)
+            merge_masked_rows_(m, s, a, c, exclude, a_labels, c_labels, chunk, tile_buf, work_buf,
+                               keep_same=keep_same)
         lse = m + s.log()
         ctx.save_for_backward(a, c, lse, exclude, a_labels, c_labels)
         return lse
@@ -468,8 +474,14 @@ class _MaskedLogSumExp(torch.autograd.Function):
         tile_buf, _ = tile_buffers(a, max(min(ctx.chunk, a.shape[0]), min(ctx.chunk, c.shape[0]), 1))
         with torch.no_grad(), no_autocast(a):
             add_masked_row_grads_(da, dc, a, c, grad.to(a.dtype), backward_lse(lse), exclude, a_labels, c_labels,
-                                  ctx.chunk, tile_buf)
-        return da, dc, None, None, None, None
+                                  ctx.chunk, tile_buf, ctx.keep_same)
+        return da, dc, None, None, None, None, None
+
+
+def _keep_same(keep: str) -> bool:
+    if keep not in ("same", "other"):
+        raise ValueError(f"keep must be 'same' or 'other', got {keep!r}")
+    return keep == "same"
 
 
 def masked_logsumexp(
@@ -479,17 +491,90 @@ def masked_logsumexp(
     *,
     exclude: Optional[Tensor] = None,
     labels: Optional[Tuple[Tensor, Tensor]] = None,
+    keep: str = "same",
 ) -> Tensor:
     """``lse_i = log sum_{j in C(i)} exp(a_i . c_j)`` for ``a`` ``(N, d)``, ``c`` ``(K, d)``, in tiles.
 
     ``C(i)`` is every candidate except the columns ``exclude[i]`` (``exclude``: ``(N, m)``
     long column indices, e.g. the anchor itself and its positive) and, with
-    ``labels = (a_labels (N,), c_labels (K,))``, except the candidates of other classes. A row
-    whose ``C(i)`` is empty gets ``-inf`` and a zero gradient. Exact and differentiable in
-    ``a`` and ``c`` (``c`` may be ``a`` itself); memory ``O((N + K) d + chunk_size^2)``.
+    ``labels = (a_labels (N,), c_labels (K,))``, except the candidates of other classes
+    (``keep="same"``: SupCon's positives) or of the anchor's own class (``keep="other"``: its
+    negatives). A row whose ``C(i)`` is empty gets ``-inf`` and a zero gradient. Exact and
+    differentiable in ``a`` and ``c`` (``c`` may be ``a`` itself); memory
+    ``O((N + K) d + chunk_size^2)``.
     """
+    keep_same = _keep_same(keep)
     a_labels, c_labels = (None, None) if labels is None else labels
-    return _MaskedLogSumExp.apply(a, c, int(chunk_size), exclude, a_labels, c_labels)
+    return _MaskedLogSumExp.apply(a, c, int(chunk_size), exclude, a_labels, c_labels, keep_same)
+
+
+class _PairSoftplusSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, c: Tensor, offset: Tensor, chunk: int,  # type: ignore[override]
+                exclude: Optional[Tensor], a_labels: Tensor, c_labels: Tensor) -> Tensor:
+        ctx.chunk = chunk
+        total = a.new_zeros(a.shape[0])
+        tile_buf, _ = tile_buffers(a, max(min(chunk, a.shape[0]), min(chunk, c.shape[0]), 1))
+        with torch.no_grad(), no_autocast(a):
+            for i0, i1, _j0, _j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, chunk, tile_buf):
+                total[i0:i1] += _pair_terms(tile, offset[i0:i1], torch.logaddexp, tile.new_zeros(())).sum(dim=1)
+        ctx.save_for_backward(a, c, offset, exclude, a_labels, c_labels)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        refuse_double_backward()
+        a, c, offset, exclude, a_labels, c_labels = ctx.saved_tensors
+        need_a, need_c, need_offset = ctx.needs_input_grad[:3]
+        da = torch.zeros_like(a) if need_a else None
+        dc = torch.zeros_like(c) if need_c else None
+        d_offset = torch.zeros_like(offset)
+        grad = grad.to(a.dtype)
+        tile_buf, _ = tile_buffers(a, max(min(ctx.chunk, a.shape[0]), min(ctx.chunk, c.shape[0]), 1))
+        with torch.no_grad(), no_autocast(a):
+            for i0, i1, j0, j1, tile in masked_tiles(a, c, exclude, a_labels, c_labels, ctx.chunk, tile_buf):
+                # d/d offset_i of softplus(offset_i - s_ij) is sigmoid(offset_i - s_ij); d/d s_ij its negative.
+                weights = _pair_terms(tile, offset[i0:i1], lambda z, _: torch.sigmoid(z), None)
+                weights.mul_(grad[i0:i1, None])
+                d_offset[i0:i1] += weights.sum(dim=1)
+                if da is not None:
+                    da[i0:i1].addmm_(weights, c[j0:j1], alpha=-1)
+                if dc is not None:
+                    dc[j0:j1].addmm_(weights.T, a[i0:i1], alpha=-1)
+        return da, dc, (d_offset if need_offset else None), None, None, None, None
+
+
+def _pair_terms(tile: Tensor, offset: Tensor, term, zero) -> Tensor:
+    """``term(offset_i - tile_ij, zero)`` on the kept entries of a masked tile (``-inf``
+    elsewhere), 0 on the others; an ``offset_i`` of ``-inf`` (nothing to compare) gives
+    ``term(-inf)``, which is 0 for the softplus and the sigmoid."""
+    kept = tile != float("-inf")
+    return term(offset[:, None] - tile, zero).masked_fill_(~kept, 0.0)
+
+
+def pair_softplus_sum(
+    a: Tensor,
+    c: Tensor,
+    offset: Tensor,
+    chunk_size: int,
+    *,
+    labels: Tuple[Tensor, Tensor],
+    exclude: Optional[Tensor] = None,
+) -> Tensor:
+    """``out_i = sum_{j in P(i)} softplus(offset_i - a_i . c_j)`` for ``a`` ``(N, d)``, ``c``
+    ``(K, d)``, ``offset`` ``(N,)``, in tiles.
+
+    ``P(i)`` is the candidates of anchor ``i``'s class (``labels = (a_labels (N,), c_labels
+    (K,))``) except the columns ``exclude[i]`` (``(N, m)`` long, e.g. the anchor itself).
+    With ``offset`` the log-sum-exp of the anchor's negatives (:func:`masked_logsumexp` with
+    ``keep="other"``), each term is the NT-Xent of one positive pair against the anchor's
+    negatives, ``-log(e^{s_ip} / (e^{s_ip} + sum_n e^{s_in}))``, the loss of
+    pytorch-metric-learning's ``NTXentLoss``; an ``offset_i`` of ``-inf`` (no negative) gives 0.
+    Exact and differentiable in ``a``, ``c`` and ``offset``; memory
+    ``O((N + K) d + chunk_size^2)``.
+    """
+    a_labels, c_labels = labels
+    return _PairSoftplusSum.apply(a, c, offset, int(chunk_size), exclude, a_labels, c_labels)
 
 
 # --------------------------------------------------------------------------- top-k rows
