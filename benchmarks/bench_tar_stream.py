@@ -6,13 +6,14 @@ process, as a user runs them.
         [--epochs 2] [--workers 2] [--repeats 2] [--out benchmarks/results/tar_stream.md]
 
 ``CIFAR10_DIR`` is the extracted CIFAR-10 JPEG tree (``train/<class>``, ``test/<class>``);
-``SHARDS_DIR`` receives it as tar shards of 1,000 samples (``contrastkit.data.write_tar_shards``,
-written once, the image bytes unchanged). Both runs read the same 60,000 JPEG files' bytes: the
-folder from 60,000 files, the stream from 60 shards. The splits differ (the folder keeps
-CIFAR-10's test set and carves val from train; the stream splits every sample by the SHA-1 of
-its key: 70 / 10 / 20 %), so the training sets differ in size: the table compares the training
-epochs' images/s (``train_seconds`` of the epochs, the summary's ``images_per_second``), and
-gives each run's wall time (set-up, training, read-out) for what it is.
+``SHARDS_DIR`` receives it as ``contrastkit shard`` writes it (``contrastkit.data.write_shards``,
+written once, 1,000 samples a shard, the image bytes unchanged): ``SHARDS_DIR/train`` (50 shards)
+and ``SHARDS_DIR/test`` (10). The folder run reads the 60,000 files of the tree, the stream the
+50 training shards. The splits differ (the folder keeps CIFAR-10's test set and carves val from
+train; the stream splits its 50,000 samples by the SHA-1 of their keys: 70 / 10 / 20 %), so the
+training sets differ in size: the table compares the training epochs' images/s
+(``train_seconds`` of the epochs, the summary's ``images_per_second``), and gives each run's wall
+time (set-up, training, read-out) for what it is.
 """
 
 from __future__ import annotations
@@ -62,17 +63,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "tar_stream.md"))
     args = parser.parse_args()
-    from contrastkit.data import write_tar_shards
+    from contrastkit.data import write_shards
 
-    if not os.path.isdir(args.shards) or not os.listdir(args.shards):
-        started = time.perf_counter()
-        write_tar_shards(args.tree, args.shards, per_shard=1000)
-        print(f"wrote the shards in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    started = time.perf_counter()
+    written = write_shards(args.tree, args.shards, shard_size=1000)  # (kept as they are when written before)
+    print(f"the shards written in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    train_shards = written.parts["train"].folder if "train" in written.parts else args.shards
     load_before = os.getloadavg()
     results: Dict[str, List[Dict[str, float]]] = {"class folder (read by index)": [], "tar shards (stream)": []}
     for _ in range(args.repeats):  # alternating
         results["class folder (read by index)"].append(_run(args.tree, args.epochs, args.workers))
-        results["tar shards (stream)"].append(_run(args.shards, args.epochs, args.workers))
+        results["tar shards (stream)"].append(_run(train_shards, args.epochs, args.workers))
     load_after = os.getloadavg()
     lines = ["| data | train images | batch | steps | images/s (median, min-max) | train s | wall s | probe | kNN |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

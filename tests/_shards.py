@@ -1,5 +1,5 @@
 """Small tar shards for the tests of streamed training: a class-folder tree of generated PNG
-images written as shards by ``contrastkit.data.shards.write_tar_shards``."""
+images written as shards by ``contrastkit.data.write_shards`` (what ``contrastkit shard`` runs)."""
 
 import io
 import os
@@ -26,11 +26,11 @@ def write_image_tree(root, *, classes=3, per_class=20, size=16, seed=0):
 
 def write_shards(tmp_path, *, per_shard=10, **options):
     """The tree of :func:`write_image_tree` as shards in ``tmp_path/shards``; the folder."""
-    from contrastkit.data.shards import write_tar_shards
+    from contrastkit.data import write_shards
 
     tree = write_image_tree(str(tmp_path / "tree"), **options)
     out = str(tmp_path / "shards")
-    write_tar_shards(tree, out, per_shard=per_shard)
+    write_shards(tree, out, shard_size=per_shard)
     return out
 
 

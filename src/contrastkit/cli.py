@@ -52,6 +52,8 @@ COMMANDS = {
                   "print and draw the images of a run's data set nearest to query images (cosine of h; exact or FAISS)"),
     "explore": ("contrastkit.commands.explore", "write (or serve) the interactive temperature explorer page and open it"),
     "report": ("contrastkit.commands.report", "write one self-contained HTML report of a run, sweep or experiment folder"),
+    "shard": ("contrastkit.commands.shard",
+              "write images (a class tree, a collection, an image-text CSV) as tar shards in WebDataset's layout"),
 }
 
 

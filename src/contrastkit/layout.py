@@ -295,6 +295,24 @@ def neighbor_index_files(key: str) -> Tuple[str, str]:
     return f"{NEIGHBOR_INDEXES}/{key}.faiss", f"{NEIGHBOR_INDEXES}/{key}.json"
 
 
+# ------------------------------------------------------------------------------ a shard set
+# ``contrastkit shard SOURCE OUT`` (:mod:`contrastkit.data.shard_writer`)::
+#
+#     OUT/shards.json                  the settings (source, shard size, resize), compared when OUT is written again
+#     OUT[/PART]/00000.tar, ...        the shards (one set per part of the source: train, val, test)
+#     OUT[/PART]/index.json            every shard with its samples' keys, and the files left out
+#     OUT[/PART]/classes.txt           labelled data: line i names class id i
+#     OUT/contrastkit-manifest.json    the files above
+SHARD_SETTINGS = "shards.json"
+SHARD_INDEX = "index.json"
+SHARD_CLASSES = "classes.txt"
+
+
+def shard_name(number: int) -> str:
+    """The file name of shard ``number`` of a shard set (img2dataset's: ``00000.tar``)."""
+    return f"{number:05d}.tar"
+
+
 # ------------------------------------------------------------------------------ a study folder
 RUNS = "runs"
 VERDICTS = "verdicts.json"

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from contrastkit import layout, records
-from contrastkit._io import append_file, atomic_file
+from contrastkit._io import append_file, atomic_file, read_json
 from contrastkit.config_files import write_config_file
 from contrastkit.manifest import Manifest, RemovalPlan, plan_removal
 
-__all__ = ["FolderStart", "FolderWriter", "RunWriter"]
+__all__ = ["FolderStart", "FolderWriter", "RunWriter", "prepare_folder"]
 
 
 class FolderWriter:
@@ -107,6 +107,47 @@ class FolderWriter:
     def reset(self) -> None:
         """Start an empty manifest (the folder's files were removed, or there were none)."""
         self._manifest.reset()
+
+
+def prepare_folder(out: str, *, resume: bool, force: bool, owned: Iterable[str], settings: Dict[str, Any],
+                   settings_file: str, kind: str, what: Optional[str] = None, not_empty: str = "") -> FolderWriter:
+    """Make ``out``, a folder whose files are written by settings (a study, a shard set), ready
+    and return its writer: a new or empty folder, its settings written to ``settings_file``;
+    with ``force`` the files its manifest lists (folders with manifests of their own through
+    them) are deleted first, and a folder without a manifest is refused
+    (:func:`contrastkit.manifest.plan_removal`); with ``resume`` the stored settings must equal
+    ``settings``. ``owned`` are the names written in ``out`` (one that is there and not listed
+    stops ``force``); ``kind`` the manifest's kind, ``what`` the folder in messages (default
+    ``kind``), ``not_empty`` how to get past a non-empty folder.
+
+    Anything else in a non-empty folder is never overwritten or deleted.
+    """
+    what = what or kind
+    if resume and force:
+        raise ValueError("--resume and --force exclude each other: resume continues, force starts over")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise FileExistsError(f"output path {out} exists and is not a folder")
+    settings = json.loads(json.dumps(settings))  # compare as stored
+    settings_path = os.path.join(out, settings_file)
+    writer = FolderWriter(out, kind)
+    if resume:
+        if not os.path.isfile(settings_path):
+            raise FileNotFoundError(f"nothing to resume: {settings_path} does not exist")
+        stored = read_json(settings_path, hint="; remove it or start over with --force")
+        differing = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
+        if differing:
+            details = ", ".join(f"{k}: stored {stored.get(k)!r} vs now {settings.get(k)!r}" for k in differing)
+            raise ValueError(f"{out} holds a {what} with other settings ({details}); "
+                             "resume with the same options or start over with --force")
+        if not writer.exists():  # a folder of an older contrastkit: its own files by name
+            writer.adopt(owned)
+        return writer
+    if os.path.isdir(out) and os.listdir(out) and not force:
+        raise FileExistsError(f"output folder {out} is not empty; {not_empty or 'pass --force to start over'}")
+    plan_removal(out, will_write=list(owned)).apply()
+    writer.reset()
+    writer.write_json(settings_file, settings)
+    return writer
 
 
 class RunWriter(FolderWriter):

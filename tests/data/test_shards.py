@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from contrastkit.data import DamagedSample, find_data_source, is_iterable_data, open_data, open_tar_shards, split_of_key
-from contrastkit.data.shards import write_tar_shards
 
 from _shards import add_damaged_shard, write_image_tree, write_shards
 
@@ -36,7 +35,7 @@ def test_a_folder_of_shards_is_a_stream_resolved_through_the_registry(shards):
     assert is_iterable_data(data)
     assert data.class_names == ["class0", "class1", "class2"]  # classes.txt, written with the shards
     keys = [s.key for s in data.train.by_shard[0]]
-    assert keys and all(k.startswith("shard-000000.tar/") for k in keys)
+    assert keys and all(k.startswith("00000.tar/") for k in keys)
     # Every sample is in the split its key puts it in, once.
     held = {data.val.path(i): "val" for i in range(len(data.val))} | {data.test.path(i): "test" for i in
                                                                          range(len(data.test))}
@@ -118,7 +117,7 @@ def _tar_with(path, members):
 def test_what_a_folder_of_shards_cannot_be_is_refused_naming_the_file(shards, tmp_path):
     compressed = tmp_path / "compressed"
     compressed.mkdir()
-    with open(os.path.join(shards, "shard-000000.tar"), "rb") as source:
+    with open(os.path.join(shards, "00000.tar"), "rb") as source:
         (compressed / "shard-0.tar").write_bytes(gzip.compress(source.read()))
     with pytest.raises(ValueError, match="shard .*shard-0.tar is not an uncompressed tar file"):
         open_tar_shards(compressed)
@@ -143,14 +142,3 @@ def test_more_readers_than_shards_is_refused_naming_workers(shards):
     assert stream.readers_needed(nonempty) is None
     assert f"{nonempty} shard(s) with training samples cannot feed {nonempty + 1} reader(s)" in \
         stream.readers_needed(nonempty + 1)
-
-
-def test_writing_shards_never_writes_over_shards(shards, tmp_path):
-    tree = write_image_tree(str(tmp_path / "tree"), classes=2, per_class=3)
-    out = tmp_path / "out"
-    assert [os.path.basename(p) for p in write_tar_shards(tree, out, per_shard=4)] == ["shard-000000.tar",
-                                                                                      "shard-000001.tar"]
-    before = (out / "shard-000000.tar").read_bytes()
-    with pytest.raises(FileExistsError, match="already holds shards"):
-        write_tar_shards(tree, out)
-    assert (out / "shard-000000.tar").read_bytes() == before

@@ -53,8 +53,8 @@ from contrastkit.data.sources import (DataRequest, DataSource, data_sources, fin
 from contrastkit.data.batch_source import IndexBatchSource, StepBatch, StreamBatchSource
 from contrastkit.data.iterable import (DamagedSample, IterableDataSplits, IterableSplit, check_indexed, is_iterable_data,
                                       split_of_key)
-from contrastkit.data.shards import (ShardReadout, ShardSample, ShardSamples, TarShards, TarShardStream, open_tar_shards,
-                                    write_tar_shards)
+from contrastkit.data.shard_writer import ShardSetResult, ShardsWritten, write_shards
+from contrastkit.data.shards import ShardReadout, ShardSample, ShardSamples, TarShards, TarShardStream, open_tar_shards
 from contrastkit.data.paired import PairedDataset, PairedSplit
 from contrastkit.data.preprocess import ImagePreprocessing, preprocess_image, preprocessing_of
 from contrastkit.data.views import MODES, ViewMaker, make_views
@@ -74,5 +74,5 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "DataSource", "DataRequest", "register_data_source", "unregister_data_source", "data_sources",
            "find_data_source", "IterableSplit", "IterableDataSplits", "IndexBatchSource", "StepBatch", "StreamBatchSource",
            "DamagedSample", "TarShards", "TarShardStream", "ShardSamples", "ShardSample", "ShardReadout",
-           "open_tar_shards", "write_tar_shards", "is_iterable_data", "check_indexed",
+           "open_tar_shards", "write_shards", "ShardsWritten", "ShardSetResult", "is_iterable_data", "check_indexed",
            "split_of_key"]

@@ -15,7 +15,7 @@ from contrastkit._io import check_input_size, memory_guard, one_line, read_input
 from contrastkit.data.base import check_fraction, check_positive_int
 from contrastkit.data.paired import PairedDataset, PairedSplit
 
-__all__ = ["load_pair_csv"]
+__all__ = ["load_pair_csv", "read_pair_rows"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -77,6 +77,13 @@ def load_pair_csv(path: Union[str, os.PathLike], *, size: int = 32, channels: Op
 
 #: A CSV row: image path, text, label, split, and where it is ("FILE, line N").
 _Row = Tuple[Path, str, Optional[str], Optional[str], str]
+
+
+def read_pair_rows(path: Union[str, os.PathLike]) -> List[_Row]:
+    """The ``(image path, text, label or None, split or None, where)`` rows of a pair CSV
+    (``image,text[,label][,split]``), every image path checked to exist; a ``ValueError`` or
+    ``FileNotFoundError`` naming the file and line otherwise. Nothing is decoded."""
+    return _read_rows(Path(path))[1]
 
 
 def _read_rows(path: Path) -> Tuple[Dict[str, int], List[_Row]]:

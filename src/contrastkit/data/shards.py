@@ -46,16 +46,17 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tu
 import torch
 from torch import Tensor
 
+from contrastkit import layout
 from contrastkit.data.base import NO_LABEL, check_positive_int
 from contrastkit.data.collection import DEFAULT_SIZE, check_image_size, check_unlabeled_options
 from contrastkit.data.iterable import DamagedSample, split_of_key
 from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
 __all__ = ["TarShards", "TarShardStream", "ShardSamples", "ShardSample", "ShardReadout", "open_tar_shards", "is_tar_shards",
-           "write_tar_shards", "SHARD_SUFFIX", "CLASSES_FILE", "DEFAULT_SHUFFLE_BUFFER", "DEFAULT_READOUT_SAMPLES"]
+           "SHARD_SUFFIX", "CLASSES_FILE", "DEFAULT_SHUFFLE_BUFFER", "DEFAULT_READOUT_SAMPLES"]
 
 SHARD_SUFFIX = ".tar"
-CLASSES_FILE = "classes.txt"
+CLASSES_FILE = layout.SHARD_CLASSES
 #: Samples a worker's shuffle buffer holds (references only: the images are read as they leave it).
 DEFAULT_SHUFFLE_BUFFER = 5000
 #: The largest training sample the read-out (kNN, linear probe) reads of a stream.
@@ -459,37 +460,3 @@ def _colour(shards: Sequence[str], samples: Sequence[ShardSample], gray_modes: A
         except Exception:  # a damaged image decides nothing (PIL raises many kinds)
             continue
     return "L" if modes and all(mode in gray_modes for mode in modes) else "RGB"
-
-
-def write_tar_shards(source: Union[str, os.PathLike], out: Union[str, os.PathLike], *,
-                     per_shard: int = 1000) -> List[str]:
-    """Write the class-folder tree ``source`` (``source/<class>/<image>``) as tar shards in
-    ``out`` (created; it must hold no shard yet): ``shard-000000.tar``, ... of ``per_shard``
-    samples each, sample ``i`` the members ``{i:08d}.<ext>`` (the file's bytes, unchanged) and
-    ``{i:08d}.cls``, in the tree's sorted order, and ``classes.txt``. Returns the shard paths."""
-    from contrastkit.data.files import scan_image_tree
-
-    per_shard = check_positive_int(per_shard, "per_shard", 1)
-    out = Path(out).expanduser()
-    parts, names = scan_image_tree(Path(source).expanduser())
-    files, labels = [], []
-    for part_files, part_labels in parts.values():
-        files += list(part_files)
-        labels += list(part_labels)
-    out.mkdir(parents=True, exist_ok=True)
-    if any(entry.name.endswith(SHARD_SUFFIX) or entry.name == CLASSES_FILE for entry in os.scandir(out)):
-        raise FileExistsError(f"{out} already holds shards or a {CLASSES_FILE}: write into an empty folder")
-    written = []
-    for first in range(0, len(files), per_shard):
-        path = out / f"shard-{first // per_shard:06d}{SHARD_SUFFIX}"
-        with tarfile.open(path, "x") as tar:
-            for number in range(first, min(first + per_shard, len(files))):
-                image = Path(files[number])
-                tar.add(str(image), arcname=f"{number:08d}{image.suffix.lower()}")
-                label = str(int(labels[number])).encode("ascii")
-                info = tarfile.TarInfo(f"{number:08d}.cls")
-                info.size = len(label)
-                tar.addfile(info, io.BytesIO(label))
-        written.append(str(path))
-    (out / CLASSES_FILE).write_text("".join(f"{name}\n" for name in names), encoding="utf-8")
-    return written

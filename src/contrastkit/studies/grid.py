@@ -19,7 +19,6 @@ training one twice, and each waits for the runs the other holds before it writes
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -29,8 +28,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 from contrastkit import layout, records
 from contrastkit._io import available_memory as _available_memory  # tests replace it here
 from contrastkit._io import read_json as _read_json
-from contrastkit.manifest import plan_removal
-from contrastkit.run_writer import FolderWriter
+from contrastkit.run_writer import FolderWriter, prepare_folder
 
 __all__ = ["RunSpec", "RunBusy", "prepare_out", "check_specs", "check_jobs", "resolve_jobs", "RUN_MEMORY_BYTES",
            "RUN_OPTIONS", "check_run_options", "with_run_options", "run_grid", "read_json"]
@@ -68,41 +66,13 @@ def read_summary(path: str) -> Dict[str, Any]:
 
 def prepare_out(out: str, *, resume: bool, force: bool, owned: Iterable[str], settings: Dict[str, Any],
                 settings_file: str, command: str) -> FolderWriter:
-    """Make ``out`` ready and return its manifest: a new or empty folder; with ``force`` the
-    files its manifest lists (the runs through their own manifests) are deleted first, and a
-    folder without a manifest is refused (:func:`contrastkit.manifest.plan_removal`); with
-    ``resume`` the stored settings must equal ``settings``. ``owned`` are the names the study
-    writes in ``out`` (one that is there and not listed stops ``force``).
-
-    Anything else in a non-empty folder is never overwritten or deleted.
-    """
-    if resume and force:
-        raise ValueError("--resume and --force exclude each other: resume continues, force starts over")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise FileExistsError(f"output path {out} exists and is not a folder")
-    settings = json.loads(json.dumps(settings))  # compare as stored
-    settings_path = os.path.join(out, settings_file)
-    manifest = FolderWriter(out, command)
-    if resume:
-        if not os.path.isfile(settings_path):
-            raise FileNotFoundError(f"nothing to resume: {settings_path} does not exist")
-        stored = read_json(settings_path)
-        differing = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
-        if differing:
-            details = ", ".join(f"{k}: stored {stored.get(k)!r} vs now {settings.get(k)!r}" for k in differing)
-            raise ValueError(f"{out} holds a {command} with other settings ({details}); "
-                             "resume with the same options or start over with --force")
-        if not manifest.exists():  # a study of an older contrastkit: its own files by name
-            manifest.adopt(name for name in owned if name != layout.RUNS)
-        return manifest
-    if os.path.isdir(out) and os.listdir(out) and not force:
-        raise FileExistsError(f"output folder {out} is not empty; pass --resume to continue the {command} "
-                              f"in it or --force to start over (deletes the files its {layout.MANIFEST} "
-                              "lists as contrastkit's, and the runs it lists through their own)")
-    plan_removal(out, will_write=[name for name in owned if name != layout.RUNS]).apply()
-    manifest.reset()
-    manifest.write_json(settings_file, settings)
-    return manifest
+    """Make a study's ``out`` ready and return its writer (:func:`contrastkit.run_writer.prepare_folder`;
+    the runs, listed through their own manifests, are never in ``owned``'s way)."""
+    return prepare_folder(out, resume=resume, force=force, owned=[name for name in owned if name != layout.RUNS],
+                          settings=settings, settings_file=settings_file, kind=command,
+                          not_empty=f"pass --resume to continue the {command} in it or --force to start over "
+                                    f"(deletes the files its {layout.MANIFEST} lists as contrastkit's, and the "
+                                    "runs it lists through their own)")
 
 
 def check_specs(specs: Sequence[RunSpec]) -> None:
