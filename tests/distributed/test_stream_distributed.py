@@ -23,10 +23,15 @@ def test_a_data_parallel_stream_stopped_mid_epoch_resumes_to_the_uninterrupted_w
     options = dict(data=data, data_options={"size": 16}, epochs=2, batch_size=8, device="cpu", log_every=1,
                    workers=1, checkpoint_every=0)
     straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")
-    # 2 processes x 4 images: 5 steps an epoch; stopped during step 2 of epoch 2.
+    # 2 processes x 4 images: an epoch of (train samples // 2) // 4 steps; stopped during step 7,
+    # in the middle of epoch 2.
+    from contrastkit.data import open_tar_shards
+
+    per_epoch = open_tar_shards(data).train.num_samples // 2 // 4
+    assert per_epoch < 7 - 1 and 7 < 2 * per_epoch
     results = W.spawn(W.stream_worker, 2, tmp_path, options, straight, interrupted, 7)
     assert [r["stopped_at"] for r in results] == [7, 7]  # every rank stops at the agreed step
-    assert results[0]["straight"]["steps"] == 10 and results[1]["straight"] is None
+    assert results[0]["straight"]["steps"] == 2 * per_epoch and results[1]["straight"] is None
     assert without_timings(results[0]["resumed"]) == without_timings(results[0]["straight"])
     a, b = _model(straight), _model(interrupted)
     for key, value in a.items():

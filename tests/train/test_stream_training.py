@@ -130,3 +130,29 @@ def test_probe_of_a_stream_run_reads_the_runs_read_out_sample(shards, tmp_path):
     summary = pretrain(_config(shards, tmp_path / "run", epochs=1), progress=False, baselines=False)
     again = evaluate_run(str(tmp_path / "run"), baselines=False)
     assert again["probe_accuracy"] == summary["probe_accuracy"] and again["knn_accuracy"] == summary["knn_accuracy"]
+
+
+def test_embed_and_neighbors_of_a_stream_run_name_rows_by_sample_key(shards, tmp_path, capsys):
+    """A run trained from shards: ``embed`` writes a row for every sample of the shards (the
+    training stream's included), named ``SHARD/key``; ``neighbors`` finds a training image's own
+    sample first and names it by its key."""
+    import numpy as np
+
+    out = tmp_path / "run"
+    pretrain(_config(shards, out, epochs=1), progress=False, baselines=False)
+    assert main(["embed", str(out), "--out", str(tmp_path / "rows.npz")]) == 0
+    rows = np.load(tmp_path / "rows.npz")
+    total = open_tar_shards(shards)
+    expected = total.train.num_samples + len(total.val) + len(total.test)
+    assert rows["h"].shape[0] == expected and all("/" in str(name) and str(name).split("/")[0].endswith(".tar")
+                                                  for name in rows["names"])
+    key = str(rows["names"][0])
+    query = tmp_path / "query.png"
+    shard, name = key.split("/")
+    import tarfile
+
+    with tarfile.open(os.path.join(shards, shard)) as tar:
+        query.write_bytes(tar.extractfile(f"{name}.png").read())
+    capsys.readouterr()
+    assert main(["neighbors", str(out), str(query), "--k", "1", "--no-picture"]) == 0
+    assert key in capsys.readouterr().out

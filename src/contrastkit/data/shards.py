@@ -1,13 +1,20 @@
 """Tar shards read as a stream: the reference iterable data source
-(:mod:`contrastkit.data.iterable`), what ``--data FOLDER`` opens for a folder of ``.tar`` files.
+(:mod:`contrastkit.data.iterable`), what ``--data`` opens for tar shards.
 
-**Layout.** ``FOLDER/*.tar`` (uncompressed POSIX tar files, read in name order) whose members
+**Where.** A folder of ``.tar`` files (read in name order), a brace pattern of shard names
+(``shards/train-{000000..000127}.tar``, expanded by ``braceexpand`` as WebDataset expands it),
+a ``.txt`` file listing shards (one path or URL per line, relative paths from its folder), or
+any of these as a URL read through fsspec (``s3://``, ``gs://``, ``hf://``, ``memory://``,
+``file://``; a folder URL ends in ``/``): :func:`shard_urls`. ``classes.txt`` is looked for in
+the folder, or next to the first shard.
+
+**Layout.** Uncompressed POSIX tar files whose members
 are grouped into samples by key as WebDataset groups them: a member ``dir/name.ext`` belongs to
 the sample ``dir/name`` (its name up to the first dot of its base name), so ``000123.jpg`` and
 ``000123.cls`` are one sample. A sample has one image member (JPEG, PNG, WebP, BMP, TIFF, GIF,
-PNM) and optionally ``.cls``, its class id as decimal text; ``FOLDER/classes.txt`` (one class
+PNM) and optionally ``.cls``, its class id as decimal text; ``classes.txt`` (one class
 name per line, line ``i`` naming id ``i``) names the classes. Without any ``.cls`` member the
-data are unlabeled. A sample's key is ``SHARD/name`` (``shard-00042.tar/000123``): by it a
+data are unlabeled. A sample's key is ``SHARD/name`` (``00042.tar/00042123``): by it a
 sample is put in a split (:func:`~contrastkit.data.split_of_key`), skipped and named.
 
 **Opening** reads the member headers (and the few bytes of each ``.cls``), not the images:
@@ -35,6 +42,8 @@ the read-out's training sample (:meth:`TarShards.readout`): a seeded sample of a
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import io
 import os
 import posixpath
@@ -47,13 +56,14 @@ import torch
 from torch import Tensor
 
 from contrastkit import layout
+from contrastkit._io import one_line
 from contrastkit.data.base import NO_LABEL, check_positive_int
 from contrastkit.data.collection import DEFAULT_SIZE, check_image_size, check_unlabeled_options
 from contrastkit.data.iterable import DamagedSample, split_of_key
 from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
 __all__ = ["TarShards", "TarShardStream", "ShardSamples", "ShardSample", "ShardReadout", "open_tar_shards", "is_tar_shards",
-           "SHARD_SUFFIX", "CLASSES_FILE", "DEFAULT_SHUFFLE_BUFFER", "DEFAULT_READOUT_SAMPLES"]
+           "shard_urls", "SHARD_SUFFIX", "CLASSES_FILE", "DEFAULT_SHUFFLE_BUFFER", "DEFAULT_READOUT_SAMPLES"]
 
 SHARD_SUFFIX = ".tar"
 CLASSES_FILE = layout.SHARD_CLASSES
@@ -77,16 +87,147 @@ class ShardSample(NamedTuple):
     key: str
 
 
-def is_tar_shards(path: Union[str, os.PathLike]) -> bool:
-    """Whether ``path`` is a folder holding ``.tar`` files (and no subfolder of images): tar shards."""
-    path = Path(path).expanduser()
+_SCHEME = "://"
+_LIST_SUFFIX = ".txt"
+
+
+def _is_url(data: str) -> bool:
+    return _SCHEME in data
+
+
+def _is_pattern(data: str) -> bool:
+    """A brace pattern of shard names (``train-{000000..000127}.tar``, ``{a,b}.tar``)."""
+    return "{" in data and "}" in data and data.endswith(SHARD_SUFFIX)
+
+
+def _listed_shards(path: Path) -> Optional[List[str]]:
+    """The shards a ``.txt`` file lists (one path or URL per line, ``#`` comments and blank lines
+    skipped, relative paths from the file's folder), or ``None`` when a line is not a shard."""
     try:
-        if not path.is_dir():
+        if path.suffix.lower() != _LIST_SUFFIX or not path.is_file():
+            return None
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError):
+        return None
+    entries = [line for line in lines if line and not line.startswith("#")]
+    if not entries or not all(entry.endswith(SHARD_SUFFIX) for entry in entries):
+        return None
+    return [entry if _is_url(entry) or os.path.isabs(entry) else str(path.parent / entry) for entry in entries]
+
+
+def is_tar_shards(path: Union[str, os.PathLike]) -> bool:
+    """Whether ``path`` names tar shards: a folder holding ``.tar`` files, a brace pattern of
+    them, a ``.txt`` list of them, or a URL of one, of a pattern or of a folder (ending in ``/``)."""
+    data = os.fspath(path)
+    if _is_pattern(data) or (_is_url(data) and (data.endswith(SHARD_SUFFIX) or data.endswith("/"))):
+        return True
+    local = Path(data).expanduser()
+    try:
+        if local.is_file():
+            return _listed_shards(local) is not None
+        if not local.is_dir():
             return False
         return any(entry.is_file() and entry.name.endswith(SHARD_SUFFIX) and not entry.name.startswith(".")
-                   for entry in os.scandir(path))
+                   for entry in os.scandir(local))
     except OSError:
         return False
+
+
+def shard_urls(data: Union[str, os.PathLike]) -> Tuple[List[str], str]:
+    """``(shards, home)``: the shard paths or URLs ``data`` names (:func:`is_tar_shards`'s forms,
+    a folder's in name order) and the folder where ``classes.txt`` is looked for (the folder, or
+    that of the first shard). URLs are read through fsspec (``s3://``, ``gs://``, ``hf://``, ...
+    with their own fsspec packages); a brace pattern is expanded by ``braceexpand``."""
+    data = os.fspath(data)
+    if _is_pattern(data):
+        try:
+            from braceexpand import braceexpand
+        except ImportError:
+            raise ImportError(f"{data}: a brace pattern of shards needs braceexpand "
+                              "(pip install 'contrastkit[shards]')") from None
+        shards = list(braceexpand(data))
+    elif _is_url(data):
+        shards = [data] if data.endswith(SHARD_SUFFIX) else _remote_folder(data)
+    else:
+        local = Path(data).expanduser()
+        listed = _listed_shards(local) if local.is_file() else None
+        if listed is not None:
+            shards = listed
+        else:
+            return [str(path) for path in _shard_files(local)], str(local)
+    if not shards:
+        raise ValueError(f"{data}: names no tar shards")
+    return shards, shards[0].rsplit("/", 1)[0] if "/" in shards[0] else "."
+
+
+def _filesystem(url: str) -> Tuple[Any, str]:
+    try:
+        import fsspec
+    except ImportError:
+        raise ImportError(f"{url}: shards at a URL are read through fsspec (pip install 'contrastkit[shards]')") from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except Exception as err:  # fsspec raises many kinds (ValueError, ImportError for a missing protocol package)
+        raise ValueError(f"shard {url} cannot be opened ({type(err).__name__}: {one_line(err)})") from None
+
+
+def _remote_folder(url: str) -> List[str]:
+    filesystem, path = _filesystem(url)
+    try:
+        names = sorted(entry for entry in filesystem.ls(path, detail=False) if entry.endswith(SHARD_SUFFIX))
+    except Exception as err:
+        raise ValueError(f"{url} cannot be listed ({type(err).__name__}: {one_line(err)})") from None
+    if not names:
+        raise ValueError(f"{url}: no tar shards (*{SHARD_SUFFIX}) in it")
+    return [filesystem.unstrip_protocol(name) for name in names]
+
+
+def _open_shard(url: str) -> Any:
+    """A binary handle of the shard ``url`` (a path, or a URL through fsspec); a ``ValueError``
+    naming it and the error in one line when it cannot be opened."""
+    try:
+        if not _is_url(url):
+            return open(url, "rb")
+        filesystem, path = _filesystem(url)
+        return filesystem.open(path, "rb")
+    except ValueError:
+        raise
+    except Exception as err:  # OSError, and the storage's own errors through fsspec
+        detail = err.strerror if isinstance(err, OSError) and err.strerror else one_line(err)
+        raise ValueError(f"shard {url} cannot be opened ({type(err).__name__}: {detail})") from None
+
+
+#: Open handles of shards at URLs, per process (a forked DataLoader worker opens its own): a
+#: stream reads a shard front to back, so its handle serves many samples in a row, where opening
+#: a remote file costs a request. The least recently used is closed beyond this many.
+_OPEN_LIMIT = 8
+_open_handles: "collections.OrderedDict[Tuple[int, str], Any]" = collections.OrderedDict()
+
+
+def _read_range(url: str, offset: int, size: int) -> bytes:
+    """``size`` bytes of the shard ``url`` from ``offset``."""
+    if not _is_url(url):
+        with _open_shard(url) as handle:
+            handle.seek(offset)
+            return handle.read(size)
+    slot = (os.getpid(), url)
+    handle = _open_handles.pop(slot, None)
+    if handle is None:
+        handle = _open_shard(url)
+    try:
+        handle.seek(offset)
+        data = handle.read(size)
+    except Exception:
+        with contextlib.suppress(Exception):
+            handle.close()
+        raise
+    _open_handles[slot] = handle
+    while len(_open_handles) > _OPEN_LIMIT:
+        (pid, _), oldest = _open_handles.popitem(last=False)
+        if pid == os.getpid():
+            with contextlib.suppress(Exception):
+                oldest.close()
+    return data
 
 
 def _shard_files(folder: Path) -> List[Path]:
@@ -97,13 +238,15 @@ def _shard_files(folder: Path) -> List[Path]:
     return shards
 
 
-def _index_shard(path: Path, number: int) -> List[ShardSample]:
-    """The samples of the shard ``path`` (headers, and the bytes of its ``.cls`` members)."""
+def _index_shard(url: str, number: int) -> List[ShardSample]:
+    """The samples of the shard ``url`` (headers, and the bytes of its ``.cls`` members)."""
     from contrastkit.data.files import IMAGE_EXTENSIONS
 
     image_kinds = tuple(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
+    shard_name = url.rstrip("/").rsplit("/", 1)[-1]
+    handle = _open_shard(url)
     try:
-        with tarfile.open(path, "r:") as tar:  # uncompressed: members are read by offset
+        with handle, tarfile.open(fileobj=handle, mode="r:") as tar:  # uncompressed: members are read by offset
             groups: Dict[str, Dict[str, tarfile.TarInfo]] = {}
             for member in tar:
                 if not member.isfile():
@@ -116,20 +259,20 @@ def _index_shard(path: Path, number: int) -> List[ShardSample]:
                 image = next((members[kind] for kind in image_kinds if kind in members), None)
                 if image is None:
                     continue  # e.g. a sample of texts only: nothing this source reads
-                key = f"{path.name}/{name}"
+                key = f"{shard_name}/{name}"
                 label = NO_LABEL
                 if "cls" in members:
-                    label = _read_label(tar, members["cls"], path, key)
+                    label = _read_label(tar, members["cls"], url, key)
                 samples.append(ShardSample(number, image.offset_data, image.size, label, key))
     except tarfile.ReadError as err:
-        raise ValueError(f"shard {path} is not an uncompressed tar file ({err}); contrastkit reads members by "
+        raise ValueError(f"shard {url} is not an uncompressed tar file ({err}); contrastkit reads members by "
                          "their offsets (write the shards without compression)") from None
     except OSError as err:
-        raise ValueError(f"shard {path} cannot be read ({err.strerror or err})") from None
+        raise ValueError(f"shard {url} cannot be read ({err.strerror or one_line(err)})") from None
     return samples
 
 
-def _read_label(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, key: str) -> int:
+def _read_label(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str, key: str) -> int:
     handle = tar.extractfile(member)
     text = handle.read(_LABEL_BYTES + 1) if handle is not None else b""
     try:
@@ -145,9 +288,7 @@ def _read_label(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, key: 
 def _read_sample(shards: Sequence[str], sample: ShardSample, preprocessing: Any) -> Tensor:
     """The image of ``sample`` as ``(C, H, W)`` uint8; an :class:`UnreadableImageError` naming its key."""
     try:
-        with open(shards[sample.shard], "rb") as handle:
-            handle.seek(sample.offset)
-            data = handle.read(sample.size)
+        data = _read_range(shards[sample.shard], sample.offset, sample.size)
         if len(data) != sample.size:
             raise ValueError(f"{sample.key}: cannot read image (the shard ends within it: changed since it was "
                              "indexed)")
@@ -380,44 +521,45 @@ class ShardReadout:
         return [("train", self.train), ("val", self.val), ("test", self.test)]
 
 
-def open_tar_shards(folder: Union[str, os.PathLike], *, size: Optional[int] = None, color: Optional[str] = None,
+def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = None, color: Optional[str] = None,
                     val_fraction: float = 0.1, test_fraction: float = 0.2, seed: int = 0,
                     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, readout_samples: int = DEFAULT_READOUT_SAMPLES,
                     bad_files: str = "skip") -> TarShards:
-    """The tar shards in ``folder`` (the module's rules). ``size``: the side of the square
-    images (default 32); ``color`` ``"L"``, ``"RGB"`` or ``None`` (grayscale when the first
-    samples all are); ``seed``: the epochs' shard orders and shuffle buffers, and the read-out's
-    sample; ``bad_files``: ``"skip"`` a damaged image (named in the run's ``skipped.txt``) or
-    ``"fail"``. Only headers are read now."""
+    """The tar shards ``shards`` names (a folder, a brace pattern, a ``.txt`` list, a URL:
+    :func:`shard_urls`; the module's rules). ``size``: the side of the square images (default
+    32); ``color`` ``"L"``, ``"RGB"`` or ``None`` (grayscale when the first samples all are);
+    ``seed``: the epochs' shard orders and shuffle buffers, and the read-out's sample;
+    ``bad_files``: ``"skip"`` a damaged image (named in the run's ``skipped.txt``) or ``"fail"``.
+    Only headers are read now."""
     from contrastkit.data.files import GRAY_MODES
     from contrastkit.data.preprocess import SHORTER_SIDE_THEN_CENTRE_CROP, ImagePreprocessing
 
-    folder = Path(folder).expanduser()
+    where = os.fspath(shards)
     size = DEFAULT_SIZE if size is None else check_image_size(size, "size")
     val_fraction, test_fraction = check_unlabeled_options(val_fraction, test_fraction, color, bad_files)
     readout_samples = check_positive_int(readout_samples, "readout_samples", 1)
-    shards = _shard_files(folder)
-    samples = [sample for number, path in enumerate(shards) for sample in _index_shard(path, number)]
+    paths, home = shard_urls(where)
+    samples = [sample for number, path in enumerate(paths) for sample in _index_shard(path, number)]
     seen: Dict[str, int] = {}
     for sample in samples:
         if sample.key in seen:
-            raise ValueError(f"{folder}: the key {sample.key} names two samples (a sample's members must be "
-                             "consecutive and its key unique within its shard)")
+            raise ValueError(f"{where}: the key {sample.key} names two samples (a sample's members must be "
+                             "consecutive and its key unique within its shard; shards of one name in two folders "
+                             "cannot be read together)")
         seen[sample.key] = 1
     labelled = any(sample.label != NO_LABEL for sample in samples)
     if labelled and any(sample.label == NO_LABEL for sample in samples):
         missing = next(sample.key for sample in samples if sample.label == NO_LABEL)
-        raise ValueError(f"{folder}: some samples have a .cls member and {missing} has none; give every sample "
+        raise ValueError(f"{where}: some samples have a .cls member and {missing} has none; give every sample "
                          "a class id, or none")
-    class_names = _class_names(folder, samples) if labelled else []
+    class_names = _class_names(home, samples) if labelled else []
     parts: Dict[str, List[ShardSample]] = {"train": [], "val": [], "test": []}
     for sample in samples:
         parts[split_of_key(sample.key, val_fraction, test_fraction)].append(sample)
     for part, members in parts.items():
         if not members:
-            raise ValueError(f"{folder}: the {part} split is empty ({len(samples)} samples in all: too few for the "
+            raise ValueError(f"{where}: the {part} split is empty ({len(samples)} samples in all: too few for the "
                              "val and test fractions)")
-    paths = [str(path) for path in shards]
     if color is None:
         color = _colour(paths, parts["train"][:_COLOR_SAMPLE], GRAY_MODES)
     preprocessing = ImagePreprocessing(color, (size, size), SHORTER_SIDE_THEN_CENTRE_CROP)
@@ -429,18 +571,27 @@ def open_tar_shards(folder: Union[str, os.PathLike], *, size: Optional[int] = No
                            bad_files=bad_files)
     stream = TarShardStream(paths, parts["train"], preprocessing, seed=seed, shuffle_buffer=shuffle_buffer,
                             bad_files=bad_files)
-    return TarShards(folder.resolve().name or "shards", stream, held["val"], held["test"], class_names, readout)
+    return TarShards(_set_name(home), stream, held["val"], held["test"], class_names, readout)
 
 
-def _class_names(folder: Path, samples: Sequence[ShardSample]) -> List[str]:
+def _set_name(home: str) -> str:
+    """The data set's name: the last part of the shards' folder."""
+    if not _is_url(home):
+        home = str(Path(home).expanduser().resolve())
+    return home.rstrip("/").rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1] or "shards"
+
+
+def _class_names(home: str, samples: Sequence[ShardSample]) -> List[str]:
     largest = max(sample.label for sample in samples)
-    listed = folder / CLASSES_FILE
-    if not listed.is_file():
-        return [str(i) for i in range(largest + 1)]
+    listed = f"{home.rstrip('/')}/{CLASSES_FILE}" if _is_url(home) else os.path.join(home, CLASSES_FILE)
     try:
-        names = [line.strip() for line in listed.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as err:
+        with _open_shard(listed) as handle:
+            text = handle.read().decode("utf-8")
+    except ValueError:  # no classes.txt: the ids name the classes
+        return [str(i) for i in range(largest + 1)]
+    except UnicodeDecodeError as err:
         raise ValueError(f"{listed} cannot be read ({err})") from None
+    names = [line.strip() for line in text.splitlines() if line.strip()]
     if largest >= len(names):
         raise ValueError(f"{listed} names {len(names)} classes; the shards have class id {largest}")
     return names
@@ -453,10 +604,8 @@ def _colour(shards: Sequence[str], samples: Sequence[ShardSample], gray_modes: A
     modes = []
     for sample in samples:
         try:
-            with open(shards[sample.shard], "rb") as handle:
-                handle.seek(sample.offset)
-                with Image.open(io.BytesIO(handle.read(sample.size))) as image:
-                    modes.append(image.mode)
+            with Image.open(io.BytesIO(_read_range(shards[sample.shard], sample.offset, sample.size))) as image:
+                modes.append(image.mode)
         except Exception:  # a damaged image decides nothing (PIL raises many kinds)
             continue
     return "L" if modes and all(mode in gray_modes for mode in modes) else "RGB"

@@ -319,7 +319,7 @@ def _is_tar_shards(data: str) -> bool:
 def _open_tar_shards(request: DataRequest) -> Any:
     from .shards import open_tar_shards
 
-    return call_with_options(open_tar_shards, request.data, request.options, folder=request.data, seed=request.seed,
+    return call_with_options(open_tar_shards, request.data, request.options, shards=request.data, seed=request.seed,
                              bad_files=request.bad_files or "skip")
 
 
