@@ -119,7 +119,7 @@ def test_what_a_folder_of_shards_cannot_be_is_refused_naming_the_file(shards, tm
     compressed.mkdir()
     with open(os.path.join(shards, "00000.tar"), "rb") as source:
         (compressed / "shard-0.tar").write_bytes(gzip.compress(source.read()))
-    with pytest.raises(ValueError, match="shard .*shard-0.tar is not an uncompressed tar file"):
+    with pytest.raises(ValueError, match="shard .*shard-0.tar is compressed; contrastkit reads members by their offsets"):
         open_tar_shards(compressed)
     png = open(os.path.join(write_image_tree(str(tmp_path / "tree"), classes=1, per_class=1), "class0", "000.png"),
                "rb").read()
@@ -142,3 +142,37 @@ def test_more_readers_than_shards_is_refused_naming_workers(shards):
     assert stream.readers_needed(nonempty) is None
     assert f"{nonempty} shard(s) with training samples cannot feed {nonempty + 1} reader(s)" in \
         stream.readers_needed(nonempty + 1)
+
+
+def test_cut_off_and_unreadable_shards_are_named_and_their_whole_samples_kept(shards, tmp_path):
+    """A shard cut off in a member's bytes, one cut off at a header (where Python's tar reader
+    stops without a word), and one that is no tar at all: the samples whose bytes are all there
+    are kept, the rest named with the shard; ``bad_files="fail"`` stops naming the first."""
+    folder = tmp_path / "damaged"
+    shutil.copytree(shards, folder)
+    names = sorted(name for name in os.listdir(folder) if name.endswith(".tar"))
+    whole = open_tar_shards(shards)
+    count = lambda data: data.train.num_samples + len(data.val) + len(data.test)  # noqa: E731
+    with tarfile.open(folder / names[0]) as tar:
+        members = tar.getmembers()
+    in_bytes = members[4].offset_data + 3  # within the third member group's data
+    at_header = members[6].offset  # at the header of a later member
+    with tarfile.open(folder / names[3]) as tar:
+        last = tar.getmembers()[-1]
+    in_the_last = last.offset_data + 1  # within the last member's bytes: the reader then stops quietly
+    for name, cut in ((names[0], in_bytes), (names[1], at_header), (names[3], in_the_last)):
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[:cut])
+    (folder / names[2]).write_bytes(b"not a tar file" * 100)
+    opened = open_tar_shards(folder)
+    skipped = opened.train.skipped
+    assert "cut off after" in skipped[names[1]] and "not a readable tar file" in skipped[names[2]]
+    assert "damaged after 2 sample(s) (unexpected end of data)" in skipped[names[0]]
+    last_key = f"{names[3]}/{last.name.split('.')[0]}"
+    assert skipped[last_key] == "cut off: the shard ends within it" and names[3] in skipped
+    assert last_key not in {s.key for samples in opened.train.by_shard for s in samples}
+    per_shard = [len([s for s in whole.train.by_shard[i]]) for i in range(3)]
+    assert count(opened) < count(whole) - per_shard[2]
+    assert opened.readout_train.skipped == skipped
+    with pytest.raises(ValueError, match=f"shard .*{names[0]}: .*bad_files=fail"):
+        open_tar_shards(folder, bad_files="fail")

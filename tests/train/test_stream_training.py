@@ -88,6 +88,8 @@ def test_resuming_a_stream_mid_epoch_with_other_workers_is_refused_naming_the_op
 def test_the_stream_command_line_run_names_each_damaged_sample_by_key(tmp_path, capsys):
     data = write_shards(tmp_path, per_class=16)
     damaged = add_damaged_shard(data)
+    with open(os.path.join(data, "zz-truncated.tar"), "wb") as handle:  # a shard cut off in its first header
+        handle.write(b"\0" * 100 + b"ustar")
     train_samples = open_tar_shards(data).train.num_samples
     # A batch that divides the training samples: the one epoch reads every one of them.
     batch = next(b for b in range(8, 1, -1) if train_samples % b == 0)
@@ -95,11 +97,12 @@ def test_the_stream_command_line_run_names_each_damaged_sample_by_key(tmp_path, 
     assert main(["pretrain", "--data", data, "--data-option", "size=16", "--epochs", "1", "--batch-size", str(batch),
                  "--device", "cpu", "--quiet", "--no-report", "--out", str(out)]) == 0
     named = [line.split("\t")[0] for line in (out / "skipped.txt").read_text().splitlines()]
-    assert sorted(named) == sorted(damaged)  # train ones met by the stream, val and test ones read after training
+    # train ones met by the stream, val and test ones read after training, the damaged shard when opened
+    assert sorted(named) == sorted(damaged + ["zz-truncated.tar"])
     assert sorted(split_of_key(key) == "train" for key in damaged) == [False, False, True, True]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["skipped_files"] == len(damaged)
-    assert "skipped 4 damaged image file(s)" in capsys.readouterr().err
+    assert summary["skipped_files"] == len(damaged) + 1
+    assert "skipped 5 damaged image file(s)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("options, option", [

@@ -238,37 +238,74 @@ def _shard_files(folder: Path) -> List[Path]:
     return shards
 
 
-def _index_shard(url: str, number: int) -> List[ShardSample]:
-    """The samples of the shard ``url`` (headers, and the bytes of its ``.cls`` members)."""
+#: A tar file ends with two zero blocks of 512 bytes; one without them was cut off.
+_END_OF_ARCHIVE = 1024
+#: The first bytes of the compressed files a shard might be by mistake (gzip, bzip2, xz, zstd).
+_COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+
+
+def _index_shard(url: str, number: int) -> Tuple[List[ShardSample], Dict[str, str]]:
+    """The samples of the shard ``url`` (headers, and the bytes of its ``.cls`` members), and
+    what of it is damaged: ``{shard or key: reason}``. A shard cut off (or damaged) part way keeps
+    the samples whose bytes are all there; one that is not a tar at all is damaged whole; one
+    that is compressed is a ``ValueError`` (a setting to change, not damage)."""
     from contrastkit.data.files import IMAGE_EXTENSIONS
 
     image_kinds = tuple(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
     shard_name = url.rstrip("/").rsplit("/", 1)[-1]
+    damaged: Dict[str, str] = {}
+    groups: Dict[str, Dict[str, tarfile.TarInfo]] = {}
     handle = _open_shard(url)
     try:
-        with handle, tarfile.open(fileobj=handle, mode="r:") as tar:  # uncompressed: members are read by offset
-            groups: Dict[str, Dict[str, tarfile.TarInfo]] = {}
-            for member in tar:
-                if not member.isfile():
-                    continue
-                directory, base = posixpath.split(member.name)
-                stem, _, kind = base.partition(".")
-                groups.setdefault(posixpath.join(directory, stem), {})[kind.lower()] = member
-            samples = []
-            for name, members in groups.items():
-                image = next((members[kind] for kind in image_kinds if kind in members), None)
-                if image is None:
-                    continue  # e.g. a sample of texts only: nothing this source reads
-                key = f"{shard_name}/{name}"
-                label = NO_LABEL
-                if "cls" in members:
-                    label = _read_label(tar, members["cls"], url, key)
-                samples.append(ShardSample(number, image.offset_data, image.size, label, key))
-    except tarfile.ReadError as err:
-        raise ValueError(f"shard {url} is not an uncompressed tar file ({err}); contrastkit reads members by "
-                         "their offsets (write the shards without compression)") from None
+        with handle:
+            start = handle.read(6)
+            if start.startswith(_COMPRESSED_MAGIC):
+                raise ValueError(f"shard {url} is compressed; contrastkit reads members by their offsets (write the "
+                                 "shards without compression)")
+            length = handle.seek(0, os.SEEK_END)
+            handle.seek(0)
+            try:
+                with tarfile.open(fileobj=handle, mode="r:") as tar:
+                    try:
+                        for member in tar:
+                            if member.isfile():
+                                directory, base = posixpath.split(member.name)
+                                stem, _, kind = base.partition(".")
+                                groups.setdefault(posixpath.join(directory, stem), {})[kind.lower()] = member
+                    except tarfile.ReadError as err:
+                        damaged[shard_name] = (f"damaged after {len(groups)} sample(s) ({one_line(err)}); the samples "
+                                               "before kept")
+                    else:
+                        if length - tar.offset < _END_OF_ARCHIVE:  # the reader stops quietly at a cut header
+                            damaged[shard_name] = (f"cut off after {len(groups)} sample(s): it ends without the tar "
+                                                   "end-of-archive blocks; the samples before kept")
+                    samples = _shard_samples(tar, groups, url, number, shard_name, image_kinds, length, damaged)
+            except tarfile.ReadError as err:
+                damaged[shard_name] = f"not a readable tar file ({one_line(err)}); none of its samples read"
+                return [], damaged
     except OSError as err:
         raise ValueError(f"shard {url} cannot be read ({err.strerror or one_line(err)})") from None
+    return samples, damaged
+
+
+def _shard_samples(tar: tarfile.TarFile, groups: Dict[str, Dict[str, tarfile.TarInfo]], url: str, number: int,
+                   shard_name: str, image_kinds: Tuple[str, ...], length: int,
+                   damaged: Dict[str, str]) -> List[ShardSample]:
+    """The samples of a shard's member groups; one whose members end past the shard's
+    ``length`` bytes (a cut-off shard) is damaged."""
+    samples = []
+    for name, members in groups.items():
+        image = next((members[kind] for kind in image_kinds if kind in members), None)
+        if image is None:
+            continue  # e.g. a sample of texts only: nothing this source reads
+        key = f"{shard_name}/{name}"
+        if any(member.offset_data + member.size > length for member in members.values()):
+            damaged[key] = "cut off: the shard ends within it"
+            continue
+        label = NO_LABEL
+        if "cls" in members:
+            label = _read_label(tar, members["cls"], url, key)
+        samples.append(ShardSample(number, image.offset_data, image.size, label, key))
     return samples
 
 
@@ -539,7 +576,16 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
     val_fraction, test_fraction = check_unlabeled_options(val_fraction, test_fraction, color, bad_files)
     readout_samples = check_positive_int(readout_samples, "readout_samples", 1)
     paths, home = shard_urls(where)
-    samples = [sample for number, path in enumerate(paths) for sample in _index_shard(path, number)]
+    samples, damaged = [], {}
+    for number, path in enumerate(paths):
+        found, bad = _index_shard(path, number)
+        if bad and bad_files == "fail":
+            what, reason = next(iter(bad.items()))
+            raise ValueError(f"shard {path}: {what} is {reason} (bad_files=fail; skip leaves it out and names it)")
+        samples += found
+        damaged.update(bad)
+    if not samples:
+        raise ValueError(f"{where}: no sample could be read (e.g. {_some_damage(damaged)})")
     seen: Dict[str, int] = {}
     for sample in samples:
         if sample.key in seen:
@@ -571,7 +617,18 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
                            bad_files=bad_files)
     stream = TarShardStream(paths, parts["train"], preprocessing, seed=seed, shuffle_buffer=shuffle_buffer,
                             bad_files=bad_files)
+    # The damaged shards and cut-off samples found now: with the stream's and the read-out's
+    # skipped samples (what the run names in skipped.txt).
+    stream.skipped.update(damaged)
+    readout.skipped.update(damaged)
     return TarShards(_set_name(home), stream, held["val"], held["test"], class_names, readout)
+
+
+def _some_damage(damaged: Dict[str, str]) -> str:
+    if not damaged:
+        return "no shard holds an image"
+    what, reason = next(iter(damaged.items()))
+    return f"{what}: {reason}"
 
 
 def _set_name(home: str) -> str:
