@@ -176,3 +176,26 @@ def test_cut_off_and_unreadable_shards_are_named_and_their_whole_samples_kept(sh
     assert opened.readout_train.skipped == skipped
     with pytest.raises(ValueError, match=f"shard .*{names[0]}: .*bad_files=fail"):
         open_tar_shards(folder, bad_files="fail")
+
+
+def test_held_out_shards_give_val_and_test_and_every_training_sample_trains(tmp_path):
+    from contrastkit.data import write_shards as write_shard_sets
+
+    tree = tmp_path / "tree"
+    write_image_tree(str(tree / "train"), classes=3, per_class=10, size=12, seed=1)
+    write_image_tree(str(tree / "test"), classes=3, per_class=6, size=12, seed=2)
+    written = write_shard_sets(str(tree), str(tmp_path / "shards"), shard_size=6)
+    train, held = written.parts["train"].folder, written.parts["test"].folder
+    opened = open_tar_shards(train, held_out=held, val_fraction=0.1, test_fraction=0.2, size=12)
+    assert opened.train.num_samples == 30 and len(opened.val) + len(opened.test) == 18
+    assert opened.held_out == held and len(opened.test) > len(opened.val) > 0  # split 1 : 2 by key
+    assert all(opened.val.path(i).split("/")[0] in os.listdir(held) for i in range(len(opened.val)))
+    image, label = opened.test[0]
+    assert image.shape == (3, 12, 12) and 0 <= label < 3
+    assert open_data(train, eval_data=held, size=12).train.num_samples == 30  # what --eval-data passes
+    with pytest.raises(ValueError, match="the held-out shards include training shards"):
+        open_tar_shards(train, held_out=train)
+    other = tmp_path / "other-classes"
+    write_shard_sets(write_image_tree(str(tmp_path / "tree4"), classes=4, per_class=3, size=12), str(other))
+    with pytest.raises(ValueError, match="its classes .* are not the training shards'"):
+        open_tar_shards(train, held_out=str(other))

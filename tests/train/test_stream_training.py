@@ -159,3 +159,28 @@ def test_embed_and_neighbors_of_a_stream_run_name_rows_by_sample_key(shards, tmp
     capsys.readouterr()
     assert main(["neighbors", str(out), str(query), "--k", "1", "--no-picture"]) == 0
     assert key in capsys.readouterr().out
+
+
+def test_contrastkit_shard_then_pretrain_with_the_held_out_shards_as_eval_data(tmp_path):
+    """The flow of docs/data.md: ``contrastkit shard`` writes a tree's train and test parts as two
+    shard sets; ``pretrain`` trains on every training shard and takes val and test (the probe's
+    test) from the held-out ones. ``--eval-data`` beside labelled data that is not shards is
+    refused rather than ignored."""
+    from _shards import write_image_tree
+
+    tree = tmp_path / "tree"
+    write_image_tree(str(tree / "train"), classes=3, per_class=12, size=16, seed=1)
+    write_image_tree(str(tree / "test"), classes=3, per_class=6, size=16, seed=2)
+    shards = tmp_path / "shards"
+    assert main(["shard", str(tree), str(shards), "--shard-size", "6", "--quiet"]) == 0
+    out = tmp_path / "run"
+    assert main(["pretrain", "--data", str(shards / "train"), "--eval-data", str(shards / "test"), "--data-option",
+                 "size=16", "--epochs", "1", "--batch-size", "6", "--device", "cpu", "--quiet", "--no-report",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    derived = json.loads((out / "config.json").read_text())["derived"]
+    assert derived["stream"]["train_samples"] == 36  # every training sample trains
+    assert 0.0 <= summary["probe_accuracy"] <= 1.0
+    with pytest.raises(ValueError, match="--eval-data judges an encoder trained on unlabeled data"):
+        pretrain(_config(str(tree / "train"), tmp_path / "refused", eval_data=str(shards / "test")), progress=False,
+                 baselines=False)

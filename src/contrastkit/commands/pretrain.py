@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              f"at most {MAX_SIZE}); the data option size=S")
     add("--eval-data", default=None, metavar="DATA",
         help="a labelled data set (class folders, ...) on which the encoder trained on unlabeled --data is judged "
-             "by the linear probe and kNN, next to the label-free read-out")
+             "by the linear probe and kNN, next to the label-free read-out; or, for labelled tar shards, held-out "
+             "shards that val and test come from (every --data sample then trains)")
     add("--train-limit", type=int, default=None, metavar="N",
         help="train on a class-stratified subset of N training images (default: all)")
     add("--val-limit", type=int, default=None, metavar="N", help="a stratified subset of N val images (default: all)")

@@ -53,7 +53,8 @@ class DataSplits(Protocol):
 
 
 def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0, paired: bool = False,
-              unlabeled: bool = False, bad_files: Optional[str] = None, **options: Any) -> Any:
+              unlabeled: bool = False, bad_files: Optional[str] = None, eval_data: Optional[str] = None,
+              **options: Any) -> Any:
     """The one entry point that opens any ``--data``: the first registered data source
     (:mod:`contrastkit.data.sources`) whose ``detect`` recognises ``data`` opens it, as a
     :class:`DataSplits` (or, for a source of that kind, an iterable data set:
@@ -73,6 +74,9 @@ def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0,
             without class structure, or a ``.txt`` / ``.csv`` list of image paths, is one anyway.
         bad_files: ``"skip"`` (an unlabeled collection's default) or ``"fail"``: what a damaged
             image file does (collections only; the other kinds stop at a damaged file).
+        eval_data: held-out data that a source takes its val and test splits from (labelled
+            tar shards: :func:`~contrastkit.data.open_tar_shards`'s ``held_out``); the other
+            sources leave it to the run's read-out.
         options: the loader's options.
     """
     from .collection import BAD_FILES
@@ -85,7 +89,7 @@ def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0,
         raise ValueError(f"data option stream must be true or false, got {stream!r}")
     source = find_data_source(data, pairs=paired, unlabeled=unlabeled)
     request = DataRequest(data=os.fspath(data), seed=seed, workers=workers, stream=stream, bad_files=bad_files,
-                          options=options)
+                          options=options, eval_data=eval_data)
     return open_source(source, request)
 
 

@@ -58,7 +58,7 @@ from torch import Tensor
 from contrastkit import layout
 from contrastkit._io import one_line
 from contrastkit.data.base import NO_LABEL, check_positive_int
-from contrastkit.data.collection import DEFAULT_SIZE, check_image_size, check_unlabeled_options
+from contrastkit.data.collection import DEFAULT_SIZE, check_image_size, check_unlabeled_options, hash_fraction
 from contrastkit.data.iterable import DamagedSample, split_of_key
 from contrastkit.data.streaming import BadItemError, UnreadableImageError
 
@@ -495,11 +495,13 @@ class TarShardStream(torch.utils.data.IterableDataset):
 class TarShards:
     """A folder of tar shards as a data set (the module's rules): ``train`` a
     :class:`TarShardStream`, ``val`` and ``test`` :class:`ShardSamples`; ``name``,
-    ``class_names``, ``num_classes``, ``image_shape``; ``source`` ``"tar-shards"``."""
+    ``class_names``, ``num_classes``, ``image_shape``; ``source`` ``"tar-shards"``;
+    ``held_out``: the held-out shards val and test came from, or ``None`` (split by key)."""
 
     source = "tar-shards"
     streamed = True
     has_realisations = False
+    held_out: Optional[str] = None
 
     def __init__(self, name: str, train: TarShardStream, val: ShardSamples, test: ShardSamples,
                  class_names: List[str], readout_train: ShardSamples) -> None:
@@ -561,13 +563,16 @@ class ShardReadout:
 def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = None, color: Optional[str] = None,
                     val_fraction: float = 0.1, test_fraction: float = 0.2, seed: int = 0,
                     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, readout_samples: int = DEFAULT_READOUT_SAMPLES,
-                    bad_files: str = "skip") -> TarShards:
+                    bad_files: str = "skip", held_out: Optional[Union[str, os.PathLike]] = None) -> TarShards:
     """The tar shards ``shards`` names (a folder, a brace pattern, a ``.txt`` list, a URL:
     :func:`shard_urls`; the module's rules). ``size``: the side of the square images (default
     32); ``color`` ``"L"``, ``"RGB"`` or ``None`` (grayscale when the first samples all are);
     ``seed``: the epochs' shard orders and shuffle buffers, and the read-out's sample;
-    ``bad_files``: ``"skip"`` a damaged image (named in the run's ``skipped.txt``) or ``"fail"``.
-    Only headers are read now."""
+    ``bad_files``: ``"skip"`` a damaged image (named in the run's ``skipped.txt``) or ``"fail"``;
+    ``held_out``: other shards (any form ``shards`` takes; ``--eval-data``) that val and test
+    come from, split between them by key in the ratio ``val_fraction : test_fraction``, every
+    sample of ``shards`` then training (labelled shards with the same classes; unlabeled
+    training shards leave them to the run's read-out). Only headers are read now."""
     from contrastkit.data.files import GRAY_MODES
     from contrastkit.data.preprocess import SHORTER_SIDE_THEN_CENTRE_CROP, ImagePreprocessing
 
@@ -576,16 +581,7 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
     val_fraction, test_fraction = check_unlabeled_options(val_fraction, test_fraction, color, bad_files)
     readout_samples = check_positive_int(readout_samples, "readout_samples", 1)
     paths, home = shard_urls(where)
-    samples, damaged = [], {}
-    for number, path in enumerate(paths):
-        found, bad = _index_shard(path, number)
-        if bad and bad_files == "fail":
-            what, reason = next(iter(bad.items()))
-            raise ValueError(f"shard {path}: {what} is {reason} (bad_files=fail; skip leaves it out and names it)")
-        samples += found
-        damaged.update(bad)
-    if not samples:
-        raise ValueError(f"{where}: no sample could be read (e.g. {_some_damage(damaged)})")
+    samples, damaged = _index_shards(where, paths, bad_files)
     seen: Dict[str, int] = {}
     for sample in samples:
         if sample.key in seen:
@@ -600,8 +596,26 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
                          "a class id, or none")
     class_names = _class_names(home, samples) if labelled else []
     parts: Dict[str, List[ShardSample]] = {"train": [], "val": [], "test": []}
-    for sample in samples:
-        parts[split_of_key(sample.key, val_fraction, test_fraction)].append(sample)
+    if held_out is not None and labelled:
+        held_where = os.fspath(held_out)
+        held_paths, held_home = shard_urls(held_where)
+        both = sorted(set(map(_same_shard, paths)) & set(map(_same_shard, held_paths)))
+        if both:
+            raise ValueError(f"eval data {held_where}: the held-out shards include training shards ({both[0]}"
+                             f"{' and others' if len(both) > 1 else ''}): give shards that do not train")
+        first = len(paths)  # the held-out shards follow the training shards in the shard list
+        held_samples, held_damage = _index_shards(held_where, held_paths, bad_files, first=first)
+        _check_held_out(held_where, held_samples, _class_names(held_home, held_samples), class_names)
+        parts["train"] = samples
+        # The rule of split_of_key over the held-out samples alone: test below its share of the hash range.
+        held_test = test_fraction / (val_fraction + test_fraction) if val_fraction + test_fraction > 0 else 0.5
+        for sample in held_samples:
+            parts["test" if hash_fraction(sample.key) < held_test else "val"].append(sample)
+        paths, damaged = paths + held_paths, {**damaged, **held_damage}
+        samples = samples + held_samples
+    else:
+        for sample in samples:
+            parts[split_of_key(sample.key, val_fraction, test_fraction)].append(sample)
     for part, members in parts.items():
         if not members:
             raise ValueError(f"{where}: the {part} split is empty ({len(samples)} samples in all: too few for the "
@@ -621,7 +635,44 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
     # skipped samples (what the run names in skipped.txt).
     stream.skipped.update(damaged)
     readout.skipped.update(damaged)
-    return TarShards(_set_name(home), stream, held["val"], held["test"], class_names, readout)
+    opened = TarShards(_set_name(home), stream, held["val"], held["test"], class_names, readout)
+    if held_out is not None and labelled:
+        opened.held_out = os.fspath(held_out)
+    return opened
+
+
+def _index_shards(where: str, paths: Sequence[str], bad_files: str,
+                  first: int = 0) -> Tuple[List[ShardSample], Dict[str, str]]:
+    """The samples of the shards ``paths`` (numbered from ``first``) and what is damaged."""
+    samples: List[ShardSample] = []
+    damaged: Dict[str, str] = {}
+    for number, path in enumerate(paths, start=first):
+        found, bad = _index_shard(path, number)
+        if bad and bad_files == "fail":
+            what, reason = next(iter(bad.items()))
+            raise ValueError(f"shard {path}: {what} is {reason} (bad_files=fail; skip leaves it out and names it)")
+        samples += found
+        damaged.update(bad)
+    if not samples:
+        raise ValueError(f"{where}: no sample could be read (e.g. {_some_damage(damaged)})")
+    return samples, damaged
+
+
+def _same_shard(url: str) -> str:
+    """A shard's identity: its URL, or its resolved path."""
+    return url if _is_url(url) else os.path.realpath(url)
+
+
+def _check_held_out(where: str, samples: Sequence[ShardSample], names: Sequence[str],
+                    class_names: Sequence[str]) -> None:
+    """Held-out shards are judged by the training shards' classes: labelled, with the same names."""
+    if any(sample.label == NO_LABEL for sample in samples):
+        raise ValueError(f"eval data {where}: held-out shards of labelled training shards need a .cls member in "
+                         "every sample")
+    if list(names) != list(class_names)[:len(names)] or max(sample.label for sample in samples) >= len(class_names):
+        raise ValueError(f"eval data {where}: its classes ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}) "
+                         f"are not the training shards' ({', '.join(class_names[:5])}"
+                         f"{', ...' if len(class_names) > 5 else ''})")
 
 
 def _some_damage(damaged: Dict[str, str]) -> str:

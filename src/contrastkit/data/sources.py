@@ -60,9 +60,11 @@ class DataRequest:
     """What a source's ``open`` is asked for: the ``--data`` string ``data``, the run's ``seed``
     (for generated data; real data ignore it), ``workers`` (``DataLoader`` processes the run
     will use), ``stream`` (the data option ``stream``: ``True``, ``False`` or ``None``, not
-    given), ``bad_files`` (``"skip"``, ``"fail"`` or ``None``, not given) and the other data
-    options ``options`` (``--data-option KEY=VALUE``), which a source checks itself (an unknown
-    one is a ``TypeError`` naming the accepted ones: :func:`~contrastkit.data.call_with_options`)."""
+    given), ``bad_files`` (``"skip"``, ``"fail"`` or ``None``, not given), ``eval_data`` (the
+    run's ``--eval-data``: held-out data for a source that can take its val and test from them,
+    tar shards; the others leave it to the read-out) and the other data options ``options``
+    (``--data-option KEY=VALUE``), which a source checks itself (an unknown one is a
+    ``TypeError`` naming the accepted ones: :func:`~contrastkit.data.call_with_options`)."""
 
     data: str
     seed: int = 0
@@ -70,6 +72,7 @@ class DataRequest:
     stream: Optional[bool] = None
     bad_files: Optional[str] = None
     options: Dict[str, Any] = field(default_factory=dict)
+    eval_data: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -320,7 +323,7 @@ def _open_tar_shards(request: DataRequest) -> Any:
     from .shards import open_tar_shards
 
     return call_with_options(open_tar_shards, request.data, request.options, shards=request.data, seed=request.seed,
-                             bad_files=request.bad_files or "skip")
+                             bad_files=request.bad_files or "skip", held_out=request.eval_data)
 
 
 def _open_collection(request: DataRequest) -> Any:

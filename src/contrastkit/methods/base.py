@@ -106,7 +106,8 @@ class Method:
         :func:`~contrastkit.data.open_data` (images with labels, or image-text pairs when the
         method is :attr:`paired`; streamed or held as ``data`` decides)."""
         return open_data(config.data, seed=config.seed, workers=config.workers, paired=self.paired,
-                         unlabeled=config.unlabeled, bad_files=config.bad_files, **config.data_options)
+                         unlabeled=config.unlabeled, bad_files=config.bad_files, eval_data=config.eval_data,
+                         **config.data_options)
 
     def run_tokenizer(self, dataset: DataSplits, out: str, resume: bool) -> Any:
         """The run's text tokenizer (paired methods), else ``None``."""

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 import torch
 from torch import nn
 
-from contrastkit.data import DataSplits, as_data
+from contrastkit.data import DataSplits, as_data, is_iterable_data
 from contrastkit.methods import PretrainConfig, get_method
 from contrastkit.data import make_views, open_data
 from contrastkit.metrics.readout import evaluate_encoders, evaluate_without_labels
@@ -64,6 +64,8 @@ def evaluate_on_labelled(config: PretrainConfig, encoder: nn.Module, image_shape
     if os.path.exists(config.eval_data) and os.path.isdir(config.eval_data):
         options["color"] = "L" if channels == 1 else "RGB"
     labelled = open_data(config.eval_data, seed=config.seed, workers=config.workers, **options)
+    if is_iterable_data(labelled):  # a stream (tar shards): its read-out sample, val and test, map-style
+        labelled = labelled.readout(config.workers)
     if not labelled.num_classes:
         raise ValueError(f"eval_data {config.eval_data!r} holds no class labels: give class folders or another "
                          "labelled data set")

@@ -458,6 +458,10 @@ def _open_data(config: PretrainConfig, method: Method, parallel: Parallel, resum
     to its subsets and checked against the method; a stream's read-out sample for the
     read-out. The configuration records a caller's encoder (how to rebuild it)."""
     opened = method.load_data(config) if dataset is None else as_data(dataset)
+    if config.eval_data is not None and opened.num_classes and getattr(opened, "held_out", None) is None:
+        raise ValueError(f"--eval-data judges an encoder trained on unlabeled data, or gives labelled tar shards "
+                         f"their held-out shards; {config.data} has class labels and its own val and test splits "
+                         "(leave --eval-data out)")
     stream = opened.train if is_iterable_data(opened) else None
     if stream is not None:  # the read-out reads a bounded sample of the stream, map-style
         _check_streamable(config, views, transform, stream, parallel.world_size)
