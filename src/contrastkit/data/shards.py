@@ -5,7 +5,7 @@
 (``shards/train-{000000..000127}.tar``, expanded by ``braceexpand`` as WebDataset expands it),
 a ``.txt`` file listing shards (one path or URL per line, relative paths from its folder), or
 any of these as a URL read through fsspec (``s3://``, ``gs://``, ``hf://``, ``memory://``,
-``file://``; a folder URL ends in ``/``): :func:`shard_urls`. ``classes.txt`` is looked for in
+``file://``; a folder URL ends in ``/``): ``shard_urls``. ``classes.txt`` is looked for in
 the folder, or next to the first shard.
 
 **Layout.** Uncompressed POSIX tar files whose members
@@ -134,7 +134,7 @@ def is_tar_shards(path: Union[str, os.PathLike]) -> bool:
 
 
 def shard_urls(data: Union[str, os.PathLike]) -> Tuple[List[str], str]:
-    """``(shards, home)``: the shard paths or URLs ``data`` names (:func:`is_tar_shards`'s forms,
+    """``(shards, home)``: the shard paths or URLs ``data`` names (``is_tar_shards``'s forms,
     a folder's in name order) and the folder where ``classes.txt`` is looked for (the folder, or
     that of the first shard). URLs are read through fsspec (``s3://``, ``gs://``, ``hf://``, ...
     with their own fsspec packages); a brace pattern is expanded by ``braceexpand``."""
@@ -565,7 +565,7 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
                     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, readout_samples: int = DEFAULT_READOUT_SAMPLES,
                     bad_files: str = "skip", held_out: Optional[Union[str, os.PathLike]] = None) -> TarShards:
     """The tar shards ``shards`` names (a folder, a brace pattern, a ``.txt`` list, a URL:
-    :func:`shard_urls`; the module's rules). ``size``: the side of the square images (default
+    ``shard_urls``; the module's rules). ``size``: the side of the square images (default
     32); ``color`` ``"L"``, ``"RGB"`` or ``None`` (grayscale when the first samples all are);
     ``seed``: the epochs' shard orders and shuffle buffers, and the read-out's sample;
     ``bad_files``: ``"skip"`` a damaged image (named in the run's ``skipped.txt``) or ``"fail"``;
