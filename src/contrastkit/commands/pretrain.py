@@ -12,7 +12,7 @@ from contrastkit import layout
 from contrastkit.commands.common import add_config_argument, parse_data_options, parse_names, print_result_table
 from contrastkit.data.collection import MAX_SIZE, check_image_size
 from contrastkit.methods import METHOD_REGISTRY, OPTIMIZERS, PretrainConfig, method_names
-from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, ON_NAN, PRECISIONS
+from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, ON_NAN, OPTION_GROUPS, PRECISIONS, option_facts
 from contrastkit.models import ENCODERS
 from contrastkit.temperature_methods import TEMPERATURE_METHOD_REGISTRY
 from contrastkit.models.text import TEXT_ENCODERS
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "OUT/config.json, OUT/config.yaml (pass it back with --config to rerun), OUT/metrics.jsonl, "
         "OUT/checkpoints/last.pt and OUT/summary.json.")
     # Every default is None so that --resume can tell given options from defaults.
-    add = parser.add_argument
+    add = _grouped(parser)
     add("--data", default=None, help=f"glyphlab, digits, or a path (image folder, MNIST idx, CIFAR-10 "
                                      f"batches, .npz); for --method convirt: glyphlab-text, digits-text "
                                      f"or a .csv of image,text rows; or what an installed data source "
@@ -171,6 +171,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "the raw-pixel baseline holds N x C*H*W float32 features per split, which is what makes the "
              "read-out's memory grow with a large streamed data set")
     add_config_argument(parser, aliases=_CONFIG_ALIASES)
+
+
+#: The options of this command that are not a run's configuration.
+_COMMAND_GROUP = ("command", "what this command does with OUT and what it prints")
+#: Options that set a field through another (``--image-size S``: the data option ``size``).
+_OPTION_GROUP = {"image_size": "data"}
+
+
+def _field_of(dest: str) -> str:
+    """The :class:`PretrainConfig` field an option's ``dest`` sets (its name, or an alias's)."""
+    return {option: name for name, option in _CONFIG_ALIASES.items()}.get(dest, dest)
+
+
+def _grouped(parser: argparse.ArgumentParser) -> Any:
+    """``add(*flags, **options)`` that puts each option in the argument group of the field it
+    sets (:data:`~contrastkit.methods.config.OPTION_GROUPS`, the fields' metadata), and the
+    command's own options last."""
+    groups = {name: parser.add_argument_group(f"{name} options", description)
+              for name, description in OPTION_GROUPS.items()}
+    command = parser.add_argument_group(f"{_COMMAND_GROUP[0]} options", _COMMAND_GROUP[1])
+    facts = option_facts()
+
+    def add(*flags: str, **options: Any) -> argparse.Action:
+        dest = options.get("dest") or flags[0].lstrip("-").replace("-", "_")
+        name = _field_of(dest)
+        group = groups[facts[name]["group"] if name in facts else _OPTION_GROUP[name]] \
+            if name in facts or name in _OPTION_GROUP else command
+        return group.add_argument(*flags, **options)
+
+    return add
+
+
+def option_table() -> str:
+    """The options of ``contrastkit pretrain`` as docs/pretrain.md's table (Markdown), group by
+    group in the order of ``--help``: each option, whether a resumed run may change it, and its
+    help; made from the parser and the fields' metadata, so the docs cannot drift from them."""
+    parser = argparse.ArgumentParser(prog="contrastkit pretrain")
+    add_arguments(parser)
+    facts = option_facts()
+    lines = []
+    for group in parser._action_groups:
+        actions = [action for action in group._group_actions if action.option_strings and action.dest != "help"]
+        if not actions or group.title in ("options", "optional arguments"):
+            continue
+        lines += [f"**{group.title}**: {group.description}", "",
+                  "| option | may change on `--resume` | what it sets |", "|---|:---:|---|"]
+        for action in actions:
+            name = _field_of(action.dest)
+            configured = name in facts or name in _OPTION_GROUP
+            resume = ("yes" if facts.get(name, {}).get("resume") else "no") if configured else ""
+            flag = action.option_strings[-1] + (f" {action.metavar}" if action.metavar else "")
+            text = " ".join((action.help or "").split()).replace("|", "\\|")
+            lines.append(f"| `{flag}` | {resume} | {text} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def config_from_args(args: argparse.Namespace) -> PretrainConfig:

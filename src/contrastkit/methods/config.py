@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from contrastkit.data.base import check_positive_int
@@ -20,7 +20,8 @@ from .registry import METHOD_REGISTRY, get_method
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
-__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "PRECISIONS", "DATA_ON_DEVICE", "ON_NAN",
+__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "OPTION_GROUPS", "option_facts",
+           "LIGHTNING_APPLIES", "PRECISIONS", "DATA_ON_DEVICE", "ON_NAN",
            "check_positive_int",
            "check_positive_float", "default_batch_size", "SMALLEST_DEFAULT_BATCH", "LARGEST_DEFAULT_BATCH",
            "IMAGES_PER_BATCH_ROW"]
@@ -39,20 +40,6 @@ LOGGER_NAMES = ("csv", "tensorboard")
 TENSORBOARD_MISSING = ("--logger tensorboard needs the tensorboard package: pip install 'contrastkit[tensorboard]' "
                        "(or pip install tensorboard)")
 
-# Keys a resumed run may change without invalidating the checkpoint. Changing ``epochs``
-# stretches the cosine schedule from the resumed step on.
-# ``threads``, ``device`` and ``compile`` may change too, at the price of bit-exactness (other
-# kernels, another reduction order); with the same setting a resumed run is exact.
-# ``workers`` only decode images (no randomness), so any number resumes exactly.
-# ``baseline_cache`` only says where baselines are kept (their numbers are the same).
-# ``checkpoint_every`` only says when the state is saved; ``on_nan`` what a non-finite loss does
-# (resuming a run that stopped on one with ``on_nan="skip"`` is how to go past it).
-# ``channels_last`` and ``data_on_device`` say where and how the same numbers are laid out (a
-# change may round differently, as ``device`` does); ``precision`` changes the arithmetic and
-# the checkpoint's state (the gradient scaler's), so it must stay.
-RESUME_MAY_CHANGE = frozenset({"epochs", "device", "threads", "out", "log_every", "eval_every", "loggers",
-                               "workers", "baseline_cache", "compile", "channels_last",
-                               "data_on_device", "checkpoint_every", "on_nan"})
 #: What a non-finite training loss does: stop the run, or skip that step's update (``on_nan``).
 ON_NAN = ("stop", "skip")
 
@@ -179,75 +166,114 @@ def _resolve_schedule(c: "PretrainConfig") -> "TemperatureSchedule":
     return schedule
 
 
+#: The groups of a run's options, in the order ``contrastkit pretrain --help`` and
+#: docs/pretrain.md show them (each field's ``metadata["group"]``).
+OPTION_GROUPS = {
+    "data": "what the run reads: the data set, its subsets, its views",
+    "model": "the method, the networks and what the method adds to them",
+    "optimization": "the optimizer and its schedule, the batch, the seed",
+    "temperature": "the temperature: its value, schedule or method",
+    "run": "where and how the run computes, logs, checkpoints and evaluates (the trainer's part)",
+}
+
+
+def _option(default: Any = MISSING, *, group: str, resume: bool = False, lightning: bool = False,
+            default_factory: Any = MISSING) -> Any:
+    """A :class:`PretrainConfig` field with its facts as metadata: its ``group``
+    (:data:`OPTION_GROUPS`), whether a resumed run may change it (``resume``: the checkpoint
+    stays valid) and whether :class:`~contrastkit.integrations.lightning.ContrastiveModule`
+    applies it (``lightning``; the others are the trainer's or the data module's to decide)."""
+    metadata = {"group": group, "resume": resume, "lightning": lightning}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class PretrainConfig:
     """Everything that determines a pretraining run. ``None`` fields get method/optimizer
-    defaults in :meth:`resolved`; the resolved config is what gets saved and compared."""
+    defaults in :meth:`resolved`; the resolved config is what gets saved and compared. Each
+    field's group, and whether ``--resume`` may change it, are its metadata (``option_facts()``)."""
 
-    data: str = "glyphlab"
-    data_options: Dict[str, Any] = field(default_factory=dict)
+    # ------------------------------------------------------------------ data
+    data: str = _option("glyphlab", group="data")
+    data_options: Dict[str, Any] = _option(group="data", default_factory=dict)
     # Stratified, seeded subsets of the loaded splits (None: the whole split);
     # contrastkit.data.stratified_subset with ``subset_seed``, the same for every training seed.
-    train_limit: Optional[int] = None
-    val_limit: Optional[int] = None
-    test_limit: Optional[int] = None
-    subset_seed: int = 0
+    train_limit: Optional[int] = _option(None, group="data")
+    val_limit: Optional[int] = _option(None, group="data")
+    test_limit: Optional[int] = _option(None, group="data")
+    subset_seed: int = _option(0, group="data")
     # An unlabeled image collection (contrastkit.data.collection): read a class tree as one,
     # what a damaged file does ("skip" / "fail"; None: skip for collections), and a labelled
-    # data set the trained encoder is judged on by the probe and kNN.
-    unlabeled: bool = False
-    bad_files: Optional[str] = None
-    eval_data: Optional[str] = None
-    method: str = "simclr"
+    # data set the trained encoder is judged on by the probe and kNN (for labelled tar shards:
+    # the held-out shards val and test come from).
+    unlabeled: bool = _option(False, group="data")
+    bad_files: Optional[str] = _option(None, group="data")
+    eval_data: Optional[str] = _option(None, group="data")
+    views: str = _option("augment", group="data", lightning=True)
+    view_strength: Optional[float] = _option(None, group="data", lightning=True)  # make_views strength; None: the mode's
+    # ------------------------------------------------------------------ model
+    method: str = _option("simclr", group="model", lightning=True)
     # a built-in name, "timm:NAME", "torchvision:NAME", "package.module:factory" or "object:..." (models.encoders)
-    encoder: str = "small"
-    encoder_options: Dict[str, Any] = field(default_factory=dict)  # the factory's keyword arguments
+    encoder: str = _option("small", group="model", lightning=True)
+    encoder_options: Dict[str, Any] = _option(group="model", lightning=True, default_factory=dict)  # its keywords
     # A local weights file the encoder starts from (models.weights; None: its initialisation).
-    encoder_weights: Optional[str] = None
-    views: str = "augment"
-    view_strength: Optional[float] = None  # make_views strength; None: its per-mode default
-    temperature: Optional[float] = None
-    learnable_temperature: bool = False
-    # contrastkit.temperature.parse_schedule form; None: "constant", for siglip "learnable"
-    # (SigLIP trains its scale; "constant" fixes it). None with a temperature method.
-    temperature_schedule: Optional[str] = None
-    # A temperature method, NAME[:VALUES] (contrastkit.temperature_methods): the loss decides its
-    # own temperatures (simclr); None: the schedule's tau.
-    temperature_method: Optional[str] = None
-    epochs: int = 60
+    encoder_weights: Optional[str] = _option(None, group="model")
+    norm: Optional[str] = _option(None, group="model", lightning=True)  # built-in networks: None (BatchNorm), "group"
+    projection_dim: Optional[int] = _option(None, group="model", lightning=True)  # None: 64, convirt 512
+    momentum: float = _option(0.99, group="model", lightning=True)  # MoCo key-encoder momentum
+    queue_size: Optional[int] = _option(None, group="model", lightning=True)  # MoCo queue (a multiple of batch_size)
+    weight: Optional[float] = _option(None, group="model")  # convirt's lambda on image->text (None: 0.75)
+    text_encoder: Optional[str] = _option(None, group="model")  # convirt's text encoder (None: mean)
+    # ------------------------------------------------------------------ optimization
+    # Changing ``epochs`` on resume stretches the cosine schedule from the resumed step on.
+    epochs: int = _option(60, group="optimization", resume=True)
     # Source images a step (the global batch under torchrun; the last partial batch is dropped).
     # None: chosen from the training set's size (default_batch_size) by fit_to_data.
-    batch_size: Optional[int] = None
-    optimizer: str = "adamw"
-    lr: Optional[float] = None
-    weight_decay: Optional[float] = None
-    warmup_fraction: float = 0.05
-    momentum: float = 0.99          # MoCo key-encoder momentum
-    queue_size: Optional[int] = None  # MoCo queue length (a multiple of batch_size)
-    projection_dim: Optional[int] = None  # None: 64, convirt 512
-    weight: Optional[float] = None        # convirt's lambda on image->text (None: 0.75)
-    text_encoder: Optional[str] = None    # convirt's text encoder (None: mean)
-    micro_batch: Optional[int] = None     # cached-gradient accumulation in micro-batches of this many (None: off)
-    norm: Optional[str] = None            # the built-in networks' normalisation: None (BatchNorm) or "group"
-    seed: int = 0
-    device: str = "auto"
-    threads: int = 0                # CPU threads; 0: the cores this process may use (setup.resolve_threads)
-    workers: int = 0                # DataLoader worker processes decoding streamed images (0: in this process)
+    batch_size: Optional[int] = _option(None, group="optimization")
+    optimizer: str = _option("adamw", group="optimization", lightning=True)
+    lr: Optional[float] = _option(None, group="optimization", lightning=True)
+    weight_decay: Optional[float] = _option(None, group="optimization", lightning=True)
+    warmup_fraction: float = _option(0.05, group="optimization", lightning=True)
+    micro_batch: Optional[int] = _option(None, group="optimization")  # cached-gradient accumulation (None: off)
+    seed: int = _option(0, group="optimization", lightning=True)
+    # ------------------------------------------------------------------ temperature
+    temperature: Optional[float] = _option(None, group="temperature", lightning=True)
+    learnable_temperature: bool = _option(False, group="temperature", lightning=True)
+    # contrastkit.temperature.parse_schedule form; None: "constant", for siglip "learnable"
+    # (SigLIP trains its scale; "constant" fixes it). None with a temperature method.
+    temperature_schedule: Optional[str] = _option(None, group="temperature", lightning=True)
+    # A temperature method, NAME[:VALUES] (contrastkit.temperature_methods): the loss decides its
+    # own temperatures (simclr); None: the schedule's tau.
+    temperature_method: Optional[str] = _option(None, group="temperature", lightning=True)
+    # ------------------------------------------------------------------ run
+    # What may change on resume: ``threads``, ``device`` and ``compile`` at the price of
+    # bit-exactness (other kernels, another reduction order; with the same setting a resumed run
+    # is exact); ``workers`` only decode images (no randomness); ``baseline_cache`` only says
+    # where baselines are kept; ``checkpoint_every`` when the state is saved; ``on_nan`` what a
+    # non-finite loss does (resuming a run that stopped on one with "skip" is how to go past
+    # it); ``channels_last`` and ``data_on_device`` how the same numbers are laid out (a change
+    # may round differently, as ``device`` does). ``precision`` changes the arithmetic and the
+    # checkpoint's state (the gradient scaler's), so it must stay.
+    device: str = _option("auto", group="run", resume=True)
+    threads: int = _option(0, group="run", resume=True)  # CPU threads; 0: the cores this process may use
+    workers: int = _option(0, group="run", resume=True)  # DataLoader worker processes (0: in this process)
     # torch.compile the encoder for the training steps (inductor; the read-out runs it eagerly).
     # Speed only: the losses equal the eager run's within float rounding, not bit for bit.
-    compile: bool = False
-    precision: str = "32"           # the training step's arithmetic: "32", "bf16" or "fp16" (autocast; methods.precision)
-    channels_last: bool = False     # model and input images in the channels-last memory format
-    data_on_device: str = "auto"    # hold the training images on the device: "auto" (when they fit), "on", "off"
-    baseline_cache: str = "auto"    # where the read-out's baselines are kept: "auto" (train.baselines), "off", a folder
-    log_every: int = 10             # steps between step records / progress updates
-    eval_every: int = 0             # epochs between val read-outs that pick the reported epoch (0: never)
-    checkpoint_every: int = 0       # steps between checkpoints within an epoch (0: at epoch ends only)
-    on_nan: str = "stop"            # a non-finite loss: "stop" the run, or "skip" that step's update
-    knn_k: int = 20
-    knn_temperature: float = 0.07
-    out: str = os.path.join("runs", "pretrain")
-    loggers: List[str] = field(default_factory=list)  # beyond metrics.jsonl: "csv", "tensorboard"
+    compile: bool = _option(False, group="run", resume=True)
+    precision: str = _option("32", group="run")  # "32", "bf16" or "fp16" (autocast; methods.precision)
+    channels_last: bool = _option(False, group="run", resume=True)  # the channels-last memory format
+    data_on_device: str = _option("auto", group="run", resume=True)  # training images on the device: auto, on, off
+    baseline_cache: str = _option("auto", group="run", resume=True)  # the read-out's baselines: auto, off, a folder
+    log_every: int = _option(10, group="run", resume=True)  # steps between step records / progress updates
+    eval_every: int = _option(0, group="run", resume=True)  # epochs between val read-outs picking the epoch (0: never)
+    checkpoint_every: int = _option(0, group="run", resume=True)  # steps between checkpoints in an epoch (0: ends)
+    on_nan: str = _option("stop", group="run", resume=True)  # a non-finite loss: "stop" the run, or "skip" the update
+    knn_k: int = _option(20, group="run")
+    knn_temperature: float = _option(0.07, group="run")
+    out: str = _option(os.path.join("runs", "pretrain"), group="run", resume=True)
+    loggers: List[str] = _option(group="run", resume=True, default_factory=list)  # beyond metrics.jsonl: csv, tensorboard
 
     def resolved(self) -> "PretrainConfig":
         """A validated copy with every default filled in but those that need the data: the
@@ -473,3 +499,16 @@ def _check_micro_batch(c: PretrainConfig, chosen: str, world: int) -> None:
     where = f"this process's share of the batch under torchrun ({share} of {c.batch_size})" if share != c.batch_size \
         else f"the batch size ({c.batch_size})"
     check_micro_batch(c.micro_batch, share, batch=f"{where}, {chosen}" if chosen else where)
+
+
+def option_facts() -> Dict[str, Dict[str, Any]]:
+    """Each :class:`PretrainConfig` field's facts, in field order: ``{"group", "resume",
+    "lightning"}`` (:func:`_option`)."""
+    return {f.name: dict(f.metadata) for f in fields(PretrainConfig)}
+
+
+#: The fields a resumed run may change without invalidating its checkpoint (their metadata).
+RESUME_MAY_CHANGE = frozenset(name for name, facts in option_facts().items() if facts["resume"])
+#: The fields :class:`~contrastkit.integrations.lightning.ContrastiveModule` applies (their
+#: metadata); the trainer and the data module decide the others.
+LIGHTNING_APPLIES = tuple(name for name, facts in option_facts().items() if facts["lightning"])
