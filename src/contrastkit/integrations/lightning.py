@@ -209,6 +209,7 @@ class ContrastiveModule(lightning.LightningModule):
 
             config.encoder = describe_encoder(encoder, dataset.image_shape[0])  # recorded, as pretrain does
         self.config = config
+        self._schedule = config.schedule  # the temperature schedule of the resolved fields, made once
         self.method = method
         self.dataset = dataset
         self.model = build_model(config, dataset.image_shape, encoder=encoder if isinstance(encoder, nn.Module) else None)
@@ -311,7 +312,7 @@ class ContrastiveModule(lightning.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # A varying temperature schedule sets this step's tau (constant and learnable ones: no-op).
-        before_loss(self.model, self.config.schedule, self.global_step, self._total_steps or 1)
+        before_loss(self.model, self._schedule, self.global_step, self._total_steps or 1)
         # Decided here, before the step's closure runs, on every rank alike.
         self._skip_batch = not self._every_rank_has_a_batch(_unpack(batch)[0])
 

@@ -140,7 +140,6 @@ def _resolve_schedule(c: "PretrainConfig") -> "TemperatureSchedule":
         c.temperature_method = c.temperature_method.strip()
         c.temperature_schedule = None  # no schedule of one tau
         c.temperature = method.initial  # the tau a run reports before its first step
-        c._temperature_method = method
         return ConstantSchedule(method.initial)  # nothing sets the model's tau during the run
     if c.temperature_schedule is None:
         c.temperature_schedule = get_method(c.method).default_schedule
@@ -310,7 +309,7 @@ class PretrainConfig:
         c.temperature = check_positive_float(
             method.default_temperature if c.temperature is None else c.temperature, "temperature")
         check_positive_int(c.epochs, "epochs")
-        c._schedule = _resolve_schedule(c)
+        _resolve_schedule(c)  # checks the schedule and writes its resolved form into the fields
         if c.batch_size is not None:
             check_positive_int(c.batch_size, "batch_size", 2)
         c.lr = check_positive_float(DEFAULT_LR[c.optimizer] if c.lr is None else c.lr, "lr")
@@ -348,13 +347,14 @@ class PretrainConfig:
 
     @property
     def schedule(self) -> "TemperatureSchedule":
-        """The temperature schedule, parsed once by :meth:`resolved` and kept by
-        :meth:`with_queue`: what the trainer follows."""
-        schedule = self.__dict__.get("_schedule")
-        if schedule is None:
-            raise ValueError("the temperature schedule is parsed by PretrainConfig.resolved(): resolve the "
-                             "configuration first")
-        return schedule
+        """The temperature schedule the trainer follows: a function of the resolved fields
+        (``temperature_method``, ``temperature_schedule``, ``temperature``, ``epochs``), so a copy
+        made any way (``dataclasses.replace``, :meth:`from_dict` of :meth:`to_dict`) has it too."""
+        if self.temperature is None or (self.temperature_schedule is None and self.temperature_method is None):
+            raise ValueError("the temperature schedule is a resolved configuration's: call "
+                             "PretrainConfig.resolved() first")
+        return _schedule_of(self.temperature_method, self.temperature_schedule, float(self.temperature),
+                            int(self.epochs))
 
     @property
     def paired(self) -> bool:
@@ -392,10 +392,10 @@ class PretrainConfig:
         return f"batch size {chosen['value']}, chosen for {chosen['reason']}; --batch-size sets it"
 
     def _copy(self) -> "PretrainConfig":
-        """A copy that keeps what :meth:`resolved` and :meth:`fit_to_data` worked out beyond the
-        fields (the parsed schedule or temperature method, the record of the data-sized defaults)."""
+        """A copy that keeps what :meth:`fit_to_data` and :meth:`with_queue` worked out beyond the
+        fields (the record of the data-sized defaults, the training set's size)."""
         c = PretrainConfig(**asdict(self))
-        for name in ("_schedule", "_temperature_method", "_data_defaults", "_train_size"):
+        for name in ("_data_defaults", "_train_size"):
             if name in self.__dict__:
                 setattr(c, name, self.__dict__[name])
         return c
@@ -499,6 +499,18 @@ def _check_micro_batch(c: PretrainConfig, chosen: str, world: int) -> None:
     where = f"this process's share of the batch under torchrun ({share} of {c.batch_size})" if share != c.batch_size \
         else f"the batch size ({c.batch_size})"
     check_micro_batch(c.micro_batch, share, batch=f"{where}, {chosen}" if chosen else where)
+
+
+def _schedule_of(temperature_method: Optional[str], temperature_schedule: Optional[str], temperature: float,
+                 epochs: int) -> "TemperatureSchedule":
+    """The schedule of resolved fields (what :func:`_resolve_schedule` checked and wrote): a
+    temperature method's constant start, else the schedule's form bound to the run's epochs."""
+    from contrastkit.temperature import ConstantSchedule, parse_schedule
+    from contrastkit.temperature_methods import parse_temperature_method
+
+    if temperature_method is not None:
+        return ConstantSchedule(parse_temperature_method(temperature_method).initial)
+    return parse_schedule(temperature_schedule, temperature).bind(epochs=epochs)
 
 
 def option_facts() -> Dict[str, Dict[str, Any]]:

@@ -56,10 +56,8 @@ class TwoViewMethod(Method):
                     encoder: Optional[nn.Module] = None) -> nn.Module:
         temperature_method = None
         if config.temperature_method is not None:  # it replaces NT-Xent
-            # The method the configuration parsed (a run rebuilt from its saved configuration
-            # parses it here); without the data, the per-sample state's size comes from the checkpoint.
-            method = (config.__dict__.get("_temperature_method")
-                      or parse_temperature_method(config.temperature_method))
+            # Without the data, the per-sample state's size comes from the checkpoint.
+            method = parse_temperature_method(config.temperature_method)
             temperature_method = method.build(config.__dict__.get("_train_size", 0), config.projection_dim)
         return ContrastiveModel(
             self, config.encoder if encoder is None else encoder, in_channels,

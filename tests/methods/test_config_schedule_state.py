@@ -1,0 +1,41 @@
+"""The temperature schedule and the temperature method are functions of a resolved
+configuration's fields, not state beside them: a copy made with ``dataclasses.replace`` or
+through ``from_dict(to_dict())`` has the same schedule as the resolved configuration."""
+
+from dataclasses import replace
+
+import pytest
+
+from contrastkit.methods import PretrainConfig
+
+CASES = [
+    {},
+    {"temperature": 0.3},
+    {"learnable_temperature": True, "temperature": 0.2},
+    {"temperature_schedule": "learnable:0.25"},
+    {"temperature_schedule": "cosine:0.05,0.5"},
+    {"temperature_schedule": "kukleva:0.1,1.0,5", "epochs": 7},
+    {"temperature_schedule": "linear:0.05,0.5"},
+    {"method": "siglip", "data": "glyphlab-text"},
+    {"temperature_method": "macl"},
+    {"temperature_method": "dual"},
+]
+
+
+def _trace(schedule, total=50):
+    return (schedule.kind, schedule.learnable, [round(schedule.value(step, total), 12) for step in range(0, total, 7)]
+            if schedule.kind != "learnable" else schedule.lowest)
+
+
+@pytest.mark.parametrize("options", CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults")
+def test_a_copy_made_any_way_has_the_resolved_schedule(options):
+    resolved = PretrainConfig(**options).resolved()
+    expected = _trace(resolved.schedule)
+    assert _trace(replace(resolved).schedule) == expected
+    assert _trace(PretrainConfig.from_dict(resolved.to_dict()).schedule) == expected
+    assert _trace(replace(resolved, out="elsewhere").resolved().schedule) == expected  # resolving twice: the same
+
+
+def test_an_unresolved_configuration_has_no_schedule_yet():
+    with pytest.raises(ValueError, match="call PretrainConfig.resolved\\(\\) first"):
+        PretrainConfig().schedule
