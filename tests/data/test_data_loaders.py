@@ -378,3 +378,30 @@ def test_stratified_split_small_classes_still_fill_small_parts():
     assert len(set(labels[val].tolist())) == 4  # four different classes, one sample each
     _, half = stratified_split(np.zeros(5, dtype=np.int64), [0.9, 0.1], seed=0)
     assert len(half) == 1  # 0.5 rounds up
+
+
+def test_a_preemption_signal_to_a_loader_worker_leaves_it_reading(tmp_path):
+    """A scheduler signals every process of a job, the DataLoader's workers too: a worker
+    ignores SIGTERM and SIGUSR1 (the training process stops at the end of its step and ends its
+    workers itself), so the loader goes on instead of failing with "worker killed"."""
+    import os
+    import signal
+    import time
+
+    from contrastkit.data import open_data
+    from contrastkit.data.loader import make_loader
+
+    from _shards import write_image_tree
+
+    tree = write_image_tree(str(tmp_path / "tree"), classes=2, per_class=12, size=8)
+    split = open_data(tree, stream=True, size=8).train
+    loader = make_loader(split, batch_size=2, workers=1)
+    batches = iter(loader)
+    next(batches)
+    worker = loader.loader._iterator._workers[0]  # the DataLoader's one worker process
+    assert worker.is_alive()
+    for name in ("SIGTERM", "SIGUSR1"):
+        os.kill(worker.pid, getattr(signal, name))
+    time.sleep(0.3)
+    assert worker.is_alive()
+    assert sum(1 for _ in batches) >= 1

@@ -138,6 +138,32 @@ def test_preemption_signals_stop_every_rank_at_one_step_and_resume_gives_the_uni
     assert not (out / "contrastkit.lock").exists()
 
 
+def test_a_stream_preempted_under_torchrun_resumes_to_the_uninterrupted_run(tmp_path):
+    """Tar shards (a stream: each rank reads its own shards, one DataLoader worker each):
+    SIGTERM to the agent in the middle of epoch 2, then ``--resume``, give the summary, step
+    records and weights of the uninterrupted two-rank run."""
+    from _shards import write_shards
+
+    shards = write_shards(tmp_path, per_shard=6, per_class=12)
+    config = tmp_path / "stream.yaml"
+    config.write_text(f"data: {shards}\ndata_options: {{size: 16}}\nepochs: 2\nbatch_size: 4\nworkers: 1\n"
+                      "device: cpu\nthreads: 1\nlog_every: 1\n")
+    reference, out = tmp_path / "reference", tmp_path / "preempted"
+    straight = _torchrun(config, reference)
+    assert straight.returncode == 0, _log(straight)
+    per_epoch = json.loads((reference / "config.json").read_text())["derived"]["steps_per_epoch"]
+    assert per_epoch >= 3
+    first = _torchrun(config, out, fault={"rank": 0, "backward": per_epoch + 2, "action": "SIGTERM"})
+    name, step = _one_stop(_stops(first), _log(first))
+    assert name == "SIGTERM" and per_epoch < step < 2 * per_epoch  # in the middle of epoch 2
+    last = _torchrun(config, out, resume=True)
+    assert last.returncode == 0, _log(last)
+    assert _summary(out) == _summary(reference)
+    assert _steps(out) == _steps(reference)
+    ours, theirs = (load_checkpoint(str(folder / "checkpoints" / "last.pt"))["model"] for folder in (out, reference))
+    assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
+
+
 def test_a_rank_that_dies_restarts_the_group_which_resumes_without_a_flag(config, reference):
     out = config.parent / "rank-died"
     # Rank 1 is killed during step 5 (epoch 2) of the first start; the last checkpoint is step 4's.

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from contrastkit.data.base import NO_LABEL
+from contrastkit.data.loader import ignore_stop_signals
 from contrastkit.data.collection import skips_bad_files
 from contrastkit.data.iterable import DamagedSample
 from contrastkit.data.loader import DeviceIndexBatches, EpochBatchSampler, make_loader
@@ -181,7 +182,8 @@ class StreamBatchSource:
         # New workers each epoch: they copy the stream's position when the epoch starts.
         self.loader = DataLoader(_WorkerBatches(self.stream, self.batch_size, quotas), batch_size=None,
                                  num_workers=self.workers, pin_memory=self.device.type == "cuda",
-                                 generator=torch.Generator().manual_seed(self.seed))
+                                 generator=torch.Generator().manual_seed(self.seed),
+                                 worker_init_fn=ignore_stop_signals)
 
     def __len__(self) -> int:
         return self.steps_per_epoch - self.start

@@ -24,7 +24,24 @@ from contrastkit.data.collection import skip_item, skips_bad_files
 from contrastkit.data.streaming import BadItemError, in_memory
 
 __all__ = ["EpochBatchSampler", "EpochKeys", "DeviceIndexBatches", "make_loader", "read_images", "read_present_images",
-           "DamagedItem", "SkippingItems", "collate_skipping", "record_damaged"]
+           "DamagedItem", "SkippingItems", "collate_skipping", "record_damaged", "STOP_SIGNALS", "ignore_stop_signals"]
+
+#: The signals that stop a run at the end of its current step (a scheduler's preemption; the
+#: training process handles them: ``contrastkit.train.faults``).
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """A ``DataLoader`` ``worker_init_fn``: the worker ignores :data:`STOP_SIGNALS`. A scheduler
+    (SLURM, torchrun's agent) signals every process of the job, the loader's workers too; a
+    worker that died of it would stop the training process with "DataLoader worker is killed"
+    before the step it is in could finish and be checkpointed. The training process ends its
+    workers itself (and a worker exits when its parent is gone)."""
+    import signal
+
+    for name in STOP_SIGNALS:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 class EpochBatchSampler(Sampler):
@@ -212,7 +229,7 @@ def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sa
     check_positive_int(workers, "workers", 0)
     # Held images are indexed where they lie: only decoded items are worth pinning.
     options: Dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory and not in_memory(split),
-                                   generator=torch.Generator().manual_seed(seed))
+                                   generator=torch.Generator().manual_seed(seed), worker_init_fn=ignore_stop_signals)
     if workers:
         options.update(persistent_workers=True, prefetch_factor=2)
     if batch_sampler is not None:

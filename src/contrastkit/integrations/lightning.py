@@ -78,6 +78,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from contrastkit.data import unit_float
+from contrastkit.data.loader import ignore_stop_signals
 from contrastkit.data import (SkippingItems, add_skipped, as_data, check_indexed, check_positive_int, collate_skipping,
                               item_dataset, reads_files, record_damaged, skipped_files, skipped_reasons, skips_bad_files)
 from contrastkit import layout
@@ -484,7 +485,7 @@ class ContrastiveDataModule(lightning.LightningDataModule):
             items, skipping = SkippingItems(items, name), {"collate_fn": collate}
         return DataLoader(items, batch_size=batch, sampler=sampler, drop_last=drop_last,
                           num_workers=self.workers, persistent_workers=self.workers > 0,
-                          pin_memory=on_cuda and reads_files(split), **skipping)
+                          pin_memory=on_cuda and reads_files(split), worker_init_fn=ignore_stop_signals, **skipping)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """A batch of a collection that skips damaged files: its damaged items recorded (in this

@@ -347,9 +347,9 @@ class PretrainConfig:
 
     @property
     def schedule(self) -> "TemperatureSchedule":
-        """The temperature schedule the trainer follows: a function of the resolved fields
-        (``temperature_method``, ``temperature_schedule``, ``temperature``, ``epochs``), so a copy
-        made any way (``dataclasses.replace``, :meth:`from_dict` of :meth:`to_dict`) has it too."""
+        """The temperature schedule the trainer follows, a function of the resolved fields
+        (``temperature_method``, ``temperature_schedule``, ``temperature``, ``epochs``), so that a
+        copy made any way (``dataclasses.replace``, :meth:`from_dict` of :meth:`to_dict`) has it too."""
         if self.temperature is None or (self.temperature_schedule is None and self.temperature_method is None):
             raise ValueError("the temperature schedule is a resolved configuration's: call "
                              "PretrainConfig.resolved() first")

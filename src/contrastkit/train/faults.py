@@ -54,6 +54,7 @@ import torch
 
 from contrastkit import layout
 from contrastkit._io import DISK_FULL, WriteFailed
+from contrastkit.data import loader
 
 from .checkpoint import CheckpointWriteError, load_checkpoint
 
@@ -64,8 +65,9 @@ __all__ = ["PREEMPTED_EXIT", "STOP_SIGNALS", "Preempted", "ReadoutFailed", "NonF
 #: The exit status of a run stopped by a preemption signal after its checkpoint, ``EX_TEMPFAIL``
 #: of ``sysexits.h`` ("a temporary failure, the user is invited to retry", with ``--resume``).
 PREEMPTED_EXIT = 75
-#: The signals that stop a run at the end of its current step.
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+#: The signals that stop a run at the end of its current step (the data loaders' workers ignore
+#: them: ``contrastkit.data.loader.ignore_stop_signals``).
+STOP_SIGNALS = loader.STOP_SIGNALS
 
 _RUN_ID = "TORCHELASTIC_RUN_ID"
 _RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
