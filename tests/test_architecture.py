@@ -285,3 +285,45 @@ def test_only_the_writers_keep_a_manifest():
                 if called == "Manifest":
                     makers.append(f"{module}:{node.lineno}")
     assert makers == []
+
+
+# -- the configuration keeps no state beside its fields ------------------------------------
+
+#: The layers that receive a resolved configuration and must not change it.
+_CONFIG_READERS = ("train", "integrations", "commands", "studies", "report")
+
+
+def _config_state_violations(source: str, module: str) -> List[str]:
+    """In one module's source: a read of ``__dict__`` (state hidden beside the fields), or, in a
+    layer that receives a resolved configuration, an assignment to an attribute of ``config``
+    / ``c`` / ``<...>.config`` (a configuration changed after resolving)."""
+    found = []
+    reader = module.split(".")[1] in _CONFIG_READERS if "." in module else False
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+            found.append((node.lineno, f"{module}:{node.lineno}: reads __dict__"))
+        if reader and isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                for part in ast.walk(target):
+                    if isinstance(part, ast.Attribute) and (
+                            (isinstance(part.value, ast.Name) and part.value.id in ("config", "c"))
+                            or (isinstance(part.value, ast.Attribute) and part.value.attr == "config")):
+                        found.append((node.lineno, f"{module}:{node.lineno}: assigns {ast.unparse(part)}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_no_configuration_state_beside_its_fields_and_no_change_after_resolving():
+    violations = []
+    for path in sorted(ROOT.rglob("*.py")):
+        violations += _config_state_violations(path.read_text(encoding="utf-8"), _module_name(path))
+    assert violations == []
+
+
+def test_the_configuration_state_check_sees_a_violation():
+    planted = ("def f(config, run):\n    schedule = config.__dict__.get('_schedule')\n"
+               "    config.batch_size = 8\n    run.plan.config.epochs = 2\n")
+    found = _config_state_violations(planted, "contrastkit.train.planted")
+    assert [line.split(": ", 1)[1] for line in found] == [
+        "reads __dict__", "assigns config.batch_size", "assigns run.plan.config.epochs"]
+    assert _config_state_violations(planted.replace("config.batch_size = 8", "x = 1"),
+                                    "contrastkit.methods.planted") == ["contrastkit.methods.planted:2: reads __dict__"]

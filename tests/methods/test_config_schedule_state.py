@@ -39,3 +39,22 @@ def test_a_copy_made_any_way_has_the_resolved_schedule(options):
 def test_an_unresolved_configuration_has_no_schedule_yet():
     with pytest.raises(ValueError, match="call PretrainConfig.resolved\\(\\) first"):
         PretrainConfig().schedule
+
+
+def test_a_configuration_fitted_to_its_data_holds_only_its_fields_and_a_separate_record():
+    """What the data decide is a record beside the configuration (DataChoices), not state
+    inside it: the fitted configuration's attributes are its fields, and a copy of it trains
+    the same (the batch, the queue)."""
+    from dataclasses import fields
+
+    resolved = PretrainConfig(method="moco").resolved()
+    choices = resolved.data_choices(5000)
+    fitted = resolved.fit_to_data(5000).with_queue(choices.batch_size, 5000)
+    assert set(vars(fitted)) == {f.name for f in fields(PretrainConfig)}
+    assert fitted.batch_size == choices.batch_size == 152 and choices.batch_reason is not None
+    assert choices.record() == {"train_size": 5000, "batch_size": {"value": 152, "reason": choices.batch_reason}}
+    assert choices.describe().startswith("batch size 152, chosen for ")
+    copy = PretrainConfig.from_dict(fitted.to_dict())
+    assert (copy.batch_size, copy.queue_size) == (fitted.batch_size, fitted.queue_size)
+    given = PretrainConfig(batch_size=64).resolved().data_choices(5000)
+    assert given.record() == {} and given.describe() is None and given.batch_size == 64

@@ -208,12 +208,13 @@ class ContrastiveModule(lightning.LightningModule):
         if isinstance(encoder, nn.Module):
             from contrastkit.models import describe_encoder
 
-            config.encoder = describe_encoder(encoder, dataset.image_shape[0])  # recorded, as pretrain does
+            config = dataclasses.replace(config, encoder=describe_encoder(encoder, dataset.image_shape[0]))  # as pretrain records it
         self.config = config
         self._schedule = config.schedule  # the temperature schedule of the resolved fields, made once
         self.method = method
         self.dataset = dataset
-        self.model = build_model(config, dataset.image_shape, encoder=encoder if isinstance(encoder, nn.Module) else None)
+        self.model = build_model(config, dataset.image_shape, encoder=encoder if isinstance(encoder, nn.Module) else None,
+                                 train_size=len(dataset.train))
         self.loss_function = loss  # an nn.Module loss is registered as a submodule (trained, moved)
         self._loss_keywords = _loss_keywords(loss) if loss is not None else frozenset()
         if config.channels_last:

@@ -97,7 +97,9 @@ class Method:
     #: (:class:`contrastkit.temperature_methods.TemperatureMethod`: MACL, dual, individual, network, a plug-in)
     #: can take its place; the model then holds it as ``temperature_method``, and where it
     #: keeps per-sample state the method's :meth:`objective` gets the batch's sample indices
-    #: as the keyword ``indices=`` (``(N,)``, in the training split).
+    #: as the keyword ``indices=`` (``(N,)``, in the training split), and its
+    #: :meth:`build_model` the keyword ``train_size=`` (the state's size; 0 when a checkpoint
+    #: gives it).
     temperature_methods: ClassVar[bool] = False
 
     # -- data ---------------------------------------------------------------------------

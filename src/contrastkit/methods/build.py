@@ -38,7 +38,7 @@ def limit_data(dataset: DataSplits, config: PretrainConfig) -> DataSplits:
 
 
 def build_model(config: PretrainConfig, image_shape: Union[int, Sequence[int]], tokenizer: Any = None, *,
-                encoder: Optional[nn.Module] = None, initial_weights: bool = True) -> Any:
+                encoder: Optional[nn.Module] = None, initial_weights: bool = True, train_size: int = 0) -> Any:
     """The model at its initialisation for ``config.seed``: the one place a run's model, its
     random-init baseline, and the model of a finished run (``probe``, ``embed``) are built.
 
@@ -53,6 +53,9 @@ def build_model(config: PretrainConfig, image_shape: Union[int, Sequence[int]], 
         initial_weights: read ``config.encoder_weights`` (when set) into the encoder
             (:func:`~contrastkit.models.load_encoder_weights`); ``False`` where a checkpoint's
             weights replace them anyway, so that the file is not needed.
+        train_size: the training split's size, for a temperature method's per-sample state
+            (methods that take temperature methods); ``0`` where a checkpoint gives the state
+            its size (a finished run rebuilt without its data).
 
     With ``config.encoder_weights`` read, the model's ``weights_report`` attribute is the
     :class:`~contrastkit.models.WeightsReport` of what was loaded (else ``None``). The encoder
@@ -76,6 +79,8 @@ def build_model(config: PretrainConfig, image_shape: Union[int, Sequence[int]], 
             config.encoder_weights is not None and initial_weights) else None
         if not isinstance(image_shape, int) or getattr(module, "out_dim", None) is None:
             module = prepare_encoder(module, shape, name=repr(name))
-        model = get_method(config.method).build_model(config, shape[0], tokenizer, encoder=module)
+        method = get_method(config.method)
+        sized = {"train_size": int(train_size)} if method.temperature_methods else {}
+        model = method.build_model(config, shape[0], tokenizer, encoder=module, **sized)
     model.weights_report = report
     return model

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from contrastkit.data.base import check_positive_int
@@ -20,7 +20,7 @@ from .registry import METHOD_REGISTRY, get_method
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
-__all__ = ["PretrainConfig", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "OPTION_GROUPS", "option_facts",
+__all__ = ["PretrainConfig", "DataChoices", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "OPTION_GROUPS", "option_facts",
            "LIGHTNING_APPLIES", "PRECISIONS", "DATA_ON_DEVICE", "ON_NAN",
            "check_positive_int",
            "check_positive_float", "default_batch_size", "SMALLEST_DEFAULT_BATCH", "LARGEST_DEFAULT_BATCH",
@@ -186,6 +186,31 @@ def _option(default: Any = MISSING, *, group: str, resume: bool = False, lightni
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class DataChoices:
+    """What the data decided of a run, beside its configuration (the configuration's
+    :meth:`~PretrainConfig.data_choices`): the training split's size, the batch size, and why it
+    was chosen (``batch_reason``; ``None`` when ``batch_size`` was given)."""
+
+    train_size: int
+    batch_size: int
+    batch_reason: Optional[str] = None
+
+    def record(self) -> Dict[str, Any]:
+        """``config.json``'s ``derived.defaults``: ``{"train_size": n, "batch_size": {"value": b,
+        "reason": ...}}``, or ``{}`` when every such option was given."""
+        if self.batch_reason is None:
+            return {}
+        return {"train_size": self.train_size, "batch_size": {"value": self.batch_size, "reason": self.batch_reason}}
+
+    def describe(self) -> Optional[str]:
+        """One line saying what the data chose and why (``None`` when nothing was chosen): what
+        a run prints at its start."""
+        if self.batch_reason is None:
+            return None
+        return f"batch size {self.batch_size}, chosen for {self.batch_reason}; --batch-size sets it"
 
 
 @dataclass
@@ -361,56 +386,35 @@ class PretrainConfig:
         """Whether the run trains on image-text pairs (its method's :attr:`~contrastkit.methods.base.Method.paired`)."""
         return get_method(self.method).paired
 
-    @property
-    def data_defaults(self) -> Dict[str, Any]:
-        """What :meth:`fit_to_data` chose from the data, for the run's record (``config.json``'s
-        ``derived.defaults``): ``{"train_size": n, "batch_size": {"value": b, "reason": ...}}``,
-        or ``{}`` when every such option was given."""
-        return dict(self.__dict__.get("_data_defaults") or {})
+    def data_choices(self, train_size: int, *, world_size: int = 1) -> "DataChoices":
+        """What the data decide of this run (a training split of ``train_size`` images,
+        ``world_size`` processes), as an immutable record beside the configuration: the batch
+        size, chosen by :func:`default_batch_size` when ``batch_size`` is ``None`` (with why)."""
+        if self.batch_size is not None:
+            return DataChoices(int(train_size), int(self.batch_size))
+        batch_size, reason = default_batch_size(train_size, world_size=world_size)
+        return DataChoices(int(train_size), batch_size, reason)
 
     def fit_to_data(self, train_size: int, *, world_size: int = 1) -> "PretrainConfig":
         """A copy with the defaults that depend on the data filled in, for a training split of
         ``train_size`` images and ``world_size`` processes: a ``batch_size`` of ``None`` becomes
-        :func:`default_batch_size`'s (recorded with its reason in :attr:`data_defaults`); a
-        given one is kept. Then ``micro_batch`` is checked against the batch. Call it on the
-        resolved configuration once the data are loaded (``pretrain`` and the Lightning
-        module and data module do)."""
-        c = self._copy()
-        if c.batch_size is None:
-            c.batch_size, reason = default_batch_size(train_size, world_size=world_size)
-            c._data_defaults = {"train_size": int(train_size),
-                                "batch_size": {"value": c.batch_size, "reason": reason}}
-            _check_micro_batch(c, f"chosen for {reason}; --batch-size sets it", world_size)
-        return c
-
-    def describe_data_defaults(self) -> Optional[str]:
-        """One line saying what :meth:`fit_to_data` chose from the data and why (``None`` when
-        nothing was chosen): what a run prints at its start."""
-        chosen = self.data_defaults.get("batch_size")
-        if chosen is None:
-            return None
-        return f"batch size {chosen['value']}, chosen for {chosen['reason']}; --batch-size sets it"
-
-    def _copy(self) -> "PretrainConfig":
-        """A copy that keeps what :meth:`fit_to_data` and :meth:`with_queue` worked out beyond the
-        fields (the record of the data-sized defaults, the training set's size)."""
-        c = PretrainConfig(**asdict(self))
-        for name in ("_data_defaults", "_train_size"):
-            if name in self.__dict__:
-                setattr(c, name, self.__dict__[name])
-        return c
+        :meth:`data_choices`' (what it chose and why is that record's); a given one is kept.
+        Then ``micro_batch`` is checked against the batch. Call it on the resolved configuration
+        once the data are loaded (``pretrain`` and the Lightning module and data module do)."""
+        choices = self.data_choices(train_size, world_size=world_size)
+        if self.batch_size is not None:
+            return replace(self)
+        fitted = replace(self, batch_size=choices.batch_size)
+        _check_micro_batch(fitted, f"chosen for {choices.batch_reason}; --batch-size sets it", world_size)
+        return fitted
 
     def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
-        """Fill in the MoCo queue size (a multiple of the effective batch size), and keep the
-        training set's size for a temperature method's per-sample state.
+        """A copy with the MoCo queue size filled in (a multiple of the effective batch size).
 
         Default: up to 16 batches, but fewer than the training set holds, so that the queue
         does not mostly hold older keys of the very images in the batch.
         """
-        c = self._copy()
-        # The size a temperature method's per-sample state needs (not saved: a run rebuilt
-        # without its data takes it from the checkpoint).
-        c._train_size = int(train_size)
+        c = replace(self)
         if c.method != "moco":
             c.queue_size = None
             return c

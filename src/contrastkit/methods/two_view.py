@@ -53,12 +53,12 @@ class TwoViewMethod(Method):
                               transform=transform, seed=config.seed)
 
     def build_model(self, config: "PretrainConfig", in_channels: int, tokenizer: Any = None, *,
-                    encoder: Optional[nn.Module] = None) -> nn.Module:
+                    encoder: Optional[nn.Module] = None, train_size: int = 0) -> nn.Module:
         temperature_method = None
         if config.temperature_method is not None:  # it replaces NT-Xent
-            # Without the data, the per-sample state's size comes from the checkpoint.
+            # Without the data (train_size 0), the per-sample state's size comes from the checkpoint.
             method = parse_temperature_method(config.temperature_method)
-            temperature_method = method.build(config.__dict__.get("_train_size", 0), config.projection_dim)
+            temperature_method = method.build(train_size, config.projection_dim)
         return ContrastiveModel(
             self, config.encoder if encoder is None else encoder, in_channels,
             temperature=config.temperature, learnable_temperature=config.learnable_temperature,

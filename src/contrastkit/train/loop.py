@@ -43,7 +43,7 @@ from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevi
                               add_skipped, as_data, data_record, hold_on_device, is_iterable_data, read_held_out_files,
                               skipped_files, skipped_reasons)
 from contrastkit.distributed import rank_seed
-from contrastkit.methods import (RESUME_MAY_CHANGE, EvalContext, Method, PretrainConfig, average_gradients,
+from contrastkit.methods import (RESUME_MAY_CHANGE, DataChoices, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
                                  warmup_cosine)
 from contrastkit.methods.optimization import warmup_steps
@@ -319,6 +319,7 @@ class _Plan:
     rank_batch: int         # this rank's share of it
     steps_per_epoch: int
     total_steps: int
+    data_choices: DataChoices  # what the data decided (the batch size when none was given, and why)
     warmup_steps: int = 0   # settled with the learning-rate schedule (_build_trainables)
 
 
@@ -473,7 +474,7 @@ def _open_data(config: PretrainConfig, method: Method, parallel: Parallel, resum
     if method.needs_labels and not dataset.num_classes:
         raise ValueError(f"{config.method} needs class labels; the data set {dataset.name!r} has none")
     if encoder is not None:  # record how to rebuild it: its class path, or that it was an object
-        config.encoder, config.encoder_options = describe_encoder(encoder, dataset.image_shape[0]), {}
+        config = replace(config, encoder=describe_encoder(encoder, dataset.image_shape[0]), encoder_options={})
     if views is not None and transform is not None:
         raise ValueError("pass views (a batch maker of your own) or transform (views made in the workers), not both")
     tokenizer = method.run_tokenizer(dataset, config.out, resume)
@@ -489,6 +490,7 @@ def _plan(config: PretrainConfig, method: Method, parallel: Parallel, device: to
     """The batch sizes and the steps: a batch size not given is the data's
     (:meth:`~contrastkit.methods.PretrainConfig.fit_to_data`); the last partial batch of an
     epoch is dropped (a fixed batch size), under torchrun from each rank's share."""
+    choices = config.data_choices(n_train, world_size=parallel.world_size)
     config = config.fit_to_data(n_train, world_size=parallel.world_size)
     batch_size = min(config.batch_size, n_train)
     if batch_size < 2:
@@ -500,7 +502,7 @@ def _plan(config: PretrainConfig, method: Method, parallel: Parallel, device: to
     rank_batch = batch_size // parallel.world_size
     steps_per_epoch = (n_train // parallel.world_size) // rank_batch
     total_steps = steps_per_epoch * config.epochs
-    return _Plan(config, method, parallel, device, batch_size, rank_batch, steps_per_epoch, total_steps)
+    return _Plan(config, method, parallel, device, batch_size, rank_batch, steps_per_epoch, total_steps, choices)
 
 
 def _build_model(plan: _Plan, data: _Data, encoder: Optional[torch.nn.Module],
@@ -508,7 +510,8 @@ def _build_model(plan: _Plan, data: _Data, encoder: Optional[torch.nn.Module],
     """The model at its initialisation (from ``encoder``, a caller's module, or the configured
     one) and its training forward (DDP-wrapped under torchrun)."""
     config, parallel, device = plan.config, plan.parallel, plan.device
-    model = build_model(config, data.dataset.image_shape, data.tokenizer, encoder=encoder).to(device)
+    model = build_model(config, data.dataset.image_shape, data.tokenizer, encoder=encoder,
+                        train_size=plan.data_choices.train_size).to(device)
     if model.weights_report is not None and parallel.is_main:
         _check_weights_unchanged(config, model.weights_report, start)
         print(model.weights_report.summary(), file=sys.stderr, flush=True)
@@ -571,13 +574,13 @@ def _start_folder(run: _Training, start: FolderStart) -> None:
     config = plan.config
 
     def open_folder() -> None:
-        told = config.describe_data_defaults()
+        told = plan.data_choices.describe()
         if told is not None:
             print(f"{told} ({plan.steps_per_epoch:,} steps an epoch, {plan.total_steps:,} in {config.epochs} epochs, "
                   f"{plan.warmup_steps:,} of warm-up)", file=sys.stderr, flush=True)
         # What the data chose; a resumed run keeps the record of the run it continues (its saved
         # configuration, batch size included, is the one it resumes with).
-        derived = _derived(run, config.data_defaults or (_recorded_defaults(start) if start.resume else {}))
+        derived = _derived(run, plan.data_choices.record() or (_recorded_defaults(start) if start.resume else {}))
         run.writer.start(start, launch=launch_id(), method_files=lambda folder: method.save_run_files(model, folder),
                          config=config.to_dict(), derived=derived,
                          resumed_at=(run.state.epoch, run.state.step) if start.resume else None)
@@ -632,8 +635,8 @@ def _check_weights_unchanged(config: PretrainConfig, report: Any, start: FolderS
 
 def _derived(run: _Training, defaults: Dict[str, Any]) -> Dict[str, Any]:
     """``config.json``'s ``derived``: what the run worked out from its configuration and data;
-    ``defaults``: what the data chose and why (:attr:`PretrainConfig.data_defaults
-    <contrastkit.methods.PretrainConfig.data_defaults>`; ``{}`` when every such option was given);
+    ``defaults``: what the data chose and why (:meth:`DataChoices.record
+    <contrastkit.methods.config.DataChoices.record>`; ``{}`` when every such option was given);
     for a run started from a weights file, what that file gave the encoder."""
     dataset = run.data.dataset
     report = getattr(run.trainables.model, "weights_report", None)
@@ -984,7 +987,8 @@ def _summarise(run: _Training, baselines: bool) -> Dict[str, Any]:
     except BadItemError as err:  # --bad-files fail
         raise ValueError(f"{err} (a held-out file, read after training; its checkpoint of step {run.state.step} is "
                          "complete)") from None
-    baseline = (build_model(config, run.data.dataset.image_shape, run.data.tokenizer, encoder=run.trainables.given_encoder).encoder.to(run.plan.device)
+    baseline = (build_model(config, run.data.dataset.image_shape, run.data.tokenizer, encoder=run.trainables.given_encoder,
+                            train_size=run.plan.data_choices.train_size).encoder.to(run.plan.device)
                 if baselines else None)
     try:
         numbers = evaluate_model(config, run.trainables.model, run.data.dataset, run.plan.device, baseline_encoder=baseline,
@@ -1026,7 +1030,8 @@ def _summarise(run: _Training, baselines: bool) -> Dict[str, Any]:
 
 def _evaluate_snapshot(run: _Training, state: Dict[str, torch.Tensor]) -> Dict[str, Any]:
     """The held-out numbers (no baselines) of the model with the weights ``state``."""
-    model = build_model(run.plan.config, run.data.dataset.image_shape, run.data.tokenizer, encoder=run.trainables.given_encoder, initial_weights=False)
+    model = build_model(run.plan.config, run.data.dataset.image_shape, run.data.tokenizer, encoder=run.trainables.given_encoder,
+                        initial_weights=False, train_size=run.plan.data_choices.train_size)
     model.load_state_dict(state)
     model.to(run.plan.device)
     numbers = evaluate_model(run.plan.config, model, run.data.dataset, run.plan.device, raw_pixels=False)
