@@ -58,3 +58,28 @@ def test_a_configuration_fitted_to_its_data_holds_only_its_fields_and_a_separate
     assert (copy.batch_size, copy.queue_size) == (fitted.batch_size, fitted.queue_size)
     given = PretrainConfig(batch_size=64).resolved().data_choices(5000)
     assert given.record() == {} and given.describe() is None and given.batch_size == 64
+
+
+@pytest.mark.parametrize("options", [{"temperature_schedule": "cosine:0.1,0.5"},
+                                     {"temperature_method": "individual"}], ids=["schedule", "per-sample-state"])
+def test_a_copy_of_a_resolved_configuration_trains_the_same_run(tmp_path, options):
+    """The issue's test: the run of a resolved configuration, of its ``replace()`` copy and of
+    ``from_dict(to_dict())`` end with the same weights after their 2 steps: nothing the run
+    needs lives beside the fields."""
+    import os
+
+    import torch
+
+    from _tiny_run import tiny_config, train_only
+
+    resolved = tiny_config(tmp_path / "a", **options).resolved()
+    copies = {"a": resolved, "b": replace(resolved, out=str(tmp_path / "b")),
+              "c": PretrainConfig.from_dict({**resolved.to_dict(), "out": str(tmp_path / "c")})}
+    weights = {}
+    for name, config in copies.items():
+        train_only(config)
+        weights[name] = torch.load(os.path.join(config.out, "checkpoints", "last.pt"), map_location="cpu",
+                                   weights_only=False)["model"]
+    for name in ("b", "c"):
+        assert weights[name].keys() == weights["a"].keys()
+        assert all(torch.equal(weights[name][key], weights["a"][key]) for key in weights["a"]), name
