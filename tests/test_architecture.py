@@ -327,3 +327,25 @@ def test_the_configuration_state_check_sees_a_violation():
         "reads __dict__", "assigns config.batch_size", "assigns run.plan.config.epochs"]
     assert _config_state_violations(planted.replace("config.batch_size = 8", "x = 1"),
                                     "contrastkit.methods.planted") == ["contrastkit.methods.planted:2: reads __dict__"]
+
+
+def _named_comparisons(source: str, names) -> List[str]:
+    """Comparisons of a value with one of ``names`` (a method's or a data set's name) in code."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for part in ast.walk(node):
+                if isinstance(part, ast.Constant) and part.value in names:
+                    found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_configuration_code_names_no_method_and_no_data_set():
+    """What depends on the method is asked of the method, a data set's name of the data layer."""
+    from contrastkit.data import data_sources
+    from contrastkit.methods import method_names
+
+    names = set(method_names()) | {source.name for source in data_sources()}
+    source = (ROOT / "methods" / "config.py").read_text(encoding="utf-8")
+    assert _named_comparisons(source, names) == []
+    assert _named_comparisons("if c.method != 'moco':\n    pass\n", names) == ["1: c.method != 'moco'"]

@@ -49,7 +49,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 from .base import call_with_options
 
 __all__ = ["DataSource", "DataRequest", "ENTRY_POINT_GROUP", "register_data_source", "unregister_data_source",
-           "data_sources", "find_data_source", "open_source", "path_format", "check_paired_source"]
+           "data_sources", "find_data_source", "open_source", "path_format", "check_paired_source", "is_data_name"]
 
 #: The entry-point group through which installed packages add data sources.
 ENTRY_POINT_GROUP = "contrastkit.data_sources"
@@ -213,6 +213,13 @@ def find_data_source(data: Union[str, os.PathLike], *, pairs: bool = False, unla
     path exists; the ``ValueError`` of the path's format otherwise."""
     with _one_look():
         return _find(_as_data_string(data), pairs, unlabeled)
+
+
+def is_data_name(data: str) -> bool:
+    """Whether ``data`` is the name of a built-in data set (``glyphlab``, ``digits`` and their
+    image-text forms), which wins over a folder of that name (a run keeps it as it is, not as
+    a path)."""
+    return data in _NAMED
 
 
 def _find(data: str, pairs: bool, unlabeled: bool) -> DataSource:

@@ -131,6 +131,12 @@ class Method:
         raise NotImplementedError
 
     # -- model and loss -----------------------------------------------------------------
+    def queue_size(self, given: Optional[int], batch_size: int, train_size: int) -> Optional[int]:
+        """The length of the method's queue of earlier keys for an effective batch of
+        ``batch_size`` and a training set of ``train_size`` (``given``: the configured one, or
+        ``None``), checked; ``None`` for a method without a queue (the default)."""
+        return None
+
     def build_model(self, config: PretrainConfig, in_channels: int, tokenizer: Any = None, *,
                     encoder: Optional[nn.Module] = None) -> nn.Module:
         """The model at its initialisation (the caller seeds the RNG). ``encoder``: the image

@@ -13,6 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from contrastkit.data.base import check_positive_int
+from contrastkit.data.sources import is_data_name
 from contrastkit.layout import check_cache_setting
 
 from .registry import METHOD_REGISTRY, get_method
@@ -311,8 +312,8 @@ class PretrainConfig:
         if c.view_strength is not None:
             c.view_strength = check_positive_float(c.view_strength, "view_strength", allow_zero=True)
         if not isinstance(c.data, str) or not c.data:
-            raise ValueError(f"data must be 'glyphlab', 'digits' or a path, got {c.data!r}")
-        if c.data not in ("glyphlab", "digits") and os.path.exists(c.data):
+            raise ValueError(f"data must be a data set's name or a path, got {c.data!r}")
+        if not is_data_name(c.data) and os.path.exists(c.data):
             c.data = os.path.abspath(c.data)  # so `contrastkit probe` works from any folder
         if not isinstance(c.data_options, dict):
             raise TypeError(f"data_options must be a dict, got {type(c.data_options).__name__}")
@@ -409,20 +410,10 @@ class PretrainConfig:
         return fitted
 
     def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
-        """A copy with the MoCo queue size filled in (a multiple of the effective batch size).
-
-        Default: up to 16 batches, but fewer than the training set holds, so that the queue
-        does not mostly hold older keys of the very images in the batch.
-        """
-        c = replace(self)
-        if c.method != "moco":
-            c.queue_size = None
-            return c
-        if c.queue_size is None:
-            c.queue_size = batch_size * max(1, min(16, train_size // batch_size - 1))
-        elif c.queue_size % batch_size:
-            raise ValueError(f"queue_size ({c.queue_size}) must be a multiple of the batch size ({batch_size})")
-        return c
+        """A copy with the queue size filled in by the method (:meth:`~contrastkit.methods.base.Method.queue_size`:
+        MoCo's default and checks; ``None`` for a method without a queue), for the effective
+        batch size and the training set's size."""
+        return replace(self, queue_size=get_method(self.method).queue_size(self.queue_size, batch_size, train_size))
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

@@ -39,6 +39,16 @@ class MoCo(TwoViewMethod):
     name = "moco"
     default_temperature = 0.2  # MoCo v2
 
+    def queue_size(self, given: Optional[int], batch_size: int, train_size: int) -> Optional[int]:
+        """A multiple of the effective batch size; by default up to 16 batches, but fewer than the
+        training set holds, so that the queue does not mostly hold older keys of the very images
+        in the batch."""
+        if given is None:
+            return batch_size * max(1, min(16, train_size // batch_size - 1))
+        if given % batch_size:
+            raise ValueError(f"queue_size ({given}) must be a multiple of the batch size ({batch_size})")
+        return given
+
     def extend_model(self, model: "ContrastiveModel", queue_size: Optional[int]) -> None:
         if queue_size is None:
             raise ValueError("moco needs a queue_size")
