@@ -47,13 +47,17 @@ def test_a_configuration_fitted_to_its_data_holds_only_its_fields_and_a_separate
     the same (the batch, the queue)."""
     from dataclasses import fields
 
+    from contrastkit.methods import default_batch_size
+
+    batch, reason = default_batch_size(5000)
     resolved = PretrainConfig(method="moco").resolved()
     choices = resolved.data_choices(5000)
     fitted = resolved.fit_to_data(5000).with_queue(choices.batch_size, 5000)
     assert set(vars(fitted)) == {f.name for f in fields(PretrainConfig)}
-    assert fitted.batch_size == choices.batch_size == 152 and choices.batch_reason is not None
-    assert choices.record() == {"train_size": 5000, "batch_size": {"value": 152, "reason": choices.batch_reason}}
-    assert choices.describe().startswith("batch size 152, chosen for ")
+    assert (fitted.batch_size, choices.batch_size, choices.batch_reason) == (batch, batch, reason)
+    assert fitted.queue_size == batch * min(16, 5000 // batch - 1)  # MoCo's default, a multiple of the batch
+    assert choices.record() == {"train_size": 5000, "batch_size": {"value": batch, "reason": reason}}
+    assert choices.describe() == f"batch size {batch}, chosen for {reason}; --batch-size sets it"
     copy = PretrainConfig.from_dict(fitted.to_dict())
     assert (copy.batch_size, copy.queue_size) == (fitted.batch_size, fitted.queue_size)
     given = PretrainConfig(batch_size=64).resolved().data_choices(5000)

@@ -51,6 +51,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from contrastkit import layout
 from contrastkit._io import atomic_file, one_line
 from contrastkit.data.base import check_positive_int
+from contrastkit.manifest import file_sha256
 
 __all__ = ["write_shards", "ShardSetResult", "ShardsWritten", "SHARD_FORMAT_VERSION"]
 
@@ -219,7 +220,6 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 class _ShardJob:
     path: str
     number: int
-    first: int
     items: Tuple[_Item, ...]
     key_width: int
     resize: Optional[int]
@@ -252,11 +252,7 @@ def _write_shard(job: _ShardJob) -> Tuple[str, str, List[str], Dict[str, str]]:
                     record["caption"] = item.text
                 _add(tar, key + ".json", json.dumps(record, sort_keys=True).encode("utf-8"))
                 keys.append(key)
-    digest = hashlib.sha256()
-    with open(job.path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return job.path, digest.hexdigest(), keys, left_out
+    return job.path, file_sha256(job.path), keys, left_out
 
 
 # ------------------------------------------------------------------------------ the whole set
@@ -297,7 +293,7 @@ def write_shards(source: Union[str, os.PathLike], out: Union[str, os.PathLike], 
         for number in range(math.ceil(len(items) / shard_size)):
             name = _join(folders[part], layout.shard_name(number))
             first = number * shard_size
-            plan.append((part, _ShardJob(os.path.join(out, *name.split("/")), number, first,
+            plan.append((part, _ShardJob(os.path.join(out, *name.split("/")), number,
                                          tuple(items[first:first + shard_size]), _key_width(shard_size), resize,
                                          tuple(class_names), bad_files)))
     names = [_relative(Path(job.path), Path(out)) for _, job in plan]
