@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import toy_source
 from _data_fixtures import write_image_folder, write_mnist
 
@@ -99,7 +100,7 @@ def test_one_source_owns_a_name():
     assert find_data_source("digits").description.startswith("digits:")
 
 
-def test_an_iterable_source_in_one_file_trains_and_resumes_by_the_contract(toy, tmp_path):
+def test_an_iterable_source_in_one_file_trains_and_resumes_by_the_contract(toy, tmp_path, monkeypatch):
     dataset = open_data("toy-stream:4")
     assert is_iterable_data(dataset) and not is_iterable_data(open_data("toy:4"))
     dataset.train.set_epoch(0)
@@ -108,9 +109,22 @@ def test_an_iterable_source_in_one_file_trains_and_resumes_by_the_contract(toy, 
     again = open_data("toy-stream:4").train
     again.load_state_dict({"epoch": 0, "workers": 1, "consumed": [3]})
     assert [key for _, _, key in itertools.islice(iter(again), 5)] == first[3:]  # the contract's exact resume
+    # Each step's views are made of the images the stream gave for that batch (its read-out
+    # sample is held in memory, but a stream's batch positions are no indices into it).
+    from contrastkit.data.batches import StreamedViews
+    from contrastkit.data.views import ViewMaker
+
+    held, viewed = [], []
+    real_hold, real_views_of = StreamedViews.hold, ViewMaker.views_of
+    monkeypatch.setattr(StreamedViews, "hold", lambda self, split, batch: (
+        held.append(torch.stack([dataset.train.images[int(key.rsplit("/", 1)[1])] for key in batch.keys])),
+        real_hold(self, split, batch))[1])
+    monkeypatch.setattr(ViewMaker, "views_of", lambda self, images: (viewed.append(images.clone()),
+                                                                     real_views_of(self, images))[1])
     summary = pretrain(PretrainConfig(data="toy-stream:4", epochs=2, batch_size=4, out=str(tmp_path / "run"),
                                       device="cpu"), progress=False, baselines=False)
     assert (summary["epochs"], summary["steps"]) == (2, 4)
+    assert len(held) == 4 and all(torch.equal(viewed[i].float(), images.float()) for i, images in enumerate(held))
 
 
 def test_a_plugin_that_fails_to_load_is_one_error_naming_its_entry_point(monkeypatch):

@@ -209,3 +209,32 @@ def test_a_cifar10_subset_streams_with_workers(tmp_path):
     summary = pretrain(config(tmp_path / "run", tmp_path / "cifar", epochs=1, batch_size=16, workers=2,
                               data_options={}), progress=False, baselines=False)
     assert summary["epochs"] == 1 and summary["data"] == "cifar"
+
+
+class _Images(torch.utils.data.Dataset):
+    """A streamed split of constant images: item ``i`` is an image filled with ``base + i``."""
+
+    def __init__(self, base, n=8):
+        self.base, self.n = base, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        return torch.full((1, 4, 4), self.base + index, dtype=torch.uint8), 0
+
+
+def test_a_held_training_batch_answers_only_for_its_own_split():
+    """The loop hands each training batch's decoded images to the batch maker; a held-out
+    split's batch of the same indices (a stream's positions restart at 0 every epoch) is that
+    split's images, read, not the training batch's."""
+    from contrastkit.data.batches import HeldImages
+
+    train, val = _Images(0), _Images(100)
+    indices = torch.arange(4)
+    held = HeldImages()
+    decoded = torch.stack([train[i][0] for i in range(4)])
+    held.hold(train, indices, decoded)
+    assert held(train, indices) is decoded and torch.equal(held(train, indices[1:3]), decoded[1:3])
+    assert torch.equal(held(val, indices), torch.stack([val[i][0] for i in range(4)]))
+    assert held.rows(val, indices) is None and held.rows(train, torch.tensor([5])) is None

@@ -12,6 +12,7 @@ import torch
 
 from _data_fixtures import write_image_folder
 from contrastkit.data import as_data, make_loader
+from contrastkit.data.batch_source import StepBatch
 from contrastkit.data.transform_views import TransformViews, ViewItems
 from contrastkit.train import PretrainConfig, pretrain
 
@@ -130,10 +131,15 @@ def test_views_made_in_workers_do_not_depend_on_how_many(tmp_path):
     assert not torch.equal(epochs[0, 0][0][0], epochs[0, 1][0][0])
     # the batch maker hands the loader's views to the step, a part of them to a micro-batch
     pairs, indices = epochs[2, 1][0]
-    views.hold(indices, pairs)
+    views.hold(data.train, StepBatch(indices, indices, pairs, None))
     view_a, view_b = views(data.train, indices)
     assert torch.equal(view_a, pairs[:, 0]) and torch.equal(view_b, pairs[:, 1])
     assert torch.equal(views(data.train, indices[2:5])[1], pairs[2:5, 1])
+    # the same indices of another split are that split's views, made here (not the training batch's)
+    rows = (indices < len(data.test)).nonzero().flatten()[:3]
+    assert rows.numel() > 0
+    held_out = views(data.test, indices[rows])[0]
+    assert torch.equal(held_out, views(data.test, indices[rows])[0]) and not torch.equal(held_out, pairs[rows, 0])
 
 
 def test_a_v2_pipeline_trains_and_resumes_exactly(tmp_path):

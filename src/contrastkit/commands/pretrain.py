@@ -35,9 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Every default is None so that --resume can tell given options from defaults.
     add = _grouped(parser)
     add("--data", default=None, help=f"glyphlab, digits, or a path (image folder, MNIST idx, CIFAR-10 "
-                                     f"batches, .npz); for --method convirt: glyphlab-text, digits-text "
-                                     f"or a .csv of image,text rows; or what an installed data source "
-                                     f"(entry point group contrastkit.data_sources) names (default {d.data})")
+                                     f"batches, .npz, tar shards: a folder, brace pattern or .txt list of "
+                                     f"them); for the image-text methods (convirt, siglip): glyphlab-text, "
+                                     f"digits-text, a .csv of image,text rows or tar shards with .txt "
+                                     f"captions; or what an installed data source (entry point group "
+                                     f"contrastkit.data_sources) names (default {d.data})")
     add("--data-option", action="append", default=None, metavar="KEY=VALUE",
         help="loader option, repeatable, e.g. train_scenes=480 for glyphlab (VALUE parsed as JSON if it can be)")
     add("--unlabeled", action="store_true", default=None,

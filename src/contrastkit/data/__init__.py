@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from contrastkit.data.base import (NO_LABEL, Dataset, Split, call_with_options, check_positive_int, stratified_subset,
                                    stratified_subset_indices)
-from contrastkit.data.batches import PairedImages
+from contrastkit.data.batches import PairedImages, reading_held_batches
 from contrastkit.data.collection import (CollectionDataset, ImageCollection, add_skipped, open_collection,
                                          skipped_files, skipped_reason, skipped_reasons,
                                          skips_bad_files)
@@ -66,7 +66,7 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "as_streaming_pairs", "make_loader", "subset_split",
            "stratified_subset", "stratified_subset_indices", "DataSplit", "DataSplits", "open_data", "as_data",
            "image_batches", "limit_split", "limit_splits", "item_dataset", "reads_files", "read_held_out_files", "training_views",
-           "PairedImages", "indexed_image_batches", "data_record", "call_with_options", "check_positive_int", "unit_float",
+           "PairedImages", "reading_held_batches", "indexed_image_batches", "data_record", "call_with_options", "check_positive_int", "unit_float",
            "NO_LABEL", "CollectionDataset", "ImageCollection", "open_collection", "skipped_files", "skipped_reason", "skipped_reasons", "add_skipped", "skips_bad_files", "DamagedItem", "SkippingItems",
            "collate_skipping", "record_damaged", "DeviceIndexBatches",
            "DeviceImages", "OnDevicePlan", "choose_on_device", "compact_images", "device_free_bytes", "hold_on_device",

@@ -40,14 +40,16 @@ class StepBatch(NamedTuple):
     ``images``: the decoded images ``(b, C, H, W)`` (or the items the loader made, e.g. views
     made in the workers), ``None`` when the batch maker reads the images by index itself;
     ``labels``: ``(b,)`` int64 on the device, or ``None`` for data without labels; ``keys``:
-    the samples' keys (a stream's), else ``None``. A batch may have fewer rows than the
-    source's batch size, even 0, when damaged files were skipped."""
+    the samples' keys (a stream's), else ``None``; ``texts``: the samples' captions (a stream
+    of image-text pairs), else ``None``. A batch may have fewer rows than the source's batch
+    size, even 0, when damaged files were skipped."""
 
     indices: Tensor
     on_device: Tensor
     images: Optional[Tensor]
     labels: Optional[Tensor]
     keys: Optional[List[str]] = None
+    texts: Optional[List[str]] = None
 
 
 class IndexBatchSource:
@@ -130,7 +132,7 @@ class StreamBatchSource:
     and recorded in ``skipped`` (``bad_files="skip"``), or raises
     :class:`~contrastkit.data.BadItemError` naming its key. A batch's ``indices`` are its
     samples' positions in this rank's epoch (what the batch maker holds its images by); its
-    ``keys`` name them.
+    ``keys`` name them and, for a stream of image-text pairs, its ``texts`` are their captions.
     """
 
     def __init__(self, stream: Any, *, batch_size: int, steps_per_epoch: int, seed: int, rank: int = 0,
@@ -189,7 +191,7 @@ class StreamBatchSource:
         return self.steps_per_epoch - self.start
 
     def __iter__(self) -> Iterator[StepBatch]:
-        for images, labels, keys, damaged in self.loader:
+        for images, labels, keys, texts, damaged in self.loader:
             for sample in damaged:
                 if getattr(self.stream, "bad_files", "fail") != "skip":
                     raise BadItemError(sample.reason)
@@ -200,7 +202,8 @@ class StreamBatchSource:
             self.step += 1
             labelled = rows and bool((labels != NO_LABEL).all())
             yield StepBatch(indices, indices.to(self.device, non_blocking=True), images,
-                            labels.to(self.device, non_blocking=True) if labelled else None, list(keys))
+                            labels.to(self.device, non_blocking=True) if labelled else None, list(keys),
+                            None if texts is None else list(texts))
 
     def record(self) -> Dict[str, Any]:
         """What a run's ``config.json`` records of its stream: the samples of one pass
@@ -221,8 +224,9 @@ class StreamBatchSource:
 
 class _WorkerBatches(torch.utils.data.IterableDataset):
     """In each ``DataLoader`` worker ``j``: ``quotas[j]`` batches of ``batch_size`` consecutive
-    samples of the stream (``(images, labels, keys, damaged)``; damaged samples left out of the
-    images and listed)."""
+    samples of the stream (``(images, labels, keys, texts, damaged)``: ``texts`` the captions of
+    a stream of image-text pairs, else ``None``; damaged samples left out of the images and
+    listed)."""
 
     def __init__(self, stream: Any, batch_size: int, quotas: List[int]) -> None:
         self.stream, self.batch_size, self.quotas = stream, batch_size, quotas
@@ -233,16 +237,18 @@ class _WorkerBatches(torch.utils.data.IterableDataset):
         if quota <= 0:
             return
         samples = iter(self.stream)
+        paired = bool(getattr(self.stream, "paired", False))
         for _ in range(quota):
-            images, labels, keys, damaged = [], [], [], []
+            images, labels, keys, texts, damaged = [], [], [], [], []
             for _ in range(self.batch_size):
                 item = next(samples)
                 if isinstance(item, DamagedSample):
                     damaged.append(item)
                     continue
-                image, label, key = item
-                images.append(image)
-                labels.append(int(label))
-                keys.append(str(key))
+                images.append(item[0])
+                labels.append(int(item[1]))
+                keys.append(str(item[2]))
+                if paired:
+                    texts.append(str(item[3]))
             stacked = torch.stack(images) if images else torch.zeros((0,), dtype=torch.uint8)
-            yield stacked, torch.tensor(labels, dtype=torch.long), keys, damaged
+            yield stacked, torch.tensor(labels, dtype=torch.long), keys, texts if paired else None, damaged

@@ -11,7 +11,10 @@ instead, whose training split is an :class:`IterableSplit`:
 * **Samples.** Iterating yields ``(image, label, key)``: ``image`` ``(C, H, W)`` uint8, or
   float in ``[0, 1]``, of the split's ``image_shape``; ``label`` an int class id or
   :data:`~contrastkit.data.NO_LABEL` (-1); ``key`` a string naming the sample uniquely and
-  stably (e.g. ``"shard-00042.tar/img_0193"``), by which it is split, skipped and named.
+  stably (e.g. ``"shard-00042.tar/img_0193"``), by which it is split, skipped and named. A
+  split of image-text pairs (``paired`` true) yields ``(image, label, key, text)``, ``text``
+  the sample's caption; its ``texts`` are every training caption (the run's tokenizer is built
+  from them), and its held-out splits and read-out sample carry ``texts`` as lists.
 * **Shares.** :meth:`IterableSplit.set_share` tells the split which share of each epoch this
   process reads (``rank`` of ``world_size`` under torchrun); within a process the
   ``DataLoader`` workers split that share further among themselves
@@ -55,15 +58,13 @@ instead, whose training split is an :class:`IterableSplit`:
 The training loop reads such a data set through
 :class:`~contrastkit.data.batch_source.StreamBatchSource`; what cannot work on a stream
 (holding the training images on the device, a per-sample temperature method, views made in
-the workers, image-text pairs) is refused before any work, naming the option.
+the workers) is refused before any work, naming the option.
 :mod:`contrastkit.data.shards` is the reference source: a folder of tar shards.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, Iterator, NamedTuple, Protocol, Tuple, runtime_checkable
-
-from torch import Tensor
 
 __all__ = ["IterableSplit", "IterableDataSplits", "DamagedSample", "is_iterable_data", "check_indexed", "split_of_key"]
 
@@ -93,8 +94,9 @@ class IterableSplit(Protocol):
     def set_epoch(self, epoch: int) -> None:
         """Yield epoch ``epoch`` (its order a function of the seed and ``epoch``) next."""
 
-    def __iter__(self) -> Iterator[Tuple[Tensor, int, str]]:
-        """This worker's samples ``(image, label, key)`` (or :class:`DamagedSample`), without end."""
+    def __iter__(self) -> Iterator[Tuple[Any, ...]]:
+        """This worker's samples ``(image, label, key)`` (``(image, label, key, text)`` for image-text
+        pairs) or :class:`DamagedSample`, without end."""
 
     def state_dict(self) -> Dict[str, Any]:
         """Plain data to continue exactly from here (epoch, position, shuffle buffer)."""

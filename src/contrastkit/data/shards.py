@@ -16,6 +16,10 @@ PNM) and optionally ``.cls``, its class id as decimal text; ``classes.txt`` (one
 name per line, line ``i`` naming id ``i``) names the classes. Without any ``.cls`` member the
 data are unlabeled. A sample's key is ``SHARD/name`` (``00042.tar/00042123``): by it a
 sample is put in a split (:func:`~contrastkit.data.split_of_key`), skipped and named.
+**Image-text shards** (img2dataset's, what the image-text methods ``convirt`` and ``siglip``
+read: ``open_tar_shards(..., paired=True)``, the ``tar-shard-pairs`` source) give each image
+the UTF-8 caption of its ``.txt`` member; a sample without one (or with an empty one) is
+damaged. Other members (``.json`` metadata) are not read.
 
 **Opening** reads the member headers (and the few bytes of each ``.cls``), not the images:
 the sample count that the schedules use is counted once here and recorded in the run's
@@ -78,13 +82,15 @@ _COLOR_SAMPLE = 16
 class ShardSample(NamedTuple):
     """Where one sample lies: its shard (an index into the data set's shard list), the offset
     and size of its image member's bytes, its label (:data:`~contrastkit.data.NO_LABEL` when
-    unlabeled) and its key."""
+    unlabeled), its key and its caption (the ``.txt`` member, read when the shards are opened
+    as image-text pairs; else ``None``)."""
 
     shard: int
     offset: int
     size: int
     label: int
     key: str
+    text: Optional[str] = None
 
 
 _SCHEME = "://"
@@ -244,9 +250,10 @@ _END_OF_ARCHIVE = 1024
 _COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
 
 
-def _index_shard(url: str, number: int) -> Tuple[List[ShardSample], Dict[str, str]]:
-    """The samples of the shard ``url`` (headers, and the bytes of its ``.cls`` members), and
-    what of it is damaged: ``{shard or key: reason}``. A shard cut off (or damaged) part way keeps
+def _index_shard(url: str, number: int, captions: bool = False) -> Tuple[List[ShardSample], Dict[str, str]]:
+    """The samples of the shard ``url`` (headers, and the bytes of its ``.cls`` members; with
+    ``captions``, of its ``.txt`` members too), and what of it is damaged: ``{shard or key:
+    reason}``; with ``captions`` a sample without a readable caption is damaged. A shard cut off (or damaged) part way keeps
     the samples whose bytes are all there; one that is not a tar at all is damaged whole; one
     that is compressed is a ``ValueError`` (a setting to change, not damage)."""
     from contrastkit.data.files import IMAGE_EXTENSIONS
@@ -279,7 +286,8 @@ def _index_shard(url: str, number: int) -> Tuple[List[ShardSample], Dict[str, st
                         if length - tar.offset < _END_OF_ARCHIVE:  # the reader stops quietly at a cut header
                             damaged[shard_name] = (f"cut off after {len(groups)} sample(s): it ends without the tar "
                                                    "end-of-archive blocks; the samples before kept")
-                    samples = _shard_samples(tar, groups, url, number, shard_name, image_kinds, length, damaged)
+                    samples = _shard_samples(tar, groups, url, number, shard_name, image_kinds, length, damaged,
+                                             captions)
             except tarfile.ReadError as err:
                 damaged[shard_name] = f"not a readable tar file ({one_line(err)}); none of its samples read"
                 return [], damaged
@@ -290,9 +298,10 @@ def _index_shard(url: str, number: int) -> Tuple[List[ShardSample], Dict[str, st
 
 def _shard_samples(tar: tarfile.TarFile, groups: Dict[str, Dict[str, tarfile.TarInfo]], url: str, number: int,
                    shard_name: str, image_kinds: Tuple[str, ...], length: int,
-                   damaged: Dict[str, str]) -> List[ShardSample]:
+                   damaged: Dict[str, str], captions: bool) -> List[ShardSample]:
     """The samples of a shard's member groups; one whose members end past the shard's
-    ``length`` bytes (a cut-off shard) is damaged."""
+    ``length`` bytes (a cut-off shard) is damaged, and so is one without a readable caption
+    when ``captions`` are read."""
     samples = []
     for name, members in groups.items():
         image = next((members[kind] for kind in image_kinds if kind in members), None)
@@ -305,8 +314,34 @@ def _shard_samples(tar: tarfile.TarFile, groups: Dict[str, Dict[str, tarfile.Tar
         label = NO_LABEL
         if "cls" in members:
             label = _read_label(tar, members["cls"], url, key)
-        samples.append(ShardSample(number, image.offset_data, image.size, label, key))
+        text = None
+        if captions:
+            text, problem = _read_caption(tar, members.get("txt"))
+            if problem is not None:
+                damaged[key] = problem
+                continue
+        samples.append(ShardSample(number, image.offset_data, image.size, label, key, text))
     return samples
+
+
+#: The longest caption read (a ``.txt`` member beyond it is not a caption).
+_CAPTION_BYTES = 1 << 16
+
+
+def _read_caption(tar: tarfile.TarFile, member: Optional[tarfile.TarInfo]) -> Tuple[Optional[str], Optional[str]]:
+    """``(caption, None)`` of a sample's ``.txt`` member, or ``(None, why it is no caption)``."""
+    if member is None:
+        return None, "no caption: the sample has no .txt member"
+    if member.size > _CAPTION_BYTES:
+        return None, f"its .txt member of {member.size:,} bytes is too long for a caption (at most {_CAPTION_BYTES:,})"
+    handle = tar.extractfile(member)
+    try:
+        text = (handle.read() if handle is not None else b"").decode("utf-8").strip()
+    except UnicodeDecodeError as err:
+        return None, f"its .txt member is not UTF-8 text (byte {err.start})"
+    if not text:
+        return None, "its .txt caption is empty"
+    return text, None
 
 
 def _read_label(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str, key: str) -> int:
@@ -340,14 +375,17 @@ def _read_sample(shards: Sequence[str], sample: ShardSample, preprocessing: Any)
 class ShardSamples(torch.utils.data.Dataset):
     """A map-style split of samples in tar shards, read by offset: item ``i`` is ``(image,
     label)``, ``image`` ``(C, size, size)`` uint8; ``labels`` ``(n,)`` int64 or ``None``
-    (unlabeled). A damaged image raises :class:`~contrastkit.data.BadItemError` naming its key;
-    with ``bad_files="skip"`` the loaders drop it and record it (``skipped``: key -> reason)."""
+    (unlabeled); ``texts``: the captions of image-text shards (``paired``), item ``i``'s
+    ``texts[i]``, else ``None``. A damaged image raises :class:`~contrastkit.data.BadItemError`
+    naming its key; with ``bad_files="skip"`` the loaders drop it and record it (``skipped``:
+    key -> reason)."""
 
     def __init__(self, shards: Sequence[str], samples: Sequence[ShardSample], preprocessing: Any, *,
-                 labelled: bool, bad_files: str = "skip") -> None:
+                 labelled: bool, bad_files: str = "skip", paired: bool = False) -> None:
         self.shards, self.samples, self.preprocessing = list(shards), list(samples), preprocessing
         self.bad_files = bad_files
         self.labels = torch.tensor([s.label for s in self.samples], dtype=torch.int64) if labelled else None
+        self.texts: Optional[List[str]] = [str(s.text) for s in self.samples] if paired else None
         self.skipped: Dict[str, str] = {}
 
     @property
@@ -374,13 +412,14 @@ class ShardSamples(torch.utils.data.Dataset):
         """This split without its damaged samples: every image read once (in ``workers``
         processes), those that cannot be read recorded in ``skipped`` (and named by the run) or,
         with ``bad_files="fail"``, a :class:`~contrastkit.data.BadItemError` naming the key. A
-        labelled read-out then pairs each feature with its label."""
+        labelled read-out then pairs each feature with its label, an image-text one each image
+        with its caption."""
         from contrastkit.data.loader import make_loader
 
         for _ in make_loader(self, batch_size=256, workers=workers):
             pass
         kept = ShardSamples(self.shards, [s for s in self.samples if s.key not in self.skipped], self.preprocessing,
-                            labelled=self.labels is not None, bad_files=self.bad_files)
+                            labelled=self.labels is not None, bad_files=self.bad_files, paired=self.texts is not None)
         kept.skipped = self.skipped
         return kept
 
@@ -388,13 +427,16 @@ class ShardSamples(torch.utils.data.Dataset):
 class TarShardStream(torch.utils.data.IterableDataset):
     """The training split of :class:`TarShards`, read front to back (the module's rules): an
     :class:`~contrastkit.data.IterableSplit` whose iteration, in each ``DataLoader`` worker,
-    yields that worker's samples ``(image, label, key)`` (a damaged one as a
-    :class:`~contrastkit.data.DamagedSample`) pass after pass without end, from the position
-    :meth:`load_state_dict` set; the reader takes what an epoch needs."""
+    yields that worker's samples ``(image, label, key)``, ``(image, label, key, caption)`` for
+    image-text shards (``paired``), a damaged one as a :class:`~contrastkit.data.DamagedSample`,
+    pass after pass without end, from the position :meth:`load_state_dict` set; the reader
+    takes what an epoch needs. ``texts``: every training caption, in the shards' order (what
+    a run's tokenizer is built from), or ``None``."""
 
     def __init__(self, shards: Sequence[str], samples: Sequence[ShardSample], preprocessing: Any, *, seed: int,
-                 shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, bad_files: str = "skip") -> None:
+                 shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, bad_files: str = "skip", paired: bool = False) -> None:
         self.shards, self.preprocessing, self.seed = list(shards), preprocessing, int(seed)
+        self.paired = bool(paired)
         self.shuffle_buffer = check_positive_int(shuffle_buffer, "shuffle_buffer", 1)
         self.bad_files = bad_files
         self.by_shard: List[List[ShardSample]] = [[] for _ in self.shards]
@@ -489,14 +531,23 @@ class TarShardStream(torch.utils.data.IterableDataset):
             except BadItemError as error:
                 yield DamagedSample(sample.key, str(error))
                 continue
-            yield image, int(sample.label), sample.key
+            if self.paired:
+                yield image, int(sample.label), sample.key, sample.text
+            else:
+                yield image, int(sample.label), sample.key
+
+    @property
+    def texts(self) -> Optional[List[str]]:
+        return [str(sample.text) for samples in self.by_shard for sample in samples] if self.paired else None
 
 
 class TarShards:
     """A folder of tar shards as a data set (the module's rules): ``train`` a
     :class:`TarShardStream`, ``val`` and ``test`` :class:`ShardSamples`; ``name``,
     ``class_names``, ``num_classes``, ``image_shape``; ``source`` ``"tar-shards"``;
-    ``held_out``: the held-out shards val and test came from, or ``None`` (split by key)."""
+    ``held_out``: the held-out shards val and test came from, or ``None`` (split by key).
+    Image-text shards (``paired``): every split carries its captions (``texts``) and, with
+    labels, each class name is its own zero-shot prompt (``class_prompts``), as a pair CSV's."""
 
     source = "tar-shards"
     streamed = True
@@ -509,6 +560,8 @@ class TarShards:
         self.train, self.val, self.test = train, val, test
         self.image_shape = train.image_shape
         self.readout_train = readout_train
+        self.paired = train.paired
+        self.class_prompts: Dict[str, List[str]] = {name: [name] for name in class_names} if self.paired else {}
 
     @property
     def num_classes(self) -> int:
@@ -531,7 +584,8 @@ class TarShards:
     def summary(self) -> str:
         c, h, w = self.image_shape
         labels = f"{self.num_classes} classes" if self.num_classes else "unlabeled"
-        return (f"{self.name}: {c}x{h}x{w} images in {len(self.shards)} tar shard(s), {labels}; train "
+        pairs = " paired with captions" if self.paired else ""
+        return (f"{self.name}: {c}x{h}x{w} images{pairs} in {len(self.shards)} tar shard(s), {labels}; train "
                 f"{self.train.num_samples} (streamed), val {len(self.val)}, test {len(self.test)}")
 
 
@@ -544,10 +598,11 @@ class ShardReadout:
 
     def __init__(self, shards: TarShards, workers: int = 0) -> None:
         self.name, self.class_names, self.image_shape = shards.name, shards.class_names, shards.image_shape
-        self.source = shards.source
+        self.source, self.class_prompts = shards.source, shards.class_prompts
         self.train, self.val, self.test = shards.readout_train, shards.val, shards.test
-        # Every held-out image was read once already, with labels: to leave out the damaged ones.
-        self.held_out_read = bool(shards.num_classes)
+        # Every held-out image was read once already, with labels or captions: to leave out the
+        # damaged ones, so that each feature keeps its own label and caption.
+        self.held_out_read = bool(shards.num_classes) or shards.paired
         if self.held_out_read:
             self.train, self.val, self.test = (split.readable(workers) for split in (self.train, self.val, self.test))
         self.stream = shards.train
@@ -563,7 +618,8 @@ class ShardReadout:
 def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = None, color: Optional[str] = None,
                     val_fraction: float = 0.1, test_fraction: float = 0.2, seed: int = 0,
                     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, readout_samples: int = DEFAULT_READOUT_SAMPLES,
-                    bad_files: str = "skip", held_out: Optional[Union[str, os.PathLike]] = None) -> TarShards:
+                    bad_files: str = "skip", held_out: Optional[Union[str, os.PathLike]] = None,
+                    paired: bool = False) -> TarShards:
     """The tar shards ``shards`` names (a folder, a brace pattern, a ``.txt`` list, a URL:
     ``shard_urls``; the module's rules). ``size``: the side of the square images (default
     32); ``color`` ``"L"``, ``"RGB"`` or ``None`` (grayscale when the first samples all are);
@@ -572,7 +628,10 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
     ``held_out``: other shards (any form ``shards`` takes; ``--eval-data``) that val and test
     come from, split between them by key in the ratio ``val_fraction : test_fraction``, every
     sample of ``shards`` then training (labelled shards with the same classes; unlabeled
-    training shards leave them to the run's read-out). Only headers are read now."""
+    training shards leave them to the run's read-out); ``paired``: read the shards as image-text
+    pairs, each image with its ``.txt`` caption (a sample without one is damaged: skipped and
+    named, or with ``bad_files="fail"`` an error). Only headers (and the class ids and captions)
+    are read now."""
     from contrastkit.data.files import GRAY_MODES
     from contrastkit.data.preprocess import SHORTER_SIDE_THEN_CENTRE_CROP, ImagePreprocessing
 
@@ -581,7 +640,7 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
     val_fraction, test_fraction = check_unlabeled_options(val_fraction, test_fraction, color, bad_files)
     readout_samples = check_positive_int(readout_samples, "readout_samples", 1)
     paths, home = shard_urls(where)
-    samples, damaged = _index_shards(where, paths, bad_files)
+    samples, damaged = _index_shards(where, paths, bad_files, captions=paired)
     seen: Dict[str, int] = {}
     for sample in samples:
         if sample.key in seen:
@@ -604,7 +663,7 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
             raise ValueError(f"eval data {held_where}: the held-out shards include training shards ({both[0]}"
                              f"{' and others' if len(both) > 1 else ''}): give shards that do not train")
         first = len(paths)  # the held-out shards follow the training shards in the shard list
-        held_samples, held_damage = _index_shards(held_where, held_paths, bad_files, first=first)
+        held_samples, held_damage = _index_shards(held_where, held_paths, bad_files, first=first, captions=paired)
         _check_held_out(held_where, held_samples, _class_names(held_home, held_samples), class_names)
         parts["train"] = samples
         # The rule of split_of_key over the held-out samples alone: test below its share of the hash range.
@@ -623,14 +682,14 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
     if color is None:
         color = _colour(paths, parts["train"][:_COLOR_SAMPLE], GRAY_MODES)
     preprocessing = ImagePreprocessing(color, (size, size), SHORTER_SIDE_THEN_CENTRE_CROP)
-    held = {part: ShardSamples(paths, parts[part], preprocessing, labelled=labelled, bad_files=bad_files)
-            for part in ("val", "test")}
+    held = {part: ShardSamples(paths, parts[part], preprocessing, labelled=labelled, bad_files=bad_files,
+                               paired=paired) for part in ("val", "test")}
     drawn = random.Random(f"{seed}/readout").sample(range(len(parts["train"])),
                                                      min(readout_samples, len(parts["train"])))
     readout = ShardSamples(paths, [parts["train"][i] for i in sorted(drawn)], preprocessing, labelled=labelled,
-                           bad_files=bad_files)
+                           bad_files=bad_files, paired=paired)
     stream = TarShardStream(paths, parts["train"], preprocessing, seed=seed, shuffle_buffer=shuffle_buffer,
-                            bad_files=bad_files)
+                            bad_files=bad_files, paired=paired)
     # The damaged shards and cut-off samples found now: with the stream's and the read-out's
     # skipped samples (what the run names in skipped.txt).
     stream.skipped.update(damaged)
@@ -641,13 +700,14 @@ def open_tar_shards(shards: Union[str, os.PathLike], *, size: Optional[int] = No
     return opened
 
 
-def _index_shards(where: str, paths: Sequence[str], bad_files: str,
-                  first: int = 0) -> Tuple[List[ShardSample], Dict[str, str]]:
-    """The samples of the shards ``paths`` (numbered from ``first``) and what is damaged."""
+def _index_shards(where: str, paths: Sequence[str], bad_files: str, first: int = 0,
+                  captions: bool = False) -> Tuple[List[ShardSample], Dict[str, str]]:
+    """The samples of the shards ``paths`` (numbered from ``first``; with their ``captions``)
+    and what is damaged."""
     samples: List[ShardSample] = []
     damaged: Dict[str, str] = {}
     for number, path in enumerate(paths, start=first):
-        found, bad = _index_shard(path, number)
+        found, bad = _index_shard(path, number, captions)
         if bad and bad_files == "fail":
             what, reason = next(iter(bad.items()))
             raise ValueError(f"shard {path}: {what} is {reason} (bad_files=fail; skip leaves it out and names it)")

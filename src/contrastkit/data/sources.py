@@ -13,7 +13,8 @@ folder of the same name: write ``./digits`` for one), the labelled path formats 
 :mod:`contrastkit.data.shards`) and ``imagefolder`` (class subfolders of images; streamed with
 ``workers > 0`` or ``stream=true``), ``collection`` (unlabeled images: a folder without class
 structure, or a ``.txt`` / ``.csv`` list of image paths), and, for the image-text methods,
-``glyphlab-text``, ``digits-text`` and ``pair-csv``.
+``glyphlab-text``, ``digits-text``, ``pair-csv`` and ``tar-shard-pairs`` (tar shards whose
+samples have ``.txt`` captions, read as a stream).
 
 A new storage kind is one file: a module that calls :func:`register_data_source`::
 
@@ -238,7 +239,8 @@ def _find(data: str, pairs: bool, unlabeled: bool) -> DataSource:
         if not os.path.exists(Path(data).expanduser()):
             raise FileNotFoundError(f"no paired data {data!r}: not a built-in name ({', '.join(names)}) and no such "
                                     f"file{also}")
-        raise ValueError(f"paired data {data!r}: expected a .csv file of (image, text) rows{also}")
+        raise ValueError(f"paired data {data!r}: expected a .csv file of (image, text) rows or tar shards of "
+                         f"images with .txt captions{also}")
     error = _format_error(data)
     if error is not None:
         raise error
@@ -275,8 +277,8 @@ def check_paired_source(data: Any, method: str) -> None:
     if not isinstance(data, str) or data.lower().endswith(".csv"):
         return
     if not any(source.pairs and source.detect(data) for source in data_sources()):
-        raise ValueError(f"{method} needs paired data: {', '.join(PAIRED_BUILTIN)} or a .csv of image,text "
-                         f"rows, got {data!r}")
+        raise ValueError(f"{method} needs paired data: {', '.join(PAIRED_BUILTIN)}, a .csv of image,text "
+                         f"rows or tar shards of images with .txt captions, got {data!r}")
 
 
 # -- the built-in sources --------------------------------------------------------------------
@@ -326,11 +328,15 @@ def _is_tar_shards(data: str) -> bool:
     return is_tar_shards(data)
 
 
-def _open_tar_shards(request: DataRequest) -> Any:
-    from .shards import open_tar_shards
+def _tar_shards(paired: bool) -> Callable[[DataRequest], Any]:
+    def open_shards(request: DataRequest) -> Any:
+        from .shards import open_tar_shards
 
-    return call_with_options(open_tar_shards, request.data, request.options, shards=request.data, seed=request.seed,
-                             bad_files=request.bad_files or "skip", held_out=request.eval_data)
+        return call_with_options(open_tar_shards, request.data, request.options, shards=request.data,
+                                 seed=request.seed, bad_files=request.bad_files or "skip", held_out=request.eval_data,
+                                 paired=paired)
+
+    return open_shards
 
 
 def _open_collection(request: DataRequest) -> Any:
@@ -379,7 +385,7 @@ _BUILTINS: List[DataSource] = [
     DataSource("npz", _format_is("npz"), _labelled("npz"), "a .npz file of x_train, y_train, x_test, y_test"),
     DataSource("cifar10", _format_is("cifar10"), _labelled("cifar10"), "a folder of CIFAR-10 python batches"),
     DataSource("mnist", _format_is("mnist"), _labelled("mnist"), "a folder of MNIST idx files"),
-    DataSource("tar-shards", _is_tar_shards, _open_tar_shards,
+    DataSource("tar-shards", _is_tar_shards, _tar_shards(paired=False),
                "a folder of uncompressed tar shards of images (WebDataset's layout), read as a stream",
                skips_bad_files=True),
     DataSource("imagefolder", _format_is("imagefolder"), _open_imagefolder,
@@ -392,6 +398,9 @@ _BUILTINS: List[DataSource] = [
     DataSource("digits-text", _name_is("digits-text"), _open_digits_text,
                "digits-text: the digits paired with short texts", pairs=True),
     DataSource("pair-csv", _is_pair_csv, _open_pair_csv, "a .csv of image, text rows", pairs=True),
+    DataSource("tar-shard-pairs", _is_tar_shards, _tar_shards(paired=True),
+               "tar shards of images with .txt captions (img2dataset's layout), read as a stream", pairs=True,
+               skips_bad_files=True),
 ]
 _BUILTIN_NAMES = frozenset(source.name for source in _BUILTINS)
 #: The built-in sources a user names by a word (the others detect a path's format).

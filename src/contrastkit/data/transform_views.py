@@ -164,9 +164,10 @@ class TransformViews:
             self._items[id(split)] = cached
         return cached[1]
 
-    def hold(self, indices: Tensor, pairs: Tensor) -> None:
-        """The views ``(b, 2, C, H, W)`` the loader made of the training batch ``indices``."""
-        self.pairs.hold(indices, pairs)
+    def hold(self, split: Any, batch: Any) -> None:
+        """The views ``(b, 2, C, H, W)`` the loader made of the training ``split``'s batch
+        ``batch`` (a :class:`~contrastkit.data.batch_source.StepBatch`, its ``images`` the views)."""
+        self.pairs.hold(split, batch.indices, batch.images)
 
     def _make_pairs(self, split: Any, indices: Tensor) -> Tensor:
         """The views ``(b, 2, C, H, W)`` of a batch the loader did not make, made here."""

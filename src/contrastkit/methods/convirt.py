@@ -147,7 +147,8 @@ class PairedBatches:
     image. A streamed split's images (uint8 scaled to ``[0, 1]``, or float) are those of the
     training batch the loop hands over (:meth:`hold`), else read for the batch; with
     ``--data-on-device`` all of them held on the device (:meth:`hold_split`). Texts are
-    tokenised once per split and cached. A batch's token columns are trimmed to its longest
+    tokenised once per split and cached; a stream's (its training batch's captions, handed
+    over with its images) are tokenised per batch. A batch's token columns are trimmed to its longest
     text when its indices are on the host (read there, without waiting for the device); indices
     on an accelerator keep the split's width (the padding is masked), so that nothing is read
     back from the device.
@@ -158,10 +159,14 @@ class PairedBatches:
         self.device = device
         self._cache: Dict[int, Tuple[Any, Tensor, Tensor, Tensor]] = {}
         self._images = PairedImages()
+        self._texts: Optional[List[str]] = None
 
-    def hold(self, indices: Tensor, images: Tensor) -> None:
-        """The decoded ``images`` of the streamed training batch ``indices`` (from the loader)."""
-        self._images.hold(indices, images)
+    def hold(self, split: DataSplit, batch: Any) -> None:
+        """The training ``split``'s streamed batch ``batch`` (a
+        :class:`~contrastkit.data.batch_source.StepBatch`: the images the loader decoded and, from
+        a stream of pairs, the captions, ``texts``)."""
+        self._images.hold(split, batch.indices, batch.images)
+        self._texts = getattr(batch, "texts", None)
 
     def device_images(self, split: DataSplit, workers: int = 0) -> Any:
         """What :meth:`hold_split` would hold for ``split`` (:meth:`PairedImages.device_images
@@ -180,8 +185,13 @@ class PairedBatches:
         return self._cache[key][1:]
 
     def __call__(self, split: DataSplit, indices: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
-        ids, mask, lengths = self._tokens(split)
         images = self._images(split, indices, self.device)
+        rows = self._images.held_rows(split, indices) if self._texts is not None else None
+        if rows is not None:  # a stream's batch: its own captions (encode pads to the longest)
+            assert self._texts is not None
+            held_ids, held_mask = self.tokenizer.encode([self._texts[row] for row in rows.tolist()])
+            return images, (held_ids.to(self.device, non_blocking=True), held_mask.to(self.device, non_blocking=True))
+        ids, mask, lengths = self._tokens(split)
         on = indices.to(self.device, non_blocking=True)
         batch_ids, batch_mask = ids[on], mask[on]
         if not validation.reads_are_free(indices):

@@ -74,13 +74,14 @@ def _key(item: int, view: int) -> str:
 
 def save_last_batch(writer: RunWriter, problem: BatchProblem, batch: Any, indices: Tensor, dataset: Any,
                     *, method: str, temperature: float, step: int, epoch: int, images: Optional[Tensor] = None,
-                    labels: Optional[Tensor] = None, keys: Optional[List[str]] = None) -> None:
+                    labels: Optional[Tensor] = None, keys: Optional[List[str]] = None,
+                    texts: Optional[List[str]] = None) -> None:
     """Write ``last_batch.pt`` through the run folder's ``writer`` from the last step's ``problem`` (on any device), its
     ``batch`` (as the method's batch maker made it: ``batch[0]`` view A or the images,
     ``batch[1]`` view B), the training ``indices`` of its elements and the ``dataset``.
-    ``images``, ``labels``, ``keys``: the batch's decoded images ``(b, C, H, W)``, labels and
-    sample keys as its batch source gave them (a stream's batch has no index to read them by);
-    by default read from ``dataset.train`` by ``indices``."""
+    ``images``, ``labels``, ``keys``, ``texts``: the batch's decoded images ``(b, C, H, W)``,
+    labels, sample keys and captions as its batch source gave them (a stream's batch has no
+    index to read them by); by default read from ``dataset.train`` by ``indices``."""
     from contrastkit.analysis import explain
 
     m, k = problem.shape
@@ -145,10 +146,13 @@ def save_last_batch(writer: RunWriter, problem: BatchProblem, batch: Any, indice
         record["sources"] = _uint8(images[torch.tensor(shown)])
     else:
         record["sources"] = _uint8(read_images(dataset.train, record["indices"][shown]))
-    texts = getattr(dataset.train, "texts", None)
     text_items = sorted({item for item, _ in wanted} | set(shown)) if TEXT in problem.column_views.tolist() else []
-    record["texts"] = {str(item): str(texts[int(record["indices"][item])]) for item in text_items} \
-        if texts is not None else {}
+    if texts is not None:  # the batch's own, row by row
+        record["texts"] = {str(item): str(texts[item]) for item in text_items}
+    else:
+        split_texts = getattr(dataset.train, "texts", None)
+        record["texts"] = {str(item): str(split_texts[int(record["indices"][item])]) for item in text_items} \
+            if split_texts is not None else {}
     writer.write_last_batch(record)
 
 

@@ -41,7 +41,7 @@ from contrastkit.run_writer import FolderStart, RunWriter
 
 from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevicePlan, StepBatch, StreamBatchSource,
                               add_skipped, as_data, data_record, hold_on_device, is_iterable_data, read_held_out_files,
-                              skipped_files, skipped_reasons)
+                              reading_held_batches, skipped_files, skipped_reasons)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, DataChoices, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
@@ -336,6 +336,12 @@ class _Data:
     source: Any = None      # IndexBatchSource or StreamBatchSource (set_epoch before each epoch)
     on_device: Optional[OnDevicePlan] = None
 
+    @property
+    def training_split(self) -> Any:
+        """The split the training batches are of (the stream, or the training split read by
+        index): what the batch maker is handed a batch of and asked for it by."""
+        return self.stream if self.stream is not None else self.dataset.train
+
 
 @dataclass
 class _Monitor:
@@ -401,6 +407,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     config = plan.config
     if data.batches is None:
         data.batches = method.batches(data.dataset, config, device, data.tokenizer, transform=transform)
+        if data.stream is not None:  # made for the read-out's sample; the training batches are the loader's
+            data.batches = reading_held_batches(data.batches)
     model, step_loss = _build_model(plan, data, encoder, start)
     data.source, data.on_device = _batch_source(plan, data)
     faults = StepFaults(config.on_nan, parallel, guard.signals, writer.folder.last_checkpoint)
@@ -464,6 +472,7 @@ def _open_data(config: PretrainConfig, method: Method, parallel: Parallel, resum
                          f"their held-out shards; {config.data} has class labels and its own val and test splits "
                          "(leave --eval-data out)")
     stream = opened.train if is_iterable_data(opened) else None
+    full = opened
     if stream is not None:  # the read-out reads a bounded sample of the stream, map-style
         _check_streamable(config, views, transform, stream, parallel.world_size)
         opened = opened.readout(config.workers)
@@ -477,7 +486,8 @@ def _open_data(config: PretrainConfig, method: Method, parallel: Parallel, resum
         config = replace(config, encoder=describe_encoder(encoder, dataset.image_shape[0]), encoder_options={})
     if views is not None and transform is not None:
         raise ValueError("pass views (a batch maker of your own) or transform (views made in the workers), not both")
-    tokenizer = method.run_tokenizer(dataset, config.out, resume)
+    # A stream's tokenizer is built from every training caption, not the read-out's sample of them.
+    tokenizer = method.run_tokenizer(dataset if stream is None else full, config.out, resume)
     return config, _Data(dataset, views, tokenizer, stream)
 
 
@@ -710,7 +720,7 @@ def _train_epoch(run: _Training, metrics: IO[str], bar: "_Progress") -> Optional
             window_steps += 1
         else:
             if step_batch.images is not None and hasattr(run.data.batches, "hold"):
-                run.data.batches.hold(indices, step_batch.images)  # a caller's own views read the split themselves
+                run.data.batches.hold(run.data.training_split, step_batch)  # a caller's own views read the split
             logging = (run.state.step + 1) % config.log_every == 0 or batch == run.plan.steps_per_epoch - 1
             last = run.state.step + 1 == run.plan.total_steps
             if run.plan.parallel.is_main and (logging or last):
@@ -734,7 +744,8 @@ def _train_epoch(run: _Training, metrics: IO[str], bar: "_Progress") -> Optional
             if last and problem is not None:
                 save_last_batch(run.writer, problem, made, indices, run.data.dataset, method=config.method,
                                 temperature=float(step_tau), step=run.state.step, epoch=run.state.epoch + 1,
-                                images=step_batch.images, labels=step_batch.labels, keys=step_batch.keys)
+                                images=step_batch.images, labels=step_batch.labels, keys=step_batch.keys,
+                                texts=step_batch.texts)
         if batch + 1 < run.plan.steps_per_epoch:  # (the epoch's end writes its own checkpoint)
             if run.faults.stop or (config.checkpoint_every and run.state.step % config.checkpoint_every == 0):
                 _write_checkpoint(run, loss_sum, batch + 1)
@@ -839,7 +850,7 @@ def _train_step(run: _Training, step_batch: StepBatch, metrics: IO[str]) -> Tupl
     is read at logging steps only (:func:`_log_step`). The forward pass and the loss run under
     the run's precision (:class:`~contrastkit.methods.precision.StepPrecision`)."""
     indices, on_device, batch_labels = step_batch.indices, step_batch.on_device, step_batch.labels
-    batch = run.data.batches(run.data.dataset.train, indices)
+    batch = run.data.batches(run.data.training_split, indices)
     if run.plan.config.channels_last:
         batch = channels_last_batch(batch)
     tau_now = before_loss(run.trainables.model, run.trainables.schedule, run.state.step, run.plan.total_steps)
