@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from contrastkit.methods import build_model  # noqa: E402
+from contrastkit.methods import build_model, resolve_for_data  # noqa: E402
 from contrastkit.train import PretrainConfig  # noqa: E402
 from contrastkit.train.setup import compile_encoder  # noqa: E402
 
@@ -50,7 +50,7 @@ def _step(model, optimizer, views, labels) -> float:
 
 
 def measure(name: str, config: PretrainConfig, shape, steps: int, repeats: int):
-    config = config.resolved().with_queue(config.batch_size, 10 * config.batch_size)
+    config, _ = resolve_for_data(config.resolved(), 10 * config.batch_size)
     eager = build_model(config, shape)
     compiled = copy.deepcopy(eager)
     compile_encoder(compiled.encoder)

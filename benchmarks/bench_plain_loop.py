@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from contrastkit.train import PretrainConfig, pretrain  # noqa: E402
 from contrastkit.train.loop import warmup_cosine  # noqa: E402
 from contrastkit.methods import get_method  # noqa: E402
-from contrastkit.methods import build_model, limit_data  # noqa: E402
+from contrastkit.methods import build_model, limit_data, resolve_for_data  # noqa: E402
 
 
 def _config(args, out: str) -> PretrainConfig:
@@ -74,8 +74,8 @@ def plain_rates(args) -> Dict[str, List[float]]:
     dataset = limit_data(method.load_data(config), config)
     train = dataset.train
     n = len(train)
-    batch = min(config.batch_size, n)
-    config = config.with_queue(batch, n)
+    config, choices = resolve_for_data(config, n)
+    batch = choices.step_batch
     views = method.batches(dataset, config, torch.device("cpu"))
     model = build_model(config, dataset.image_shape)
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]

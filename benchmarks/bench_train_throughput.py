@@ -25,13 +25,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from contrastkit.data import load_dataset, make_views  # noqa: E402
 from contrastkit.train import PretrainConfig  # noqa: E402
-from contrastkit.methods import build_model  # noqa: E402
+from contrastkit.methods import build_model, resolve_for_data  # noqa: E402
 
 
 def time_steps(config: PretrainConfig, dataset, views_mode: str, steps: int, warmup: int, threads: int):
     torch.set_num_threads(threads)
     views = make_views(dataset, mode=views_mode, device="cpu")
-    config = config.resolved().with_queue(config.batch_size, dataset.train.images.shape[0])
+    config, _ = resolve_for_data(config.resolved(), dataset.train.images.shape[0])
     model = build_model(config, dataset.image_shape[0])
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     generator = torch.Generator().manual_seed(0)

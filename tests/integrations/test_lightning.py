@@ -304,6 +304,39 @@ def test_without_a_batch_size_the_modules_size_it_as_pretrain_does(tiny):
     assert ContrastiveDataModule.from_config(config).batch_size == 48
 
 
+@needs_lightning
+@pytest.mark.parametrize("batch_size, expected", [(None, (16, 16, 16)), (4, (4, 4, 12)), (64, (64, 16, 16))],
+                         ids=["chosen", "given", "given-above-the-split"])
+def test_pretrain_and_the_lightning_modules_take_the_batch_and_queue_that_resolve_for_data_gives(
+        tmp_path, batch_size, expected):
+    """What the data decide is decided in one place (resolve_for_data): for MoCo on the same
+    configuration and data (16 training scenes), pretrain's recorded configuration and plan, the
+    Lightning data module's batch and the Lightning module's configuration and queue are that
+    record's. ``expected``: the batch size, the step's batch (at most the split) and MoCo's
+    default queue for that step's batch (up to 16 of them, fewer than the split holds: 4 * 3)."""
+    import json
+
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.methods import resolve_for_data
+
+    from _tiny_run import TINY_GLYPHLAB, tiny_config, train_only
+
+    config = tiny_config(tmp_path / "run", method="moco", batch_size=batch_size)
+    fitted, choices = resolve_for_data(config.resolved(), TINY_GLYPHLAB["train_scenes"])
+    assert (choices.batch_size, choices.step_batch, choices.queue_size) == expected
+    assert (fitted.batch_size, fitted.queue_size) == (choices.batch_size, choices.queue_size)
+    train_only(config)
+    with open(tmp_path / "run" / "config.json", encoding="utf-8") as handle:
+        stored = json.load(handle)
+    assert (stored["config"]["batch_size"], stored["config"]["queue_size"]) == (choices.batch_size, choices.queue_size)
+    assert stored["derived"]["batch_size"] == choices.step_batch and stored["derived"]["defaults"] == choices.record()
+    data = ContrastiveDataModule.from_config(config)
+    module = ContrastiveModule(config, data)
+    assert data.batch_size == choices.batch_size
+    assert (module.config.batch_size, module.config.queue_size) == (choices.batch_size, choices.queue_size)
+    assert module.model.queue.size == choices.queue_size
+
+
 _DDP_SCRIPT = '''
 """Train a ContrastiveModule a few steps on DEVICES CPU processes; rank 0 saves the model."""
 import sys

@@ -12,6 +12,7 @@ import torch
 import contrastkit.temperature as schedules
 from contrastkit import losses as L
 from contrastkit.losses import MIN_TEMPERATURE, Temperature, nt_xent_views
+from contrastkit.methods import resolve_for_data
 from contrastkit.train import PretrainConfig, pretrain
 
 TINY_RUN = dict(data="glyphlab", data_options={"train_scenes": 16, "val_scenes": 9, "test_scenes": 12, "size": 28},
@@ -234,7 +235,7 @@ def test_bad_temperatures_are_refused_at_construction():
 def test_the_resolved_config_holds_the_parsed_schedule():
     c = PretrainConfig(temperature_schedule="cosine:0.05,0.5").resolved()
     assert isinstance(c.schedule, schedules.CosineSchedule) and c.schedule.config()["tau_max"] == 0.5
-    assert c.with_queue(8, 100).schedule.config() == c.schedule.config()  # made from the fields, the same
+    assert resolve_for_data(c, 100)[0].schedule.config() == c.schedule.config()  # made from the fields, the same
     learnable = PretrainConfig(learnable_temperature=True, temperature=0.3).resolved().schedule
     assert isinstance(learnable, schedules.LearnableSchedule) and learnable.initial == 0.3
     with pytest.raises(ValueError, match="resolve"):

@@ -18,7 +18,7 @@ from contrastkit.models.text import WordTokenizer
 from contrastkit.train import METHOD_REGISTRY, PretrainConfig, cached_gradient_loss, get_method, pretrain
 from contrastkit.methods.convirt import ConvirtModel
 from contrastkit.methods import SiglipModel
-from contrastkit.methods import ContrastiveModel
+from contrastkit.methods import ContrastiveModel, resolve_for_data
 
 TOL = dict(rtol=1e-9, atol=1e-9)  # float64; the issue asks for 1e-6
 B, M = 8, 2
@@ -267,10 +267,10 @@ def test_config_refuses_bad_micro_batches_and_methods_that_do_not_opt_in(monkeyp
     unsized = PretrainConfig(micro_batch=7).resolved()
     with pytest.raises(ValueError, match=r"micro_batch \(7\) must divide the batch size \(60\), chosen for 120 "
                                          r"training images.*--batch-size sets it"):
-        unsized.fit_to_data(120)
+        resolve_for_data(unsized, 120)
     with pytest.raises(ValueError, match=r"torchrun \(30 of 60\), chosen for 120 training images"):
-        PretrainConfig(micro_batch=20).resolved().fit_to_data(120, world_size=2)
-    assert PretrainConfig(micro_batch=32).resolved().fit_to_data(60_000).batch_size == 256
+        resolve_for_data(PretrainConfig(micro_batch=20).resolved(), 120, world_size=2)
+    assert resolve_for_data(PretrainConfig(micro_batch=32).resolved(), 60_000)[0].batch_size == 256
     assert PretrainConfig(norm="batch").resolved().norm is None  # what runs before the option stored
     monkeypatch.setattr(type(get_method("simclr")), "cached_gradients", False)
     with pytest.raises(ValueError, match="method 'simclr' does not take --micro-batch"):

@@ -2,6 +2,7 @@
 configuration's fields, not state beside them: a copy made with ``dataclasses.replace`` or
 through ``from_dict(to_dict())`` has the same schedule as the resolved configuration."""
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
@@ -47,21 +48,38 @@ def test_a_configuration_fitted_to_its_data_holds_only_its_fields_and_a_separate
     the same (the batch, the queue)."""
     from dataclasses import fields
 
-    from contrastkit.methods import default_batch_size
+    from contrastkit.methods import default_batch_size, resolve_for_data
 
     batch, reason = default_batch_size(5000)
     resolved = PretrainConfig(method="moco").resolved()
-    choices = resolved.data_choices(5000)
-    fitted = resolved.fit_to_data(5000).with_queue(choices.batch_size, 5000)
+    fitted, choices = resolve_for_data(resolved, 5000)
     assert set(vars(fitted)) == {f.name for f in fields(PretrainConfig)}
     assert (fitted.batch_size, choices.batch_size, choices.batch_reason) == (batch, batch, reason)
-    assert fitted.queue_size == batch * min(16, 5000 // batch - 1)  # MoCo's default, a multiple of the batch
+    assert fitted.queue_size == choices.queue_size == batch * min(16, 5000 // batch - 1)  # MoCo's default
     assert choices.record() == {"train_size": 5000, "batch_size": {"value": batch, "reason": reason}}
     assert choices.describe() == f"batch size {batch}, chosen for {reason}; --batch-size sets it"
     copy = PretrainConfig.from_dict(fitted.to_dict())
     assert (copy.batch_size, copy.queue_size) == (fitted.batch_size, fitted.queue_size)
-    given = PretrainConfig(batch_size=64).resolved().data_choices(5000)
-    assert given.record() == {} and given.describe() is None and given.batch_size == 64
+    given = resolve_for_data(PretrainConfig(batch_size=64).resolved(), 5000)[1]
+    assert given.record() == {} and given.describe() is None and given.batch_size == 64 and given.queue_size is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        given.batch_size = 32  # an immutable record
+
+
+def test_resolve_for_data_refuses_what_no_step_can_take_before_the_queue_divides_by_it():
+    """A split of fewer than 2 images, or a step's batch that the processes cannot share, is
+    refused in words before MoCo's queue is sized from the step's batch (no division by 0)."""
+    from contrastkit.methods import resolve_for_data
+
+    moco = PretrainConfig(method="moco", batch_size=8).resolved()
+    with pytest.raises(ValueError, match=r"the training split of glyphlab has 0 image\(s\); at least 2 are needed"):
+        resolve_for_data(moco, 0)
+    with pytest.raises(ValueError, match=r"the training split of glyphlab has 1 image\(s\)"):
+        resolve_for_data(moco, 1)
+    with pytest.raises(ValueError, match=r"the batch size 6 must be a multiple of the number of processes \(4\)"):
+        resolve_for_data(moco, 6, world_size=4)  # the step takes the whole split of 6
+    fitted, choices = resolve_for_data(moco, 6, world_size=2)
+    assert (choices.step_batch, choices.queue_size, fitted.batch_size) == (6, 6, 8)  # config.json keeps the given 8
 
 
 @pytest.mark.parametrize("options", [{"temperature_schedule": "cosine:0.1,0.5"},

@@ -14,7 +14,7 @@ from contrastkit.cli import main
 from contrastkit.commands import pretrain as pretrain_command
 from contrastkit.commands.common import apply_config_file
 from contrastkit.data.base import Dataset, Split
-from contrastkit.methods import default_batch_size
+from contrastkit.methods import default_batch_size, resolve_for_data
 from contrastkit.train import PretrainConfig, pretrain
 
 
@@ -101,7 +101,7 @@ def test_the_command_line_and_a_config_file_give_a_batch_size_that_wins(tmp_path
     argv = ["--config", str(path)]
     apply_config_file(parser, argv)
     config = pretrain_command.config_from_args(parser.parse_args(argv))
-    assert config.batch_size == 96 and config.resolved().fit_to_data(60_000).batch_size == 96
+    assert config.batch_size == 96 and resolve_for_data(config.resolved(), 60_000)[0].batch_size == 96
 
 
 def _npz(path, n):

@@ -85,7 +85,7 @@ from contrastkit import layout
 from contrastkit.distributed import rank_seed
 from contrastkit.run_writer import RunWriter
 from contrastkit.methods import (MoCo, PretrainConfig, TwoViewMethod, build_lr_scheduler, build_model, build_optimizer,
-                                 channels_last_batch, default_batch_size, get_method, limit_data)
+                                 channels_last_batch, default_batch_size, get_method, limit_data, resolve_for_data)
 from contrastkit.methods.step import after_optimizer_step, before_loss, keeps_sample_state, step_loss
 
 __all__ = ["ContrastiveModule", "ContrastiveDataModule"]
@@ -203,8 +203,7 @@ class ContrastiveModule(lightning.LightningModule):
                 raise ValueError(f"loss= replaces the method's loss; temperature_method "
                                  f"{config.temperature_method!r} is that loss: pass one or the other")
         dataset = _data_set(data)
-        config = config.fit_to_data(len(dataset.train))  # no batch size given: the data's, as pretrain's
-        config = config.with_queue(min(config.batch_size, len(dataset.train)), len(dataset.train))
+        config, choices = resolve_for_data(config, len(dataset.train))  # the batch and the queue, as pretrain's
         if isinstance(encoder, nn.Module):
             from contrastkit.models import describe_encoder
 
@@ -214,7 +213,7 @@ class ContrastiveModule(lightning.LightningModule):
         self.method = method
         self.dataset = dataset
         self.model = build_model(config, dataset.image_shape, encoder=encoder if isinstance(encoder, nn.Module) else None,
-                                 train_size=len(dataset.train))
+                                 train_size=choices.train_size)
         self.loss_function = loss  # an nn.Module loss is registered as a submodule (trained, moved)
         self._loss_keywords = _loss_keywords(loss) if loss is not None else frozenset()
         if config.channels_last:
@@ -456,14 +455,14 @@ class ContrastiveDataModule(lightning.LightningDataModule):
     def from_config(cls, config: PretrainConfig, *, shuffle: bool = True) -> "ContrastiveDataModule":
         """``config.data`` loaded as ``contrastkit pretrain`` loads it (its data options and
         subsets, :func:`contrastkit.methods.load_data`), with ``config.batch_size`` (``None``:
-        sized to the training split, :meth:`~contrastkit.methods.PretrainConfig.fit_to_data`),
+        sized to the training split, :func:`~contrastkit.methods.resolve_for_data`),
         ``config.workers`` and ``config.seed``."""
         config = config.resolved()
         opened = get_method(config.method).load_data(config)
         check_indexed(opened, "ContrastiveDataModule")  # (load_data would give a stream's read-out sample)
         dataset = limit_data(opened, config)
-        return cls(dataset, batch_size=config.fit_to_data(len(dataset.train)).batch_size, workers=config.workers,
-                   shuffle=shuffle, seed=config.seed)
+        choices = resolve_for_data(config, len(dataset.train))[1]
+        return cls(dataset, batch_size=choices.batch_size, workers=config.workers, shuffle=shuffle, seed=config.seed)
 
     def _rank_batch(self, split: Any, what: str) -> int:
         """This process's batch: its share of the global batch, at most its share of ``split``."""

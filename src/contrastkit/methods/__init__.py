@@ -29,7 +29,7 @@ Adding a method is one subclass, registered::
 from .accumulation import average_gradients, cached_gradient_loss
 from .base import Batch, EvalContext, Method, across_ranks
 from .build import build_model, limit_data, load_data
-from .config import OPTIMIZERS, RESUME_MAY_CHANGE, DataChoices, PretrainConfig, default_batch_size
+from .config import OPTIMIZERS, RESUME_MAY_CHANGE, DataChoices, PretrainConfig, default_batch_size, resolve_for_data
 from .convirt import Convirt, ConvirtModel
 from .moco import MoCo
 from .optimization import build_lr_scheduler, build_optimizer, warmup_cosine
@@ -46,8 +46,9 @@ for _method in (SimCLR, MoCo, SupCon, DCL, Simple, HardNegative, Convirt, Siglip
 del _method
 
 __all__ = ["Method", "TwoViewMethod", "EvalContext", "Batch", "across_ranks", "METHOD_REGISTRY", "register_method",
-           "unregister_method", "get_method", "method_names", "PretrainConfig", "DataChoices", "default_batch_size", "OPTIMIZERS", "RESUME_MAY_CHANGE",
-           "load_data", "limit_data", "build_model", "ContrastiveModel", "ConvirtModel", "SiglipModel", "SimCLR",
+           "unregister_method", "get_method", "method_names", "PretrainConfig", "DataChoices", "resolve_for_data",
+           "default_batch_size", "OPTIMIZERS", "RESUME_MAY_CHANGE", "load_data", "limit_data", "build_model",
+           "ContrastiveModel", "ConvirtModel", "SiglipModel", "SimCLR",
            "MoCo", "SupCon", "DCL", "Simple", "HardNegative", "Convirt", "Siglip", "cached_gradient_loss",
            "average_gradients", "build_optimizer", "build_lr_scheduler", "warmup_cosine", "BatchTap", "observe_batch",
            "StepPrecision", "channels_last_batch", "check_precision", "before_loss", "step_loss",

@@ -21,7 +21,8 @@ from .registry import METHOD_REGISTRY, get_method
 if TYPE_CHECKING:
     from contrastkit.temperature import TemperatureSchedule
 
-__all__ = ["PretrainConfig", "DataChoices", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE", "OPTION_GROUPS", "option_facts",
+__all__ = ["PretrainConfig", "DataChoices", "resolve_for_data", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE",
+           "OPTION_GROUPS", "option_facts",
            "LIGHTNING_APPLIES", "PRECISIONS", "DATA_ON_DEVICE", "ON_NAN",
            "check_positive_int",
            "check_positive_float", "default_batch_size", "SMALLEST_DEFAULT_BATCH", "LARGEST_DEFAULT_BATCH",
@@ -191,13 +192,22 @@ def _option(default: Any = MISSING, *, group: str, resume: bool = False, lightni
 
 @dataclass(frozen=True)
 class DataChoices:
-    """What the data decided of a run, beside its configuration (the configuration's
-    :meth:`~PretrainConfig.data_choices`): the training split's size, the batch size, and why it
-    was chosen (``batch_reason``; ``None`` when ``batch_size`` was given)."""
+    """What the data decided of a run, beside its configuration (made by
+    :func:`resolve_for_data`, the one place it is decided): the training split's size, the
+    batch size (source images a step, the global batch; given, or chosen for the data), why it
+    was chosen (``batch_reason``; ``None`` when ``batch_size`` was given) and the length of the
+    method's queue of earlier keys (``queue_size``; ``None`` for a method without one)."""
 
     train_size: int
     batch_size: int
     batch_reason: Optional[str] = None
+    queue_size: Optional[int] = None
+
+    @property
+    def step_batch(self) -> int:
+        """The global batch a step takes, ``batch_size`` or the whole training split when that
+        is smaller (a given batch larger than the split takes all of it)."""
+        return min(self.batch_size, self.train_size)
 
     def record(self) -> Dict[str, Any]:
         """``config.json``'s ``derived.defaults``: ``{"train_size": n, "batch_size": {"value": b,
@@ -255,7 +265,7 @@ class PretrainConfig:
     # Changing ``epochs`` on resume stretches the cosine schedule from the resumed step on.
     epochs: int = _option(60, group="optimization", resume=True)
     # Source images a step (the global batch under torchrun; the last partial batch is dropped).
-    # None: chosen from the training set's size (default_batch_size) by fit_to_data.
+    # None: chosen from the training set's size (default_batch_size) by resolve_for_data.
     batch_size: Optional[int] = _option(None, group="optimization")
     optimizer: str = _option("adamw", group="optimization", lightning=True)
     lr: Optional[float] = _option(None, group="optimization", lightning=True)
@@ -302,7 +312,7 @@ class PretrainConfig:
 
     def resolved(self) -> "PretrainConfig":
         """A validated copy with every default filled in but those that need the data: the
-        batch size (:meth:`fit_to_data`) and the queue size (:meth:`with_queue`)."""
+        batch size and the queue size (:func:`resolve_for_data`)."""
         c = PretrainConfig(**asdict(self))
         method = get_method(c.method)
         if c.optimizer not in OPTIMIZERS:
@@ -387,34 +397,6 @@ class PretrainConfig:
         """Whether the run trains on image-text pairs (its method's :attr:`~contrastkit.methods.base.Method.paired`)."""
         return get_method(self.method).paired
 
-    def data_choices(self, train_size: int, *, world_size: int = 1) -> "DataChoices":
-        """What the data decide of this run (a training split of ``train_size`` images,
-        ``world_size`` processes), as an immutable record beside the configuration: the batch
-        size, chosen by :func:`default_batch_size` when ``batch_size`` is ``None`` (with why)."""
-        if self.batch_size is not None:
-            return DataChoices(int(train_size), int(self.batch_size))
-        batch_size, reason = default_batch_size(train_size, world_size=world_size)
-        return DataChoices(int(train_size), batch_size, reason)
-
-    def fit_to_data(self, train_size: int, *, world_size: int = 1) -> "PretrainConfig":
-        """A copy with the defaults that depend on the data filled in, for a training split of
-        ``train_size`` images and ``world_size`` processes: a ``batch_size`` of ``None`` becomes
-        :meth:`data_choices`' (what it chose and why is that record's); a given one is kept.
-        Then ``micro_batch`` is checked against the batch. Call it on the resolved configuration
-        once the data are loaded (``pretrain`` and the Lightning module and data module do)."""
-        choices = self.data_choices(train_size, world_size=world_size)
-        if self.batch_size is not None:
-            return replace(self)
-        fitted = replace(self, batch_size=choices.batch_size)
-        _check_micro_batch(fitted, f"chosen for {choices.batch_reason}; --batch-size sets it", world_size)
-        return fitted
-
-    def with_queue(self, batch_size: int, train_size: int) -> "PretrainConfig":
-        """A copy with the queue size filled in by the method (:meth:`~contrastkit.methods.base.Method.queue_size`:
-        MoCo's default and checks; ``None`` for a method without a queue), for the effective
-        batch size and the training set's size."""
-        return replace(self, queue_size=get_method(self.method).queue_size(self.queue_size, batch_size, train_size))
-
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
@@ -425,6 +407,39 @@ class PretrainConfig:
         if unknown:
             raise ValueError(f"unknown configuration keys {unknown}")
         return cls(**data)
+
+
+def resolve_for_data(config: PretrainConfig, train_size: int, *,
+                     world_size: int = 1) -> Tuple[PretrainConfig, DataChoices]:
+    """What the data decide of a run, decided in this one place: for a resolved ``config``
+    (:meth:`PretrainConfig.resolved`) and a training split of ``train_size`` images read by
+    ``world_size`` processes, the :class:`DataChoices` record and the configuration fitted to it
+    (a copy with its ``batch_size`` and ``queue_size``, what ``config.json`` records).
+
+    The batch size is the given one, else :func:`default_batch_size`'s (and ``micro_batch``
+    is then checked against it); a step takes at most the whole split
+    (:attr:`DataChoices.step_batch`), which must hold at least 2 images and, under
+    ``world_size`` processes, be a multiple of it. The queue's length is the method's
+    (:meth:`~contrastkit.methods.base.Method.queue_size`: MoCo's default and checks) for that
+    step batch. ``pretrain``, the Lightning module and the Lightning data module call it."""
+    train_size, world = int(train_size), check_positive_int(world_size, "world_size")
+    reason: Optional[str] = None
+    if config.batch_size is not None:
+        batch_size = int(config.batch_size)
+    else:
+        batch_size, reason = default_batch_size(train_size, world_size=world)
+    fitted = replace(config, batch_size=batch_size)
+    if reason is not None:
+        _check_micro_batch(fitted, f"chosen for {reason}; --batch-size sets it", world)
+    step_batch = min(batch_size, train_size)
+    # checked before the queue, which divides by the step batch
+    if step_batch < 2:
+        raise ValueError(f"the training split of {config.data} has {train_size} image(s); at least 2 are needed")
+    if world > 1 and step_batch % world:
+        raise ValueError(f"the batch size {step_batch} must be a multiple of the number of processes ({world})")
+    queue_size = get_method(config.method).queue_size(config.queue_size, step_batch, train_size)
+    choices = DataChoices(train_size, batch_size, reason, queue_size)
+    return replace(fitted, queue_size=queue_size), choices
 
 
 def _check_encoder_spec(c: PretrainConfig) -> None:
@@ -477,7 +492,7 @@ def _resolve_accumulation(c: PretrainConfig) -> None:
     if c.micro_batch is None:
         return
     get_method(c.method).require_cached_gradients()
-    if c.batch_size is None:  # checked once the data have sized the batch (PretrainConfig.fit_to_data)
+    if c.batch_size is None:  # checked once the data have sized the batch (resolve_for_data)
         check_positive_int(c.micro_batch, "micro_batch")
         return
     _check_micro_batch(c, "", int(os.environ.get("WORLD_SIZE", "1") or 1))  # torchrun: the check is per process

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from contrastkit.data import DataSplits, as_data, is_iterable_data
-from contrastkit.methods import PretrainConfig, get_method
+from contrastkit.methods import PretrainConfig, get_method, resolve_for_data
 from contrastkit.data import make_views, open_data
 from contrastkit.metrics.readout import evaluate_encoders, evaluate_without_labels
 
@@ -42,7 +42,10 @@ def evaluate_model(config: PretrainConfig, model: nn.Module, dataset: DataSplits
                                    workers=config.workers, baselines=baselines)
     elif not get_method(config.method).paired:  # images without labels
         views = make_views(dataset, mode="augment", device=device, strength=config.view_strength)
-        batch_size = config.fit_to_data(len(dataset.train)).batch_size  # the run's (a run records it)
+        # the run's (config.json records it); only a configuration never fitted to its data asks
+        # the data (not every time: a stream's read-out sample is not the split the queue was checked on)
+        batch_size = config.batch_size if config.batch_size is not None else \
+            resolve_for_data(config, len(dataset.train))[1].batch_size
         result = evaluate_without_labels(dataset.test, model.encoder, device, views,
                                          temperature=float(model.temperature.value), batch_size=batch_size,
                                          baseline_encoder=baseline_encoder, raw_pixels=raw_pixels, seed=config.seed,

@@ -45,7 +45,7 @@ from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevi
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, DataChoices, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
-                                 warmup_cosine)
+                                 resolve_for_data, warmup_cosine)
 from contrastkit.methods.optimization import warmup_steps
 from contrastkit.methods.precision import StepPrecision, channels_last_batch
 from contrastkit.methods.step import after_optimizer_step, before_loss, keeps_sample_state
@@ -319,7 +319,7 @@ class _Plan:
     rank_batch: int         # this rank's share of it
     steps_per_epoch: int
     total_steps: int
-    data_choices: DataChoices  # what the data decided (the batch size when none was given, and why)
+    data_choices: DataChoices  # what the data decided (resolve_for_data: the batch size and why, the queue)
     warmup_steps: int = 0   # settled with the learning-rate schedule (_build_trainables)
 
 
@@ -497,18 +497,11 @@ def _sample_count(data: _Data) -> int:
 
 
 def _plan(config: PretrainConfig, method: Method, parallel: Parallel, device: torch.device, n_train: int) -> _Plan:
-    """The batch sizes and the steps: a batch size not given is the data's
-    (:meth:`~contrastkit.methods.PretrainConfig.fit_to_data`); the last partial batch of an
-    epoch is dropped (a fixed batch size), under torchrun from each rank's share."""
-    choices = config.data_choices(n_train, world_size=parallel.world_size)
-    config = config.fit_to_data(n_train, world_size=parallel.world_size)
-    batch_size = min(config.batch_size, n_train)
-    if batch_size < 2:
-        raise ValueError(f"the training split of {config.data} has {n_train} image(s); at least 2 are needed")
-    if parallel.active and batch_size % parallel.world_size:
-        raise ValueError(f"the batch size {batch_size} must be a multiple of the number of processes "
-                         f"({parallel.world_size})")
-    config = config.with_queue(batch_size, n_train)
+    """The batch sizes and the steps: what the data decide (the batch size not given, the
+    queue, :func:`~contrastkit.methods.resolve_for_data`); the last partial batch of an epoch is
+    dropped (a fixed batch size), under torchrun from each rank's share."""
+    config, choices = resolve_for_data(config, n_train, world_size=parallel.world_size)
+    batch_size = choices.step_batch
     rank_batch = batch_size // parallel.world_size
     steps_per_epoch = (n_train // parallel.world_size) // rank_batch
     total_steps = steps_per_epoch * config.epochs
