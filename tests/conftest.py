@@ -138,6 +138,7 @@ SERIAL = (
     "tests/distributed/test_distributed_per_anchor_temperature.py::",
     "tests/distributed/test_distributed_scaleout.py::",
     "tests/distributed/test_distributed_torchrun.py::",
+    "tests/distributed/test_online_probe_distributed.py::",
     "tests/distributed/test_short_batches.py::",
     "tests/losses/test_losses_sigmoid.py::",
     "tests/losses/test_tiled_variants.py::test_two_processes_equal_one_on_the_global_batch",

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 __all__ = ["FORMAT_VERSION", "VERSION_KEY", "PROBE_ACCURACY", "KNN_ACCURACY", "VIEW_RETRIEVAL_TOP1",
+           "ONLINE_PROBE_ACCURACY", "ONLINE_KNN_ACCURACY",
            "RANDOM_INIT", "RAW_PIXEL", "BASELINES", "ENCODERS", "baseline_key", "baseline_numbers",
            "is_baseline_key", "beats_baselines", "ENCODER_NAMES", "table_number", "verdict_line", "SUMMARY_REQUIRED", "summary_to_dict", "summary_from_dict",
            "read_summary", "STEP", "EPOCH", "TAU", "SKIPPED", "TAU_HISTOGRAM", "METRICS_KINDS",
@@ -41,6 +42,11 @@ PROBE_ACCURACY = "probe_accuracy"
 KNN_ACCURACY = "knn_accuracy"
 #: The top-1 view retrieval rate of the label-free read-out, which ``beats_baselines_view_retrieval`` judges.
 VIEW_RETRIEVAL_TOP1 = "view_retrieval_top1"
+#: The online linear probe's val accuracy at an epoch's end (``--online-probe``; the epoch
+#: records, and the last epoch's in the summary).
+ONLINE_PROBE_ACCURACY = "online_probe_accuracy"
+#: The online kNN monitor's val accuracy at an epoch's end (``--online-probe``).
+ONLINE_KNN_ACCURACY = "online_knn_accuracy"
 
 #: The untrained encoder (the run's model at its initialisation), read out like the trained one.
 RANDOM_INIT = "random_init"

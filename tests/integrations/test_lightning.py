@@ -707,3 +707,25 @@ def test_the_training_loader_gives_each_batch_its_global_sample_indices(tiny):
             seen.append(indices)
     everyone = torch.cat(seen)
     assert sorted(everyone.tolist()) == list(range(len(tiny.train)))  # 48 = 2 ranks x 6 batches of 4
+
+
+@needs_lightning
+def test_the_module_ignores_online_probe_it_trains_no_head_and_the_same_weights(tiny, tmp_path):
+    """``online_probe`` is pretrain's (the module's docstring says so): on or off, the module has
+    the same parameters, logs the same names and trains to the same weights."""
+    from contrastkit.integrations.lightning import ContrastiveDataModule, ContrastiveModule
+    from contrastkit.train import PretrainConfig
+
+    trained = []
+    for online_probe in (True, False):
+        config = PretrainConfig(method="simclr", batch_size=16, norm="group", seed=1, online_probe=online_probe)
+        data = ContrastiveDataModule(tiny, batch_size=16)
+        module = ContrastiveModule(config, data)
+        trainer = _trainer(tmp_path / str(online_probe), max_steps=2, limit_val_batches=0)
+        torch.manual_seed(0)  # the views
+        trainer.fit(module, data)
+        assert not any(name.startswith("online") for name in trainer.callback_metrics)
+        trained.append(module.state_dict())
+    assert trained[0].keys() == trained[1].keys()
+    for key, value in trained[0].items():
+        assert torch.equal(value, trained[1][key]), key

@@ -155,6 +155,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--on-nan", choices=ON_NAN, default=None,
         help="a non-finite training loss: stop the run naming the step and the last good checkpoint (stop), or "
              "drop that step's update and count it in summary.json's skipped_steps (skip) (default stop)")
+    add("--online-probe", action=argparse.BooleanOptionalAction, default=None,
+        help="on labelled data, log every epoch the val accuracy of a linear probe trained beside the encoder on "
+             "its detached features (the steps' own forward pass, its own optimizer) and of a kNN on a fixed "
+             "sample of training features (metrics.jsonl's online_probe_accuracy, online_knn_accuracy); the "
+             "encoder trains the same without it (default on; --no-online-probe turns it off)")
     add("--knn-k", type=int, default=None, help=f"neighbors of the kNN read-out (default {d.knn_k})")
     add("--knn-temperature", type=float, default=None,
         help=f"temperature of the weighted kNN read-out (default {d.knn_temperature})")
@@ -224,6 +229,8 @@ def option_table() -> str:
             configured = name in facts or name in _OPTION_GROUP
             resume = ("yes" if facts.get(name, {}).get("resume") else "no") if configured else ""
             flag = action.option_strings[-1] + (f" {action.metavar}" if action.metavar else "")
+            if isinstance(action, argparse.BooleanOptionalAction):  # --name and --no-name
+                flag = f"--[no-]{action.option_strings[0][2:]}"
             text = " ".join((action.help or "").split()).replace("|", "\\|")
             lines.append(f"| `{flag}` | {resume} | {text} |")
         lines.append("")

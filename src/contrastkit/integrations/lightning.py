@@ -139,7 +139,10 @@ class ContrastiveModule(lightning.LightningModule):
             queue is a multiple of ``batch_size``, the global batch), ``views`` (``"augment"``
             only) / ``view_strength``, and ``seed`` (the initial weights). The trainer decides
             the number of steps (``max_steps`` / ``max_epochs``), the device and the
-            processes; the data module the batches.
+            processes; the data module the batches. ``online_probe`` is ``contrastkit
+            pretrain``'s (:mod:`contrastkit.train.online`): the module trains no online probe and
+            logs no online numbers, whatever it says (a Lightning callback of the user's reads
+            :attr:`encoder`).
         data: the :class:`ContrastiveDataModule` (or the contrastkit data set) the module
             trains on: its image shape sizes the model, its kind sets the views' defaults.
         encoder: a built-in name or ``"package.module:factory"`` spec replacing

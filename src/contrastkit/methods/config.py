@@ -305,6 +305,9 @@ class PretrainConfig:
     eval_every: int = _option(0, group="run", resume=True)  # epochs between val read-outs picking the epoch (0: never)
     checkpoint_every: int = _option(0, group="run", resume=True)  # steps between checkpoints in an epoch (0: ends)
     on_nan: str = _option("stop", group="run", resume=True)  # a non-finite loss: "stop" the run, or "skip" the update
+    # The online linear probe and kNN monitor (contrastkit.train.online), logged every epoch on
+    # labelled data; the encoder trains the same with or without them.
+    online_probe: bool = _option(True, group="run")
     knn_k: int = _option(20, group="run")
     knn_temperature: float = _option(0.07, group="run")
     out: str = _option(os.path.join("runs", "pretrain"), group="run", resume=True)
@@ -375,6 +378,8 @@ class PretrainConfig:
         check_positive_int(c.checkpoint_every, "checkpoint_every", 0)
         if c.on_nan not in ON_NAN:
             raise ValueError(f"on_nan must be one of {ON_NAN}, got {c.on_nan!r}")
+        if not isinstance(c.online_probe, bool):
+            raise ValueError(f"online_probe must be true or false, got {c.online_probe!r}")
         check_positive_int(c.knn_k, "knn_k")
         c.knn_temperature = check_positive_float(c.knn_temperature, "knn_temperature")
         _resolve_accumulation(c)

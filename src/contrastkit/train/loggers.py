@@ -7,6 +7,8 @@ and passes them to each :class:`Logger`:
 * ``train/loss``, ``train/tau``, ``train/lr``, ``train/images_per_second`` per logged step;
 * ``epoch/loss``, ``epoch/tau``, ... per epoch, and ``val/...`` (``val/knn_accuracy``,
   ``val/geometry/h/uniformity``, ...) on the epochs with a val evaluation;
+* ``online/probe_accuracy`` and ``online/knn_accuracy`` per epoch: the online probe and kNN
+  monitor (``--online-probe``, :mod:`contrastkit.train.online`);
 * ``summary/...`` at the end: the probe table (``summary/probe_accuracy``,
   ``summary/random_init_probe_accuracy``, ``summary/raw_pixel_knn_accuracy``, ...) and the
   geometry of the test split (``summary/representation/h/alignment``, ...); for an unlabeled
@@ -183,9 +185,13 @@ class Loggers:
             self._log("train", numbers, step, epoch)
             return
         val = {key[len("val_"):]: value for key, value in numbers.items() if key.startswith("val_")}
-        self._log("epoch", {key: value for key, value in numbers.items() if not key.startswith("val_")}, step, epoch)
+        online = {key[len("online_"):]: value for key, value in numbers.items() if key.startswith("online_")}
+        self._log("epoch", {key: value for key, value in numbers.items()
+                            if not key.startswith(("val_", "online_"))}, step, epoch)
         if val:
             self._log("val", val, step, epoch)
+        if online:
+            self._log("online", online, step, epoch)
 
     def summary(self, summary: Mapping[str, Any], *, step: int, epoch: int) -> None:
         """The final numbers (``summary.json``)."""

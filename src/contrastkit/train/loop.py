@@ -61,6 +61,7 @@ from .faults import (Preempted, ReadoutFailed, RunGuard, StepFaults, disk_full, 
 from .evaluate import evaluate_model
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
+from .online import OnlineProbe
 from .parallel import LossForward, Parallel, setup
 from .selection import val_probe_accuracy
 from .state import Trainables, TrainState
@@ -105,11 +106,12 @@ class _Progress:
 
         self.progress = Progress(
             TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}  tau {task.fields[tau]}  {task.fields[speed]} img/s"),
+            TextColumn("loss {task.fields[loss]}  tau {task.fields[tau]}  {task.fields[speed]} img/s"
+                       "{task.fields[online]}"),
             TimeRemainingColumn(), transient=False,
         )
         self.task = self.progress.add_task("pretrain", total=total, completed=completed,
-                                           epoch="-", loss="-", tau="-", speed="-")
+                                           epoch="-", loss="-", tau="-", speed="-", online="")
         self.progress.start()
 
     def warn(self, message: str) -> None:
@@ -413,6 +415,7 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     data.source, data.on_device = _batch_source(plan, data)
     faults = StepFaults(config.on_nan, parallel, guard.signals, writer.folder.last_checkpoint)
     plan, trainables = _build_trainables(plan, data, model, step_loss, precision, encoder)
+    trainables.online = _online_probe(plan, data, model)
     monitor = _Monitor(tau_histogram=TemperatureHistogram(device)
                        if getattr(model, "temperature_method", None) is not None else None)
     run = _Training(plan, data, trainables, TrainState(faults), writer, faults, guard, started, start.resume, monitor)
@@ -545,6 +548,18 @@ def _build_trainables(plan: _Plan, data: _Data, model: torch.nn.Module, step_los
                             given_encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
 
 
+def _online_probe(plan: _Plan, data: _Data, model: torch.nn.Module) -> Optional[OnlineProbe]:
+    """The online probe and kNN monitor (``--online-probe``, on labelled data), its hook on the
+    encoder; ``None`` otherwise."""
+    config = plan.config
+    if not config.online_probe or not data.dataset.num_classes:
+        return None
+    online = OnlineProbe(model.encoder.out_dim, data.dataset.num_classes, plan.device, seed=config.seed,
+                         parallel=plan.parallel)
+    online.attach(model.encoder)
+    return online
+
+
 def _batch_source(plan: _Plan, data: _Data) -> Tuple[Any, OnDevicePlan]:
     """The training batches (a stream's, or the split's by index) and whether the training
     images are held on the device (``--data-on-device``)."""
@@ -674,12 +689,20 @@ def _train(run: _Training, progress: Optional[bool],
                 if loss_sum is None:  # stopped by a signal in the middle of the epoch, checkpointed
                     raise _preempted(run)
                 record = _end_epoch(run, loss_sum, time.perf_counter() - run.epoch_started, metrics)
+                bar.update(0, online=_online_line(record))
                 if on_epoch_end is not None:
                     on_epoch_end(run.state.epoch, record)
                 if run.faults.agree_stop():
                     raise _preempted(run)
     finally:
         bar.close()
+
+
+def _online_line(record: Dict[str, Any]) -> str:
+    """The progress line's part for the online probe's numbers of the last epoch ("" without)."""
+    parts = [f"{name} {record[key]:.3f}" for name, key in (("probe", records.ONLINE_PROBE_ACCURACY),
+                                                           ("knn", records.ONLINE_KNN_ACCURACY)) if key in record]
+    return ("  online " + "  ".join(parts)) if parts else ""
 
 
 def _train_epoch(run: _Training, metrics: IO[str], bar: "_Progress") -> Optional[torch.Tensor]:
@@ -854,8 +877,10 @@ def _train_step(run: _Training, step_batch: StepBatch, metrics: IO[str]) -> Tupl
     # non-finite value through the losses' input checks, which would otherwise end the run in a
     # device-side assertion before the loss is read and the step that went wrong is named.
     checked = not run.faults.defers or run.plan.device.type == "cpu"
+    online = run.trainables.online
     try:
-        loss = _step_loss_and_backward(run, batch, batch_labels, on_device, indices, checked)
+        with online.capturing() if online is not None else contextlib.nullcontext():
+            loss = _step_loss_and_backward(run, batch, batch_labels, on_device, indices, checked)
     except Exception as err:  # a --compile run whose kernels torch cannot build here: one line, not torch's trace
         failure = compile_failure(err) if run.plan.config.compile else None
         if failure is None:
@@ -863,6 +888,8 @@ def _train_step(run: _Training, step_batch: StepBatch, metrics: IO[str]) -> Tupl
         raise failure from err
     if run.faults.keep_update(loss, run.state.step + 1):  # (a stop signal is agreed on here too)
         precision.step(run.trainables.optimizer)
+        if online is not None:  # on the h this step's forward computed (detached)
+            online.train_step(batch_labels)
     # The clamp of a learnable tau, a temperature method's own update (iSogCLR's temperatures).
     temperatures = after_optimizer_step(run.plan.method, run.trainables.model)
     if run.monitor.tau_histogram is not None and temperatures is not None:
@@ -930,6 +957,11 @@ def _end_epoch(run: _Training, loss_sum: torch.Tensor, seconds: float, metrics: 
     if evaluating and parallel.is_main:
         with eager_calls(config.compile):  # the read-out's calls run eagerly (no compilation per batch size)
             _evaluate_epoch(run, record)
+    if run.trainables.online is not None:  # every rank evaluates its share
+        with eager_calls(config.compile):
+            record.update(run.trainables.online.evaluate(run.trainables.model.encoder, run.data.dataset,
+                                                         knn_k=config.knn_k, knn_temperature=config.knn_temperature,
+                                                         workers=config.workers))
     metrics.write(records.metrics_line(record))
     if run.monitor.tau_histogram is not None:  # the distribution of the per-anchor temperatures of the epoch
         run.monitor.tau_histogram.merged(parallel.reduce)
@@ -1019,6 +1051,8 @@ def _summarise(run: _Training, baselines: bool) -> Dict[str, Any]:
     if records.VIEW_RETRIEVAL_TOP1 in numbers:  # without labels: judged by view retrieval
         summary["beats_baselines_view_retrieval"] = (records.beats_baselines(numbers, records.VIEW_RETRIEVAL_TOP1)
                                                      if baselines else None)
+    if run.trainables.online is not None:  # the last epoch's online numbers
+        summary.update(run.trainables.online.last)
     if config.on_nan == "skip":
         summary["skipped_steps"] = run.faults.skipped
     if run.data.source.short_batches:  # steps skipped for a batch short of readable images (damaged files)

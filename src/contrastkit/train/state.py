@@ -5,7 +5,9 @@ checkpoint's keys.
 
 The keys (a checkpoint is a flat dict; ``contrastkit.train.checkpoint`` checks them on load):
 
-* ``model``, ``optimizer``, ``scheduler``, ``precision`` (the gradient scaler): :class:`Trainables`.
+* ``model``, ``optimizer``, ``scheduler``, ``precision`` (the gradient scaler): :class:`Trainables`;
+  with ``--online-probe`` on labelled data also ``online_probe`` (the online probe's head, its
+  optimizer and the last epoch's numbers, :class:`~contrastkit.train.online.OnlineProbe`).
 * ``epoch`` (epochs done), ``step`` (optimizer steps done, skipped ones included),
   ``train_seconds``, ``epoch_losses`` (one mean loss per epoch done), ``selection`` (the val
   probe's candidates, :class:`~contrastkit.train.selection.EpochSelection`), the fault counters
@@ -41,7 +43,9 @@ class Trainables:
     step's precision (its gradient scaler's state), which the checkpoint holds; and, not in it,
     the training forward ``step_loss`` (DDP-wrapped under torchrun), the temperature
     ``schedule`` and the caller's encoder module when its class cannot rebuild it
-    (``given_encoder``: the random-init baseline then starts from it)."""
+    (``given_encoder``: the random-init baseline then starts from it). ``online``: the online
+    probe (:class:`~contrastkit.train.online.OnlineProbe`; ``None`` when the run has none),
+    whose own head and optimizer the checkpoint holds too."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -51,10 +55,14 @@ class Trainables:
     step_loss: Optional[Callable[..., torch.Tensor]] = None
     schedule: Any = None
     given_encoder: Optional[torch.nn.Module] = None
+    online: Any = None
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "precision": self.precision.state_dict()}
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "precision": self.precision.state_dict()}
+        if self.online is not None:
+            state["online_probe"] = self.online.state_dict()
+        return state
 
     def load_state_dict(self, state: Dict[str, Any], path: str, precision_name: str) -> None:
         """Restore :meth:`state_dict`; a part that does not fit is one ``ValueError`` naming ``path``."""
@@ -62,6 +70,9 @@ class Trainables:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
+            # A checkpoint written without the online probe: its head starts at the resumed step.
+            if self.online is not None and state.get("online_probe") is not None:
+                self.online.load_state_dict(state["online_probe"])
         except (RuntimeError, ValueError, KeyError) as err:
             raise ValueError(f"checkpoint {path} does not match this model/optimizer: "
                              f"{str(err).splitlines()[0]}") from None

@@ -1,0 +1,204 @@
+"""The read-out a run watches while it trains (``--online-probe``): an online linear probe and a
+kNN monitor, logged every epoch, at almost no cost per step.
+
+* **Online linear probe** (solo-learn's online linear classifier; lightly's
+  ``OnlineLinearClassifier``): a linear head on the encoder's representation ``h``, detached,
+  trained by its own optimizer (Adam, :data:`PROBE_LR`) on each training batch's labels. It
+  reads the ``h`` the step's forward pass already computed, every row of it: for the two-view
+  methods both views of each image (the labels tiled, as solo-learn averages the loss over its
+  crops), for MoCo the query view, for the image-text methods the images. No extra forward pass
+  of the encoder is made: a forward hook on the encoder keeps its output while the training
+  step runs (:meth:`OnlineProbe.capturing`). At each epoch's end its accuracy on the val split
+  (at most :data:`VAL_SAMPLES` images, a seeded sample) is the record's
+  ``online_probe_accuracy``.
+* **kNN monitor** (solo-learn's and lightly's online kNN): a fixed, seeded sample of at most
+  :data:`KNN_BANK` training images, whose features are extracted again at each epoch's end (eval
+  mode), is the memory of the weighted kNN (:func:`contrastkit.metrics.knn_predict`, the
+  read-out's, with the run's ``knn_k`` and ``knn_temperature``) that classifies the same val
+  images: ``online_knn_accuracy``.
+
+Neither changes the encoder's training: the features are detached, the head has its own
+optimizer, and its initialisation and the epoch's evaluation leave the global RNG states as they
+found them. Under torchrun each rank trains the head on its share of the batch with the gradients
+averaged over the ranks (the head stays the same on every rank, and equals the head a single
+process trains on the whole batch), and evaluates its share of the val images and of the bank;
+the counts are summed, so the numbers are the single-process ones for the same weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from contrastkit import records
+from contrastkit.data import subset_split
+from contrastkit.methods import average_gradients
+from contrastkit.metrics import knn_predict
+from contrastkit.metrics.readout import extract_features
+
+from .checkpoint import rng_state, set_rng_state
+from .parallel import Parallel
+
+__all__ = ["OnlineProbe", "KNN_BANK", "VAL_SAMPLES", "PROBE_LR"]
+
+#: Training images in the kNN monitor's memory (a seeded sample; the whole split when smaller).
+KNN_BANK = 4096
+#: Val images the online numbers are measured on (a seeded sample; the whole split when smaller).
+VAL_SAMPLES = 10000
+#: The online probe's learning rate (Adam; constant).
+PROBE_LR = 1e-3
+
+
+class OnlineProbe:
+    """The online probe's head and optimizer, the kNN monitor's sample, and the last epoch's
+    numbers; its :meth:`state_dict` goes into the run's checkpoint.
+
+    Args:
+        feature_dim: the size of ``h``; ``num_classes``: the classes of the labels.
+        device: where the head trains (the run's device).
+        seed: the head's initialisation and the samples of the bank and of val.
+        parallel: the run's process group (``contrastkit.train.parallel.Parallel``; default: one process).
+    """
+
+    def __init__(self, feature_dim: int, num_classes: int, device: torch.device, *, seed: int,
+                 parallel: Any = None) -> None:
+        self.num_classes, self.seed, self.device = int(num_classes), int(seed), device
+        self.parallel = parallel or Parallel()
+        with torch.random.fork_rng(devices=[]):  # the run's own RNG stream is left as it was
+            torch.manual_seed(self.seed)
+            self.head = nn.Linear(int(feature_dim), self.num_classes)
+        self.head.to(device)
+        self.optimizer = torch.optim.Adam(self.head.parameters(), lr=PROBE_LR)
+        self.steps = 0  # steps the head was trained (0: no training batch carried labels yet)
+        self.last: Dict[str, float] = {}  # the last epoch's numbers (the summary's)
+        self._kept: List[Tensor] = []
+        self._capturing = False
+        self._hook: Any = None
+
+    # -- during the step ------------------------------------------------------------------
+    def attach(self, encoder: nn.Module) -> None:
+        """Keep ``encoder``'s output while :meth:`capturing` (a forward hook; read-only)."""
+        self._hook = encoder.register_forward_hook(self._keep)
+
+    def detach(self) -> None:
+        """Remove the hook :meth:`attach` added."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _keep(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        # Only the forward that trains (grad enabled): a micro-batched step's first pass,
+        # without a graph, is replayed with one, and each row is kept once.
+        if self._capturing and torch.is_grad_enabled() and isinstance(output, Tensor):
+            self._kept.append(output.detach())
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """The training step's forward pass runs inside: the encoder's outputs are kept for
+        :meth:`train_step`."""
+        self._kept, self._capturing = [], True
+        try:
+            yield
+        finally:
+            self._capturing = False
+
+    def train_step(self, labels: Optional[Tensor]) -> None:
+        """One step of the head on the ``h`` kept by :meth:`capturing` and the batch's
+        ``labels`` ``(N,)`` (nothing without labels). The kept rows are ``k`` blocks of the
+        batch's rows in order per encoder call (``cat([view_a, view_b])``: ``k = 2``; a
+        micro-batched step's calls are consecutive parts of the batch). No value is read back
+        from the device."""
+        kept, self._kept = self._kept, []
+        if labels is None or not kept:
+            return
+        n = int(labels.shape[0])
+        rows = sum(int(h.shape[0]) for h in kept)
+        if n == 0 or rows % n:
+            raise ValueError(f"the online probe got {rows} rows of h for a batch of {n}: the encoder's calls in a "
+                             "step must hold each image of the batch the same number of times")
+        k, start, parts = rows // n, 0, []
+        labels = labels.to(self.device)
+        for h in kept:
+            part = int(h.shape[0]) // k
+            parts.append(labels[start:start + part].repeat(k))
+            start += part
+        features = torch.cat([h.flatten(1) for h in kept]).float().to(self.device)
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            loss = nn.functional.cross_entropy(self.head(features), torch.cat(parts))
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)  # (not Tensor.backward: a step's one Tensor.backward stays the encoder's loss)
+        average_gradients(self.head.parameters())  # each rank's share of an equal split: the global batch's mean
+        self.optimizer.step()
+        self.steps += 1
+
+    # -- at the epoch's end ---------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, encoder: nn.Module, dataset: Any, *, knn_k: int, knn_temperature: float,
+                 workers: int = 0) -> Dict[str, float]:
+        """The epoch's numbers (every rank calls it): ``online_knn_accuracy`` and, once the
+        head has trained, ``online_probe_accuracy``, on the val sample. The RNG states are
+        restored afterwards (a loader drawing its seed does not move the training's stream)."""
+        state = rng_state()
+        try:
+            bank_rows = _sample(len(dataset.train), KNN_BANK, self.seed)
+            val_rows = _sample(len(dataset.val), VAL_SAMPLES, self.seed + 1)
+            bank_x = self._features(encoder, dataset.train, bank_rows[self._share(len(bank_rows))], workers)
+            val_x = self._features(encoder, dataset.val, val_rows[self._share(len(val_rows))], workers)
+        finally:
+            set_rng_state(state)
+        # The whole bank on every rank, in the sample's order (each rank extracted rows r::world).
+        pieces = self.parallel.gather_objects(bank_x)
+        memory = np.empty((len(bank_rows), pieces[0].shape[1]), dtype=np.float32)
+        for rank, piece in enumerate(pieces):
+            memory[self._share(len(bank_rows), rank)] = piece
+        bank_y = dataset.train.labels.cpu().numpy()[bank_rows]
+        val_y = dataset.val.labels.cpu().numpy()[val_rows[self._share(len(val_rows))]]
+        counts = torch.zeros(3, dtype=torch.float64)
+        if len(val_y):
+            predicted = knn_predict(memory, bank_y, val_x, k=knn_k, temperature=knn_temperature,
+                                    num_classes=self.num_classes)
+            counts[0] = float((predicted == val_y).sum())
+            logits = self.head(torch.from_numpy(val_x).to(self.device))
+            counts[1] = float((logits.argmax(1).cpu().numpy() == val_y).sum())
+            counts[2] = float(len(val_y))
+        counts = self.parallel.reduce(counts, "sum")
+        numbers = {records.ONLINE_KNN_ACCURACY: float(counts[0] / counts[2])}
+        if self.steps:
+            numbers[records.ONLINE_PROBE_ACCURACY] = float(counts[1] / counts[2])
+        self.last = numbers
+        return numbers
+
+    def _share(self, n: int, rank: Optional[int] = None) -> slice:
+        """Rank ``rank``'s (default: this rank's) rows of ``n``: every ``world_size``-th."""
+        return slice(self.parallel.rank if rank is None else rank, n, self.parallel.world_size)
+
+    def _features(self, encoder: nn.Module, split: Any, rows: np.ndarray, workers: int) -> np.ndarray:
+        """``h`` of the images ``rows`` of ``split`` (``(m, d)`` float32, eval mode)."""
+        mine = rows
+        if not len(mine):
+            return np.zeros((0, self.head.in_features), dtype=np.float32)
+        images = getattr(split, "images", None)
+        part = images[torch.from_numpy(mine)] if isinstance(images, Tensor) else subset_split(split, mine.tolist())
+        return extract_features(encoder, part, self.device, workers=workers).reshape(len(mine), -1)
+
+    # -- the checkpoint -------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        return {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "steps": self.steps,
+                "last": dict(self.last)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state.get("steps", 0))
+        self.last = {str(k): float(v) for k, v in dict(state.get("last", {})).items()}
+
+
+def _sample(n: int, size: int, seed: int) -> np.ndarray:
+    """``min(n, size)`` of ``range(n)``, sorted: all of them, or a seeded sample (own generator)."""
+    if n <= size:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))

@@ -1,0 +1,40 @@
+"""The online probe under two processes (gloo, CPU): each rank trains the head on its share of
+each batch (the gradients averaged) and reads its share of the val images and of the kNN's
+memory; the head and the epoch's numbers are those of one process on the whole batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import distributed_workers as W
+import online_probe_workers as O
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return W.spawn(O.worker, 2, tmp_path_factory.mktemp("online"))
+
+
+def test_two_ranks_train_the_head_one_process_trains_and_read_its_numbers(two_ranks):
+    alone = O.trained(0, 1)
+    initial = O.OnlineProbe(O.FEATURES, O.CLASSES, torch.device("cpu"), seed=O.SEED).head.state_dict()
+    assert not torch.allclose(alone["head"]["weight"], initial["weight"])  # the steps moved it
+    for result in two_ranks:
+        for key, value in alone["head"].items():
+            torch.testing.assert_close(result["head"][key], value, rtol=0, atol=1e-6)
+        assert result["numbers"] == alone["numbers"]
+    assert torch.equal(two_ranks[0]["head"]["weight"], two_ranks[1]["head"]["weight"])
+    assert set(alone["numbers"]) == {"online_probe_accuracy", "online_knn_accuracy"}
+
+
+def test_a_rank_alone_would_train_another_head():
+    """What each rank sees alone is not the whole batch: the equality above can fail."""
+    net = O.encoder()
+    probe = O.OnlineProbe(O.FEATURES, O.CLASSES, torch.device("cpu"), seed=O.SEED)
+    probe.attach(net)
+    for view_a, view_b, labels in O.steps():
+        with probe.capturing():
+            net(torch.cat([view_a[:4], view_b[:4]]))
+        probe.train_step(labels[:4])
+    assert not torch.allclose(probe.head.weight, O.trained(0, 1)["head"]["weight"], atol=1e-6)

@@ -1,0 +1,58 @@
+"""Worker functions for tests/distributed/test_online_probe_distributed.py (imported by spawned
+processes): the online probe trained on each rank's share of the batches, and its epoch numbers
+read by each rank's share of the val images and of the kNN's memory."""
+
+from __future__ import annotations
+
+import torch
+
+from contrastkit.data.base import Dataset, Split
+from contrastkit.train import online
+from contrastkit.train.online import OnlineProbe
+from contrastkit.train.parallel import Parallel
+
+SHAPE, FEATURES, CLASSES, SEED = (1, 4, 4), 6, 3, 5
+BATCH, STEPS = 8, 3
+#: Fewer than the training images: the kNN's memory is a sample, split over the ranks.
+BANK = 10
+
+
+def data() -> Dataset:
+    g = torch.Generator().manual_seed(SEED)
+
+    def split(n: int) -> Split:
+        return Split(torch.rand(n, *SHAPE, generator=g), torch.randint(0, CLASSES, (n,), generator=g))
+
+    return Dataset("tiny", [str(c) for c in range(CLASSES)], split(14), split(7), split(3), SHAPE)
+
+
+def encoder() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, FEATURES), torch.nn.Tanh())
+
+
+def steps():
+    """``STEPS`` global batches ``(view_a, view_b, labels)``, the same on every process."""
+    g = torch.Generator().manual_seed(SEED + 1)
+    return [(torch.rand(BATCH, *SHAPE, generator=g), torch.rand(BATCH, *SHAPE, generator=g),
+             torch.randint(0, CLASSES, (BATCH,), generator=g)) for _ in range(STEPS)]
+
+
+def trained(rank: int, world: int):
+    """The probe after ``STEPS`` steps on this rank's share of each batch, and its epoch numbers."""
+    online.KNN_BANK = BANK
+    net, dataset = encoder(), data()
+    probe = OnlineProbe(FEATURES, CLASSES, torch.device("cpu"), seed=SEED, parallel=Parallel(rank, world))
+    probe.attach(net)
+    share = BATCH // world
+    for view_a, view_b, labels in steps():
+        rows = slice(rank * share, (rank + 1) * share)
+        with probe.capturing():
+            net(torch.cat([view_a[rows], view_b[rows]]))
+        probe.train_step(labels[rows])
+    numbers = probe.evaluate(net, dataset, knn_k=3, knn_temperature=0.1)
+    return {"numbers": numbers, "head": {k: v.clone() for k, v in probe.head.state_dict().items()}}
+
+
+def worker(rank: int, world: int):
+    return trained(rank, world)
