@@ -75,7 +75,9 @@ def _reads_per_step(monkeypatch, tmp_path, dataset=None, **options):
         train_only(config, dataset=dataset)
     run = runs[0]
     assert run.data.on_device.hold
-    counters = [state["step"] for state in run.trainables.optimizer.state.values() if "step" in state]
+    # The optimizers' step counters (the online probe's Adam too) are host tensors, as torch keeps them.
+    optimizers = [run.trainables.optimizer] + ([run.trainables.online.optimizer] if run.trainables.online else [])
+    counters = [state["step"] for optimizer in optimizers for state in optimizer.state.values() if "step" in state]
     logging = {step for step in range(1, run.plan.total_steps + 1)
                if step % run.plan.config.log_every == 0 or step % run.plan.steps_per_epoch == 0}
     device, host = collections.defaultdict(list), collections.defaultdict(list)
