@@ -58,7 +58,7 @@ def test_an_old_runs_configuration_and_choices_read_back(old_run):
     saved = load_run(str(old_run))
     stored = json.loads((old_run / "config.json").read_text(encoding="utf-8"))
     # A field added since b5568db reads back at its default (online_probe: the run had none).
-    assert saved.config.to_dict() == {**stored["config"], "online_probe": True}
+    assert saved.config.to_dict() == {**stored["config"], "online_probe": False}
     assert "online_probe" not in stored["config"] and "online_probe" not in saved.state
     assert saved.config.batch_size == 16 and saved.config.queue_size == (16 if saved.config.method == "moco" else None)
     assert list(saved.state["config"]) != list(saved.config.to_dict())  # the former order: read all the same

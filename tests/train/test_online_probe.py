@@ -35,6 +35,7 @@ def _checkpoint(out):
 
 def _run(out, **overrides):
     overrides.setdefault("epochs", 2)
+    overrides.setdefault("online_probe", True)
     return pretrain(tiny_config(out, **overrides), progress=False, baselines=False)
 
 
@@ -58,7 +59,7 @@ def test_the_encoder_trains_bit_for_bit_the_same_with_and_without_the_online_pro
 
 def test_the_epoch_numbers_are_those_of_the_checkpointed_head_and_encoder(tmp_path, one_torch_thread):
     out = tmp_path / "run"
-    config = tiny_config(out, epochs=2, loggers=["csv"])
+    config = tiny_config(out, epochs=2, loggers=["csv"], online_probe=True)
     summary = pretrain(config, progress=False, baselines=False)
     epochs = _records(out)
     assert [sorted(k for k in r if k.startswith("online_")) for r in epochs] == [sorted(ONLINE)] * 2
@@ -157,7 +158,8 @@ def test_a_run_preempted_mid_epoch_resumes_to_the_uninterrupted_online_numbers_a
     stopped = _checkpoint(tmp_path / "stopped")
     assert (stopped["epoch"], stopped["epoch_step"]) == (1, 1)
     assert stopped["online_probe"]["steps"] == steps_per_epoch + 1
-    resumed = pretrain(tiny_config(tmp_path / "stopped", epochs=2), resume=True, progress=False, baselines=False)
+    resumed = pretrain(tiny_config(tmp_path / "stopped", epochs=2, online_probe=True), resume=True, progress=False,
+                       baselines=False)
     assert without_timings(resumed) == without_timings(straight)
     assert [{k: r[k] for k in ONLINE} for r in _records(tmp_path / "stopped")] == \
         [{k: r[k] for k in ONLINE} for r in _records(tmp_path / "straight")]
@@ -183,7 +185,8 @@ def test_a_resume_without_the_probe_state_would_end_elsewhere(tmp_path, monkeypa
     from contrastkit.train.checkpoint import save_checkpoint
 
     save_checkpoint(str(path), state)
-    pretrain(tiny_config(tmp_path / "stopped", epochs=2), resume=True, progress=False, baselines=False)
+    pretrain(tiny_config(tmp_path / "stopped", epochs=2, online_probe=True), resume=True, progress=False,
+             baselines=False)
     a, b = _checkpoint(tmp_path / "straight"), _checkpoint(tmp_path / "stopped")
     assert not torch.equal(a["online_probe"]["head"]["weight"], b["online_probe"]["head"]["weight"])
 
@@ -205,8 +208,8 @@ def test_a_stream_trains_the_head_on_its_batches(tmp_path, one_torch_thread):
 
     shards = write_shards(tmp_path / "shards")
     out = tmp_path / "run"
-    summary = pretrain(tiny_config(out, data=shards, data_options={"size": 16}, epochs=1), progress=False,
-                       baselines=False)
+    summary = pretrain(tiny_config(out, data=shards, data_options={"size": 16}, epochs=1, online_probe=True),
+                       progress=False, baselines=False)
     state = _checkpoint(out)
     assert state["online_probe"]["steps"] == summary["steps"] > 0
     assert 0 <= summary[records.ONLINE_PROBE_ACCURACY] <= 1 and 0 <= summary[records.ONLINE_KNN_ACCURACY] <= 1

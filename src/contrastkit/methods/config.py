@@ -307,7 +307,7 @@ class PretrainConfig:
     on_nan: str = _option("stop", group="run", resume=True)  # a non-finite loss: "stop" the run, or "skip" the update
     # The online linear probe and kNN monitor (contrastkit.train.online), logged every epoch on
     # labelled data; the encoder trains the same with or without them.
-    online_probe: bool = _option(True, group="run")
+    online_probe: bool = _option(False, group="run")
     knn_k: int = _option(20, group="run")
     knn_temperature: float = _option(0.07, group="run")
     out: str = _option(os.path.join("runs", "pretrain"), group="run", resume=True)
