@@ -1,8 +1,11 @@
 """Unlabeled image collections: a folder of images without class structure (flat or nested,
 read recursively) or a list file of image paths, streamed like class folders.
 
-What is held per image is its path alone (one numpy byte array, shared by forked workers);
-images are decoded in the ``DataLoader``'s workers. The rules:
+What is held per image is its path alone (:class:`PathList`: one byte buffer of the names
+and their offsets, shared by forked workers); images are decoded in the ``DataLoader``'s
+workers. Opening a collection lists it (each folder once, with ``os.scandir``: no ``stat`` per
+file), splits it by name and decodes the headers of its first 32 files, nothing else: a
+million files open in well under a minute (``benchmarks/results/million_files.md``). The rules:
 
 * **Files**: every file below the folder whose name ends in an image extension
   (:data:`~contrastkit.data.files.IMAGE_EXTENSIONS`: JPEG, PNG, WebP, BMP, TIFF, GIF, PNM),
@@ -44,20 +47,22 @@ import csv
 import hashlib
 import io
 import os
+import re
 import stat
+from array import array
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from contrastkit._io import escape_line, escape_undecodable, file_kind, is_utf8_name, open_input
+from contrastkit._io import escape_line, escape_undecodable, file_kind, open_input
 from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
 from contrastkit.data.streaming import BadItemError, read_image_file
 
-__all__ = ["ImageCollection", "CollectionDataset", "open_collection", "collection_files", "is_collection_source",
-           "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons",
+__all__ = ["ImageCollection", "CollectionDataset", "PathList", "open_collection", "collection_files",
+           "is_collection_source", "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons",
            "skipped_reason", "add_skipped", "skips_bad_files", "hash_fraction", "split_by_hash", "SPLITS"]
 
 #: What a damaged file does: dropped from its batch and named, or the run stops.
@@ -94,119 +99,269 @@ def collection_files(source: Union[str, os.PathLike]) -> Tuple[Path, List[Path]]
     files in path order. A folder is walked recursively; a list file is read line by line. A
     file name that is not UTF-8 is refused (:func:`open_collection` with ``bad_files="skip"``
     leaves such files out instead)."""
-    root, files, _ = _index(source, "fail")
-    return root, files
+    root, files, _, _ = _index(source, "fail")
+    return root, [Path(files[i]) for i in range(len(files))]
 
 
-def _index(source: Union[str, os.PathLike], bad_files: str) -> Tuple[Path, List[Path], Dict[str, str]]:
-    """:func:`collection_files` and the files left out (``{escaped path: reason}``, non-UTF-8
-    names under ``bad_files="skip"``)."""
+class PathList:
+    """File paths held compactly: a common ``prefix`` (``str``) and one byte buffer of every
+    path's remaining file-system bytes (``data``, uint8) with their ``n + 1`` int64 ``offsets``.
+    No Python object is kept per path (a million paths cost their bytes and 8 more each), and a
+    forked ``DataLoader`` worker shares the two arrays' pages. ``paths[i]`` is
+    ``prefix + paths.item(i)``; a byte that is not UTF-8 reads back surrogate-escaped, as
+    ``os.fsdecode`` gives it."""
+
+    def __init__(self, data: np.ndarray, offsets: np.ndarray, prefix: str = "") -> None:
+        self.data = np.asarray(data, dtype=np.uint8)
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.prefix = prefix
+
+    @classmethod
+    def of(cls, paths: Iterable[Union[str, os.PathLike]], prefix: str = "") -> "PathList":
+        """The paths ``prefix + path`` of ``paths`` (each given without the prefix)."""
+        data, ends = bytearray(), array("q", [0])
+        for path in paths:
+            data += os.fsencode(path)
+            ends.append(len(data))
+        return cls._from(data, ends, prefix)
+
+    @classmethod
+    def _from(cls, data: bytearray, ends: "array[int]", prefix: str) -> "PathList":
+        # (the arrays are views of the buffers, which are not changed afterwards: no copy)
+        return cls(np.frombuffer(data, dtype=np.uint8), np.frombuffer(ends, dtype=np.int64), prefix)
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    def item_bytes(self, index: int) -> bytes:
+        """The bytes of path ``index`` after the prefix."""
+        return self.data[self.offsets[index]:self.offsets[index + 1]].tobytes()
+
+    def item(self, index: int) -> str:
+        """Path ``index`` without the prefix."""
+        return os.fsdecode(self.item_bytes(index))
+
+    def __getitem__(self, index: int) -> str:
+        return self.prefix + self.item(index)
+
+    def items_bytes(self) -> Iterator[bytes]:
+        """The bytes of every path after the prefix, in order."""
+        data, offsets = self.data.tobytes(), self.offsets.tolist()
+        return (data[start:end] for start, end in zip(offsets, offsets[1:]))
+
+    def take(self, indices: np.ndarray) -> "PathList":
+        """The paths at ``indices`` (an int array), in that order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        lengths = (self.offsets[1:] - self.offsets[:-1])[indices]
+        offsets = np.zeros(len(indices) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        data = np.empty(int(offsets[-1]), dtype=np.uint8)
+        step = 1 << 16  # gathered a block of paths at a time: a byte index per block's byte, not the whole's
+        for first in range(0, len(indices), step):
+            counts = lengths[first:first + step]
+            begin, end = int(offsets[first]), int(offsets[first + len(counts)])
+            within = np.arange(end - begin, dtype=np.int64) - np.repeat(offsets[first:first + len(counts)] - begin,
+                                                                        counts)
+            data[begin:end] = self.data[np.repeat(self.offsets[indices[first:first + step]], counts) + within]
+        return PathList(data, offsets, self.prefix)
+
+
+def _index(source: Union[str, os.PathLike], bad_files: str) -> Tuple[Path, PathList, bool, Dict[str, str]]:
+    """:func:`collection_files` (the paths held as a :class:`PathList`), whether they are held
+    as their names relative to the root after the prefix ``root/`` (a folder's, a list's of
+    plain relative paths) rather than as whole paths, and the files left out (``{escaped path:
+    reason}``, non-UTF-8 names under ``bad_files="skip"``)."""
     from contrastkit.data.files import IMAGE_EXTENSIONS
 
     source = Path(source)
     left_out: Dict[str, str] = {}
     if source.is_dir():
-        files = _walk(source, left_out, bad_files)
-        if not files:
+        files, undecodable = _walk(source, left_out, bad_files)
+        if not len(files):
             if left_out:
                 first, reason = next(iter(left_out.items()))
                 raise ValueError(f"{source}: no image file to read in it or below it ({len(left_out)} left out, "
                                  f"e.g. {first}: {reason})")
             raise ValueError(f"{source}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in it or below it")
-        named = []
-        for path in files:
-            relative = os.path.relpath(path, source)
-            if is_utf8_name(relative):  # (the folder's own name may be anything: it is never written)
-                named.append(path)
-                continue
+        if not undecodable:
+            return source, files, True, left_out
+        for index in undecodable:  # (the folder's own name may be anything: it is never written)
+            relative = files.item(index)
             if bad_files == "fail":
                 raise ValueError(f"{source}: the file name {os.fsencode(relative)!r} is not valid UTF-8, so a run's "
                                  "outputs could not name it (rename it, or let bad_files=skip leave it out)")
-            left_out[escape_undecodable(path)] = (f"file name is not valid UTF-8 ({os.fsencode(relative)!r}): left out, "
-                                            "since a run's outputs could not name it")
-        if not named:
+            left_out[escape_undecodable(files[index])] = (f"file name is not valid UTF-8 ({os.fsencode(relative)!r}): "
+                                                          "left out, since a run's outputs could not name it")
+        if len(undecodable) == len(files):
             raise ValueError(f"{source}: none of its {len(files)} image file names is valid UTF-8 (e.g. "
-                             f"{os.fsencode(os.path.relpath(files[0], source))!r}): rename them")
-        return source, named, left_out
+                             f"{os.fsencode(files.item(0))!r}): rename them")
+        return source, files.take(np.setdiff1d(np.arange(len(files)), undecodable)), True, left_out
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such file or folder")
-    return source.parent, _read_list(source), left_out
+    return (source.parent, *_read_list(source), left_out)
 
 
-def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip") -> List[Path]:
+def _entry_path(folder: str, name: str) -> str:
+    """The path ``os.scandir(folder)`` gives the entry ``name`` (``./name`` in ``.``)."""
+    return os.path.join(folder, name)
+
+
+def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip") -> Tuple[PathList, List[int]]:
     """The image files below the folder ``source`` in path order (each folder's files by name,
     then its sub-folders by name), hidden files and folders excepted, every file and folder read
     once however it is reached: a symbolic link to a folder is followed unless that folder was
     already read (a link to one of its own parents, a loop, among them), and a link to a file
     (or a hard link) already listed, or a link to nothing, is left out; each of these is named
     with its reason in ``left_out`` (``{escaped path: reason}``). Under ``bad_files="fail"`` a
-    link to nothing, a damaged entry, stops the listing in a ``ValueError`` naming it."""
+    link to nothing, a damaged entry, stops the listing in a ``ValueError`` naming it.
+
+    Returns the files as a :class:`PathList` of their names relative to ``source`` (prefix
+    ``source/``) and the indices of those whose name is not UTF-8. Each folder is listed once
+    (``os.scandir``: a file's kind and inode come with the listing, a ``stat`` is made only for
+    links and folders); what is kept per file while listing is its name's bytes and its
+    identity, and the files reached twice are found by sorting the identities afterwards."""
     from contrastkit.data.files import IMAGE_EXTENSIONS
 
-    files: List[Path] = []
+    root = str(source)
+    names, ends = bytearray(), array("q", [0])
+    devices, inodes = array("Q"), array("Q")  # each listed file's identity: (device, inode)
+    undecodable: List[int] = []
+    # What was left out while listing, after how many files: the same-file links are found
+    # afterwards and put back in between, so left_out keeps the order of one pass.
+    events: List[Tuple[int, str, str]] = []
     folders_read: Dict[Tuple[int, int], str] = {}
-    files_read: Dict[Tuple[int, int], str] = {}
+
+    def add(relative: str, device: int, inode: int) -> None:
+        nonlocal names
+        try:
+            encoded = relative.encode("utf-8")
+        except UnicodeEncodeError:
+            encoded = os.fsencode(relative)
+            undecodable.append(len(devices))
+        names += encoded
+        ends.append(len(names))
+        devices.append(device)
+        inodes.append(inode)
+
     start = os.stat(source)
-    stack: List[Tuple[Path, Tuple[int, int]]] = [(source, (start.st_dev, start.st_ino))]
+    stack: List[Tuple[str, str, Tuple[int, int]]] = [(root, "", (start.st_dev, start.st_ino))]
     while stack:
-        folder, key = stack.pop()
+        folder, relative, key = stack.pop()
         if key in folders_read:
-            left_out[escape_undecodable(folder)] = (f"the folder {escape_undecodable(folders_read[key])}, already "
-                                                    "read (reached again through a symbolic link): read once")
+            events.append((len(devices), escape_undecodable(folder),
+                           f"the folder {escape_undecodable(folders_read[key])}, already read (reached again "
+                           "through a symbolic link): read once"))
             continue
-        folders_read[key] = str(folder)
+        folders_read[key] = folder
+        plain: List[str] = []  # files named like images, not links: their names and inodes
+        plain_inodes = array("Q")
+        others: List[Tuple[str, str, Any]] = []  # folders and links named like images (few): looked at once each
         try:
             with os.scandir(folder) as listing:
-                entries = sorted((entry for entry in listing if not entry.name.startswith(".")),
-                                 key=lambda entry: entry.name)
+                for entry in listing:
+                    name = entry.name
+                    if name.startswith("."):
+                        continue
+                    try:
+                        is_folder = entry.is_dir()  # (follows a symbolic link)
+                    except OSError:
+                        is_folder = False
+                    if is_folder:
+                        try:
+                            info = entry.stat()
+                            others.append((name, "folder", (info.st_dev, info.st_ino)))
+                        except OSError as err:
+                            others.append((name, "unreadable", err))
+                        continue
+                    if not name.lower().endswith(IMAGE_EXTENSIONS):
+                        continue
+                    if entry.is_symlink():
+                        try:
+                            info = entry.stat()
+                            others.append((name, "link", (info.st_dev, info.st_ino)))
+                        except OSError:  # a link to nothing (or a loop of links)
+                            others.append((name, "dangling", None))
+                        continue
+                    plain.append(name)
+                    plain_inodes.append(entry.inode())  # (free: read with the folder's listing)
         except OSError as err:  # e.g. a sub-folder without read permission
-            left_out[escape_undecodable(folder)] = f"folder cannot be listed ({err.strerror or err}): left out"
+            events.append((len(devices), escape_undecodable(folder),
+                           f"folder cannot be listed ({err.strerror or err}): left out"))
             continue
+        # The entries by name: the files merged with the rest.
+        order = sorted(range(len(plain)), key=plain.__getitem__)
+        others.sort(key=lambda other: other[0])
         below = []
-        for entry in entries:
-            try:
-                is_folder = entry.is_dir()  # (follows a symbolic link)
-            except OSError:
-                is_folder = False
-            if is_folder:
-                try:
-                    info = entry.stat()
-                except OSError as err:
-                    left_out[escape_undecodable(entry.path)] = f"folder cannot be read ({err.strerror or err})"
-                    continue
-                below.append((Path(entry.path), (info.st_dev, info.st_ino)))
-                continue
-            if not entry.name.lower().endswith(IMAGE_EXTENSIONS):
-                continue
-            if entry.is_symlink():
-                try:
-                    info = entry.stat()
-                except OSError:  # a link to nothing (or a loop of links)
-                    reason = f"a symbolic link to nothing ({escape_undecodable(os.readlink(entry.path))} does not exist)"
+        waiting = iter(others)
+        other = next(waiting, None)
+        for index in order + [None]:
+            name = plain[index] if index is not None else None
+            while other is not None and (name is None or other[0] < name):
+                other_name, kind, info = other
+                path = _entry_path(folder, other_name)
+                if kind == "folder":
+                    below.append((other_name if folder == "." else path, f"{relative}{other_name}{os.sep}", info))
+                elif kind == "unreadable":
+                    events.append((len(devices), escape_undecodable(path),
+                                   f"folder cannot be read ({info.strerror or info})"))
+                elif kind == "link":
+                    add(relative + other_name, *info)
+                else:
+                    reason = f"a symbolic link to nothing ({escape_undecodable(os.readlink(path))} does not exist)"
                     if bad_files == "fail":
-                        raise ValueError(f"{escape_undecodable(entry.path)}: {reason}") from None
-                    left_out[escape_undecodable(entry.path)] = reason
-                    continue
-                identity = (info.st_dev, info.st_ino)
-            else:
-                identity = (key[0], entry.inode())  # (free: read with the folder's listing)
-            if identity in files_read:
-                left_out[escape_undecodable(entry.path)] = (f"the same file as {escape_undecodable(files_read[identity])}"
-                                                            " (a link to it): read once")
-                continue
-            files_read[identity] = entry.path
-            files.append(Path(entry.path))
+                        raise ValueError(f"{escape_undecodable(path)}: {reason}") from None
+                    events.append((len(devices), escape_undecodable(path), reason))
+                other = next(waiting, None)
+            if name is not None:
+                add(relative + name, key[0], plain_inodes[index])
         stack.extend(reversed(below))  # sub-folders by name, each after the one before it and all below it
-    return files
+    files = PathList._from(names, ends, "" if root == "." else os.path.join(root, ""))
+    del names
+    kept, repeats = _first_of_each(np.frombuffer(devices, dtype=np.uint64), np.frombuffer(inodes, dtype=np.uint64))
+
+    def first_path(index: int) -> str:  # a file's path as its folder's listing gives it
+        relative = files.item(index)
+        return relative if root == "." and os.sep in relative else _entry_path(root, relative)
+
+    repeated = iter(repeats)
+    repeat = next(repeated, None)
+    for count, path, reason in events + [(len(devices) + 1, "", "")]:
+        while repeat is not None and repeat[0] < count:
+            again, first = repeat
+            left_out[escape_undecodable(first_path(again))] = \
+                f"the same file as {escape_undecodable(first_path(first))} (a link to it): read once"
+            repeat = next(repeated, None)
+        if path:
+            left_out[path] = reason
+    if len(kept) == len(files):
+        return files, undecodable
+    places = np.searchsorted(kept, undecodable)
+    undecodable = [int(i) for i, at in zip(places, undecodable) if i < len(kept) and kept[i] == at]
+    return files.take(kept), undecodable
 
 
-def _read_list(source: Path) -> List[Path]:
-    """The image files a ``.txt`` / ``.csv`` list names, each a regular file named once; the
-    list itself a regular file within the input ceiling."""
-    root = source.parent
-    files: List[Path] = []
-    seen: Dict[Tuple[int, int], Tuple[int, str]] = {}  # (device, inode) -> (line, entry): one file however spelled
-    repeated: List[str] = []
+def _first_of_each(devices: np.ndarray, inodes: np.ndarray) -> Tuple[np.ndarray, List[Tuple[int, int]]]:
+    """Of files by position with the identities ``(devices[i], inodes[i])``: the positions of
+    the first file of each identity (ascending), and ``(position, position of its first)`` of
+    every other, by position."""
+    count = len(devices)
+    order = np.lexsort((np.arange(count), inodes, devices))
+    first = np.ones(count, dtype=bool)
+    first[1:] = (devices[order][1:] != devices[order][:-1]) | (inodes[order][1:] != inodes[order][:-1])
+    if first.all():
+        return np.arange(count), []
+    group_start = np.maximum.accumulate(np.where(first, np.arange(count), 0))
+    again = order[~first]
+    firsts = order[group_start][~first]
+    by_position = np.argsort(again)
+    return np.sort(order[first]), list(zip(again[by_position].tolist(), firsts[by_position].tolist()))
+
+
+def _list_entries(source: Path) -> Iterator[Tuple[int, str]]:
+    """``(line, entry)`` of each path a ``.txt`` / ``.csv`` list names: a line's text, or a CSV
+    row's first field, stripped; blank lines, ``#`` comments and a first line ``path`` or
+    ``image`` (a header) skipped. A ``ValueError`` naming the line that is not UTF-8 or not a
+    CSV row."""
     number = 0
     try:
         with open_input(source) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as handle:
@@ -215,34 +370,90 @@ def _read_list(source: Path) -> List[Path]:
                 entry = (row[0] if row else "").strip()
                 if not entry or entry.startswith("#") or (number == 1 and entry.lower() in ("path", "image")):
                     continue
-                path = Path(entry) if os.path.isabs(entry) else root / entry
-                try:
-                    info = os.stat(path)
-                except (OSError, ValueError):  # missing, a broken link, a name with a NUL byte, too long
-                    raise ValueError(f"{source}: line {number}: no such image file {_shown(entry)}") from None
-                if not stat.S_ISREG(info.st_mode):
-                    raise ValueError(f"{source}: line {number}: {_shown(entry)} is {file_kind(info.st_mode)}, not a "
-                                     "regular image file")
-                key = (info.st_dev, info.st_ino)
-                if key in seen:
-                    line, first = seen[key]
-                    named = f"both name {_shown(entry)}" if first == entry else \
-                        f"name the same file ({_shown(first)} and {_shown(entry)})"
-                    repeated.append(f"lines {line} and {number} {named}")
-                    continue
-                seen[key] = (number, entry)
-                files.append(path)
+                yield number, entry
     except UnicodeDecodeError:
         raise ValueError(f"{source}: line {number + 1} is not UTF-8 text (save the list as UTF-8)") from None
     except csv.Error as err:  # e.g. a quoted field running past the csv module's field size limit
         raise ValueError(f"{source}: line {number + 1} is not a CSV row ({err})") from None
-    if repeated:
-        more = f" (and {len(repeated) - 1} more repeated entries)" if len(repeated) > 1 else ""
-        raise ValueError(f"{source}: {repeated[0]}{more}; a list names each image once (a repeated one would be "
-                         "trained on more often than the others)")
-    if not files:
+
+
+def _read_list(source: Path) -> Tuple[PathList, bool]:
+    """The image files a ``.txt`` / ``.csv`` list names (in line order), each a regular file
+    named once; the list itself a regular file within the input ceiling. What is kept per line
+    while reading is the path's bytes and the file's identity; a file named twice (however
+    spelled) is found by sorting the identities afterwards. Also whether the files are held as
+    their names relative to the list's folder (the prefix ``folder/``: every entry a plain
+    relative path, the common case) rather than as whole paths."""
+    root = source.parent
+    prefix = "" if str(root) == "." else os.path.join(str(root), "")
+    relative = os.sep == "/"  # (every entry so far a plain relative path: held after the prefix)
+    data, ends = bytearray(), array("q", [0])
+    devices, inodes, lines = array("Q"), array("Q"), array("q")
+    for number, entry in _list_entries(source):
+        if relative and not entry.startswith("/") and not _ODD_RELATIVE_PART.search(f"/{entry}/"):
+            path, held = prefix + entry, entry
+        else:
+            path = held = _list_path(entry, root)
+            if relative:  # whole paths from here on, and those before given the prefix
+                relative = False
+                data, ends = _prefixed(PathList._from(data, ends, ""), prefix)
+        try:
+            info = os.stat(path)
+        except (OSError, ValueError):  # missing, a broken link, a name with a NUL byte, too long
+            raise ValueError(f"{source}: line {number}: no such image file {_shown(entry)}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{source}: line {number}: {_shown(entry)} is {file_kind(info.st_mode)}, not a "
+                             "regular image file")
+        devices.append(info.st_dev)
+        inodes.append(info.st_ino)
+        lines.append(number)
+        data += os.fsencode(held)
+        ends.append(len(data))
+    kept, repeats = _first_of_each(np.frombuffer(devices, dtype=np.uint64), np.frombuffer(inodes, dtype=np.uint64))
+    if repeats:
+        again, first = (lines[i] for i in repeats[0])
+        entries = {}
+        for number, entry in _list_entries(source):
+            if number in (first, again):
+                entries[number] = entry
+                if len(entries) == 2:
+                    break
+        named = f"both name {_shown(entries[again])}" if entries[first] == entries[again] else \
+            f"name the same file ({_shown(entries[first])} and {_shown(entries[again])})"
+        more = f" (and {len(repeats) - 1} more repeated entries)" if len(repeats) > 1 else ""
+        raise ValueError(f"{source}: lines {first} and {again} {named}{more}; a list names each image once (a repeated "
+                         "one would be trained on more often than the others)")
+    if not len(lines):
         raise ValueError(f"{source}: lists no image files")
-    return files
+    return PathList._from(data, ends, prefix if relative else ""), relative
+
+
+def _prefixed(files: PathList, prefix: str) -> Tuple[bytearray, "array[int]"]:
+    """The buffer and the ends of ``files`` each preceded by ``prefix``."""
+    data, ends, before = bytearray(), array("q", [0]), os.fsencode(prefix)
+    for item in files.items_bytes():
+        data += before + item
+        ends.append(len(data))
+    return data, ends
+
+
+#: A part of a path that ``Path`` drops or keeps apart: empty (``a//b``), ``.`` or, for a
+#: relative name, ``..`` (the path given a leading and a trailing separator).
+_ODD_PART = re.compile(r"/\.?/")
+_ODD_RELATIVE_PART = re.compile(r"/\.{0,2}/")
+
+
+def _list_path(entry: str, root: Path) -> str:
+    """``str(Path(entry))`` for an absolute entry of a list, else ``str(root / entry)``: the
+    string is joined directly when ``Path`` would leave it as it is (no empty or ``.`` part, no
+    ``//`` root), which a million lines cost a million ``Path`` objects less."""
+    absolute = os.path.isabs(entry)
+    if os.sep == "/" and not _ODD_PART.search(entry + "/" if absolute else f"/{entry}/"):
+        if absolute:
+            return entry
+        folder = str(root)
+        return entry if folder == "." else os.path.join(folder, entry)
+    return str(Path(entry) if absolute else root / entry)
 
 
 _SHOWN_ENTRY = 200  # characters of a list entry an error shows
@@ -260,8 +471,12 @@ def hash_fraction(relative: str) -> float:
     in ``[0, 1)``: the first 8 bytes of the SHA-1 of its UTF-8 (``/`` separators). What puts a
     file, or a sample of an iterable source (:func:`~contrastkit.data.split_of_key`), in val or test."""
     # os.fsencode: a name's UTF-8 bytes (those of every name that reaches here are valid UTF-8)
-    digest = hashlib.sha1(os.fsencode(relative.replace(os.sep, "/"))).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0 ** 64
+    return _hash_fraction(os.fsencode(relative.replace(os.sep, "/")))
+
+
+def _hash_fraction(name: bytes) -> float:
+    """:func:`hash_fraction` of a name's UTF-8 bytes (``/`` separators)."""
+    return int.from_bytes(hashlib.sha1(name).digest()[:8], "big") / 2.0 ** 64
 
 
 #: The splits of a collection, in the order the hash range gives them (test lowest).
@@ -283,21 +498,83 @@ def split_by_hash(names: Sequence[str], val_fraction: float = 0.1, test_fraction
     names cannot fill three splits: a ``ValueError``."""
     if len(names) < len(SPLITS):
         raise ValueError(f"{len(names)} names cannot fill the {len(SPLITS)} splits train, val and test")
+    positions = np.fromiter((hash_fraction(name) for name in names), dtype=np.float64, count=len(names))
+    return [SPLITS[code] for code in _split_codes(positions, names.__getitem__, val_fraction, test_fraction)]
+
+
+def _split_codes(positions: np.ndarray, name: Callable[[int], str], val_fraction: float,
+                 test_fraction: float) -> np.ndarray:
+    """:func:`split_by_hash` as the index in :data:`SPLITS` of each name (int8, ``(n,)``), from
+    the names' hash positions ``(n,)`` float64; ``name(i)``, name ``i``, is asked only to break
+    a tie between names lent to an empty split."""
     bounds = {"test": (0.0, test_fraction), "val": (test_fraction, test_fraction + val_fraction),
               "train": (test_fraction + val_fraction, 1.0)}
-    positions = [hash_fraction(name) for name in names]
-    parts = [next(part for part, (_, high) in bounds.items() if p < high or part == "train") for p in positions]
-    members: Dict[str, List[int]] = {part: [i for i, got in enumerate(parts) if got == part] for part in SPLITS}
-    for part in SPLITS:
-        if members[part]:
+    test, val, train = (SPLITS.index(part) for part in ("test", "val", "train"))
+    codes = np.where(positions < bounds["test"][1], test,
+                     np.where(positions < bounds["val"][1], val, train)).astype(np.int8)
+    counts = np.bincount(codes, minlength=len(SPLITS))
+    for part, label in enumerate(SPLITS):
+        if counts[part]:
             continue
-        donor = max(SPLITS, key=lambda other: (len(members[other]), -SPLITS.index(other)))
-        low, high = bounds[part]
-        lent = min(members[donor], key=lambda i: (max(low - positions[i], positions[i] - high, 0.0), names[i]))
-        members[donor].remove(lent)
-        members[part].append(lent)
-        parts[lent] = part
-    return parts
+        donor = max(range(len(SPLITS)), key=lambda other: (counts[other], -other))
+        low, high = bounds[label]
+        members = np.flatnonzero(codes == donor)
+        distance = np.maximum(np.maximum(low - positions[members], positions[members] - high), 0.0)
+        nearest = members[distance == distance.min()]
+        lent = min(nearest.tolist(), key=name)
+        codes[lent] = part
+        counts[donor] -= 1
+        counts[part] += 1
+    return codes
+
+
+def _relative(path: str, root: str) -> str:
+    """``os.path.relpath(path, root)``, without its two ``abspath`` calls for a path that is
+    ``root`` joined with plain names (what a collection holds, a million of them)."""
+    if root == ".":
+        rest = "" if path.startswith(os.sep) else path
+    else:
+        prefix = os.path.join(root, "")
+        rest = path[len(prefix):] if path.startswith(prefix) else ""
+    if rest and (not _ODD_RELATIVE_PART.search(f"/{rest}/") if os.sep == "/" else
+                 all(part not in ("", ".", "..") for part in rest.split(os.sep))):
+        return rest
+    return os.path.relpath(path, root)
+
+
+def _relative_names(files: PathList, root: str, relative: bool) -> Iterator[bytes]:
+    """The bytes of each file's name relative to the collection (``/`` separators), in order;
+    ``relative``: the files are held as those names (after the prefix ``root/``)."""
+    if relative:
+        names = files.items_bytes()
+    else:
+        names = (os.fsencode(_relative(os.fsdecode(path), root)) for path in files.items_bytes())
+    return names if os.sep == "/" else (name.replace(os.fsencode(os.sep), b"/") for name in names)
+
+
+def _path_order(files: PathList, relative: bool) -> np.ndarray:
+    """The order ``sorted`` puts the files' ``Path`` objects in (by their parts), as indices;
+    ``relative``: the files are held as their names after one prefix."""
+    separator = os.fsencode(os.sep)
+    if not relative and len(files):  # whole paths: are they all of one kind?
+        starts = files.offsets[:-1]
+        absolute = files.data[starts] == separator[0]
+        doubled = absolute & (np.diff(files.offsets) > 1) & \
+            (files.data[np.minimum(starts + 1, len(files.data) - 1)] == separator[0])
+        if (absolute.any() and not absolute.all()) or doubled.any():
+            # relative and absolute paths mixed, or a root '//': Path's own order, as before
+            return np.argsort(np.array([Path(files[i]) for i in range(len(files))], dtype=object), kind="stable")
+
+    # Paths of one kind compare part by part: as their bytes with each separator made the lowest byte.
+    def keys() -> Iterator[bytes]:
+        return (name.replace(separator, b"\0") for name in files.items_bytes())
+
+    previous = b""
+    for key in keys():  # a flat folder, or a tree whose folders hold files or folders: already in order
+        if key < previous:
+            return np.argsort(np.array(list(keys()), dtype=object), kind="stable")
+        previous = key
+    return np.arange(len(files))
 
 
 class ImageCollection(torch.utils.data.Dataset):
@@ -313,7 +590,8 @@ class ImageCollection(torch.utils.data.Dataset):
             raise ValueError(f"color must be 'L' or 'RGB', got {color!r}")
         if bad_files not in BAD_FILES:
             raise ValueError(f"bad_files must be one of {BAD_FILES}, got {bad_files!r}")
-        self.files = np.array([os.fsencode(str(f)) for f in files], dtype=np.bytes_)
+        #: The paths, held compactly (shared by forked workers).
+        self.files = files if isinstance(files, PathList) else PathList.of(str(f) for f in files)
         self.root = str(root)
         self.color, self.size, self.bad_files = color, int(size), bad_files
         #: The damaged files met so far in this process (path -> reason).
@@ -324,15 +602,15 @@ class ImageCollection(torch.utils.data.Dataset):
         return (1 if self.color == "L" else 3, self.size, self.size)
 
     def __len__(self) -> int:
-        return int(self.files.shape[0])
+        return len(self.files)
 
     def path(self, index: int) -> str:
         """The file of item ``index``."""
-        return os.fsdecode(self.files[index])
+        return self.files[index]
 
     def relative_path(self, index: int) -> str:
         """The file of item ``index`` relative to the collection (its name in exports)."""
-        return os.path.relpath(self.path(index), self.root)
+        return _relative(self.path(index), self.root)
 
     def __getitem__(self, index: int) -> Tuple[Tensor, int]:
         from contrastkit.data.preprocess import SHORTER_SIDE_THEN_CENTRE_CROP, ImagePreprocessing
@@ -420,12 +698,12 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
 
     size = DEFAULT_SIZE if size is None else check_image_size(size, "size")
     val_fraction, test_fraction = check_unlabeled_options(val_fraction, test_fraction, color, bad_files)
-    root, files, left_out = _index(source, bad_files)
+    root, files, relative, left_out = _index(source, bad_files)
     if color is None:
         modes = []
-        for path in files[:_COLOR_SAMPLE]:
+        for index in range(min(_COLOR_SAMPLE, len(files))):
             try:
-                with open_image(path) as image:
+                with open_image(Path(files[index])) as image:
                     modes.append(image.mode)
             except (ValueError, OSError):
                 continue  # a damaged (or already removed) file decides nothing
@@ -433,13 +711,16 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
     if len(files) < len(SPLITS):
         raise ValueError(f"{source}: {len(files)} image{'s' if len(files) != 1 else ''} in all: a collection needs "
                          "at least 3, one each for the train, val and test splits (add images)")
-    relative = [os.path.relpath(path, root) for path in files]
-    parts: Dict[str, List[Path]] = {part: [] for part in SPLITS}
-    for path, part in zip(files, split_by_hash(relative, val_fraction, test_fraction)):
-        parts[part].append(path)
-    parts = {part: sorted(paths) for part, paths in parts.items()}
-    splits = {part: ImageCollection(paths, root, color=color, size=size, bad_files=bad_files)
-              for part, paths in parts.items()}
+    # The split of each file from its relative name alone; each split's files in path order.
+    names = _relative_names(files, str(root), relative)
+    positions = np.fromiter((_hash_fraction(name) for name in names), dtype=np.float64, count=len(files))
+    codes = _split_codes(positions, lambda index: _relative(files[index], str(root)), val_fraction, test_fraction)
+    del positions
+    order = _path_order(files, relative)
+    codes = codes[order]
+    splits = {part: ImageCollection(files.take(order[codes == code]), root, color=color, size=size,
+                                    bad_files=bad_files)
+              for code, part in enumerate(SPLITS)}
     splits["train"].skipped.update(left_out)  # named with the damaged files the run meets
     name = Path(source).stem if Path(source).is_file() else (Path(source).resolve().name or "images")
     return CollectionDataset(name, splits["train"], splits["val"], splits["test"], left_out)

@@ -282,8 +282,9 @@ def _find_mnist_file(folder: Path, base: str) -> Path:
 
 
 def _is_mnist(folder: Path) -> bool:
-    return any(p.name.startswith(("train-images", "t10k-images", "train-labels", "t10k-labels"))
-               for p in folder.iterdir())
+    with os.scandir(folder) as listing:
+        return any(entry.name.startswith(("train-images", "t10k-images", "train-labels", "t10k-labels"))
+                   for entry in listing)
 
 
 def load_mnist(folder: Path, *, size: SizeLike = None, val_fraction: float = 0.1, split_seed: int = 0) -> Dataset:
@@ -394,7 +395,27 @@ GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 
 
 def _list_class_folders(root: Path) -> List[Path]:
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    folders = []
+    with os.scandir(root) as listing:  # a file's kind comes with the listing: no stat per file
+        for entry in listing:
+            if entry.name.startswith("."):
+                continue
+            try:
+                is_folder = entry.is_dir()  # (follows a symbolic link)
+            except OSError:
+                is_folder = Path(entry.path).is_dir()  # (its rules for a link it cannot follow)
+            if is_folder:
+                folders.append(Path(entry.path))
+    return sorted(folders)
+
+
+def _has_images(folder: Path) -> bool:
+    """Whether :func:`_list_images` lists any file below ``folder`` (stops at the first)."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if any(not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS) for name in filenames):
+            return True
+    return False
 
 
 def _list_images(folder: Path) -> List[Path]:
@@ -672,12 +693,13 @@ def detect_format(path: Path) -> str:
         return "mnist"
     # Loose images: every entry named like an image that is not a folder, as a collection lists it
     # (a FIFO, a device or a link to nothing among them: named as unreadable when read, not ignored).
-    loose = any(not p.name.startswith(".") and p.name.lower().endswith(IMAGE_EXTENSIONS) and not p.is_dir()
-                for p in path.iterdir())
+    with os.scandir(path) as listing:
+        loose = any(not entry.name.startswith(".") and entry.name.lower().endswith(IMAGE_EXTENSIONS) and
+                    not Path(entry.path).is_dir() for entry in listing)
     folders = _list_class_folders(path)
     if not loose and (len(folders) >= 2 or ((path / "train").is_dir() and (path / "test").is_dir())):
         return "imagefolder"
-    if loose or any(_list_images(folder) for folder in folders):
+    if loose or any(_has_images(folder) for folder in folders):
         return "collection"
     raise ValueError(f"{path}: cannot recognise the data format: expected class subfolders of images, MNIST idx "
                      f"files, CIFAR-10 batches or a .npz file")

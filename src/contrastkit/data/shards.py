@@ -133,8 +133,9 @@ def is_tar_shards(path: Union[str, os.PathLike]) -> bool:
             return _listed_shards(local) is not None
         if not local.is_dir():
             return False
-        return any(entry.is_file() and entry.name.endswith(SHARD_SUFFIX) and not entry.name.startswith(".")
-                   for entry in os.scandir(local))
+        with os.scandir(local) as listing:  # (the name first: a folder may hold a million images)
+            return any(entry.name.endswith(SHARD_SUFFIX) and not entry.name.startswith(".") and entry.is_file()
+                       for entry in listing)
     except OSError:
         return False
 
