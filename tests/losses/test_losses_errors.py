@@ -121,6 +121,8 @@ def test_options():
         L.simple_loss(ok(), ok(), negative_weight=-1)
     with pytest.raises(ValueError, match="exclude_diagonal=True needs a square"):
         L.similarity_loss(ok(4, 5), torch.tensor([1, 0, 3, 2]), temperature=0.1, exclude_diagonal=True)
+    with pytest.raises(ValueError, match="points an anchor at itself, but the diagonal is excluded"):
+        L.similarity_loss(ok(4, 4), torch.tensor([1, 1, 3, 2]), temperature=0.1, exclude_diagonal=True)
     with pytest.raises(ValueError, match="at least 2 pairs"):
         L.dcl(ok(1, 3), ok(1, 3), temperature=0.1)
 

@@ -30,6 +30,7 @@ from .validation import (
     check_probability,
     check_reduction,
     check_same,
+    require,
     value_checks,
 )
 
@@ -79,8 +80,10 @@ def similarity_loss(
         if exclude_diagonal and n != k:
             raise ValueError(f"exclude_diagonal=True needs a square similarity matrix, got {(n, k)}")
         index = check_index(positive_index, "positive_index", length=n, upper=k, device=similarities.device)
-        if exclude_diagonal and bool((index == torch.arange(n, device=index.device)).any()):
-            raise ValueError("positive_index points an anchor at itself, but the diagonal is excluded")
+        if exclude_diagonal and n:
+            # through require: no host read under validate=False, none on a device either
+            require(~(index == torch.arange(n, device=index.device)).any(),
+                    "positive_index points an anchor at itself, but the diagonal is excluded")
     mask = self_mask(n, similarities.device) if exclude_diagonal else None
     return contrastive_loss(similarities, index, temperature=temperature, denominator_mask=mask, reduction=reduction,
                             validate=validate)
