@@ -18,6 +18,7 @@ import contrastkit.losses as L
 from contrastkit.losses import validation
 
 from _host_reads import counted_reads
+from loss_catalog import CATALOG, cases
 
 
 
@@ -26,36 +27,36 @@ def _pair(n=12, d=5):
     return (torch.randn(n, d, generator=g).requires_grad_(), torch.randn(n, d, generator=g).requires_grad_())
 
 
-CALLS = {
-    "nt_xent_views": lambda a, b, **k: L.nt_xent_views(a, b, temperature=0.1, **k),
-    "nt_xent": lambda a, b, **k: L.nt_xent(torch.cat([a, b]), L.views_positive_index(a.shape[0]),
-                                           temperature=0.1, **k),
-    "info_nce": lambda a, b, **k: L.info_nce(a, b, temperature=0.1, **k),
-    "bidirectional": lambda a, b, **k: L.bidirectional_info_nce(a, b, temperature=0.1, **k),
-    "supcon_in": lambda a, b, **k: L.supcon(a, torch.arange(a.shape[0]) % 3, temperature=0.1, variant="in", **k),
-    "supcon_out": lambda a, b, **k: L.supcon(a, torch.arange(a.shape[0]) % 3, temperature=0.1, **k),
-    "dcl": lambda a, b, **k: L.dcl(a, b, temperature=0.1, **k),
-    "sigmoid": lambda a, b, **k: L.sigmoid_loss(a, b, **k),
+#: Host reads found when this test took every catalogued loss, not fixed yet: each case fails
+#: (strictly: it fails the run once fixed, so that the mark goes).
+KNOWN_HOST_READS = {
+    "similarity_loss": "exclude_diagonal=True checks positive_index != arange(N) with bool(...) outside "
+                       "value_checks: one read per call, validate=False included (infonce.py)",
 }
+#: Every catalogued loss, on its dense path and on its tiled path where it has one.
+CALLS = [pytest.param(name, chunk, id=f"{name}-{chunk}",
+                      marks=[pytest.mark.xfail(reason=KNOWN_HOST_READS[name], strict=True)]
+                      if name in KNOWN_HOST_READS else [])
+         for name in sorted(CATALOG) for chunk in ((None, 5) if CATALOG[name].tiled else (None,))]
+
+
+def _leaves(case, n=12, d=5):
+    return [t.requires_grad_() if i in case.grads else t for i, t in enumerate(case.tensors(n, d, torch.float32))]
 
 
 @pytest.mark.parametrize("validate", [False, True])
-@pytest.mark.parametrize("chunk", [None, 5])
-@pytest.mark.parametrize("name", sorted(CALLS))
+@pytest.mark.parametrize("name,chunk", CALLS)
 def test_no_host_sync_on_accelerator_paths(name, chunk, validate, monkeypatch):
     monkeypatch.setattr(validation, "reads_are_free", lambda x: False)
-    a, b = _pair()
+    case = CATALOG[name]
+    tensors = _leaves(case)
     tau = torch.tensor(0.1, requires_grad=True)  # a learnable temperature must not be read either
-    kwargs = {"chunk_size": chunk, "validate": validate}
-    call = CALLS[name]
+    kwargs = {"chunk_size": chunk, "validate": validate} if case.tiled else {"validate": validate}
     with counted_reads() as reads:
-        if name == "sigmoid":
-            loss = L.sigmoid_loss(a, b, temperature=tau, **kwargs)
-        else:
-            loss = call(a, b, **kwargs)
+        loss = case(tensors, tau, **kwargs)
         loss.backward()
     assert reads == [], f"{name} (chunk_size={chunk}, validate={validate}) read tensor values: {reads}"
-    with_checks = call(a.detach(), b.detach(), chunk_size=chunk)
+    with_checks = case([t.detach() for t in tensors], 0.1, **{k: v for k, v in kwargs.items() if k != "validate"})
     assert torch.allclose(loss.detach(), with_checks), "validate=False changed the value"
 
 
@@ -101,27 +102,23 @@ def test_module_twin_takes_validate(monkeypatch):
     assert reads == []
 
 
-#: Each call with one learnable temperature per anchor row (2N for two views, N for one direction).
-PER_ANCHOR = {
-    "nt_xent_views": (lambda a, b, t, **k: L.nt_xent_views(a, b, temperature=t, **k), 2),
-    "bidirectional": (lambda a, b, t, **k: L.bidirectional_info_nce(a, b, temperature=t, **k), 2),
-    "info_nce": (lambda a, b, t, **k: L.info_nce(a, b, temperature=t, **k), 1),
-    "supcon_in": (lambda a, b, t, **k: L.supcon(a, torch.arange(a.shape[0]) % 3, temperature=t, variant="in", **k),
-                  1),
-    "dcl": (lambda a, b, t, **k: L.dcl(a, b, temperature=t, **k), 2),
-    "sigmoid": (lambda a, b, t, **k: L.sigmoid_loss(a, b, t, **k), 1),
-}
+#: Every catalogued loss that takes one learnable temperature per anchor row, dense and tiled.
+PER_ANCHOR = [pytest.param(name, chunk, id=f"{name}-{chunk}",
+                           marks=[pytest.mark.xfail(reason=KNOWN_HOST_READS[name], strict=True)]
+                           if name in KNOWN_HOST_READS else [])
+              for name, case in sorted(cases(temperature="learnable", per_anchor=True).items())
+              for chunk in ((None, 5) if case.tiled else (None,))]
 
 
 @pytest.mark.parametrize("validate", [False, True])
-@pytest.mark.parametrize("chunk", [None, 5])
-@pytest.mark.parametrize("name", sorted(PER_ANCHOR))
+@pytest.mark.parametrize("name,chunk", PER_ANCHOR)
 def test_no_host_sync_with_a_temperature_per_anchor(name, chunk, validate, monkeypatch):
     monkeypatch.setattr(validation, "reads_are_free", lambda x: False)
-    a, b = _pair()
-    call, per_row = PER_ANCHOR[name]
-    tau = (0.05 + torch.rand(per_row * a.shape[0], generator=torch.Generator().manual_seed(1))).requires_grad_()
+    case = CATALOG[name]
+    tensors = _leaves(case)
+    tau = (0.05 + torch.rand(case.anchors * 12, generator=torch.Generator().manual_seed(1))).requires_grad_()
+    kwargs = {"chunk_size": chunk} if case.tiled else {}
     with counted_reads() as reads:
-        call(a, b, tau, chunk_size=chunk, validate=validate).backward()
+        case(tensors, tau, validate=validate, **kwargs).backward()
     assert reads == [], f"{name} (chunk_size={chunk}, validate={validate}) read tensor values: {reads}"
     assert tau.grad is not None and bool(torch.isfinite(tau.grad).all())

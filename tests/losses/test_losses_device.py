@@ -1,45 +1,36 @@
 """Device-agnostic loss tests: every loss gives on ``--test-device`` (CPU by default; set
 ``--test-device cuda`` or ``CONTRASTKIT_TEST_DEVICE=cuda`` on a GPU machine) the value and the
 gradients, the temperature's included, of the same loss in float64 on the CPU, on the dense
-and on the tiled path."""
+and on the tiled path: every loss of the catalog (tests/loss_catalog.py)."""
 
 import pytest
 import torch
 
-import contrastkit.losses as ck
+from loss_catalog import CATALOG
 
 N, D, TAU = 24, 8, 0.3
-
-# name -> (loss of (a, b, tau, chunk_size), tolerance in float32)
-LOSSES = {
-    "nt_xent_views": lambda a, b, tau, chunk: ck.nt_xent_views(a, b, temperature=tau, chunk_size=chunk),
-    "info_nce": lambda a, b, tau, chunk: ck.info_nce(a, b, temperature=tau, chunk_size=chunk),
-    "bidirectional_info_nce": lambda a, b, tau, chunk: ck.bidirectional_info_nce(a, b, temperature=tau,
-                                                                                 chunk_size=chunk),
-    "supcon": lambda a, b, tau, chunk: ck.supcon(torch.cat([a, b]), torch.arange(2 * N, device=a.device) % 5,
-                                                 temperature=tau, chunk_size=chunk),
-}
+# Every catalogued loss on its dense path, and on its tiled path where it has one.
+PATHS = [pytest.param(name, None, id=f"{name}-dense") for name in sorted(CATALOG)] + [
+    pytest.param(name, 8, id=f"{name}-tiled") for name in sorted(CATALOG) if CATALOG[name].tiled]
 
 
-def _inputs():
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(N, D, generator=g, dtype=torch.float64)
-    return a, a + 0.5 * torch.randn(N, D, generator=g, dtype=torch.float64)
-
-
-def _value_and_grads(loss, a, b, tau, chunk):
-    a, b, tau = (t.detach().clone().requires_grad_() for t in (a, b, tau))
-    value = loss(a, b, tau, chunk)
+def _value_and_grads(case, tensors, tau, chunk):
+    leaves = [t.detach().clone().requires_grad_() if i in case.grads else t for i, t in enumerate(tensors)]
+    tau = tau.detach().clone().requires_grad_(case.temperature == "learnable")
+    value = case(leaves, tau, chunk_size=chunk) if chunk else case(leaves, tau)
     value.backward()
-    return [t.detach().cpu().double() for t in (value, a.grad, b.grad, tau.grad)]
+    grads = [leaves[i].grad for i in case.grads] + ([tau.grad] if case.temperature == "learnable" else [])
+    return [t.detach().cpu().double() for t in (value, *grads)]
 
 
-@pytest.mark.parametrize("chunk", [None, 8], ids=["dense", "tiled"])
-@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("name,chunk", PATHS)
 def test_loss_on_the_test_device_matches_float64_cpu(test_device, name, chunk):
-    a, b = _inputs()
+    case = CATALOG[name]
+    tensors = case.tensors(N, D)
     tau = torch.tensor(TAU, dtype=torch.float64)
-    expected = _value_and_grads(LOSSES[name], a, b, tau, chunk)
-    got = _value_and_grads(LOSSES[name], *(t.to(test_device, torch.float32) for t in (a, b, tau)), chunk)
-    for what, e, g in zip(("value", "grad a", "grad b", "grad tau"), expected, got):
+    expected = _value_and_grads(case, tensors, tau, chunk)
+    got = _value_and_grads(case, case.tensors(N, D, dtype=torch.float32, device=test_device),
+                           tau.to(test_device, torch.float32), chunk)
+    what = ["value"] + [f"grad of input {i}" for i in case.grads] + ["grad tau"]
+    for what, e, g in zip(what, expected, got):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {what}: {m}")

@@ -11,20 +11,20 @@ import torch
 from contrastkit import losses as L
 from contrastkit.losses import functional as F
 
-TWINS = {
-    "InfoNCE": "info_nce", "NTXent": "nt_xent", "NTXentViews": "nt_xent_views",
-    "BidirectionalInfoNCE": "bidirectional_info_nce", "SupCon": "supcon", "SimilarityLoss": "similarity_loss",
-    "DCL": "dcl", "SimpleLoss": "simple_loss", "HardNegativeNTXent": "hard_negative_nt_xent",
-    "DebiasedNTXent": "debiased_nt_xent", "HCL": "hcl",
-}
+from loss_catalog import twins
+
+#: Module twin -> its function, from the catalog (the temperature methods are not twins).
+FUNCTION_OF = {name: case.function for name, case in sorted(twins("twin").items())}
+TWINS = {name: function.__name__ for name, function in FUNCTION_OF.items()}
 
 
 def test_every_function_has_a_twin_and_a_documented_example():
     for module_name, function_name in TWINS.items():
         assert issubclass(getattr(L, module_name), torch.nn.Module)
-        doc = getattr(F, function_name).__doc__
+        doc = getattr(L, function_name).__doc__
         assert "Example" in doc and ">>>" in doc, function_name
-        assert "enominator" in doc or function_name == "simple_loss", function_name
+        # no softmax, no denominator: the simple loss, and SigLIP's pairwise sigmoids
+        assert "enominator" in doc or function_name in ("simple_loss", "sigmoid_loss"), function_name
         assert "(N, d)" in doc or "(N, K)" in doc, function_name
 
 
@@ -46,8 +46,6 @@ def test_modules_match_functions():
 
 # --- the twins' signatures are the functions' ---------------------------------------------------
 
-FUNCTION_OF = {**{name: getattr(F, function) for name, function in TWINS.items()},
-               "ContrastiveLoss": L.contrastive_loss, "SigmoidLoss": L.sigmoid_loss}
 #: The options a call may override: where the loss is called, not what it computes.
 CALL_OPTIONS = {"reduction", "distributed", "distributed_mode"}
 

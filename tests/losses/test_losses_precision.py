@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from contrastkit import losses as L
+from loss_catalog import CATALOG
 
 N, D = 64, 32
 
@@ -16,32 +17,32 @@ def pair(dtype, seed=0):
     return a.to(dtype), b.to(dtype)
 
 
-CASES = {
-    "nt_xent_views": lambda a, b, t: L.nt_xent_views(a, b, temperature=t),
-    "info_nce": lambda a, b, t: L.info_nce(a, b, temperature=t),
-    "info_nce_bank": lambda a, b, t: L.info_nce(a, b, torch.flip(b, [0]), temperature=t),
-    "bidirectional": lambda a, b, t: L.bidirectional_info_nce(a, b, temperature=t, weight=0.75),
-    "supcon": lambda a, b, t: L.supcon(torch.cat([a, b]), torch.arange(N).repeat(2) % 16, temperature=t),
-    "dcl": lambda a, b, t: L.dcl(a, b, temperature=t),
-    "hard_negative": lambda a, b, t: L.hard_negative_nt_xent(a, b, temperature=t, top_k=8),
-    "debiased": lambda a, b, t: L.debiased_nt_xent(a, b, temperature=t),
-    "hcl": lambda a, b, t: L.hcl(a, b, temperature=t),
-}
+def inputs(case, dtype):
+    return case.tensors(N, D, dtype=dtype, noise=0.3)  # correlated views: a realistic, low loss
+
+
+# Every catalogued loss at each temperature; a loss whose temperatures are its own settings once.
+TAUS = [1.0, 0.1, 0.02, 0.01]
+HALF = [pytest.param(name, tau, id=f"{name}-{tau}") for name in sorted(CATALOG) for tau in TAUS
+        if CATALOG[name].temperature == "learnable"] + [
+    pytest.param(name, None, id=f"{name}-own") for name in sorted(CATALOG) if CATALOG[name].temperature != "learnable"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("tau", [1.0, 0.1, 0.02, 0.01])
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name,tau", HALF)
 def test_half_precision_matches_float64(name, dtype, tau):
-    a, b = pair(dtype)
-    a.requires_grad_(True)
-    loss = CASES[name](a, b, tau)
+    case = CATALOG[name]
+    tensors = inputs(case, dtype)
+    first = case.grads[0]
+    leaves = [t.requires_grad_() if i == first else t for i, t in enumerate(tensors)]
+    loss = case(leaves, tau)
     assert loss.dtype == torch.float32
     assert torch.isfinite(loss)
-    expected = CASES[name](a.detach().double(), b.double(), tau)
+    expected = case([t.detach().double() if t.is_floating_point() else t for t in tensors], tau)
     assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-2, abs=1e-4)
     loss.backward()
-    assert a.grad.dtype == dtype and torch.isfinite(a.grad.float()).all()
+    grad = leaves[first].grad
+    assert grad.dtype == dtype and torch.isfinite(grad.float()).all()
 
 
 @pytest.mark.parametrize("tau", [0.1, 0.01])
@@ -62,10 +63,9 @@ def test_autocast_region(tau):
 
 def test_float32_small_temperature_is_finite_where_naive_exp_overflows():
     # exp(1 / 0.005) overflows float32; the log-sum-exp form does not.
-    a, b = pair(torch.float32)
     assert not torch.isfinite(torch.exp(torch.tensor(1 / 0.005, dtype=torch.float32)))
-    for fn in CASES.values():
-        assert torch.isfinite(fn(a, b, 0.005))
+    for name, case in CATALOG.items():
+        assert torch.isfinite(case(inputs(case, torch.float32), 0.005)), name
 
 
 # Small per-anchor losses in float32, dense and tiled: each loss against float64 on the same
@@ -75,16 +75,37 @@ def test_float32_small_temperature_is_finite_where_naive_exp_overflows():
 SMALL = {
     "info_nce": (lambda q, p, t, r, c: L.info_nce(q, p, temperature=t, reduction=r, chunk_size=c),
                  lambda q, p, t: [(q @ p.T / t, torch.arange(q.shape[0]), 1.0)]),
-    "info_nce_bank": (lambda q, p, t, r, c: L.info_nce(q, p, p.flip(0)[: q.shape[0] // 2], temperature=t,
+    "info_nce[bank]": (lambda q, p, t, r, c: L.info_nce(q, p, p.flip(0)[: q.shape[0] // 2], temperature=t,
                                                        reduction=r, chunk_size=c),
                       lambda q, p, t: [(torch.cat([(q * p).sum(1, keepdim=True), q @ p.flip(0)[: q.shape[0] // 2].T],
                                                   dim=1) / t, torch.zeros(q.shape[0], dtype=torch.long), 1.0)]),
-    "bidirectional": (lambda q, p, t, r, c: L.bidirectional_info_nce(q, p, temperature=t, weight=0.75, reduction=r,
-                                                                     chunk_size=c),
+    "bidirectional_info_nce": (lambda q, p, t, r, c: L.bidirectional_info_nce(q, p, temperature=t, weight=0.75,
+                                                                              reduction=r, chunk_size=c),
                       lambda q, p, t: [(q @ p.T / t, torch.arange(q.shape[0]), 0.75),
                                        (p @ q.T / t, torch.arange(q.shape[0]), 0.25)]),
     "nt_xent_views": (lambda q, p, t, r, c: L.nt_xent_views(q, p, temperature=t, reduction=r, chunk_size=c),
                       lambda q, p, t: [_views_logits(q, p, t) + (1.0,)]),
+    "nt_xent": (lambda q, p, t, r, c: L.nt_xent(torch.cat([q, p]), L.views_positive_index(q.shape[0]), temperature=t,
+                                                reduction=r, chunk_size=c),
+                lambda q, p, t: [_views_logits(q, p, t) + (1.0,)]),
+}
+#: The catalog's losses not compared with F.cross_entropy here, and why.
+NOT_SMALL = {
+    "contrastive_loss": "takes the similarities, not embeddings: its F.cross_entropy logits are not written here",
+    "similarity_loss": "takes the similarities, not embeddings: its F.cross_entropy logits are not written here",
+    "info_nce[paired]": "one bank per query: its F.cross_entropy logits are not written here",
+    "supcon": "several positives per anchor: not one cross-entropy",
+    "supcon[in]": "several positives per anchor: not one cross-entropy",
+    "dcl": "its positive is not in the denominator: not a cross-entropy",
+    "simple_loss": "no softmax (no temperature)",
+    "hard_negative_nt_xent": "a cross-entropy over the selected negatives only",
+    "hard_negative_nt_xent[quantile]": "a cross-entropy over the selected negatives only",
+    "debiased_nt_xent": "a debiased negative mass, not a cross-entropy",
+    "hcl": "a reweighted debiased negative mass, not a cross-entropy",
+    "sigmoid_loss": "pairwise sigmoids, not a softmax",
+    "macl_nt_xent": "reweighted anchors at a temperature of its own",
+    "dual_temperature_nt_xent": "reweighted anchors at temperatures of its own",
+    "robust_nt_xent": "iSogCLR's objective, not a cross-entropy",
 }
 
 
@@ -95,7 +116,11 @@ def _views_logits(q, p, t):
     return logits, torch.cat([torch.arange(n, 2 * n), torch.arange(n)])
 
 
-ANCHORS = {"info_nce": N, "info_nce_bank": N, "bidirectional": 2 * N, "nt_xent_views": 2 * N}
+ANCHORS = {name: CATALOG[name].anchors * N for name in SMALL}
+
+
+def test_every_catalogued_loss_is_compared_or_said_why_not():
+    assert set(SMALL) | set(NOT_SMALL) == set(CATALOG) and not set(SMALL) & set(NOT_SMALL)
 
 
 @pytest.mark.parametrize("per_anchor", [False, True], ids=["one-tau", "tau-per-anchor"])

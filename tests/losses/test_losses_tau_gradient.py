@@ -14,48 +14,23 @@ import pytest
 import torch
 
 from contrastkit import losses as L
+from loss_catalog import NOT_LOSSES, cases
 
 TAU = 0.5
 STEP = 1e-6
-
-
-def rows(n, d=5, seed=0):
-    return torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-
-
-A, B = rows(6, seed=1), rows(6, seed=2)
-BANK, PAIRED = rows(4, seed=3), rows(24, seed=4).reshape(6, 4, 5)
-LABELS = torch.tensor([0, 0, 1, 1, 2, 0])
-PAIRS = torch.tensor([1, 0, 3, 2, 5, 4])
 EYE = torch.eye(4, dtype=torch.float64)  # the floor of the debiased estimator binds here
 
-# name -> (function of tau, tileable): every loss of contrastkit.losses with a temperature.
-CASES = {
-    "contrastive_loss": (lambda t, **k: L.contrastive_loss(A @ B.T, torch.arange(6), temperature=t), False),
-    "similarity_loss": (lambda t, **k: L.similarity_loss(A @ A.T, PAIRS, temperature=t, exclude_diagonal=True),
-                        False),
-    "info_nce": (lambda t, **k: L.info_nce(A, B, temperature=t, **k), True),
-    "info_nce[bank]": (lambda t, **k: L.info_nce(A, B, BANK, temperature=t, **k), True),
-    "info_nce[paired]": (lambda t, **k: L.info_nce(A, B, PAIRED, temperature=t, negative_mode="paired"), False),
-    "nt_xent": (lambda t, **k: L.nt_xent(A, PAIRS, temperature=t, **k), True),
-    "nt_xent_views": (lambda t, **k: L.nt_xent_views(A, B, temperature=t, **k), True),
-    "bidirectional_info_nce": (lambda t, **k: L.bidirectional_info_nce(A, B, temperature=t, weight=0.75, **k),
-                               True),
-    "supcon": (lambda t, **k: L.supcon(A, LABELS, temperature=t, **k), True),
-    "supcon[in]": (lambda t, **k: L.supcon(A, LABELS, temperature=t, variant="in", **k), True),
-    "dcl": (lambda t, **k: L.dcl(A, B, temperature=t, **k), True),
-    "hard_negative_nt_xent": (lambda t, **k: L.hard_negative_nt_xent(A, B, temperature=t, top_k=3), False),
-    "debiased_nt_xent": (lambda t, **k: L.debiased_nt_xent(A, B, temperature=t, tau_plus=0.1), False),
-    "debiased_nt_xent[floor]": (lambda t, **k: L.debiased_nt_xent(EYE, EYE, temperature=t, tau_plus=0.3), False),
-    "hcl": (lambda t, **k: L.hcl(A, B, temperature=t, tau_plus=0.1, beta=0.5), False),
-    "hcl[floor]": (lambda t, **k: L.hcl(EYE, EYE, temperature=t, tau_plus=0.3, beta=1.0), False),
-    "sigmoid_loss": (lambda t, **k: L.sigmoid_loss(A, B, temperature=t, bias=-2.0, **k), True),
-    # Without moving estimates (u = the batch's own), iSogCLR's gradient is the objective's own.
-    "robust_nt_xent": (lambda t, **k: L.robust_nt_xent(A, B, t, rho=0.3, **k).loss, True),
-}
+# name -> (function of tau, tileable): every catalogued loss with a learnable temperature, on the
+# catalog's inputs, and the two losses whose floor binds on EYE (its gradient once went missing).
+CASES = {name: ((lambda case, tensors: lambda t, **k: case(tensors, t, **k))(case, case.tensors(6, 5)), case.tiled)
+         for name, case in cases(temperature="learnable").items()}
+CASES.update({
+    "debiased_nt_xent[floor]": (lambda t, **k: L.debiased_nt_xent(EYE, EYE, temperature=t, tau_plus=0.3, **k), True),
+    "hcl[floor]": (lambda t, **k: L.hcl(EYE, EYE, temperature=t, tau_plus=0.3, beta=1.0, **k), True),
+})
 #: Losses whose temperatures are settings (numbers, no gradient: MACL's base tau_0 and dual's
-#: two), and MACL's temperature formula (not a loss); tests/losses/test_adaptive_temperatures.py.
-SETTINGS_ONLY = {"macl_nt_xent", "dual_temperature_nt_xent", "macl_temperature", "value_checks"}  # value_checks: a switch
+#: two), and what is not a loss; tests/losses/test_adaptive_temperatures.py.
+SETTINGS_ONLY = {case.function_name for case in cases(temperature="settings").values()} | set(NOT_LOSSES)
 PATHS = [(name, "dense") for name in CASES] + [(name, "tiled") for name, (_, tileable) in CASES.items() if tileable]
 
 

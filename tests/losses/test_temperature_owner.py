@@ -13,6 +13,7 @@ import contrastkit.temperature as schedules
 from contrastkit import losses as L
 from contrastkit.losses import MIN_TEMPERATURE, Temperature, nt_xent_views
 from contrastkit.methods import resolve_for_data
+from loss_catalog import twins
 from contrastkit.train import PretrainConfig, pretrain
 
 TINY_RUN = dict(data="glyphlab", data_options={"train_scenes": 16, "val_scenes": 9, "test_scenes": 12, "size": 28},
@@ -133,38 +134,32 @@ def test_a_linear_ramp_down_to_the_floor_stays_on_it():
 
 # --- the module twins keep the temperature they are given -------------------------------------
 
+#: The twins whose temperature is the one they are given, from the catalog. SigmoidLoss owns
+#: SigLIP's scale t' and bias b as its own parameters (tests/losses/test_losses_sigmoid.py).
+OWN_PARAMETERS = {"SigmoidLoss"}
+TWINS_WITH_TEMPERATURE = sorted(name for name, case in twins("twin").items()
+                                if case.temperature == "learnable" and name not in OWN_PARAMETERS)
+CASE_OF = twins("twin")
+
+
 def _inputs(name):
-    g = torch.Generator().manual_seed(3)
-    a, b = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
-    if name == "ContrastiveLoss":
-        return (torch.randn(6, 5, generator=g), torch.eye(6, 5, dtype=torch.bool)), {}
-    if name == "SimilarityLoss":
-        return (torch.randn(6, 5, generator=g), torch.arange(6) % 5), {"exclude_diagonal": False}
-    if name == "NTXent":
-        return (torch.cat([a, b]), L.views_positive_index(6)), {}
-    if name == "SupCon":
-        return (a, torch.tensor([0, 1, 0, 1, 2, 2])), {}
-    if name == "HardNegativeNTXent":
-        return (a, b), {"top_k": 4}
-    return (a, b), {}
+    case = CASE_OF[name]
+    return case.tensors(6, 4, dtype=torch.float32, seed=3), dict(case.options)
 
 
-TWINS_WITH_TEMPERATURE = ["ContrastiveLoss", "SimilarityLoss", "InfoNCE", "NTXent", "NTXentViews",
-                          "BidirectionalInfoNCE", "SupCon", "DCL", "HardNegativeNTXent", "DebiasedNTXent", "HCL"]
-FUNCTION_OF = {"ContrastiveLoss": L.contrastive_loss, "SimilarityLoss": L.similarity_loss, "InfoNCE": L.info_nce,
-               "NTXent": L.nt_xent, "NTXentViews": L.nt_xent_views, "BidirectionalInfoNCE": L.bidirectional_info_nce,
-               "SupCon": L.supcon, "DCL": L.dcl, "HardNegativeNTXent": L.hard_negative_nt_xent,
-               "DebiasedNTXent": L.debiased_nt_xent, "HCL": L.hcl}
+def _function(name):
+    """The twin's function at a given temperature, with the case's options."""
+    return lambda args, temperature: CASE_OF[name](args, temperature)
 
 
 def test_the_list_covers_every_twin():
-    twins = {name for name in L.__all__ if isinstance(getattr(L, name), type)
-             and issubclass(getattr(L, name), torch.nn.Module) and name != "Temperature"}
+    modules = {name for name in L.__all__ if isinstance(getattr(L, name), type)
+               and issubclass(getattr(L, name), torch.nn.Module) and name != "Temperature"}
     # SimpleLoss has no temperature; SigmoidLoss owns SigLIP's scale t' and bias b as its own
     # parameters (tests/test_losses_sigmoid.py); the temperature methods compute their own
     # temperatures from their settings and state (tests/losses/test_adaptive_temperatures.py).
     methods = {"AdaptiveTemperatureLoss", "MACLNTXentLoss", "DualTemperatureNTXentLoss", "IndividualTemperatureLoss", "TemperatureNetworkLoss"}
-    assert twins == set(TWINS_WITH_TEMPERATURE) | {"SimpleLoss", "SigmoidLoss"} | methods
+    assert modules == set(TWINS_WITH_TEMPERATURE) | {"SimpleLoss"} | OWN_PARAMETERS | methods
 
 
 @pytest.mark.parametrize("name", TWINS_WITH_TEMPERATURE)
@@ -174,8 +169,7 @@ def test_a_parameter_temperature_is_registered_and_trained(name):
     loss_fn = getattr(L, name)(temperature=tau, **options)
     assert any(p is tau for p in loss_fn.parameters())
     loss = loss_fn(*args)
-    function = FUNCTION_OF[name]
-    assert torch.equal(loss.detach(), function(*args, temperature=0.3, **options).detach())
+    assert torch.equal(loss.detach(), _function(name)(args, 0.3).detach())
     loss.backward()
     assert tau.grad is not None and float(tau.grad) != 0.0
 
@@ -199,8 +193,7 @@ def test_a_tensor_temperature_keeps_its_graph(name):
     loss_fn(*args).backward()
     assert log_tau.grad is not None and float(log_tau.grad) != 0.0
     fixed = getattr(L, name)(temperature=torch.tensor(0.3), **options)
-    function = FUNCTION_OF[name]
-    assert torch.allclose(fixed(*args), function(*args, temperature=0.3, **options))
+    assert torch.allclose(fixed(*args), _function(name)(args, 0.3))
     assert fixed.extra_repr().startswith("temperature=0.3")
 
 
@@ -210,8 +203,7 @@ def test_the_temperature_is_the_module_s_own(name):
     # losses whose forward names it, and a loss module keeps its own.
     args, options = _inputs(name)
     loss_fn = getattr(L, name)(temperature=0.3, **options)
-    function = FUNCTION_OF[name]
-    assert torch.equal(loss_fn(*args), function(*args, temperature=0.3, **options))
+    assert torch.equal(loss_fn(*args), _function(name)(args, 0.3))
     assert "temperature" not in inspect.signature(loss_fn.forward).parameters
     with pytest.raises(TypeError, match="unexpected keyword argument 'temperature'"):
         loss_fn(*args, temperature=0.7)
