@@ -29,14 +29,8 @@ def _pair(n=12, d=5):
 
 #: Host reads found when this test took every catalogued loss, not fixed yet: each case fails
 #: (strictly: it fails the run once fixed, so that the mark goes).
-KNOWN_HOST_READS = {
-    "similarity_loss": "exclude_diagonal=True checks positive_index != arange(N) with bool(...) outside "
-                       "value_checks: one read per call, validate=False included (infonce.py)",
-}
 #: Every catalogued loss, on its dense path and on its tiled path where it has one.
-CALLS = [pytest.param(name, chunk, id=f"{name}-{chunk}",
-                      marks=[pytest.mark.xfail(reason=KNOWN_HOST_READS[name], strict=True)]
-                      if name in KNOWN_HOST_READS else [])
+CALLS = [pytest.param(name, chunk, id=f"{name}-{chunk}")
          for name in sorted(CATALOG) for chunk in ((None, 5) if CATALOG[name].tiled else (None,))]
 
 
@@ -103,9 +97,7 @@ def test_module_twin_takes_validate(monkeypatch):
 
 
 #: Every catalogued loss that takes one learnable temperature per anchor row, dense and tiled.
-PER_ANCHOR = [pytest.param(name, chunk, id=f"{name}-{chunk}",
-                           marks=[pytest.mark.xfail(reason=KNOWN_HOST_READS[name], strict=True)]
-                           if name in KNOWN_HOST_READS else [])
+PER_ANCHOR = [pytest.param(name, chunk, id=f"{name}-{chunk}")
               for name, case in sorted(cases(temperature="learnable", per_anchor=True).items())
               for chunk in ((None, 5) if case.tiled else (None,))]
 
