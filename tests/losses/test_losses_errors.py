@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from contrastkit import losses as L
+from loss_catalog import CATALOG, cases
 
 
 def ok(n=4, d=3, dtype=torch.float32):
@@ -156,3 +157,20 @@ def test_a_bank_of_negatives_needs_no_warning():
         warnings.simplefilter("error")
         L.info_nce(ok(1, 3), ok(1, 3), ok(5, 3), temperature=0.1)
         L.info_nce(ok(2, 3), ok(2, 3), temperature=0.1)
+
+
+# Every catalogued loss refuses a bad option by name, with the input value checks on and off
+# (value_checks(False) skips the checks that read tensor values, not those of the options).
+BAD_REDUCTION = r"reduction must be one of \('mean', 'sum', 'none'\), got 'avg'"
+BAD_OPTIONS = [pytest.param(name, {"reduction": "avg"}, BAD_REDUCTION, id=f"{name}-reduction=avg")
+               for name in sorted(CATALOG)] + [
+    pytest.param(name, {"chunk_size": bad}, rf"chunk_size must be >= 1, got {bad}", id=f"{name}-chunk_size={bad}")
+    for name in sorted(cases(tiled=True)) for bad in (0, -1)]
+
+
+@pytest.mark.parametrize("checks", [True, False], ids=["checks-on", "checks-off"])
+@pytest.mark.parametrize("name,option,message", BAD_OPTIONS)
+def test_every_loss_refuses_a_bad_option_by_name(name, option, message, checks):
+    case = CATALOG[name]
+    with L.value_checks(checks), pytest.raises(ValueError, match=message):
+        case(case.tensors(4, 3), 0.1, **option)
