@@ -65,6 +65,9 @@ class LossCase:
     grads: Tuple[int, ...] = (0, 1)  # the inputs (by position) that carry gradients
     per_anchor: bool = True  # takes one temperature per anchor row (False: only one for all)
     result: Callable = staticmethod(lambda out: out)  # the loss tensor from what the function returns
+    #: Why its gradient is by design not the derivative of its value (a stop-gradient weight), so
+    #: that gradcheck does not apply to it; None for the losses whose gradient is their value's.
+    stop_gradient: Optional[str] = None
 
     def tensors(self, n: int, d: int, dtype=torch.float64, device="cpu", seed: int = 0,
                 noise: float = 0.5) -> Tuple[torch.Tensor, ...]:
@@ -132,10 +135,12 @@ _CASES = [
     LossCase("sigmoid_loss", L.sigmoid_loss, "views", {"bias": -2.0}, reference="sigmoid", twin="SigmoidLoss",
              anchors=1),
     LossCase("macl_nt_xent", L.macl_nt_xent, "views", {"temperature": 0.2, "alpha": 0.5, "threshold": 0.1},
-             temperature="settings", reference="macl", twin="MACLNTXentLoss", twin_kind="method", per_anchor=False),
+             temperature="settings", reference="macl", twin="MACLNTXentLoss", twin_kind="method", per_anchor=False,
+             stop_gradient="MACL's weight sg[1 / (1 - P_i)] of each anchor's loss carries no gradient"),
     LossCase("dual_temperature_nt_xent", L.dual_temperature_nt_xent, "views",
              {"intra_temperature": 0.2, "inter_temperature": 0.7}, temperature="settings", reference="dual",
-             twin="DualTemperatureNTXentLoss", twin_kind="method", per_anchor=False),
+             twin="DualTemperatureNTXentLoss", twin_kind="method", per_anchor=False,
+             stop_gradient="its weight sg[(1 - P_i(tau_beta)) / (1 - P_i(tau_alpha))] carries no gradient"),
     # iSogCLR's objective with one temperature per anchor; without moving estimates (log_u None)
     # its gradient is the objective's own. Its methods learn those temperatures per sample.
     LossCase("robust_nt_xent", L.robust_nt_xent, "views", {"rho": 0.3}, reference="robust",

@@ -66,3 +66,19 @@ def test_the_catalog_says_true_things(name):
 def test_extra_twins_name_methods_of_catalog_losses():
     for twin, name in EXTRA_TWINS.items():
         assert issubclass(getattr(L, twin), L.AdaptiveTemperatureLoss) and name in CATALOG
+
+
+@pytest.mark.parametrize("name", sorted(name for name, case in CATALOG.items() if case.stop_gradient))
+def test_a_stop_gradient_loss_fails_gradcheck(name):
+    """What ``stop_gradient`` says: its gradient is not its value's derivative (so the tests that
+    gradcheck every loss leave it out rightly)."""
+    case = CATALOG[name]
+    tensors = case.tensors(5, 3)
+
+    def loss(*values):
+        given = list(tensors)
+        for i, value in zip(case.grads, values):
+            given[i] = value
+        return case(given, None)
+    varied = tuple(tensors[i].clone().requires_grad_() for i in case.grads)
+    assert not torch.autograd.gradcheck(loss, varied, raise_exception=False)

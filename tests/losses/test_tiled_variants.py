@@ -1,11 +1,13 @@
-"""The tiled paths of the simple, hard-negative, debiased and HCL losses.
+"""The tiled paths of every catalogued loss that has one (tests/loss_catalog.py), and of the
+simple, hard-negative, debiased and HCL losses in depth.
 
-Each is checked against an independent float64 loop reference written here, against the
-dense path (values and gradients, the temperature included, at chunk sizes that divide the
-batch, that do not, and that exceed it), by gradcheck, for memory (no ``N x N`` tensor is
-ever allocated, seen by a dispatch hook), for bad ``chunk_size``, across two gloo processes
-(gathered, tiled and ring paths against one process on the concatenated batch), and through
-a tiny ``pretrain`` run whose large-batch dispatch takes the tiled path.
+Every tiled loss is checked against its dense path (values and gradients, the temperature
+included, at chunk sizes that divide the batch, that do not, and that exceed it; the tiled
+kernel it runs), by gradcheck, and for bad ``chunk_size``. The simple, hard-negative, debiased
+and HCL losses are also checked against an independent float64 loop reference written here, for
+memory (no ``N x N`` tensor is ever allocated, seen by a dispatch hook), across two gloo
+processes (gathered, tiled and ring paths against one process on the concatenated batch), and
+through a tiny ``pretrain`` run whose large-batch dispatch takes the tiled path.
 """
 
 from __future__ import annotations
@@ -20,21 +22,42 @@ import distributed_workers as W
 from contrastkit import losses as L
 from contrastkit.losses import tiled
 from contrastkit.losses._tiles import top_k_mask
+from loss_catalog import CATALOG, cases
 
-TAU_PLUS, BETA, WEIGHT, TOP_K, QUANTILE = 0.1, 1.5, 0.7, 3, 0.75
-
-# name -> loss(z_a, z_b, tau, **options)
-LOSSES = {
-    "simple": lambda a, b, t, **kw: L.simple_loss(a, b, negative_weight=WEIGHT, **kw),
-    "hard_negative[top_k]": lambda a, b, t, **kw: L.hard_negative_nt_xent(a, b, temperature=t, top_k=TOP_K, **kw),
-    "hard_negative[quantile]": lambda a, b, t, **kw: L.hard_negative_nt_xent(a, b, temperature=t,
-                                                                            quantile=QUANTILE, **kw),
-    "debiased": lambda a, b, t, **kw: L.debiased_nt_xent(a, b, temperature=t, tau_plus=TAU_PLUS, **kw),
-    "hcl": lambda a, b, t, **kw: L.hcl(a, b, temperature=t, tau_plus=TAU_PLUS, beta=BETA, **kw),
+#: Every catalogued loss with a tiled path (takes chunk_size).
+TILED = cases(tiled=True)
+#: The losses whose tiled paths this file was written for: checked against the loop references
+#: below, for memory and on two processes (on two views, z_a and z_b, of an encoder).
+VARIANTS = ("simple_loss", "hard_negative_nt_xent", "hard_negative_nt_xent[quantile]", "debiased_nt_xent", "hcl")
+# Their settings, the catalog's (the loop references take them).
+WEIGHT = CATALOG["simple_loss"].options["negative_weight"]
+TOP_K = CATALOG["hard_negative_nt_xent"].options["top_k"]
+QUANTILE = CATALOG["hard_negative_nt_xent[quantile]"].options["quantile"]
+TAU_PLUS = CATALOG["debiased_nt_xent"].options["tau_plus"]
+assert CATALOG["hcl"].options["tau_plus"] == TAU_PLUS
+BETA = CATALOG["hcl"].options["beta"]
+# The tiled kernels each tiled loss runs (the simple and sigmoid losses need none): a tiled
+# catalog case missing here fails test_every_tiled_loss_names_its_kernels.
+KERNELS = {
+    "info_nce": {"cross_logsumexp"}, "info_nce[bank]": {"cross_logsumexp"},
+    "bidirectional_info_nce": {"cross_logsumexp"},
+    "nt_xent": {"self_logsumexp"}, "nt_xent_views": {"self_logsumexp"}, "supcon": {"self_logsumexp"},
+    "supcon[in]": {"self_logsumexp", "masked_logsumexp"},
+    "macl_nt_xent": {"self_logsumexp"}, "dual_temperature_nt_xent": {"self_logsumexp"},
+    "dcl": {"masked_logsumexp"}, "debiased_nt_xent": {"masked_logsumexp"}, "hcl": {"masked_logsumexp"},
+    "robust_nt_xent": {"masked_logsumexp"},
+    "hard_negative_nt_xent": {"topk_logsumexp"}, "hard_negative_nt_xent[quantile]": {"topk_logsumexp"},
+    "simple_loss": set(), "sigmoid_loss": set(),
 }
-# The tiled kernel each loss's tiled path runs (the simple loss needs none).
-KERNELS = {"hard_negative[top_k]": "topk_logsumexp", "hard_negative[quantile]": "topk_logsumexp",
-           "debiased": "masked_logsumexp", "hcl": "masked_logsumexp"}
+
+
+def test_every_tiled_loss_names_its_kernels():
+    assert set(KERNELS) == set(TILED) and set(VARIANTS) <= set(TILED)
+
+
+def loss_of(name, tensors, tau, **options):
+    """The catalogued loss ``name`` of its ``tensors`` at ``tau``, with ``options``."""
+    return CATALOG[name](tensors, tau, **options)
 
 
 # --------------------------------------------------------------------------- loop references
@@ -85,36 +108,43 @@ def ref_debiased(z_a, z_b, tau, tau_plus, beta=0.0):
 
 
 REFERENCES = {
-    "simple": lambda a, b, t: ref_simple(a, b, WEIGHT),
-    "hard_negative[top_k]": lambda a, b, t: ref_hard_negative(a, b, t, TOP_K),
-    "hard_negative[quantile]": lambda a, b, t: ref_hard_negative(
+    "simple_loss": lambda a, b, t: ref_simple(a, b, WEIGHT),
+    "hard_negative_nt_xent": lambda a, b, t: ref_hard_negative(a, b, t, TOP_K),
+    "hard_negative_nt_xent[quantile]": lambda a, b, t: ref_hard_negative(
         a, b, t, max(1, math.ceil((1 - QUANTILE) * (2 * a.shape[0] - 2)))),
-    "debiased": lambda a, b, t: ref_debiased(a, b, t, TAU_PLUS),
+    "debiased_nt_xent": lambda a, b, t: ref_debiased(a, b, t, TAU_PLUS),
     "hcl": lambda a, b, t: ref_debiased(a, b, t, TAU_PLUS, BETA),
 }
+assert set(REFERENCES) == set(VARIANTS)  # the other losses' loop references: tests/reference.py
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def inputs(n, d=5, dtype=torch.float64, seed=0, tau=0.3):
-    g = torch.Generator().manual_seed(seed)
-    z_a = torch.randn(n, d, generator=g, dtype=torch.float64)
-    z_b = z_a + 0.5 * torch.randn(n, d, generator=g, dtype=torch.float64)
-    return (z_a.to(dtype).requires_grad_(), z_b.to(dtype).requires_grad_(),
-            torch.tensor(tau, dtype=dtype, requires_grad=True))
+def inputs(name, n, d=5, dtype=torch.float64, seed=0, tau=0.3):
+    """The catalog's tensors of ``name`` for ``n`` pairs (those with gradients as leaves), and ``tau``."""
+    case = CATALOG[name]
+    tensors = [t.requires_grad_() if i in case.grads else t
+               for i, t in enumerate(case.tensors(n, d, dtype=dtype, seed=seed))]
+    return tensors, torch.tensor(tau, dtype=dtype, requires_grad=True)
 
 
-def value_and_grads(name, z_a, z_b, tau, **options):
-    loss = LOSSES[name](z_a, z_b, tau, **options)
-    grads = torch.autograd.grad(loss, [z_a, z_b, tau], allow_unused=True)
+def differentiable(name, tensors, tau):
+    """The inputs a gradient is taken of: those of the catalog's ``grads``, and ``tau``."""
+    return [tensors[i] for i in CATALOG[name].grads] + [tau]
+
+
+def value_and_grads(name, tensors, tau, **options):
+    loss = loss_of(name, tensors, tau, **options)
+    grads = torch.autograd.grad(loss, differentiable(name, tensors, tau), allow_unused=True)
     return loss.detach(), grads
 
 
 def assert_same(actual, expected, rtol, atol):
     (value, grads), (ref_value, ref_grads) = actual, expected
     torch.testing.assert_close(value, ref_value.to(value.dtype), rtol=rtol, atol=atol)
-    for grad, ref_grad, what in zip(grads, ref_grads, ("z_a", "z_b", "temperature")):
+    whats = [f"input {i}" for i in range(len(grads) - 1)] + ["temperature"]
+    for grad, ref_grad, what in zip(grads, ref_grads, whats):
         if ref_grad is None:
             assert grad is None or float(grad.abs().max()) == 0.0, what
             continue
@@ -135,48 +165,55 @@ def kernel_calls(monkeypatch):
 # --------------------------------------------------------------------------- correctness
 
 
-@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("name", VARIANTS)
 def test_dense_and_tiled_match_the_loop_reference(name):
-    z_a, z_b, tau = inputs(6)
-    reference = REFERENCES[name](z_a, z_b, tau)
-    ref_grads = torch.autograd.grad(reference, [z_a, z_b, tau], allow_unused=True)
+    tensors, tau = inputs(name, 6)
+    reference = REFERENCES[name](*tensors, tau)
+    ref_grads = torch.autograd.grad(reference, differentiable(name, tensors, tau), allow_unused=True)
     for chunk in (None, 4):
-        assert_same(value_and_grads(name, z_a, z_b, tau, chunk_size=chunk), (reference.detach(), ref_grads),
+        assert_same(value_and_grads(name, tensors, tau, chunk_size=chunk), (reference.detach(), ref_grads),
                     rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype,rtol,atol", [(torch.float64, 1e-10, 1e-12), (torch.float32, 1e-5, 1e-6)])
-@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("name", sorted(TILED))
 def test_tiled_equals_dense_at_every_chunk_size(name, dtype, rtol, atol, kernel_calls):
     n = 7  # 2N = 14 rows
-    z_a, z_b, tau = inputs(n, dtype=dtype, seed=1)
-    dense = value_and_grads(name, z_a, z_b, tau)
+    tensors, tau = inputs(name, n, dtype=dtype, seed=1)
+    dense = value_and_grads(name, tensors, tau)
     assert kernel_calls == []  # small batch, no chunk_size: the dense path
     for chunk in (1, 3, 5, 14, 64):  # 3 and 5 do not divide 14; 14 and 64 are one tile
         del kernel_calls[:]
-        assert_same(value_and_grads(name, z_a, z_b, tau, chunk_size=chunk), dense, rtol, atol)
-        if name in KERNELS:
-            assert set(kernel_calls) == {KERNELS[name]}
-    # reduction="none" too (per anchor)
-    per_anchor = LOSSES[name](z_a, z_b, tau, reduction="none")
-    tiled_per_anchor = LOSSES[name](z_a, z_b, tau, reduction="none", chunk_size=3)
-    assert per_anchor.shape == (2 * n,)
+        assert_same(value_and_grads(name, tensors, tau, chunk_size=chunk), dense, rtol, atol)
+        assert set(kernel_calls) == KERNELS[name]
+    # reduction="none" too: per anchor (per pair for the bidirectional loss, its two directions weighted)
+    per_anchor = loss_of(name, tensors, tau, reduction="none")
+    tiled_per_anchor = loss_of(name, tensors, tau, reduction="none", chunk_size=3)
+    anchors = 1 if CATALOG[name].function is L.bidirectional_info_nce else CATALOG[name].anchors
+    assert per_anchor.shape == (anchors * n,)
     torch.testing.assert_close(tiled_per_anchor, per_anchor, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("name", list(LOSSES))
+# The losses whose gradient is their value's: a stop-gradient weight is no derivative (their
+# tiled gradient is checked against the dense one above).
+@pytest.mark.parametrize("name", sorted(cases(tiled=True, stop_gradient=None)))
 def test_gradcheck_of_the_tiled_path(name):
-    z_a, z_b, tau = inputs(5, d=3, seed=2)
-    if name == "simple":  # no temperature
-        assert torch.autograd.gradcheck(lambda a, b: LOSSES[name](a, b, None, chunk_size=3), (z_a, z_b))
-    else:
-        assert torch.autograd.gradcheck(lambda a, b, t: LOSSES[name](a, b, t, chunk_size=3), (z_a, z_b, tau))
+    case = CATALOG[name]
+    tensors, tau = inputs(name, 5, d=3, seed=2)
+    varied = [tensors[i] for i in case.grads] + ([tau] if case.temperature == "learnable" else [])
+
+    def loss(*values):  # the loss of the varied inputs (the others as made), at the varied tau
+        given = list(tensors)
+        for i, value in zip(case.grads, values):
+            given[i] = value
+        return loss_of(name, given, values[-1] if case.temperature == "learnable" else None, chunk_size=3)
+    assert torch.autograd.gradcheck(loss, tuple(varied))
 
 
 def test_the_debiased_floor_acts_on_the_whole_negative_sum():
     """With a large tau_plus the debiased mass goes below the floor M e^{-1/tau} for some anchors
     and not for others; the tiled path clamps the same totals as the dense one and the loop."""
-    z_a, z_b, tau = inputs(6, seed=5, tau=0.5)
+    (z_a, z_b), tau = inputs("hcl", 6, seed=5, tau=0.5)
     tau_plus = 0.2
     for beta in (0.0, BETA):
         reference = ref_debiased(z_a, z_b, tau, tau_plus, beta)
@@ -251,15 +288,16 @@ class _LargestTensor(TorchDispatchMode):
 
 
 def _largest_allocation(name, n, d, **options):
-    z_a, z_b, tau = inputs(n, d=d, dtype=torch.float32, seed=3)
+    tensors, tau = inputs(name, n, d=d, dtype=torch.float32, seed=3)
+    z_a = tensors[0]
     with _LargestTensor() as mode:
-        loss = LOSSES[name](z_a, z_b, tau, **options)
+        loss = loss_of(name, tensors, tau, **options)
         loss.backward()
     assert torch.isfinite(z_a.grad).all()
     return mode.largest
 
 
-@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("name", VARIANTS)
 def test_the_tiled_path_never_allocates_an_n_by_n_tensor(name):
     n, d, chunk = 600, 16, 96  # 2N = 1200 rows: the matrix has 1.44M entries
     rows = 2 * n
@@ -276,11 +314,11 @@ def test_the_tiled_path_never_allocates_an_n_by_n_tensor(name):
 
 @pytest.mark.parametrize("bad,error", [(0, ValueError), (-2, ValueError), (2.5, TypeError), (True, TypeError),
                                        ("4", TypeError)])
-@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("name", sorted(TILED))
 def test_bad_chunk_size_gives_one_clear_error(name, bad, error):
-    z_a, z_b, tau = inputs(4)
+    tensors, tau = inputs(name, 4)
     with pytest.raises(error, match="chunk_size"):
-        LOSSES[name](z_a, z_b, tau, chunk_size=bad)
+        loss_of(name, tensors, tau, chunk_size=bad)
 
 
 # --------------------------------------------------------------------------- two processes
@@ -293,7 +331,7 @@ DISTRIBUTED_REDUCTIONS = ("mean", "sum")
 def _encoder_loss(model, name, data, reduction, **options):
     model.zero_grad()
     z_a, z_b, tau = model(data[0], data[1])
-    loss = LOSSES[name](z_a, z_b, tau, reduction=reduction, **options)
+    loss = loss_of(name, (z_a, z_b), tau, reduction=reduction, **options)
     loss.backward()
     return loss.detach(), {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
 
@@ -302,7 +340,7 @@ def ranks_worker(rank, world, seed, sizes):
     data = W.batches(seed, sizes)[rank]
     model = W.Encoder()
     results = {}
-    for name in LOSSES:
+    for name in VARIANTS:
         for mode in W.MODES:
             for chunk in (None, TILE):
                 for reduction in DISTRIBUTED_REDUCTIONS:
@@ -320,7 +358,7 @@ def two_ranks(tmp_path_factory):
 @pytest.mark.parametrize("reduction", DISTRIBUTED_REDUCTIONS)
 @pytest.mark.parametrize("chunk", [None, TILE])
 @pytest.mark.parametrize("mode", W.MODES)
-@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("name", VARIANTS)
 def test_two_processes_equal_one_on_the_global_batch(two_ranks, name, mode, chunk, reduction):
     """Gathered-dense (chunk None), gathered-tiled (global) and the ring form (local with
     tiles) against one process on the concatenated batch: values and parameter gradients,
@@ -330,7 +368,7 @@ def test_two_processes_equal_one_on_the_global_batch(two_ranks, name, mode, chun
     combined = values.mean() if mode == "local" else values
     torch.testing.assert_close(combined, ref_value.expand_as(combined), rtol=1e-10, atol=1e-10)
     expected = {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"} | (
-        set() if name == "simple" else {"temperature.log_scale"})
+        set() if name == "simple_loss" else {"temperature.log_scale"})
     assert set(ref_grads) == expected
     for r in two_ranks:
         grads = r[(name, mode, chunk, reduction)][1]
