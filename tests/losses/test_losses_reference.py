@@ -7,6 +7,7 @@ import torch
 
 import reference as ref
 from contrastkit import losses as L
+from loss_catalog import CATALOG, cases
 
 
 def randn(*shape, seed=0):
@@ -195,33 +196,66 @@ def leaf(*shape, seed):
     return randn(*shape, seed=seed).requires_grad_(True)
 
 
+def catalogued(name, n=4, d=3):
+    """The catalog's inputs and options of ``name`` (tests/loss_catalog.py) for gradcheck: the
+    differentiable inputs as leaves, and a temperature leaf where it takes one."""
+    case = CATALOG[name]
+    tensors = case.tensors(n, d)
+    learnable = case.temperature == "learnable"
+    varied = tuple(tensors[i].clone().requires_grad_() for i in case.grads) + (
+        (torch.tensor(0.4, dtype=torch.float64, requires_grad=True),) if learnable else ())
+
+    def loss(*values):
+        given = list(tensors)
+        for i, value in zip(case.grads, values):
+            given[i] = value
+        return case(given, values[-1] if learnable else None)
+    return loss, varied
+
+
+# Catalog name (or function[setting]) -> (loss, inputs), hand-made where the inputs matter (a
+# positive map, labels with a class of one); every catalogued loss whose gradient is its value's
+# has an entry (test_every_catalogued_loss_is_gradchecked).
 GRADCHECK_CASES = {
-    "info_nce_in_batch": lambda: (lambda q, p: L.info_nce(q, p, temperature=0.3), (leaf(4, 3, seed=1), leaf(4, 3, seed=2))),
-    "info_nce_bank": lambda: (lambda q, p, n: L.info_nce(q, p, n, temperature=0.3),
-                              (leaf(4, 3, seed=1), leaf(4, 3, seed=2), leaf(5, 3, seed=3))),
-    "info_nce_paired": lambda: (lambda q, p, n: L.info_nce(q, p, n, temperature=0.3, negative_mode="paired"),
-                                (leaf(4, 3, seed=1), leaf(4, 3, seed=2), leaf(4, 2, 3, seed=3))),
+    "info_nce": lambda: (lambda q, p: L.info_nce(q, p, temperature=0.3), (leaf(4, 3, seed=1), leaf(4, 3, seed=2))),
+    "info_nce[bank]": lambda: (lambda q, p, n: L.info_nce(q, p, n, temperature=0.3),
+                               (leaf(4, 3, seed=1), leaf(4, 3, seed=2), leaf(5, 3, seed=3))),
+    "info_nce[paired]": lambda: (lambda q, p, n: L.info_nce(q, p, n, temperature=0.3, negative_mode="paired"),
+                                 (leaf(4, 3, seed=1), leaf(4, 3, seed=2), leaf(4, 2, 3, seed=3))),
     "nt_xent": lambda: (lambda z: L.nt_xent(z, torch.tensor([2, 3, 0, 1]), temperature=0.3), (leaf(4, 3, seed=4),)),
-    "nt_xent_views": lambda: (lambda a, b: L.nt_xent_views(a, b, temperature=0.3), (leaf(3, 3, seed=5), leaf(3, 3, seed=6))),
-    "bidirectional": lambda: (lambda v, u: L.bidirectional_info_nce(v, u, temperature=0.3, weight=0.75),
-                              (leaf(4, 3, seed=7), leaf(4, 3, seed=8))),
-    "supcon_out": lambda: (lambda z: L.supcon(z, torch.tensor([0, 1, 0, 1, 2]), temperature=0.3), (leaf(5, 3, seed=9),)),
-    "supcon_in": lambda: (lambda z: L.supcon(z, torch.tensor([0, 1, 0, 1, 1]), temperature=0.3, variant="in"),
-                          (leaf(5, 3, seed=9),)),
-    "similarity": lambda: (lambda s: L.similarity_loss(s, torch.tensor([1, 0, 3, 2]), temperature=0.3,
-                                                       exclude_diagonal=True), (leaf(4, 4, seed=10),)),
+    "nt_xent_views": lambda: (lambda a, b: L.nt_xent_views(a, b, temperature=0.3),
+                              (leaf(3, 3, seed=5), leaf(3, 3, seed=6))),
+    "bidirectional_info_nce": lambda: (lambda v, u: L.bidirectional_info_nce(v, u, temperature=0.3, weight=0.75),
+                                       (leaf(4, 3, seed=7), leaf(4, 3, seed=8))),
+    "supcon": lambda: (lambda z: L.supcon(z, torch.tensor([0, 1, 0, 1, 2]), temperature=0.3), (leaf(5, 3, seed=9),)),
+    "supcon[in]": lambda: (lambda z: L.supcon(z, torch.tensor([0, 1, 0, 1, 1]), temperature=0.3, variant="in"),
+                           (leaf(5, 3, seed=9),)),
+    "similarity_loss": lambda: (lambda s: L.similarity_loss(s, torch.tensor([1, 0, 3, 2]), temperature=0.3,
+                                                            exclude_diagonal=True), (leaf(4, 4, seed=10),)),
     "dcl": lambda: (lambda a, b: L.dcl(a, b, temperature=0.3), (leaf(3, 3, seed=11), leaf(3, 3, seed=12))),
-    "simple": lambda: (lambda a, b: L.simple_loss(a, b, negative_weight=0.7), (leaf(3, 3, seed=13), leaf(3, 3, seed=14))),
-    "hard_negative": lambda: (lambda a, b: L.hard_negative_nt_xent(a, b, temperature=0.3, top_k=2),
-                              (leaf(3, 3, seed=15), leaf(3, 3, seed=16))),
-    "debiased": lambda: (lambda a, b: L.debiased_nt_xent(a, b, temperature=0.5, tau_plus=0.1),
-                         (leaf(3, 3, seed=17), leaf(3, 3, seed=18))),
+    "simple_loss": lambda: (lambda a, b: L.simple_loss(a, b, negative_weight=0.7),
+                            (leaf(3, 3, seed=13), leaf(3, 3, seed=14))),
+    "hard_negative_nt_xent": lambda: (lambda a, b: L.hard_negative_nt_xent(a, b, temperature=0.3, top_k=2),
+                                      (leaf(3, 3, seed=15), leaf(3, 3, seed=16))),
+    "debiased_nt_xent": lambda: (lambda a, b: L.debiased_nt_xent(a, b, temperature=0.5, tau_plus=0.1),
+                                 (leaf(3, 3, seed=17), leaf(3, 3, seed=18))),
     "hcl": lambda: (lambda a, b: L.hcl(a, b, temperature=0.5, tau_plus=0.1, beta=1.0),
                     (leaf(3, 3, seed=19), leaf(3, 3, seed=20))),
-    "learnable_temperature": lambda: (
+    "nt_xent_views[temperature]": lambda: (
         lambda a, b, t: L.nt_xent_views(a, b, temperature=t),
         (leaf(3, 3, seed=21), leaf(3, 3, seed=22), torch.tensor(0.4, dtype=torch.float64, requires_grad=True))),
+    # On the catalog's inputs and options, with the temperature among the inputs.
+    "contrastive_loss": lambda: catalogued("contrastive_loss"),
+    "hard_negative_nt_xent[quantile]": lambda: catalogued("hard_negative_nt_xent[quantile]"),
+    "sigmoid_loss": lambda: catalogued("sigmoid_loss"),
+    "robust_nt_xent": lambda: catalogued("robust_nt_xent"),
 }
+
+
+def test_every_catalogued_loss_is_gradchecked():
+    # MACL's and dual temperature's stop-gradient weights are no derivative: the catalog says so.
+    assert set(cases(stop_gradient=None)) <= set(GRADCHECK_CASES)
+    assert {name.split("[")[0] for name in GRADCHECK_CASES} <= {case.function_name for case in CATALOG.values()}
 
 
 @pytest.mark.parametrize("name", sorted(GRADCHECK_CASES))
