@@ -21,6 +21,7 @@ import torch
 
 import reference as ref
 from contrastkit import losses as L
+from loss_catalog import CATALOG, cases
 
 N, D = 5, 3
 TILES = {"dense": {}, "tiled": {"chunk_size": 3}}
@@ -279,6 +280,23 @@ def tau_leaf(count, seed):
     return taus(count, seed=seed, low=0.2, high=1.5).requires_grad_(True)
 
 
+def catalogued(name, seed, n=4, d=3):
+    """(loss, inputs) of the catalog's ``name`` (tests/loss_catalog.py) on its own inputs and
+    options: the differentiable inputs and one temperature per anchor row as leaves."""
+    case = CATALOG[name]
+    tensors = case.tensors(n, d, seed=seed)
+
+    def loss(*values, **options):
+        given = list(tensors)
+        for i, value in zip(case.grads, values):
+            given[i] = value
+        return case(given, values[-1], **options)
+    return loss, lambda: tuple(tensors[i].clone().requires_grad_() for i in case.grads) + (
+        tau_leaf(case.anchors * n, seed),)
+
+
+# Catalog name -> (loss, inputs): every catalogued loss that takes a temperature per anchor row
+# (test_every_loss_with_a_temperature_is_covered), hand-made where written before the catalog.
 GRADCHECK = {
     "info_nce": (lambda q, p, t, **k: L.info_nce(q, p, temperature=t, **k), lambda: (leaf(4, 3, seed=1),
                  leaf(4, 3, seed=2), tau_leaf(4, 1))),
@@ -290,46 +308,47 @@ GRADCHECK = {
                 lambda: (leaf(4, 3, seed=4), tau_leaf(4, 4))),
     "nt_xent_views": (lambda a, b, t, **k: L.nt_xent_views(a, b, temperature=t, **k),
                       lambda: (leaf(4, 3, seed=5), leaf(4, 3, seed=6), tau_leaf(8, 5))),
-    "bidirectional": (lambda v, u, t, **k: L.bidirectional_info_nce(v, u, temperature=t, weight=0.75, **k),
-                      lambda: (leaf(4, 3, seed=7), leaf(4, 3, seed=8), tau_leaf(8, 6))),
-    "supcon[out]": (lambda z, t, **k: L.supcon(z, torch.tensor([0, 1, 0, 1, 2]), temperature=t, **k),
-                    lambda: (leaf(5, 3, seed=9), tau_leaf(5, 7))),
+    "bidirectional_info_nce": (lambda v, u, t, **k: L.bidirectional_info_nce(v, u, temperature=t, weight=0.75, **k),
+                               lambda: (leaf(4, 3, seed=7), leaf(4, 3, seed=8), tau_leaf(8, 6))),
+    "supcon": (lambda z, t, **k: L.supcon(z, torch.tensor([0, 1, 0, 1, 2]), temperature=t, **k),
+               lambda: (leaf(5, 3, seed=9), tau_leaf(5, 7))),
     "supcon[in]": (lambda z, t, **k: L.supcon(z, torch.tensor([0, 1, 0, 1, 1]), temperature=t, variant="in", **k),
                    lambda: (leaf(5, 3, seed=9), tau_leaf(5, 8))),
     "dcl": (lambda a, b, t, **k: L.dcl(a, b, temperature=t, **k),
             lambda: (leaf(3, 3, seed=11), leaf(3, 3, seed=12), tau_leaf(6, 9))),
-    "hard_negative": (lambda a, b, t, **k: L.hard_negative_nt_xent(a, b, temperature=t, top_k=2, **k),
-                      lambda: (leaf(3, 3, seed=15), leaf(3, 3, seed=16), tau_leaf(6, 10))),
+    "hard_negative_nt_xent": (lambda a, b, t, **k: L.hard_negative_nt_xent(a, b, temperature=t, top_k=2, **k),
+                              lambda: (leaf(3, 3, seed=15), leaf(3, 3, seed=16), tau_leaf(6, 10))),
     "hcl": (lambda a, b, t, **k: L.hcl(a, b, temperature=t, tau_plus=0.1, beta=1.0, **k),
             lambda: (leaf(3, 3, seed=19), leaf(3, 3, seed=20), tau_leaf(6, 11))),
-    "similarity": (lambda s, t, **k: L.similarity_loss(s, torch.tensor([1, 0, 3, 2]), temperature=t,
-                                                       exclude_diagonal=True),
-                   lambda: (leaf(4, 4, seed=10), tau_leaf(4, 12))),
-    "sigmoid": (lambda x, y, t, **k: L.sigmoid_loss(x, y, t, -1.0, **k),
-                lambda: (leaf(4, 3, seed=13), leaf(4, 3, seed=14), tau_leaf(4, 13))),
+    "similarity_loss": (lambda s, t, **k: L.similarity_loss(s, torch.tensor([1, 0, 3, 2]), temperature=t,
+                                                            exclude_diagonal=True),
+                        lambda: (leaf(4, 4, seed=10), tau_leaf(4, 12))),
+    "sigmoid_loss": (lambda x, y, t, **k: L.sigmoid_loss(x, y, t, -1.0, **k),
+                     lambda: (leaf(4, 3, seed=13), leaf(4, 3, seed=14), tau_leaf(4, 13))),
+    # On the catalog's inputs and options.
+    "contrastive_loss": catalogued("contrastive_loss", 14),
+    "hard_negative_nt_xent[quantile]": catalogued("hard_negative_nt_xent[quantile]", 15),
+    "debiased_nt_xent": catalogued("debiased_nt_xent", 16),
+    "robust_nt_xent": catalogued("robust_nt_xent", 17),
 }
-TILEABLE = {"info_nce", "info_nce[bank]", "nt_xent", "nt_xent_views", "bidirectional", "supcon[out]", "supcon[in]",
-            "dcl", "hard_negative", "hcl", "sigmoid"}
-GRADCHECK_PATHS = [(name, "dense") for name in GRADCHECK] + [(name, "tiled") for name in sorted(TILEABLE)]
+# A tiled catalog case is gradchecked on its tiled path too.
+GRADCHECK_PATHS = [(name, "dense") for name in GRADCHECK] + [
+    (name, "tiled") for name in sorted(GRADCHECK) if CATALOG[name].tiled]
 
 
-#: The functions the value tests above check against a reference.
+#: The functions the value tests above check against a reference; robust_nt_xent's, which takes
+#: one temperature per anchor by design, is tests/losses/test_adaptive_temperatures.py's.
 REFERENCED = {"info_nce", "nt_xent", "nt_xent_views", "bidirectional_info_nce", "supcon", "dcl",
               "hard_negative_nt_xent", "debiased_nt_xent", "hcl", "similarity_loss", "contrastive_loss",
               "sigmoid_loss"}
 
 
 def test_every_loss_with_a_temperature_is_covered():
-    # simple_loss is the tau -> infinity limit and has no temperature.
-    # MACL's and dual temperature's temperatures are settings, and macl_temperature is not a loss;
-    # robust_nt_xent takes one temperature per anchor by design (tests/losses/test_adaptive_temperatures.py).
-    # value_checks is a switch, not a loss.
-    adaptive = {"macl_nt_xent", "dual_temperature_nt_xent", "macl_temperature", "robust_nt_xent", "value_checks"}
-    functions = {name for name in L.__all__ if name[0].islower()} - {"views_positive_index", "simple_loss"}
-    assert functions - adaptive == REFERENCED
-    gradchecked = {"info_nce", "nt_xent", "nt_xent_views", "bidirectional_info_nce", "supcon", "dcl",
-                   "hard_negative_nt_xent", "hcl", "similarity_loss", "sigmoid_loss"}
-    assert len(GRADCHECK) == 13 and gradchecked <= functions
+    # simple_loss is the tau -> infinity limit and has no temperature; MACL's and dual
+    # temperature's temperatures are settings: the catalog's per_anchor is False for them.
+    per_anchor = cases(per_anchor=True)
+    assert {case.function_name for case in per_anchor.values()} - {"robust_nt_xent"} == REFERENCED
+    assert set(GRADCHECK) == set(per_anchor)
 
 
 @pytest.mark.parametrize("name, path", GRADCHECK_PATHS)
