@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from contrastkit import losses as L
 
 from distributed_workers import MODES, Encoder, _average, batches
+from loss_catalog import cases
 
 TILE = 3
 
@@ -103,17 +104,17 @@ def suite_worker(rank: int, world: int, seed: int, sizes: Sequence[int], reducti
 
 # --------------------------------------------------------------------------- temperature methods
 
-ADAPTIVE = {
-    "macl": lambda a, b, **kw: L.macl_nt_xent(a, b, temperature=0.2, alpha=0.5, threshold=0.1, **kw),
-    "dual": lambda a, b, **kw: L.dual_temperature_nt_xent(a, b, intra_temperature=0.2, inter_temperature=0.7, **kw),
-}
+# The catalogued losses whose temperatures are their own settings (MACL's tau_0, dual's two) and
+# that have a distributed path, with the catalog's settings; on the encoder's two views.
+ADAPTIVE = cases(temperature="settings", distributed=True)
+assert all(case.inputs == "views" and case.tiled for case in ADAPTIVE.values())
 STATEFUL_STEPS = 3
 
 
 def adaptive_losses(model: Encoder, name: str, data, reduction: str, **options):
     model.zero_grad()
     z_a, z_b, _ = model(data[0], data[1])
-    loss = ADAPTIVE[name](z_a, z_b, reduction=reduction, **options)
+    loss = ADAPTIVE[name]((z_a, z_b), None, reduction=reduction, **options)
     if reduction == "none":
         return loss.detach(), {}
     loss.backward()

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from contrastkit import losses as L
+from loss_catalog import CATALOG
 
 D_IN, D_OUT = 5, 4
 MODES = ("global", "local")
@@ -98,18 +99,17 @@ LOSSES: Dict[str, Callable] = {
     "supcon_in_views": lambda a, b, y, t, **kw: L.supcon(torch.stack([a, b], dim=1), y, temperature=t,
                                                          variant="in", **kw),
 }
-# Tiled variants (tiles of 3 rows: several per rank, ragged at the edges); in "local" mode they
-# run the ring exchange. Their reference is the dense loss of the same name.
+# The catalog case (tests/loss_catalog.py) each entry runs, in the layout written above (SupCon
+# on sample-major views, or on one view with the batch's labels).
+CASE_OF = {"nt_xent_views": "nt_xent_views", "dcl": "dcl", "info_nce": "info_nce",
+           "bidirectional_info_nce": "bidirectional_info_nce", "supcon_views": "supcon", "supcon_in": "supcon[in]",
+           "supcon_in_views": "supcon[in]"}
+assert set(CASE_OF) == set(LOSSES) and all(CATALOG[case].distributed for case in CASE_OF.values())
+# Tiled variants of every entry whose catalog case has a tiled path (tiles of 3 rows: several per
+# rank, ragged at the edges); in "local" mode they run the ring exchange. Their reference is the
+# dense loss of the same name.
 TILE = 3
-TILED = {
-    "nt_xent_views_tiled": "nt_xent_views",
-    "info_nce_tiled": "info_nce",
-    "bidirectional_info_nce_tiled": "bidirectional_info_nce",
-    "supcon_views_tiled": "supcon_views",
-    "dcl_tiled": "dcl",
-    "supcon_in_tiled": "supcon_in",
-    "supcon_in_views_tiled": "supcon_in_views",
-}
+TILED = {f"{name}_tiled": name for name, case in CASE_OF.items() if CATALOG[case].tiled}
 for _name, _dense in TILED.items():
     LOSSES[_name] = (lambda dense: lambda a, b, y, t, **kw: LOSSES[dense](a, b, y, t, chunk_size=TILE, **kw))(_dense)
 # SupCon L_out has no ring: tiled + local raises, so that combination is not run.

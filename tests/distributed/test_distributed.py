@@ -10,9 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import distributed_temperature_workers as T
 import distributed_workers as W
 from contrastkit import distributed as cd
 from contrastkit import losses as L
+from loss_catalog import cases
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 SEED = 7
@@ -28,6 +30,22 @@ def reference(name: str, sizes, reduction: str):
 
 
 CASES = [(name, mode) for name in W.LOSSES for mode in W.MODES if (name, mode) not in W.SKIP]
+#: The catalogued losses with a distributed path that W.LOSSES does not run, and where each is
+#: run on several processes against one process on the concatenated batch.
+ELSEWHERE = {
+    **dict.fromkeys(("simple_loss", "hard_negative_nt_xent", "hard_negative_nt_xent[quantile]", "debiased_nt_xent",
+                     "hcl"), "tests/losses/test_tiled_variants.py (dense, tiled and ring)"),
+    "sigmoid_loss": "tests/losses/test_losses_sigmoid.py (distributed_sigmoid_workers)",
+    **dict.fromkeys(T.ADAPTIVE, "tests/distributed/test_distributed_per_anchor_temperature.py (ADAPTIVE)"),
+    "robust_nt_xent": "tests/distributed/test_distributed_per_anchor_temperature.py (IndividualTemperatureLoss's "
+                      "and TemperatureNetworkLoss's per-sample state)",
+}
+
+
+def test_every_catalogued_distributed_loss_runs_on_several_processes():
+    """A loss catalogued with distributed=True must be run here (W.LOSSES) or be named in ELSEWHERE."""
+    here = set(W.CASE_OF.values())
+    assert here | set(ELSEWHERE) == set(cases(distributed=True)) and not here & set(ELSEWHERE)
 
 
 def own_anchor_losses(name: str, per_anchor: torch.Tensor, sizes, rank: int) -> torch.Tensor:
