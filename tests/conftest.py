@@ -140,6 +140,7 @@ SERIAL = (
     "tests/distributed/test_distributed_torchrun.py::",
     "tests/distributed/test_online_probe_distributed.py::",
     "tests/distributed/test_short_batches.py::",
+    "tests/distributed/test_stream_distributed.py::",
     "tests/losses/test_losses_sigmoid.py::",
     "tests/losses/test_tiled_variants.py::test_two_processes_equal_one_on_the_global_batch",
     "tests/train/test_siglip_train.py::test_two_processes_give_the_gradients_of_one",
