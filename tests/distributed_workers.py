@@ -43,6 +43,10 @@ def spawn(target: Callable, world: int, tmp_path, *args) -> List[dict]:
 
 def _entry(rank: int, world: int, init_file: str, out_dir: str, target: Callable, args) -> None:
     torch.set_num_threads(1)
+    # The start method a torchrun rank has (the platform's default), not the fork server this
+    # process came from: under that, every DataLoader worker a rank starts came from a fresh fork
+    # server of its own and imported torch and contrastkit again (seconds of CPU each).
+    multiprocessing.set_start_method(None, force=True)
     # A hung collective fails the test after this; it is not shorter because on a busy 2-core
     # machine rank 0's read-out (probe, kNN, baselines) alone took over a minute while rank 1
     # waited at the barrier that follows it.
