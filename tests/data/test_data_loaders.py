@@ -405,3 +405,33 @@ def test_a_preemption_signal_to_a_loader_worker_leaves_it_reading(tmp_path):
     time.sleep(0.3)
     assert worker.is_alive()
     assert sum(1 for _ in batches) >= 1
+
+
+EXITS_WITH_WORKERS_RUNNING = '''
+import sys
+from contrastkit.data import open_data
+from contrastkit.data.loader import make_loader
+
+loader = make_loader(open_data(sys.argv[1], stream=True, size=8).train, batch_size=2, workers=2)
+batches = iter(loader)
+next(batches)
+kept = batches  # an error kept with its traceback keeps the iterator, and its workers, like this
+print("done", flush=True)
+'''
+
+
+def test_a_process_that_ends_with_a_loaders_workers_running_exits(tmp_path):
+    """The workers ignore SIGTERM, which is what Python's multiprocessing sends its daemonic
+    children at exit before it waits for them: a process that ended with a loader's iterator
+    alive (a --bad-files fail error kept by the caller) waited for its workers forever."""
+    import os
+    import subprocess
+    import sys
+
+    from _shards import write_image_tree
+
+    tree = write_image_tree(str(tmp_path / "tree"), classes=2, per_class=12, size=8)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", EXITS_WITH_WORKERS_RUNNING, tree], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]

@@ -13,6 +13,7 @@ there are, and a resumed run needs no worker state.
 
 from __future__ import annotations
 
+import atexit
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -42,6 +43,36 @@ def ignore_stop_signals(worker_id: int) -> None:
     for name in STOP_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
+#: How long a daemonic child may take to end on SIGTERM at this process's exit before it is killed.
+WORKER_EXIT_SECONDS = 2.0
+
+
+def _end_workers_at_exit() -> None:
+    """At exit, Python's multiprocessing sends SIGTERM to the daemonic processes this one
+    started (a ``DataLoader``'s workers) and then waits for each to end. The workers of
+    :func:`ignore_stop_signals` ignore SIGTERM, so a process that ended with a loader's workers
+    still running (an error kept with its traceback keeps the loader's iterator, and so its
+    workers) waited for them forever. Here, before multiprocessing's own exit handler, each
+    daemonic child that has not ended ``WORKER_EXIT_SECONDS`` after SIGTERM is killed."""
+    import multiprocessing
+    import time
+
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + WORKER_EXIT_SECONDS
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            child.kill()
+            child.join()
+
+
+# Registered after multiprocessing's exit handler (torch imports multiprocessing first), so it
+# runs before it.
+atexit.register(_end_workers_at_exit)
 
 
 class EpochBatchSampler(Sampler):
