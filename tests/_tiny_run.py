@@ -43,6 +43,26 @@ def train_only(config, *, resume=False, **options):
     raise AssertionError("the run ended before its last epoch")
 
 
+def preempted_at_backward(monkeypatch, n):
+    """SIGTERM to this process during the ``n``-th backward pass (the step then finishes and
+    the run checkpoints it and stops); returns a function that puts the real backward back."""
+    import os
+    import signal
+
+    import torch
+
+    real, calls = torch.Tensor.backward, [0]
+
+    def backward(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "backward", backward)
+    return lambda: monkeypatch.setattr(torch.Tensor, "backward", real)
+
+
 def one_error_line(capsys, argv):
     """Run the CLI on ``argv``, which must fail as a user error: exit status 2 after exactly one
     line on stderr and no traceback; that line."""

@@ -6,13 +6,12 @@ resumes to the uninterrupted numbers and weights, and a stream's batches train t
 import csv
 import json
 import os
-import signal
 
 import numpy as np
 import pytest
 import torch
 
-from _tiny_run import TIMINGS, tiny_config, without_timings
+from _tiny_run import TIMINGS, preempted_at_backward, tiny_config, without_timings
 from contrastkit import records
 from contrastkit.methods import build_model
 from contrastkit.metrics import knn_accuracy
@@ -133,25 +132,12 @@ def test_the_head_trains_on_every_row_the_step_computed_with_the_labels_of_its_i
     assert not torch.allclose(wrong.weight, expected.weight)
 
 
-def _preempted_at_backward(monkeypatch, n):
-    """SIGTERM to this process during the ``n``-th backward pass of the encoder's loss."""
-    real, calls = torch.Tensor.backward, [0]
-
-    def backward(self, *args, **kwargs):
-        calls[0] += 1
-        if calls[0] == n:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "backward", backward)
-    return lambda: monkeypatch.setattr(torch.Tensor, "backward", real)
-
 
 def test_a_run_preempted_mid_epoch_resumes_to_the_uninterrupted_online_numbers_and_head(tmp_path, monkeypatch,
                                                                                         one_torch_thread):
     straight = _run(tmp_path / "straight")
     steps_per_epoch = straight["steps"] // 2
-    restore = _preempted_at_backward(monkeypatch, steps_per_epoch + 1)  # step 1 of epoch 2
+    restore = preempted_at_backward(monkeypatch, steps_per_epoch + 1)  # step 1 of epoch 2
     with pytest.raises(Preempted):
         _run(tmp_path / "stopped")
     restore()
@@ -175,7 +161,7 @@ def test_a_resume_without_the_probe_state_would_end_elsewhere(tmp_path, monkeypa
     the resumed head starts again and the last epoch's probe number is not the straight run's
     head any more."""
     straight = _run(tmp_path / "straight")
-    restore = _preempted_at_backward(monkeypatch, straight["steps"] // 2 + 1)
+    restore = preempted_at_backward(monkeypatch, straight["steps"] // 2 + 1)
     with pytest.raises(Preempted):
         _run(tmp_path / "stopped")
     restore()

@@ -23,8 +23,8 @@ from contrastkit.train import PretrainConfig, pretrain
 from contrastkit.train.faults import Preempted
 
 from _shards import write_image_tree
-from _tiny_run import without_timings
-from test_stream_training import _preempted_at_backward, _weights
+from _tiny_run import preempted_at_backward, without_timings
+from test_stream_training import _weights
 
 _WORDS = ["red", "green", "blue", "round", "square", "small", "large", "bright", "dark", "plain"]
 
@@ -158,7 +158,7 @@ def test_a_pair_stream_preempted_mid_epoch_resumes_to_the_uninterrupted_run(pair
     straight = pretrain(_config(folder, tmp_path / "straight", method=method), progress=False, baselines=False)
     steps_per_epoch = straight["steps"] // 2
     assert steps_per_epoch >= 3
-    restore = _preempted_at_backward(monkeypatch, steps_per_epoch + 2)
+    restore = preempted_at_backward(monkeypatch, steps_per_epoch + 2)
     with pytest.raises(Preempted):
         pretrain(_config(folder, tmp_path / "stopped", method=method), progress=False, baselines=False)
     restore()

@@ -5,7 +5,6 @@ what cannot read a stream is refused before any work, naming the option."""
 
 import json
 import os
-import signal
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from contrastkit.train import PretrainConfig, pretrain
 from contrastkit.train.faults import Preempted
 
 from _shards import add_damaged_shard, write_shards
-from _tiny_run import without_timings
+from _tiny_run import preempted_at_backward, without_timings
 
 
 def _config(data, out, **overrides):
@@ -31,20 +30,6 @@ def _weights(out):
     return state["model"]
 
 
-def _preempted_at_backward(monkeypatch, n):
-    """SIGTERM to this process during the ``n``-th backward pass (the step then finishes and
-    the run checkpoints it and stops)."""
-    real, calls = torch.Tensor.backward, [0]
-
-    def backward(self, *args, **kwargs):
-        calls[0] += 1
-        if calls[0] == n:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "backward", backward)
-    return lambda: monkeypatch.setattr(torch.Tensor, "backward", real)
-
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
@@ -57,7 +42,7 @@ def test_a_stream_preempted_mid_epoch_resumes_to_the_uninterrupted_run(shards, t
     steps_per_epoch = straight["steps"] // 2
     assert steps_per_epoch >= 4
     # Step 3 of epoch 2: mid-epoch, and (with 2 workers) a batch of the second worker next.
-    restore = _preempted_at_backward(monkeypatch, steps_per_epoch + 3)
+    restore = preempted_at_backward(monkeypatch, steps_per_epoch + 3)
     with pytest.raises(Preempted):
         pretrain(_config(shards, tmp_path / "stopped", workers=workers), progress=False, baselines=False)
     restore()
@@ -76,7 +61,7 @@ def test_a_stream_preempted_mid_epoch_resumes_to_the_uninterrupted_run(shards, t
 
 
 def test_resuming_a_stream_mid_epoch_with_other_workers_is_refused_naming_the_option(shards, tmp_path, monkeypatch):
-    restore = _preempted_at_backward(monkeypatch, 2)
+    restore = preempted_at_backward(monkeypatch, 2)
     with pytest.raises(Preempted):
         pretrain(_config(shards, tmp_path / "run", epochs=1), progress=False, baselines=False)
     restore()

@@ -13,7 +13,7 @@ there are, and a resumed run needs no worker state.
 
 from __future__ import annotations
 
-import atexit
+import multiprocessing.util
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -54,8 +54,9 @@ def _end_workers_at_exit() -> None:
     started (a ``DataLoader``'s workers) and then waits for each to end. The workers of
     :func:`ignore_stop_signals` ignore SIGTERM, so a process that ended with a loader's workers
     still running (an error kept with its traceback keeps the loader's iterator, and so its
-    workers) waited for them forever. Here, before multiprocessing's own exit handler, each
-    daemonic child that has not ended ``WORKER_EXIT_SECONDS`` after SIGTERM is killed."""
+    workers) waited for them forever. Run as multiprocessing's last exit finalizer (after a
+    pool's own, just before it signals its children), this sends that SIGTERM itself and kills
+    each child still running ``WORKER_EXIT_SECONDS`` later."""
     import multiprocessing
     import time
 
@@ -70,9 +71,9 @@ def _end_workers_at_exit() -> None:
             child.join()
 
 
-# Registered after multiprocessing's exit handler (torch imports multiprocessing first), so it
-# runs before it.
-atexit.register(_end_workers_at_exit)
+# Exit priority 0: the last of the finalizers multiprocessing runs at exit before it ends its
+# daemonic children (a Pool's, priority 15, first).
+multiprocessing.util.Finalize(None, _end_workers_at_exit, exitpriority=0)
 
 
 class EpochBatchSampler(Sampler):
