@@ -3,7 +3,7 @@
 and of the first training batch, each in a fresh child process, as a command meets them.
 
     PYTHONPATH=src python benchmarks/bench_million_files.py --work WORK [--files 1000000]
-        [--kinds flat,tree,list,csv] [--keep] [--out benchmarks/results/million_files.json]
+        [--kinds flat,tree,list,csv] [--keep] [--recorded] [--out benchmarks/results/million_files.json]
 
 ``WORK`` receives (once; a later call with ``--keep`` reuses what is there):
 
@@ -32,6 +32,14 @@ collection). The parent also records ``resource.getrusage(RUSAGE_CHILDREN)``'s p
 child sets a new one (``rusage_children_peak``): it covers the child's whole life, the
 interpreter's exit included (torch's teardown alone reaches ~125 MiB above its ``VmHWM``), so
 the figures quoted are ``VmHWM``'s.
+
+``--recorded`` also measures a run's recorded listing (``contrastkit.data.collection_index``),
+each in its own child: ``record`` (listed, then written to ``WORK/index-KIND.npz``: ``write_s``,
+``index_mib``), ``recorded`` (opened again with ``index=``: read from the record, the folders'
+times or the list's SHA-256 checked, nothing listed) and ``changed`` (one file added since, in
+the flat folder, a folder of the tree, or a line of the list: the change seen, the collection
+listed again and compared with the record, ``collection_changed="reindex"``; the file is taken
+away afterwards).
 """
 
 from __future__ import annotations
@@ -105,8 +113,11 @@ def generate(work: Path, count: int, kinds: List[str]) -> Dict[str, float]:
     return took
 
 
-def child(kind: str, path: str) -> None:
-    """One measurement (module docstring), printed as one JSON line."""
+def child(kind: str, path: str, mode: str = "open", index: str = "") -> None:
+    """One measurement (module docstring), printed as one JSON line. ``mode``: ``open`` (listed,
+    as a new run), ``record`` (listed, then the listing written to ``index``), ``recorded``
+    (read from ``index``, the collection unchanged) or ``changed`` (a file added since:
+    confirmed by listing again, ``collection_changed="reindex"``)."""
     import gc
 
     import torch
@@ -115,7 +126,7 @@ def child(kind: str, path: str) -> None:
     from contrastkit.data import open_data
     from contrastkit.data.batch_source import IndexBatchSource
 
-    result: Dict[str, Any] = {"kind": kind, "import_rss": _status("VmRSS")}
+    result: Dict[str, Any] = {"kind": kind, "mode": mode, "import_rss": _status("VmRSS")}
     started = time.perf_counter()
     if kind == "csv":
         from contrastkit.data.paired_csv import read_pair_rows
@@ -126,8 +137,14 @@ def child(kind: str, path: str) -> None:
         result["held"] = _status("VmRSS")
         print(json.dumps(result))
         return
-    data = open_data(path, unlabeled=kind == "tree")
-    result.update(open_s=time.perf_counter() - started, open_peak=_status("VmHWM"))
+    recorded = {} if mode == "open" else {"index": index, "collection_changed": "reindex"}
+    data = open_data(path, unlabeled=kind == "tree", **recorded)
+    result.update(open_s=time.perf_counter() - started, open_peak=_status("VmHWM"), index_state=data.index_state)
+    if mode == "record":
+        started = time.perf_counter()
+        data.index.write(index)
+        result.update(write_s=time.perf_counter() - started, write_peak=_status("VmHWM"),
+                      index_mib=os.path.getsize(index) / 2**20)
     gc.collect()
     result["held"] = _status("VmRSS")
     result["splits"] = {name: len(split) for name, split in data.splits()}
@@ -141,9 +158,10 @@ def child(kind: str, path: str) -> None:
     print(json.dumps(result))
 
 
-def measure(kind: str, path: Path) -> Dict[str, Any]:
+def measure(kind: str, path: Path, mode: str = "open", index: str = "") -> Dict[str, Any]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    process = subprocess.run([sys.executable, __file__, "--child", kind, str(path)], capture_output=True, text=True)
+    process = subprocess.run([sys.executable, __file__, "--child", kind, str(path), mode, index], capture_output=True,
+                             text=True)
     if process.returncode != 0:
         raise SystemExit(f"{kind}: the child failed ({process.returncode}):\n{process.stderr}")
     result = json.loads(process.stdout.strip().splitlines()[-1])
@@ -153,6 +171,34 @@ def measure(kind: str, path: Path) -> Dict[str, Any]:
     return result
 
 
+def _recorded(kind: str, path: Path, work: Path) -> List[Dict[str, Any]]:
+    """The listing of ``kind`` recorded, read back unchanged, then confirmed after one file was
+    added (and the file taken away again); each in its own child."""
+    index = str(work / f"index-{kind}.npz")
+    if os.path.exists(index):  # (an earlier run's: the record is made anew)
+        os.remove(index)
+    results = []
+    for mode in ("record", "recorded"):
+        results.append(measure(kind, path, mode, index))
+        print(json.dumps(results[-1]), flush=True)
+    if kind == "list":
+        added = work / "tree" / "added.png"
+        original = path.read_bytes()
+        added.write_bytes(TINY_PNG)
+        path.write_bytes(original + b"tree/added.png\n")
+    else:
+        added = path / ("added.png" if kind == "flat" else "000/00/added.png")
+        added.write_bytes(TINY_PNG)
+    try:
+        results.append(measure(kind, path, "changed", index))
+        print(json.dumps(results[-1]), flush=True)
+    finally:
+        added.unlink()
+        if kind == "list":
+            path.write_bytes(original)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, help="folder the collections are written to")
@@ -160,7 +206,9 @@ def main() -> None:
     parser.add_argument("--kinds", default="flat,tree,list,csv")
     parser.add_argument("--keep", action="store_true", help="keep the generated collections (reused next time)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "million_files.json")
-    parser.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
+    parser.add_argument("--recorded", action="store_true",
+                        help="also time the listing recorded, read back, and confirmed after a change")
+    parser.add_argument("--child", nargs=4, metavar=("KIND", "PATH", "MODE", "INDEX"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
@@ -177,6 +225,8 @@ def main() -> None:
         result = measure(kind, paths[kind])
         print(json.dumps(result), flush=True)
         results.append(result)
+        if args.recorded and kind != "csv":
+            results += _recorded(kind, paths[kind], args.work)
     load_after = os.getloadavg()
     record = {"files": args.files, "generated_s": took, "load_before": load_before, "load_after": load_after,
               "python": platform.python_version(), "cpus": os.cpu_count(), "results": results}

@@ -17,6 +17,9 @@ A *run* folder (``contrastkit pretrain --out RUN``)::
     RUN/probe.json           ``contrastkit probe RUN`` re-evaluation
     RUN/report.html          ``contrastkit report`` / written after a run
     RUN/skipped.txt          the damaged files an unlabeled collection's run skipped
+    RUN/collection-index.npz an unlabeled collection's listing (its splits' files, what was left
+                             out, a fingerprint of its folders or list), read back instead of
+                             listing it again (``contrastkit.data.collection_index``)
     RUN/neighbors.png        ``contrastkit neighbors RUN ...``: the queries and their neighbors
     RUN/neighbors/<sha256>.faiss  ``neighbors --index faiss``: a FAISS index of the collection's
                              features, named by the SHA-256 of the encoder and the data it holds,
@@ -76,7 +79,7 @@ from typing import Dict, Tuple
 __all__ = [
     "DEFAULT_ROOT", "MANIFEST", "RUN_FILES", "CHECKPOINT_FILES",
     "CONFIG", "CONFIG_FILE", "METRICS", "METRICS_CSV", "TENSORBOARD", "SUMMARY", "CHECKPOINTS", "LAST_CHECKPOINT",
-    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "LOCK", "TOKENIZER", "PROBE", "REPORT", "SKIPPED", "LAST_BATCH", "EXPLORER",
+    "PREVIOUS_CHECKPOINT", "DIGEST_SUFFIX", "LOCK", "TOKENIZER", "PROBE", "REPORT", "SKIPPED", "COLLECTION_INDEX", "LAST_BATCH", "EXPLORER",
     "RUN_OUTPUTS", "RUN_MARKERS", "RunFolder", "EXPORT_MARKER", "EMBEDDINGS_MARKER", "embedding_files",
     "MODEL_FORMATS", "model_export_files", "model_format", "refuse_folder_out",
     "NEIGHBORS_PICTURE", "NEIGHBOR_INDEXES", "neighbor_index_files",
@@ -111,6 +114,8 @@ PROBE = "probe.json"
 REPORT = "report.html"
 #: The damaged files an unlabeled collection's run skipped, one ``path<TAB>reason`` a line.
 SKIPPED = "skipped.txt"
+#: An unlabeled collection's recorded listing (:mod:`contrastkit.data.collection_index`).
+COLLECTION_INDEX = "collection-index.npz"
 #: ``contrastkit neighbors``' picture (its default ``--out``), and the folder of its FAISS indexes.
 NEIGHBORS_PICTURE = "neighbors.png"
 NEIGHBOR_INDEXES = "neighbors"
@@ -119,7 +124,7 @@ EXPLORER = "explorer.html"
 
 #: What ``pretrain`` writes in its folder (``--force`` removes those of them its manifest lists).
 RUN_OUTPUTS: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, TENSORBOARD, SUMMARY, CHECKPOINTS,
-                                TOKENIZER, LAST_BATCH, REPORT, EXPLORER, SKIPPED)
+                                TOKENIZER, LAST_BATCH, REPORT, EXPLORER, SKIPPED, COLLECTION_INDEX)
 #: Any of these marks a folder as a run folder.
 RUN_MARKERS: Tuple[str, ...] = (SUMMARY, METRICS, CONFIG)
 
@@ -133,7 +138,7 @@ MANIFEST = "contrastkit-manifest.json"
 CHECKPOINT_FILES: Tuple[str, ...] = tuple(f"{CHECKPOINTS}/{name}{suffix}" for name in (LAST_CHECKPOINT, PREVIOUS_CHECKPOINT)
                                           for suffix in ("", DIGEST_SUFFIX))
 RUN_FILES: Tuple[str, ...] = (CONFIG, CONFIG_FILE, METRICS, METRICS_CSV, SUMMARY) + CHECKPOINT_FILES + (
-    TOKENIZER, LAST_BATCH, REPORT, EXPLORER, SKIPPED)
+    TOKENIZER, LAST_BATCH, REPORT, EXPLORER, SKIPPED, COLLECTION_INDEX)
 # ------------------------------------------------------------------------------ (manifests end)
 
 
@@ -201,6 +206,10 @@ class RunFolder:
     @property
     def skipped(self) -> str:
         return self._path(SKIPPED)
+
+    @property
+    def collection_index(self) -> str:
+        return self._path(COLLECTION_INDEX)
 
     @property
     def neighbors_picture(self) -> str:

@@ -5,7 +5,7 @@ module keeps a folder's manifest.
 
 * :class:`RunWriter`, the one writer of a pretraining run's folder: every file the trainer
   writes there (``config.json``, ``config.yaml``, ``metrics.jsonl`` and the loggers' files,
-  ``summary.json``, ``skipped.txt``, the checkpoints, ``last_batch.pt``, the method's own files
+  ``summary.json``, ``skipped.txt``, ``collection-index.npz``, the checkpoints, ``last_batch.pt``, the method's own files
   such as ``tokenizer.json``), and what other commands add to a run (``contrastkit probe
   --save``'s ``probe.json``, ``contrastkit neighbors``' saved FAISS indexes). The file names
   are :mod:`contrastkit.layout`'s. ``contrastkit pretrain`` and the Lightning integration
@@ -323,6 +323,12 @@ class RunWriter(FolderWriter):
             with atomic_file(path, encoding="utf-8") as handle:
                 handle.writelines(line + "\n" for line in lines)
         return path
+
+    def write_collection_index(self, save: Callable[[str], None]) -> None:
+        """``collection-index.npz``: an unlabeled collection's listing; ``save(path)`` writes it
+        (atomically, :meth:`contrastkit.data.collection_index.RecordedIndex.write`)."""
+        with self._manifest.writing(layout.COLLECTION_INDEX, f"{layout.COLLECTION_INDEX}.tmp"):
+            save(self.folder.collection_index)
 
     def write_probe(self, result: Dict[str, Any]) -> None:
         """``probe.json``: ``contrastkit probe --save``'s re-evaluation of the run."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from contrastkit import records
 from contrastkit._io import escape_line
@@ -68,6 +68,18 @@ def parse_names(text: Optional[str], option: str, known: Sequence[str]) -> Optio
 # option given on the command line still wins over the file.
 
 _ALIASES = "_config_aliases"
+
+
+def add_collection_changed_argument(add: Callable[..., Any], what: str) -> None:
+    """``--collection-changed {stop,reindex,keep}`` (``add``: a parser's or a group's
+    ``add_argument``): what a run's unlabeled collection does when its files changed since the
+    run recorded its listing (``what``: the command, as the help names it)."""
+    from contrastkit.data import COLLECTION_CHANGED
+
+    add("--collection-changed", choices=COLLECTION_CHANGED, default="stop",
+        help=f"what {what} does with a run's unlabeled collection whose files were added or removed since the run "
+             "recorded its listing: stop naming the change (default), reindex (list it again), keep (the recorded "
+             "files still there); unchanged, it is read from the record, not listed again")
 
 
 def add_config_argument(parser: argparse.ArgumentParser, *, aliases: Optional[Mapping[str, str]] = None) -> None:

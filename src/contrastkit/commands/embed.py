@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 
 from contrastkit._io import escape_line
-from contrastkit.commands.common import parse_data_options, print_left_out, print_skipped
+from contrastkit.commands.common import add_collection_changed_argument, parse_data_options, print_left_out, print_skipped
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace the files of an earlier contrastkit embed output (never other files)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print what was written as JSON")
+    add_collection_changed_argument(parser.add_argument, "embed")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     result = export_embeddings(args.run_dir, args.out, data=args.data, data_options=parse_data_options(args.data_option),
                                split=args.split, projection=args.projection, checkpoint=args.checkpoint,
                                force=args.force, device=args.device, batch_size=args.batch_size,
-                               threads=args.threads, workers=args.workers, progress=False if args.quiet else None)
+                               threads=args.threads, workers=args.workers, progress=False if args.quiet else None,
+                               collection_changed=args.collection_changed)
     if args.json:
         print(json.dumps(asdict(result), indent=2, sort_keys=True))
         return 0

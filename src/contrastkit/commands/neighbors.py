@@ -9,7 +9,8 @@ import json
 import os
 
 from contrastkit._io import escape_line
-from contrastkit.commands.common import UsageError, parse_data_options, print_left_out, print_skipped
+from contrastkit.commands.common import (UsageError, add_collection_changed_argument, parse_data_options, print_left_out,
+                                         print_skipped)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="processes decoding a streamed data set's images (default: the run's setting)")
     parser.add_argument("--json", action="store_true", help="print the neighbors as JSON")
+    add_collection_changed_argument(parser.add_argument, "neighbors")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
                                 data_options=parse_data_options(args.data_option), split=args.split,
                                 index=args.index, picture=picture, checkpoint=args.checkpoint,
                                 chunk=args.chunk or DEFAULT_CHUNK, device=args.device, batch_size=args.batch_size,
-                                threads=args.threads, workers=args.workers)
+                                threads=args.threads, workers=args.workers,
+                                collection_changed=args.collection_changed)
     except FaissMissingError as err:  # an ImportError: the one line says which extra to install
         raise UsageError(str(err)) from None
     if args.json:

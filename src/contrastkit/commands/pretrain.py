@@ -9,7 +9,7 @@ from dataclasses import fields
 from typing import Any, Dict, List, Optional
 
 from contrastkit import layout
-from contrastkit.commands.common import add_config_argument, parse_data_options, parse_names, print_result_table
+from contrastkit.commands.common import add_collection_changed_argument, add_config_argument, parse_data_options, parse_names, print_result_table
 from contrastkit.data.collection import MAX_SIZE, check_image_size
 from contrastkit.methods import METHOD_REGISTRY, OPTIMIZERS, PretrainConfig, method_names
 from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, ON_NAN, OPTION_GROUPS, PRECISIONS, option_facts
@@ -170,6 +170,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--resume", action="store_true", help="continue the run in OUT from its last checkpoint (options not "
                                               "given are taken from OUT/config.json)")
     add("--force", action="store_true", help="start over in a non-empty OUT (deletes its run files)")
+    add_collection_changed_argument(add, "--resume")
     add("--quiet", action="store_true", help="no progress bar")
     add("--json", action="store_true", help="print summary.json instead of the table")
     add("--no-report", action="store_true", help="do not write OUT/report.html (see: contrastkit report --help)")
@@ -281,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
             reported.append(report_after_run(config.out))  # a failure is a warning: the results are on disk
 
     summary = pretrain(config, resume=args.resume, force=args.force, progress=False if args.quiet else None,
-                       baselines=not args.no_baselines, on_summary=report)
+                       baselines=not args.no_baselines, on_summary=report, collection_changed=args.collection_changed)
     if summary is None:  # a rank > 0 under torchrun: rank 0 reports
         return 0
     if reported and reported[0] is not None and not args.json:

@@ -7,7 +7,7 @@ import json
 import os
 
 from contrastkit.run_writer import RunWriter
-from contrastkit.commands.common import print_result_table
+from contrastkit.commands.common import add_collection_changed_argument, print_result_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,13 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the baselines' numbers are kept: auto, off or a folder (default: the run's setting)")
     parser.add_argument("--save", action="store_true", help="also write RUN_DIR/probe.json (replacing an earlier one)")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of the table")
+    add_collection_changed_argument(parser.add_argument, "probe")
 
 
 def run(args: argparse.Namespace) -> int:
     from contrastkit.train import evaluate_run
 
     result = evaluate_run(args.run_dir, checkpoint=args.checkpoint, device=args.device,
-                          baselines=not args.no_baselines, threads=args.threads, baseline_cache=args.baseline_cache)
+                          baselines=not args.no_baselines, threads=args.threads, baseline_cache=args.baseline_cache,
+                          collection_changed=args.collection_changed)
     if args.save:
         RunWriter(args.run_dir).write_probe(result)
     if args.json:

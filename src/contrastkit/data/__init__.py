@@ -36,6 +36,7 @@ from contrastkit.data.batches import PairedImages, reading_held_batches
 from contrastkit.data.collection import (CollectionDataset, ImageCollection, add_skipped, open_collection,
                                          skipped_files, skipped_reason, skipped_reasons,
                                          skips_bad_files)
+from contrastkit.data.collection_index import COLLECTION_CHANGED, CollectionChangedError, check_collection_changed
 from contrastkit.data.contract import (DataSplit, DataSplits, as_data, data_record, image_batches, indexed_image_batches,
                                        item_dataset, limit_split, limit_splits, open_data, read_held_out_files,
                                        reads_files, training_views)
@@ -75,4 +76,4 @@ __all__ = ["load_dataset", "load_paired", "PairedDataset", "PairedSplit", "make_
            "find_data_source", "IterableSplit", "IterableDataSplits", "IndexBatchSource", "StepBatch", "StreamBatchSource",
            "DamagedSample", "TarShards", "TarShardStream", "ShardSamples", "ShardSample", "ShardReadout",
            "open_tar_shards", "write_shards", "ShardsWritten", "ShardSetResult", "is_iterable_data", "check_indexed",
-           "split_of_key"]
+           "split_of_key", "COLLECTION_CHANGED", "CollectionChangedError", "check_collection_changed"]

@@ -49,6 +49,7 @@ import io
 import os
 import re
 import stat
+import time
 from array import array
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -57,8 +58,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contrastkit._io import escape_line, escape_undecodable, file_kind, open_input
+from contrastkit._io import escape_line, escape_undecodable, file_digest, file_kind, open_input
 from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
+from contrastkit.data.collection_index import (CollectionChangedError, Fingerprint, RecordedIndex, change_line,
+                                               check_collection_changed, compare_names)
 from contrastkit.data.streaming import BadItemError, read_image_file
 
 __all__ = ["ImageCollection", "CollectionDataset", "PathList", "open_collection", "collection_files",
@@ -99,7 +102,7 @@ def collection_files(source: Union[str, os.PathLike]) -> Tuple[Path, List[Path]]
     files in path order. A folder is walked recursively; a list file is read line by line. A
     file name that is not UTF-8 is refused (:func:`open_collection` with ``bad_files="skip"``
     leaves such files out instead)."""
-    root, files, _, _ = _index(source, "fail")
+    root, files, _, _, _ = _index(source, "fail")
     return root, [Path(files[i]) for i in range(len(files))]
 
 
@@ -166,17 +169,20 @@ class PathList:
         return PathList(data, offsets, self.prefix)
 
 
-def _index(source: Union[str, os.PathLike], bad_files: str) -> Tuple[Path, PathList, bool, Dict[str, str]]:
+def _index(source: Union[str, os.PathLike], bad_files: str
+           ) -> Tuple[Path, PathList, bool, Dict[str, str], Fingerprint]:
     """:func:`collection_files` (the paths held as a :class:`PathList`), whether they are held
     as their names relative to the root after the prefix ``root/`` (a folder's, a list's of
-    plain relative paths) rather than as whole paths, and the files left out (``{escaped path:
-    reason}``, non-UTF-8 names under ``bad_files="skip"``)."""
+    plain relative paths) rather than as whole paths, the files left out (``{escaped path:
+    reason}``, non-UTF-8 names under ``bad_files="skip"``) and what tells later whether the
+    collection changed (:class:`~contrastkit.data.collection_index.Fingerprint`)."""
     from contrastkit.data.files import IMAGE_EXTENSIONS
 
     source = Path(source)
     left_out: Dict[str, str] = {}
     if source.is_dir():
-        files, undecodable = _walk(source, left_out, bad_files)
+        fingerprint = Fingerprint("folder", time.time_ns())
+        files, undecodable = _walk(source, left_out, bad_files, fingerprint.folders)
         if not len(files):
             if left_out:
                 first, reason = next(iter(left_out.items()))
@@ -184,7 +190,7 @@ def _index(source: Union[str, os.PathLike], bad_files: str) -> Tuple[Path, PathL
                                  f"e.g. {first}: {reason})")
             raise ValueError(f"{source}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in it or below it")
         if not undecodable:
-            return source, files, True, left_out
+            return source, files, True, left_out, fingerprint
         for index in undecodable:  # (the folder's own name may be anything: it is never written)
             relative = files.item(index)
             if bad_files == "fail":
@@ -195,10 +201,11 @@ def _index(source: Union[str, os.PathLike], bad_files: str) -> Tuple[Path, PathL
         if len(undecodable) == len(files):
             raise ValueError(f"{source}: none of its {len(files)} image file names is valid UTF-8 (e.g. "
                              f"{os.fsencode(files.item(0))!r}): rename them")
-        return source, files.take(np.setdiff1d(np.arange(len(files)), undecodable)), True, left_out
+        return source, files.take(np.setdiff1d(np.arange(len(files)), undecodable)), True, left_out, fingerprint
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such file or folder")
-    return (source.parent, *_read_list(source), left_out)
+    fingerprint = Fingerprint("list", list_sha256=file_digest(source))
+    return (source.parent, *_read_list(source), left_out, fingerprint)
 
 
 def _entry_path(folder: str, name: str) -> str:
@@ -206,7 +213,8 @@ def _entry_path(folder: str, name: str) -> str:
     return os.path.join(folder, name)
 
 
-def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip") -> Tuple[PathList, List[int]]:
+def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip",
+          folders: Optional[List[Tuple[bytes, int]]] = None) -> Tuple[PathList, List[int]]:
     """The image files below the folder ``source`` in path order (each folder's files by name,
     then its sub-folders by name), hidden files and folders excepted, every file and folder read
     once however it is reached: a symbolic link to a folder is followed unless that folder was
@@ -219,7 +227,11 @@ def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip") -> Tu
     ``source/``) and the indices of those whose name is not UTF-8. Each folder is listed once
     (``os.scandir``: a file's kind and inode come with the listing, a ``stat`` is made only for
     links and folders); what is kept per file while listing is its name's bytes and its
-    identity, and the files reached twice are found by sorting the identities afterwards."""
+    identity, and the files reached twice are found by sorting the identities afterwards.
+
+    ``folders``: a list that receives each folder read (its path's bytes relative to
+    ``source``, ``b""`` for ``source``) with its modification time in ns, as its ``stat`` gave
+    it before it was listed (:class:`~contrastkit.data.collection_index.Fingerprint`)."""
     from contrastkit.data.files import IMAGE_EXTENSIONS
 
     root = str(source)
@@ -244,15 +256,18 @@ def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip") -> Tu
         inodes.append(inode)
 
     start = os.stat(source)
-    stack: List[Tuple[str, str, Tuple[int, int]]] = [(root, "", (start.st_dev, start.st_ino))]
+    stack: List[Tuple[str, str, Tuple[int, int, int]]] = [(root, "", (start.st_dev, start.st_ino, start.st_mtime_ns))]
     while stack:
-        folder, relative, key = stack.pop()
+        folder, relative, (*identity, mtime) = stack.pop()
+        key = (identity[0], identity[1])
         if key in folders_read:
             events.append((len(devices), escape_undecodable(folder),
                            f"the folder {escape_undecodable(folders_read[key])}, already read (reached again "
                            "through a symbolic link): read once"))
             continue
         folders_read[key] = folder
+        if folders is not None:
+            folders.append((os.fsencode(relative.rstrip(os.sep)), mtime))
         plain: List[str] = []  # files named like images, not links: their names and inodes
         plain_inodes = array("Q")
         others: List[Tuple[str, str, Any]] = []  # folders and links named like images (few): looked at once each
@@ -269,7 +284,7 @@ def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip") -> Tu
                     if is_folder:
                         try:
                             info = entry.stat()
-                            others.append((name, "folder", (info.st_dev, info.st_ino)))
+                            others.append((name, "folder", (info.st_dev, info.st_ino, info.st_mtime_ns)))
                         except OSError as err:
                             others.append((name, "unreadable", err))
                         continue
@@ -638,6 +653,11 @@ class CollectionDataset:
     streamed = True
     source = "collection"
     has_realisations = False
+    #: Its listing as it is to be recorded (a :class:`~contrastkit.data.collection_index.RecordedIndex`),
+    #: how it was found and a line for the user when the collection changed (:func:`open_collection`).
+    index: Optional[RecordedIndex] = None
+    index_state = "listed"
+    index_note: Optional[str] = None
 
     def __init__(self, name: str, train: ImageCollection, val: ImageCollection, test: ImageCollection,
                  left_out: Optional[Dict[str, str]] = None) -> None:
@@ -690,20 +710,70 @@ def check_unlabeled_options(val_fraction: float, test_fraction: float, color: Op
 
 
 def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = None, val_fraction: float = 0.1,
-                    test_fraction: float = 0.2, color: Optional[str] = None,
-                    bad_files: str = "skip") -> CollectionDataset:
+                    test_fraction: float = 0.2, color: Optional[str] = None, bad_files: str = "skip",
+                    index: Optional[Union[str, os.PathLike]] = None,
+                    collection_changed: str = "stop") -> CollectionDataset:
     """The unlabeled collection at ``source`` (a folder, or a ``.txt`` / ``.csv`` list of image
-    paths) by the rules of :mod:`contrastkit.data.collection`. Only the file index is read."""
+    paths) by the rules of :mod:`contrastkit.data.collection`. Only the file index is read.
+
+    ``index``: a file where the collection's listing was recorded (a run's
+    ``collection-index.npz``, :mod:`contrastkit.data.collection_index`). When it holds this
+    collection's listing (the same path, fractions and ``bad_files``) and the collection did not
+    change since, the files, splits and colour are read from it instead of listing the
+    collection; a collection whose files changed does what ``collection_changed`` says
+    (``"stop"``: a :class:`~contrastkit.data.collection_index.CollectionChangedError` naming the
+    change, ``"reindex"``: listed again, ``"keep"``: the recorded files, those gone left out).
+    The data set's ``index`` is its listing as it is to be recorded, ``index_state`` how it was
+    found (``"listed"``; ``"recorded"``, read from ``index``; ``"verified"``, listed again
+    because a folder's time moved, and the same files; ``"reindexed"``; ``"kept"``) and
+    ``index_note`` a line for the user when the collection changed (else ``None``)."""
     from contrastkit.data.files import GRAY_MODES, open_image
 
     size = DEFAULT_SIZE if size is None else check_image_size(size, "size")
     val_fraction, test_fraction = check_unlabeled_options(val_fraction, test_fraction, color, bad_files)
-    root, files, relative, left_out = _index(source, bad_files)
+    check_collection_changed(collection_changed)
+    absolute = os.path.abspath(source)
+    recorded = None if index is None or not os.path.isfile(index) else RecordedIndex.read(index)
+    is_folder = os.path.isdir(source)
+    root_now = str(Path(source) if is_folder else Path(source).parent)
+    if recorded is not None and not (recorded.describes(absolute, val_fraction, test_fraction, bad_files)
+                                     and (recorded.fingerprint.kind == "folder") == is_folder
+                                     and (recorded.relative or recorded.root == root_now)):
+        recorded = None  # another collection's, this one's with other options, or whole paths named otherwise
+    if recorded is not None and recorded.relative:  # the paths after the collection as it is named now
+        recorded.root, recorded.prefix = root_now, "" if root_now == "." else os.path.join(root_now, "")
+    name = Path(source).stem if Path(source).is_file() else (Path(source).resolve().name or "images")
+    if recorded is not None and not _changed_since(recorded, source):
+        parts = {part: PathList(data, offsets, recorded.prefix) for part, (data, offsets) in recorded.splits.items()}
+        return _dataset(name, parts, recorded, color or recorded.color, size, bad_files, "recorded", None)
+    root, files, relative, left_out, fingerprint = _index(source, bad_files)
+    state, note = "listed", None
+    if recorded is not None:
+        prefix = os.fsencode(files.prefix)
+        added, gone = compare_names(recorded.names, lambda: (prefix + item for item in files.items_bytes()))
+        color = color or recorded.color  # (the run's encoder reads images of this colour)
+        if not added and not gone:
+            state = "verified"
+        elif collection_changed == "stop":
+            raise CollectionChangedError(change_line(str(source), os.fspath(index), added, gone, len(recorded)))
+        elif collection_changed == "reindex":
+            state = "reindexed"
+            note = f"{source} changed since it was indexed ({_change(added, gone)}): listed again, {len(files):,} files"
+        else:
+            kept = _without(recorded, set(gone))
+            for path in gone:
+                kept.left_out[escape_undecodable(os.fsdecode(path))] = (
+                    f"gone since the collection was indexed in {os.fspath(index)}: left out (--collection-changed keep)")
+            kept.fingerprint = fingerprint  # (the files added since are left out by choice, not as a change)
+            note = (f"{source} changed since it was indexed ({_change(added, gone)}): reading the {len(kept):,} "
+                    "recorded files still there" + (", not those added" if added else ""))
+            parts = {part: PathList(data, offsets, kept.prefix) for part, (data, offsets) in kept.splits.items()}
+            return _dataset(name, parts, kept, color, size, bad_files, "kept", note)
     if color is None:
         modes = []
-        for index in range(min(_COLOR_SAMPLE, len(files))):
+        for position in range(min(_COLOR_SAMPLE, len(files))):
             try:
-                with open_image(Path(files[index])) as image:
+                with open_image(Path(files[position])) as image:
                     modes.append(image.mode)
             except (ValueError, OSError):
                 continue  # a damaged (or already removed) file decides nothing
@@ -714,16 +784,58 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
     # The split of each file from its relative name alone; each split's files in path order.
     names = _relative_names(files, str(root), relative)
     positions = np.fromiter((_hash_fraction(name) for name in names), dtype=np.float64, count=len(files))
-    codes = _split_codes(positions, lambda index: _relative(files[index], str(root)), val_fraction, test_fraction)
+    codes = _split_codes(positions, lambda position: _relative(files[position], str(root)), val_fraction,
+                         test_fraction)
     del positions
     order = _path_order(files, relative)
     codes = codes[order]
-    splits = {part: ImageCollection(files.take(order[codes == code]), root, color=color, size=size,
-                                    bad_files=bad_files)
-              for code, part in enumerate(SPLITS)}
-    splits["train"].skipped.update(left_out)  # named with the damaged files the run meets
-    name = Path(source).stem if Path(source).is_file() else (Path(source).resolve().name or "images")
-    return CollectionDataset(name, splits["train"], splits["val"], splits["test"], left_out)
+    parts = {part: files.take(order[codes == code]) for code, part in enumerate(SPLITS)}
+    listing = RecordedIndex(absolute, str(root), relative, files.prefix, {part: (paths.data, paths.offsets) for part, paths in parts.items()},
+                            left_out, color, val_fraction, test_fraction, bad_files, fingerprint)
+    return _dataset(name, parts, listing, color, size, bad_files, state, note)
+
+
+def _change(added: List[bytes], gone: List[bytes]) -> str:
+    """``"N image files added, M gone"`` (either part left out when there is none)."""
+    parts = [f"{len(added):,} image file{'s' if len(added) != 1 else ''} added"] if added else []
+    return ", ".join(parts + ([f"{len(gone):,} gone"] if gone else []))
+
+
+def _changed_since(recorded: RecordedIndex, source: Union[str, os.PathLike]) -> bool:
+    """Whether the collection may have changed since ``recorded`` was listed (its fingerprint:
+    a folder's time, a list's SHA-256); a collection that may have is listed again and compared."""
+    if recorded.fingerprint.kind == "folder":
+        return bool(recorded.fingerprint.changed_folders(os.fspath(source)))
+    try:
+        return file_digest(source) != recorded.fingerprint.list_sha256
+    except (OSError, ValueError):
+        return True
+
+
+def _without(recorded: RecordedIndex, gone: set) -> RecordedIndex:
+    """``recorded`` with the paths ``gone`` (bytes, the prefix included) taken out of its splits."""
+    prefix = os.fsencode(recorded.prefix)
+    splits = {}
+    for part, (data, offsets) in recorded.splits.items():
+        paths = PathList(data, offsets, recorded.prefix)
+        keep = np.fromiter((prefix + item not in gone for item in paths.items_bytes()), dtype=bool, count=len(paths))
+        kept = paths.take(np.flatnonzero(keep))
+        splits[part] = (kept.data, kept.offsets)
+    return RecordedIndex(recorded.source, recorded.root, recorded.relative, recorded.prefix, splits, dict(recorded.left_out), recorded.color,
+                         recorded.val_fraction, recorded.test_fraction, recorded.bad_files, recorded.fingerprint)
+
+
+def _dataset(name: str, parts: Dict[str, PathList], listing: RecordedIndex, color: str, size: int, bad_files: str,
+             state: str, note: Optional[str]) -> CollectionDataset:
+    """The data set of the splits ``parts`` (its ``index``, ``index_state``, ``index_note``: see
+    :func:`open_collection`)."""
+    splits = {part: ImageCollection(parts[part], listing.root, color=color, size=size, bad_files=bad_files)
+              for part in SPLITS}
+    splits["train"].skipped.update(listing.left_out)  # named with the damaged files the run meets
+    dataset = CollectionDataset(name, splits["train"], splits["val"], splits["test"], listing.left_out)
+    listing.color = color
+    dataset.index, dataset.index_state, dataset.index_note = listing, state, note
+    return dataset
 
 
 def _base_split(split: Any) -> Any:

@@ -54,6 +54,7 @@ class DataSplits(Protocol):
 
 def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0, paired: bool = False,
               unlabeled: bool = False, bad_files: Optional[str] = None, eval_data: Optional[str] = None,
+              index: Optional[Union[str, os.PathLike]] = None, collection_changed: str = "stop",
               **options: Any) -> Any:
     """The one entry point that opens any ``--data``: the first registered data source
     (:mod:`contrastkit.data.sources`) whose ``detect`` recognises ``data`` opens it, as a
@@ -77,6 +78,10 @@ def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0,
         eval_data: held-out data that a source takes its val and test splits from (labelled
             tar shards: :func:`~contrastkit.data.open_tar_shards`'s ``held_out``); the other
             sources leave it to the run's read-out.
+        index, collection_changed: where an unlabeled collection's listing was recorded (a
+            run's ``collection-index.npz``), read instead of listing the collection while it is
+            unchanged, and what a collection whose files changed since does (``"stop"``,
+            ``"reindex"``, ``"keep"``: :func:`~contrastkit.data.collection.open_collection`).
         options: the loader's options.
     """
     from .collection import BAD_FILES
@@ -87,9 +92,18 @@ def open_data(data: Union[str, os.PathLike], *, seed: int = 0, workers: int = 0,
     stream = options.pop("stream", None)
     if stream is not None and not isinstance(stream, bool):
         raise ValueError(f"data option stream must be true or false, got {stream!r}")
+    if index is not None and not paired and not unlabeled and os.path.exists(index):
+        from .collection_index import recorded_source
+        from .sources import is_data_name
+
+        # The collection a run recorded is one: its format is not looked at again (that reads
+        # every entry of a flat folder, to tell it from class folders).
+        unlabeled = not is_data_name(os.fspath(data)) and \
+            recorded_source(index) == os.path.abspath(os.path.expanduser(os.fspath(data)))
     source = find_data_source(data, pairs=paired, unlabeled=unlabeled)
     request = DataRequest(data=os.fspath(data), seed=seed, workers=workers, stream=stream, bad_files=bad_files,
-                          options=options, eval_data=eval_data)
+                          options=options, eval_data=eval_data,
+                          index=None if index is None else os.fspath(index), collection_changed=collection_changed)
     return open_source(source, request)
 
 

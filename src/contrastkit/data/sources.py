@@ -63,9 +63,13 @@ class DataRequest:
     will use), ``stream`` (the data option ``stream``: ``True``, ``False`` or ``None``, not
     given), ``bad_files`` (``"skip"``, ``"fail"`` or ``None``, not given), ``eval_data`` (the
     run's ``--eval-data``: held-out data for a source that can take its val and test from them,
-    tar shards; the others leave it to the read-out) and the other data options ``options``
-    (``--data-option KEY=VALUE``), which a source checks itself (an unknown one is a
-    ``TypeError`` naming the accepted ones: :func:`~contrastkit.data.call_with_options`)."""
+    tar shards; the others leave it to the read-out), ``index`` (a file where a source that
+    lists its files finds its listing recorded, a run's ``collection-index.npz``, and
+    ``collection_changed``, what a collection that changed since does: see
+    :func:`~contrastkit.data.collection.open_collection`; the other sources ignore both) and the
+    other data options ``options`` (``--data-option KEY=VALUE``), which a source checks itself
+    (an unknown one is a ``TypeError`` naming the accepted ones:
+    :func:`~contrastkit.data.call_with_options`)."""
 
     data: str
     seed: int = 0
@@ -74,6 +78,8 @@ class DataRequest:
     bad_files: Optional[str] = None
     options: Dict[str, Any] = field(default_factory=dict)
     eval_data: Optional[str] = None
+    index: Optional[str] = None
+    collection_changed: str = "stop"
 
 
 @dataclass(frozen=True)
@@ -351,7 +357,8 @@ def _open_collection(request: DataRequest) -> Any:
                              f"number, got {size!r}")
         options["size"] = size[0]
     return call_with_options(open_collection, str(path), options, source=path,
-                             bad_files=request.bad_files or "skip")
+                             bad_files=request.bad_files or "skip", index=request.index,
+                             collection_changed=request.collection_changed)
 
 
 def _open_glyphlab_text(request: DataRequest) -> Any:

@@ -103,13 +103,16 @@ class Method:
     temperature_methods: ClassVar[bool] = False
 
     # -- data ---------------------------------------------------------------------------
-    def load_data(self, config: PretrainConfig) -> DataSplits:
+    def load_data(self, config: PretrainConfig, *, index: Optional[str] = None,
+                  collection_changed: str = "stop") -> DataSplits:
         """The data set ``config.data`` (train / val / test splits) as this method reads it:
         :func:`~contrastkit.data.open_data` (images with labels, or image-text pairs when the
-        method is :attr:`paired`; streamed or held as ``data`` decides)."""
+        method is :attr:`paired`; streamed or held as ``data`` decides). ``index``,
+        ``collection_changed``: an unlabeled collection's recorded listing and what a change
+        since does (:func:`~contrastkit.data.open_data`)."""
         return open_data(config.data, seed=config.seed, workers=config.workers, paired=self.paired,
                          unlabeled=config.unlabeled, bad_files=config.bad_files, eval_data=config.eval_data,
-                         **config.data_options)
+                         index=index, collection_changed=collection_changed, **config.data_options)
 
     def run_tokenizer(self, dataset: DataSplits, out: str, resume: bool) -> Any:
         """The run's text tokenizer (paired methods), else ``None``."""

@@ -17,13 +17,15 @@ from .registry import get_method
 __all__ = ["load_data", "limit_data", "build_model"]
 
 
-def load_data(config: PretrainConfig) -> DataSplits:
+def load_data(config: PretrainConfig, *, index: Optional[str] = None, collection_changed: str = "stop") -> DataSplits:
     """The data set of ``config.data`` as ``config.method`` reads it
     (:meth:`~contrastkit.methods.Method.load_data`), cut to the configured subsets
     (:func:`limit_data`): what a finished run's read-out reads (``probe``, ``embed``, the
     report). Of a stream (:mod:`contrastkit.data.iterable`), the map-style data set its
-    read-out read during training (``readout()``: ``train`` its bounded, seeded sample)."""
-    dataset = get_method(config.method).load_data(config)
+    read-out read during training (``readout()``: ``train`` its bounded, seeded sample).
+    ``index``, ``collection_changed``: an unlabeled collection's recorded listing and what a
+    change since does (:func:`~contrastkit.data.open_data`)."""
+    dataset = get_method(config.method).load_data(config, index=index, collection_changed=collection_changed)
     if is_iterable_data(dataset):
         return limit_splits(dataset.readout(config.workers), val=config.val_limit, test=config.test_limit, seed=config.subset_seed)
     return limit_data(dataset, config)

@@ -121,16 +121,18 @@ def pick_queries(labels: Optional[np.ndarray], n: int, count: int = QUERIES) -> 
 def open_run_data(saved: Any) -> Any:
     """The run's data set as it trained (:meth:`~contrastkit.train.runs.SavedRun.load_data`);
     a class-folder tree opened streamed (the same splits and subsets, only the index read), so
-    that the pictures decode only their sample."""
+    that the pictures decode only their sample. An unlabeled collection that changed since
+    the run is read as the run recorded it, the files gone left out (the pictures show the
+    run's data)."""
     config = saved.config
     from contrastkit.methods import get_method
 
     if not get_method(config.method).paired and "stream" not in config.data_options:
         try:
-            return saved.load_data(config.data, {**config.data_options, "stream": True})
+            return saved.load_data(config.data, {**config.data_options, "stream": True}, collection_changed="keep")
         except ValueError:
             pass  # not a folder of images: opened as it trained
-    return saved.load_data()
+    return saved.load_data(collection_changed="keep")
 
 
 def _normalised(features: np.ndarray) -> np.ndarray:

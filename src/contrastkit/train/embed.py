@@ -117,7 +117,8 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
                       data_options: Optional[Dict[str, Any]] = None, split: str = "all",
                       projection: bool = False, checkpoint: Optional[str] = None, force: bool = False,
                       device: str = "auto", batch_size: int = 256, threads: Optional[int] = None,
-                      workers: Optional[int] = None, progress: Optional[bool] = None) -> EmbeddingExport:
+                      workers: Optional[int] = None, progress: Optional[bool] = None,
+                      collection_changed: str = "stop") -> EmbeddingExport:
     """Write the embeddings of ``data`` (default: the run's own data set and options) under
     the encoder of the run in ``run_dir``.
 
@@ -133,6 +134,10 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
         threads, workers: CPU threads, and processes decoding a streamed split's images
             (default: the run's settings).
         progress: show a progress bar; ``None``: when stderr is a terminal.
+        collection_changed: what the run's unlabeled collection does when its files changed
+            since the run recorded its listing (``"stop"``, ``"reindex"``, ``"keep"``:
+            :meth:`~contrastkit.train.runs.SavedRun.load_data`); unchanged, it is read from
+            the record, not listed again.
 
     Raises:
         FileNotFoundError: ``run_dir`` is not a run, or the folder of ``out`` does not exist.
@@ -149,7 +154,7 @@ def export_embeddings(run_dir: str, out: str, *, data: Optional[str] = None,
     saved = load_run(run_dir, checkpoint=checkpoint)
     with limit_threads(saved.config.threads if threads is None else threads):
         torch_device = resolve_device(device)
-        dataset = saved.load_data(data, data_options)
+        dataset = saved.load_data(data, data_options, collection_changed=collection_changed)
         model = saved.build_model(saved.image_shape if saved.image_shape else dataset.image_shape, torch_device)
         if saved.image_shape and dataset.image_shape[0] != saved.image_shape[0]:
             raise ValueError(f"{data or saved.config.data} has {dataset.image_shape[0]}-channel images; the run "

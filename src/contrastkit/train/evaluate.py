@@ -87,7 +87,8 @@ def evaluate_on_labelled(config: PretrainConfig, encoder: nn.Module, image_shape
 
 def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str = "auto",
                  baselines: bool = True, threads: Optional[int] = None, encoder: Optional[nn.Module] = None,
-                 dataset: Any = None, baseline_cache: Optional[str] = None) -> Dict[str, Any]:
+                 dataset: Any = None, baseline_cache: Optional[str] = None,
+                 collection_changed: str = "stop") -> Dict[str, Any]:
     """Re-evaluate the checkpoint of a finished or interrupted run (``contrastkit probe``);
     ``threads`` and ``baseline_cache`` (``"auto"``, ``"off"`` or a folder) default to the run's
     settings.
@@ -96,20 +97,22 @@ def evaluate_run(run_dir: str, *, checkpoint: Optional[str] = None, device: str 
     (:func:`contrastkit.methods.build_model`); a run given its encoder as a Python object
     whose class cannot be rebuilt with no arguments needs it again as ``encoder`` (its
     architecture; the weights come from the checkpoint). A run given its data set as an
-    object needs it again as ``dataset``."""
+    object needs it again as ``dataset``. ``collection_changed``: what the run's unlabeled
+    collection does when its files changed since the run recorded its listing (``"stop"``,
+    ``"reindex"``, ``"keep"``: :meth:`~contrastkit.train.runs.SavedRun.load_data`)."""
     saved = load_run(run_dir, checkpoint=checkpoint)
     if baseline_cache is not None:
         saved = replace(saved, config=replace(saved.config, baseline_cache=baseline_cache).resolved())
     with limit_threads(saved.config.threads if threads is None else threads):
-        return _evaluate_state(saved, device, baselines, encoder, dataset)
+        return _evaluate_state(saved, device, baselines, encoder, dataset, collection_changed)
 
 
 def _evaluate_state(saved: SavedRun, device: str, baselines: bool, encoder: Optional[nn.Module] = None,
-                    dataset: Any = None) -> Dict[str, Any]:
+                    dataset: Any = None, collection_changed: str = "stop") -> Dict[str, Any]:
     started = time.perf_counter()
     config, state = saved.config, saved.state
     torch_device = resolve_device(device)
-    dataset = saved.load_data() if dataset is None else as_data(dataset)
+    dataset = saved.load_data(collection_changed=collection_changed) if dataset is None else as_data(dataset)
     model = saved.build_model(dataset.image_shape, torch_device, encoder)
     baseline = saved.build_untrained(dataset.image_shape, encoder).encoder.to(torch_device) if baselines else None
     result = evaluate_model(config, model, dataset, torch_device, baseline_encoder=baseline, raw_pixels=baselines)

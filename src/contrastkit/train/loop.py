@@ -41,7 +41,7 @@ from contrastkit.run_writer import FolderStart, RunWriter
 
 from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevicePlan, StepBatch, StreamBatchSource,
                               add_skipped, as_data, data_record, hold_on_device, is_iterable_data, read_held_out_files,
-                              reading_held_batches, skipped_files, skipped_reasons)
+                              check_collection_changed, reading_held_batches, skipped_files, skipped_reasons)
 from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, DataChoices, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
@@ -63,6 +63,7 @@ from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
 from .online import OnlineProbe
 from .parallel import LossForward, Parallel, setup
+from .runs import tell_index_note
 from .selection import val_probe_accuracy
 from .state import Trainables, TrainState
 from .setup import compile_encoder, compile_failure, eager_calls, limit_threads, resolve_device
@@ -143,6 +144,7 @@ def pretrain(
     encoder: Optional[torch.nn.Module] = None,
     transform: Optional[Callable[[torch.Tensor], Any]] = None,
     on_summary: Optional[Callable[[Dict[str, Any]], None]] = None,
+    collection_changed: str = "stop",
 ) -> Optional[Dict[str, Any]]:
     """Train ``config.method`` on ``config.data`` and evaluate it; returns the summary dict
     (also written to ``config.out/summary.json``).
@@ -184,6 +186,11 @@ def pretrain(
             written, while the run still holds its folder's lock (``contrastkit pretrain``
             writes ``report.html`` there, so that no other run can take the folder before the
             report of this one is written).
+        collection_changed: what ``resume`` does when the run's unlabeled collection changed
+            (files added or gone) since the run recorded its listing in
+            ``collection-index.npz``: ``"stop"`` (an error naming the change), ``"reindex"``
+            (the collection listed again and recorded) or ``"keep"`` (the recorded files still
+            there); an unchanged collection is read from the record, not listed again.
 
     Batches come from a ``torch.utils.data.DataLoader`` over the training split whose batch
     sampler (:class:`~contrastkit.data.EpochBatchSampler`) yields the epoch's shuffled
@@ -201,10 +208,11 @@ def pretrain(
     """
     if encoder is not None and not isinstance(encoder, torch.nn.Module):
         raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}")
+    check_collection_changed(collection_changed)
     config = config.resolved()
     with limit_threads(config.threads), RunGuard() as guard:
         return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder,
-                         transform, guard, on_summary)
+                         transform, guard, on_summary, collection_changed)
 
 
 def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optional[bool], dataset: Any,
@@ -212,12 +220,14 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
               baselines: bool = True, encoder: Optional[torch.nn.Module] = None,
               transform: Optional[Callable[[torch.Tensor], Any]] = None,
               guard: Optional[RunGuard] = None,
-              on_summary: Optional[Callable[[Dict[str, Any]], None]] = None) -> Optional[Dict[str, Any]]:
+              on_summary: Optional[Callable[[Dict[str, Any]], None]] = None,
+              collection_changed: str = "stop") -> Optional[Dict[str, Any]]:
     # A full disk before the first step: a folder with a checkpoint is continued with --resume,
     # never started over with --force.
     with _on_full_disk(lambda err: disk_full(
             err, None, None, resume=resume or os.path.isfile(layout.RunFolder(config.out).last_checkpoint))):
-        run = _set_up(config, resume, force, dataset, views, encoder, transform, guard or RunGuard())
+        run = _set_up(config, resume, force, dataset, views, encoder, transform, guard or RunGuard(),
+                      collection_changed)
         if run.plan.parallel.is_main:
             run.writer.write_config_file(run.plan.config.to_dict())
             run.writer.mark_logger_files(run.plan.config.loggers)  # recorded when the loggers close
@@ -337,6 +347,8 @@ class _Data:
     stream: Any             # the training split when it is a stream (contrastkit.data.iterable), else None
     source: Any = None      # IndexBatchSource or StreamBatchSource (set_epoch before each epoch)
     on_device: Optional[OnDevicePlan] = None
+    # An unlabeled collection's listing to record in the run folder (None: none, or the recorded one, unchanged)
+    listing: Any = None
 
     @property
     def training_split(self) -> Any:
@@ -389,7 +401,8 @@ class _Training:
 
 def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, views: Any,
             encoder: Optional[torch.nn.Module] = None,
-            transform: Optional[Callable[[torch.Tensor], Any]] = None, guard: Optional[RunGuard] = None) -> _Training:
+            transform: Optional[Callable[[torch.Tensor], Any]] = None, guard: Optional[RunGuard] = None,
+            collection_changed: str = "stop") -> _Training:
     """Everything before the first step, by concern: where the run works (process group,
     device, the folder's lock) and whether it resumes or starts over (:func:`_restart_policy`);
     its data (:func:`_open_data`); its plan (:func:`_plan`); the model and its training forward
@@ -404,7 +417,8 @@ def _set_up(config: PretrainConfig, resume: bool, force: bool, dataset: Any, vie
     writer = RunWriter(config.out)
     start, restart_state = _restart_policy(config, resume, force, parallel, guard, writer)
     _seed_everything(config.seed)
-    config, data = _open_data(config, method, parallel, start.resume, dataset, views, transform, encoder)
+    config, data = _open_data(config, method, parallel, start.resume, dataset, views, transform, encoder,
+                              collection_changed, writer.folder)
     plan = _plan(config, method, parallel, device, _sample_count(data))
     config = plan.config
     if data.batches is None:
@@ -465,11 +479,21 @@ def _restart_policy(config: PretrainConfig, resume: bool, force: bool, parallel:
 
 
 def _open_data(config: PretrainConfig, method: Method, parallel: Parallel, resume: bool, dataset: Any, views: Any,
-               transform: Any, encoder: Optional[torch.nn.Module]) -> Tuple[PretrainConfig, _Data]:
+               transform: Any, encoder: Optional[torch.nn.Module], collection_changed: str,
+               folder: layout.RunFolder) -> Tuple[PretrainConfig, _Data]:
     """The run's data (``dataset``, the caller's, or ``config.data`` opened by the method), cut
     to its subsets and checked against the method; a stream's read-out sample for the
-    read-out. The configuration records a caller's encoder (how to rebuild it)."""
-    opened = method.load_data(config) if dataset is None else as_data(dataset)
+    read-out. The configuration records a caller's encoder (how to rebuild it). A resumed run
+    reads an unlabeled collection from the listing it recorded while the collection is
+    unchanged (``collection_changed``: what a change does); the listing to record is kept."""
+    if dataset is None:
+        opened = method.load_data(config, index=folder.collection_index if resume else None,
+                                  collection_changed=collection_changed)
+        if parallel.is_main:
+            tell_index_note(opened)
+    else:
+        opened = as_data(dataset)
+    listing = getattr(opened, "index", None) if getattr(opened, "index_state", "recorded") != "recorded" else None
     if config.eval_data is not None and opened.num_classes and getattr(opened, "held_out", None) is None:
         raise ValueError(f"--eval-data judges an encoder trained on unlabeled data, or gives labelled tar shards "
                          f"their held-out shards; {config.data} has class labels and its own val and test splits "
@@ -491,7 +515,7 @@ def _open_data(config: PretrainConfig, method: Method, parallel: Parallel, resum
         raise ValueError("pass views (a batch maker of your own) or transform (views made in the workers), not both")
     # A stream's tokenizer is built from every training caption, not the read-out's sample of them.
     tokenizer = method.run_tokenizer(dataset if stream is None else full, config.out, resume)
-    return config, _Data(dataset, views, tokenizer, stream)
+    return config, _Data(dataset, views, tokenizer, stream, listing=listing)
 
 
 def _sample_count(data: _Data) -> int:
@@ -602,6 +626,8 @@ def _start_folder(run: _Training, start: FolderStart) -> None:
         run.writer.start(start, launch=launch_id(), method_files=lambda folder: method.save_run_files(model, folder),
                          config=config.to_dict(), derived=derived,
                          resumed_at=(run.state.epoch, run.state.step) if start.resume else None)
+        if run.data.listing is not None:
+            run.writer.write_collection_index(run.data.listing.write)
 
     plan.parallel.run_on_main(open_folder)
 

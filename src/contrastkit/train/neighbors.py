@@ -625,7 +625,7 @@ def find_neighbors(run_dir: str, queries: Sequence[str], *, k: int = DEFAULT_K, 
                    data_options: Optional[Dict[str, Any]] = None, split: str = "all", index: str = "exact",
                    picture: Optional[str] = None, checkpoint: Optional[str] = None, chunk: int = DEFAULT_CHUNK,
                    device: str = "auto", batch_size: int = 256, threads: Optional[int] = None,
-                   workers: Optional[int] = None) -> NeighborSearch:
+                   workers: Optional[int] = None, collection_changed: str = "stop") -> NeighborSearch:
     """The ``k`` images of the collection nearest to each query, by cosine similarity of the
     encoder's ``h`` (the rules are in the module's description).
 
@@ -641,6 +641,9 @@ def find_neighbors(run_dir: str, queries: Sequence[str], *, k: int = DEFAULT_K, 
         chunk: rows compared at once in the exact search (memory ``chunk x chunk`` similarities).
         device, batch_size, threads, workers: where and how the images are encoded (threads and
             workers default to the run's settings).
+        collection_changed: what the run's unlabeled collection does when its files changed
+            since the run recorded its listing (``"stop"``, ``"reindex"``, ``"keep"``:
+            :meth:`~contrastkit.train.runs.SavedRun.load_data`).
 
     Raises:
         FileNotFoundError: ``run_dir`` is not a run, a query file or the picture's folder is missing.
@@ -666,7 +669,7 @@ def find_neighbors(run_dir: str, queries: Sequence[str], *, k: int = DEFAULT_K, 
     saved = load_run(run_dir, checkpoint=checkpoint)
     with limit_threads(saved.config.threads if threads is None else threads):
         read = _Reading(batch_size, saved.config.workers if workers is None else workers, resolve_device(device))
-        dataset = saved.load_data(data, data_options)
+        dataset = saved.load_data(data, data_options, collection_changed=collection_changed)
         model = saved.build_model(saved.image_shape if saved.image_shape else dataset.image_shape, read.device)
         if saved.image_shape and dataset.image_shape[0] != saved.image_shape[0]:
             raise ValueError(f"{data or saved.config.data} has {dataset.image_shape[0]}-channel images; the run "

@@ -4,7 +4,9 @@ and ``pretrain --resume`` read runs through it; ``config.json`` itself is read b
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional, Tuple
 
@@ -13,11 +15,20 @@ from torch import nn
 
 from contrastkit import layout
 from contrastkit.manifest import file_sha256
+from contrastkit.run_writer import RunWriter
 from contrastkit.methods import PretrainConfig, build_model, get_method, load_data
 
 from .checkpoint import load_checkpoint
 
-__all__ = ["read_run_config", "SavedRun", "load_run"]
+__all__ = ["read_run_config", "SavedRun", "load_run", "tell_index_note"]
+
+
+def tell_index_note(dataset: Any) -> None:
+    """Say on stderr, in one line, what a changed unlabeled collection's listing became
+    (``dataset.index_note``: re-indexed, or the recorded files kept), if anything."""
+    note = getattr(dataset, "index_note", None)
+    if note:
+        print(note, file=sys.stderr, flush=True)
 
 
 def read_run_config(run_dir: str, record: Optional[Dict[str, Any]] = None) -> PretrainConfig:
@@ -58,12 +69,24 @@ class SavedRun:
     encoder_weights_sha256: Optional[str] = None
     data_source: Optional[str] = None  # the data's kind (``source``), if recorded
 
-    def load_data(self, data: Optional[str] = None, data_options: Optional[Dict[str, Any]] = None) -> Any:
+    def load_data(self, data: Optional[str] = None, data_options: Optional[Dict[str, Any]] = None, *,
+                  collection_changed: str = "stop") -> Any:
         """The run's own data set (its loader and options, as it trained), or ``data`` (with
-        ``data_options``) read by the run's method."""
-        if data is None:
-            return load_data(self.config)
-        return load_data(replace(self.config, data=data, data_options=dict(data_options or {})))
+        ``data_options``) read by the run's method. An unlabeled collection the run recorded
+        (``collection-index.npz``) is read from its record while it is unchanged;
+        ``collection_changed`` says what one that changed does (``"stop"``, ``"reindex"``,
+        ``"keep"``: :func:`contrastkit.data.collection.open_collection`). The record is
+        rewritten only where the collection was listed again and found the same (its folders'
+        times had moved): what the run trained on is never changed here."""
+        config = self.config if data is None else replace(self.config, data=data,
+                                                          data_options=dict(data_options or {}))
+        dataset = load_data(config, index=layout.RunFolder(self.folder).collection_index,
+                            collection_changed=collection_changed)
+        tell_index_note(dataset)
+        if getattr(dataset, "index_state", None) == "verified":
+            with contextlib.suppress(OSError):  # (a run folder that cannot be written is read as it is)
+                RunWriter(self.folder).write_collection_index(dataset.index.write)
+        return dataset
 
     def build_model(self, image_shape: Any, device: torch.device, encoder: Optional[nn.Module] = None) -> nn.Module:
         """The run's model for images of ``image_shape`` ``(C, H, W)`` with the checkpoint's

@@ -1,0 +1,233 @@
+"""A collection's index recorded once and read back: the files of each split, what was left
+out, the colour, and a fingerprint that tells whether the collection changed since.
+
+Listing a collection of a million files takes seconds to tens of seconds
+(``benchmarks/results/million_files.md``); a run records its listing in its folder
+(``collection-index.npz``) and ``pretrain --resume``, ``embed``, ``neighbors`` and ``probe``
+read it back instead of listing again. Whether the collection is still the one indexed is told
+by what lists change cheaply, not by listing it again:
+
+* **a folder**: the modification time of every folder the listing read (the collection's
+  and each one below it). Adding, removing or renaming a file or a sub-folder changes its
+  folder's time; a folder that is gone, or whose time moved, is a change. A folder modified
+  within :data:`RACY_SECONDS` before it was listed may have changed again within the same tick
+  of the file system's clock (git's "racy" files): it counts as changed. A change that puts a
+  folder's time back (a copy that keeps times, ``touch -d``) is not seen; a file's content is
+  not part of the index (a file replaced by another image is read as it now is).
+* **a list file**: the SHA-256 of the list. A file the list names that was removed since is a
+  damaged file when it is read (skipped and named under ``bad_files="skip"``), as it is while a
+  run reads a collection.
+
+A change seen that way is confirmed by listing the collection again and comparing the files:
+only a collection whose files differ (some added, some gone) is reported as changed
+(:class:`CollectionChangedError`), and the caller chooses (``collection_changed``, one of
+:data:`COLLECTION_CHANGED`): ``"stop"`` (the error, naming both choices), ``"reindex"`` (the
+new listing) or ``"keep"`` (the recorded files, those gone left out and named).
+
+The file is a NumPy ``.npz`` archive read without pickle: per split the paths' bytes and their
+offsets (a :class:`~contrastkit.data.collection.PathList`'s two arrays), the folders' names and
+times, and one JSON record (``meta``) of the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from contrastkit._io import atomic_file, escape_undecodable
+
+__all__ = ["COLLECTION_CHANGED", "RACY_SECONDS", "INDEX_VERSION", "CollectionChangedError", "Fingerprint",
+           "RecordedIndex", "check_collection_changed", "compare_names", "change_line", "recorded_source"]
+
+#: What a collection that changed since its index was recorded does: an error naming the
+#: change and the two choices, a new listing, or the recorded files still there.
+COLLECTION_CHANGED = ("stop", "reindex", "keep")
+#: A folder modified this soon before it was listed is listed again to be sure (2 s: the
+#: coarsest file-system clock in use, FAT's).
+RACY_SECONDS = 2.0
+#: The version of the file's layout (a file of another version is not read: the collection is listed).
+INDEX_VERSION = 1
+_SPLITS = ("train", "val", "test")
+
+
+def check_collection_changed(value: Any, name: str = "collection_changed") -> str:
+    """``value`` as one of :data:`COLLECTION_CHANGED`; a ``ValueError`` naming ``name`` otherwise."""
+    if value not in COLLECTION_CHANGED:
+        raise ValueError(f"{name} must be one of {', '.join(COLLECTION_CHANGED)}, got {value!r}")
+    return value
+
+
+class CollectionChangedError(ValueError):
+    """The collection is not the one its recorded index lists (files added or gone); the
+    message is one line naming the change and the two ways on."""
+
+
+@dataclass
+class Fingerprint:
+    """What tells whether a collection changed since it was listed: ``kind`` ``"folder"``
+    (``folders``: each folder read, as its path's bytes relative to the collection, ``b""`` for
+    the collection itself, and its modification time in ns; ``listed_at_ns``: the clock when
+    the listing started) or ``"list"`` (``list_sha256``: the list file's SHA-256)."""
+
+    kind: str
+    listed_at_ns: int = 0
+    folders: List[Tuple[bytes, int]] = field(default_factory=list)
+    list_sha256: Optional[str] = None
+
+    def changed_folders(self, root: str) -> List[str]:
+        """The folders (their paths under ``root``) that are gone, or whose time differs from
+        the recorded one, or that were modified too soon before the listing to tell
+        (:data:`RACY_SECONDS`); one ``stat`` per folder."""
+        racy_after = self.listed_at_ns - int(RACY_SECONDS * 1e9)
+        changed = []
+        for relative, mtime in self.folders:
+            path = os.path.join(root, os.fsdecode(relative)) if relative else root
+            try:
+                now = os.stat(path).st_mtime_ns
+            except OSError:
+                changed.append(path)
+                continue
+            if now != mtime or mtime >= racy_after:
+                changed.append(path)
+        return changed
+
+
+@dataclass
+class RecordedIndex:
+    """A collection's listing as it is recorded: ``source`` (the folder or list file, an
+    absolute path), ``root`` (the folder the paths are named relative to, as it was given:
+    the collection, or the list's folder) and ``relative`` (whether the paths are held after
+    the prefix ``root/``, rather than as whole paths), ``splits`` (``{split: (data, offsets)}``: each split's paths after
+    ``prefix``, a :class:`~contrastkit.data.collection.PathList`'s arrays), ``left_out``
+    (``{escaped path: reason}``), ``color`` (``"L"`` or ``"RGB"``), the fractions and
+    ``bad_files`` it was split and listed with, and its :class:`Fingerprint`."""
+
+    source: str
+    root: str
+    relative: bool
+    prefix: str
+    splits: Dict[str, Tuple[np.ndarray, np.ndarray]]
+    left_out: Dict[str, str]
+    color: str
+    val_fraction: float
+    test_fraction: float
+    bad_files: str
+    fingerprint: Fingerprint
+
+    def write(self, path: "str | os.PathLike[str]") -> None:
+        """Write the index to ``path`` (an ``.npz`` archive, atomically: an interrupted write
+        leaves the former file)."""
+        meta = {"version": INDEX_VERSION, "source": self.source, "root": self.root, "relative": self.relative,
+                "prefix": self.prefix, "left_out": self.left_out,
+                "color": self.color, "val_fraction": self.val_fraction, "test_fraction": self.test_fraction,
+                "bad_files": self.bad_files, "kind": self.fingerprint.kind,
+                "listed_at_ns": self.fingerprint.listed_at_ns, "list_sha256": self.fingerprint.list_sha256}
+        arrays: Dict[str, np.ndarray] = {"meta": np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)}
+        for name in _SPLITS:
+            arrays[f"{name}_data"], arrays[f"{name}_offsets"] = self.splits[name]
+        names = [relative for relative, _ in self.fingerprint.folders]
+        arrays["folder_data"] = np.frombuffer(b"".join(names), dtype=np.uint8)
+        arrays["folder_offsets"] = np.concatenate([[0], np.cumsum([len(name) for name in names], dtype=np.int64)])
+        arrays["folder_mtimes"] = np.array([mtime for _, mtime in self.fingerprint.folders], dtype=np.int64)
+        with atomic_file(path, "wb") as handle:
+            np.savez(handle, **arrays)
+
+    @classmethod
+    def read(cls, path: "str | os.PathLike[str]") -> Optional["RecordedIndex"]:
+        """The index in ``path``; ``None`` when the file is damaged or of another layout
+        version (the collection is then listed again, as if there were none)."""
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
+                if not isinstance(meta, dict) or meta.get("version") != INDEX_VERSION:
+                    return None
+                splits = {}
+                for name in _SPLITS:
+                    data = archive[f"{name}_data"]
+                    offsets = archive[f"{name}_offsets"]
+                    if data.dtype != np.uint8 or offsets.dtype != np.int64 or offsets.ndim != 1 or not len(offsets) \
+                            or offsets[0] != 0 or offsets[-1] != len(data) or np.any(np.diff(offsets) < 0):
+                        return None
+                    splits[name] = (data, offsets)
+                folder_data, folder_offsets = archive["folder_data"].tobytes(), archive["folder_offsets"]
+                mtimes = archive["folder_mtimes"]
+            folders = [(folder_data[start:end], int(mtime))
+                       for start, end, mtime in zip(folder_offsets[:-1].tolist(), folder_offsets[1:].tolist(),
+                                                    mtimes.tolist())]
+            fingerprint = Fingerprint(str(meta["kind"]), int(meta["listed_at_ns"]), folders, meta["list_sha256"])
+            left_out = {str(key): str(value) for key, value in dict(meta["left_out"]).items()}
+            return cls(str(meta["source"]), str(meta["root"]), bool(meta["relative"]), str(meta["prefix"]), splits, left_out, str(meta["color"]),
+                       float(meta["val_fraction"]), float(meta["test_fraction"]), str(meta["bad_files"]), fingerprint)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError):
+            return None
+
+    def describes(self, source: str, val_fraction: float, test_fraction: float, bad_files: str) -> bool:
+        """Whether this is the index of the collection ``source`` (an absolute path) opened with
+        these options (the splits depend on the fractions, what is left out on ``bad_files``)."""
+        return (self.source == source and self.val_fraction == val_fraction and self.test_fraction == test_fraction
+                and self.bad_files == bad_files)
+
+    def names(self) -> Iterable[bytes]:
+        """Every recorded path's bytes (``prefix`` included), split by split."""
+        prefix = os.fsencode(self.prefix)
+        for name in _SPLITS:
+            data, offsets = self.splits[name]
+            buffer, ends = data.tobytes(), offsets.tolist()
+            for start, end in zip(ends, ends[1:]):
+                yield prefix + buffer[start:end]
+
+    def __len__(self) -> int:
+        return sum(len(offsets) - 1 for _, offsets in self.splits.values())
+
+
+def recorded_source(path: "str | os.PathLike[str]") -> Optional[str]:
+    """The collection (its absolute path) whose listing the index file ``path`` records, its
+    JSON record alone read; ``None`` when there is none to read."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
+        return str(meta["source"]) if isinstance(meta, dict) and meta.get("version") == INDEX_VERSION else None
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError):
+        return None
+
+
+def compare_names(recorded: Callable[[], Iterable[bytes]], listed: Callable[[], Iterable[bytes]]
+                  ) -> Tuple[List[bytes], List[bytes]]:
+    """``(added, gone)``: the paths listed that the recorded ones lack, in the listing's order,
+    and the recorded ones that the listing lacks, in their order; each argument a function that
+    gives a new pass over its paths' bytes. The paths are compared by their 128-bit BLAKE2b
+    digests (16 bytes a path, however long: a million paths compared in ~32 MB; two different
+    paths share a digest with a probability of about 2^-128 a pair)."""
+    known, found = _digests(recorded()), _digests(listed())
+    added_at = set(np.flatnonzero(~np.isin(found, known)).tolist())
+    gone_at = set(np.flatnonzero(~np.isin(known, found)).tolist())
+    added = [name for position, name in enumerate(listed()) if position in added_at] if added_at else []
+    gone = [name for position, name in enumerate(recorded()) if position in gone_at] if gone_at else []
+    return added, gone
+
+
+def _digests(names: Iterable[bytes]) -> np.ndarray:
+    """The 16-byte BLAKE2b digest of each of ``names``, as an ``S16`` array."""
+    buffer = bytearray()
+    for name in names:
+        buffer += hashlib.blake2b(name, digest_size=16).digest()
+    return np.frombuffer(buffer, dtype="S16")
+
+
+def change_line(source: str, index_file: str, added: List[bytes], gone: List[bytes], recorded: int) -> str:
+    """The one line that names a changed collection and the two ways on."""
+    parts = []
+    if added:
+        parts.append(f"{len(added):,} image file{'s' if len(added) != 1 else ''} added (e.g. "
+                     f"{escape_undecodable(os.fsdecode(added[0]))})")
+    if gone:
+        parts.append(f"{len(gone):,} gone (e.g. {escape_undecodable(os.fsdecode(gone[0]))})")
+    return (f"{source} changed since it was indexed in {index_file}: {', '.join(parts)}; "
+            f"--collection-changed reindex lists it again, --collection-changed keep reads the "
+            f"{recorded - len(gone):,} recorded files still there")
