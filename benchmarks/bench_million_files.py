@@ -13,8 +13,9 @@ and of the first training batch, each in a fresh child process, as a command mee
   ``--unlabeled`` asks: a folder of two or more sub-folders is read as class folders otherwise);
 * ``tree.txt``: a list file of the tree's paths, one a line, relative to ``WORK``;
 * ``pairs.csv``: an image-text CSV of the tree's paths, a short caption each (``--kinds csv``
-  times reading its rows, :func:`contrastkit.data.paired_csv.read_pair_rows`: ``load_pair_csv``
-  decodes every image into memory, which a million images do not fit).
+  opens it as streamed pairs, ``open_data(..., paired=True, stream=True)``: held, every image
+  would be decoded into memory, which a million images do not fit; then builds the run's
+  tokenizer from the training texts, ``tokenizer_s``, and decodes 256 items, ``batch_s``).
 
 Every file is the same 1x1 grey PNG (67 bytes): nothing is decoded when a collection is opened
 (the colour is decided from the headers of its first 32 files), so the pixels do not matter to
@@ -36,10 +37,10 @@ the figures quoted are ``VmHWM``'s.
 ``--recorded`` also measures a run's recorded listing (``contrastkit.data.collection_index``),
 each in its own child: ``record`` (listed, then written to ``WORK/index-KIND.npz``: ``write_s``,
 ``index_mib``), ``recorded`` (opened again with ``index=``: read from the record, the folders'
-times or the list's SHA-256 checked, nothing listed) and ``changed`` (one file added since, in
-the flat folder, a folder of the tree, or a line of the list: the change seen, the collection
-listed again and compared with the record, ``collection_changed="reindex"``; the file is taken
-away afterwards).
+times or the list's or the CSV's SHA-256 checked, nothing listed) and ``changed`` (one file
+added since, in the flat folder, a folder of the tree, or as a line of the list or a row of the
+CSV: the change seen, the collection listed again and compared with the record,
+``collection_changed="reindex"``; the file and the line are taken away afterwards).
 """
 
 from __future__ import annotations
@@ -127,24 +128,29 @@ def child(kind: str, path: str, mode: str = "open", index: str = "") -> None:
     from contrastkit.data.batch_source import IndexBatchSource
 
     result: Dict[str, Any] = {"kind": kind, "mode": mode, "import_rss": _status("VmRSS")}
+    recorded = {} if mode == "open" else {"index": index, "collection_changed": "reindex"}
     started = time.perf_counter()
-    if kind == "csv":
-        from contrastkit.data.paired_csv import read_pair_rows
+    if kind == "csv":  # opened as streamed pairs (the data option stream=true), as a convirt run does
+        from contrastkit.methods.convirt import build_tokenizer
 
-        rows = read_pair_rows(path)
-        result.update(open_s=time.perf_counter() - started, open_peak=_status("VmHWM"), rows=len(rows))
+        data = open_data(path, paired=True, stream=True, **recorded)
+        result.update(open_s=time.perf_counter() - started, open_peak=_status("VmHWM"), index_state=data.index_state)
+        _write_record(data, mode, index, result)
         gc.collect()
         result["held"] = _status("VmRSS")
+        result["splits"] = {name: len(split) for name, split in data.splits()}
+        started = time.perf_counter()
+        tokenizer = build_tokenizer(data)  # what a run builds from the training texts before its first step
+        result.update(tokenizer_s=time.perf_counter() - started, tokenizer_peak=_status("VmHWM"),
+                      vocabulary=len(tokenizer.vocabulary))
+        started = time.perf_counter()
+        items = [data.train[i] for i in range(256)]
+        result.update(batch_s=time.perf_counter() - started, batch_peak=_status("VmHWM"), batch_images=len(items))
         print(json.dumps(result))
         return
-    recorded = {} if mode == "open" else {"index": index, "collection_changed": "reindex"}
     data = open_data(path, unlabeled=kind == "tree", **recorded)
     result.update(open_s=time.perf_counter() - started, open_peak=_status("VmHWM"), index_state=data.index_state)
-    if mode == "record":
-        started = time.perf_counter()
-        data.index.write(index)
-        result.update(write_s=time.perf_counter() - started, write_peak=_status("VmHWM"),
-                      index_mib=os.path.getsize(index) / 2**20)
+    _write_record(data, mode, index, result)
     gc.collect()
     result["held"] = _status("VmRSS")
     result["splits"] = {name: len(split) for name, split in data.splits()}
@@ -156,6 +162,15 @@ def child(kind: str, path: str, mode: str = "open", index: str = "") -> None:
     result.update(batch_s=time.perf_counter() - started, batch_peak=_status("VmHWM"),
                   batch_images=int(batch.images.shape[0]))
     print(json.dumps(result))
+
+
+def _write_record(data: Any, mode: str, index: str, result: Dict[str, Any]) -> None:
+    """In ``record`` mode, write the data set's record to ``index``, timed."""
+    if mode == "record":
+        started = time.perf_counter()
+        data.index.write(index)
+        result.update(write_s=time.perf_counter() - started, write_peak=_status("VmHWM"),
+                      index_mib=os.path.getsize(index) / 2**20)
 
 
 def measure(kind: str, path: Path, mode: str = "open", index: str = "") -> Dict[str, Any]:
@@ -181,11 +196,11 @@ def _recorded(kind: str, path: Path, work: Path) -> List[Dict[str, Any]]:
     for mode in ("record", "recorded"):
         results.append(measure(kind, path, mode, index))
         print(json.dumps(results[-1]), flush=True)
-    if kind == "list":
+    if kind in ("list", "csv"):
         added = work / "tree" / "added.png"
         original = path.read_bytes()
         added.write_bytes(TINY_PNG)
-        path.write_bytes(original + b"tree/added.png\n")
+        path.write_bytes(original + (b"tree/added.png\n" if kind == "list" else b"tree/added.png,one more photo\n"))
     else:
         added = path / ("added.png" if kind == "flat" else "000/00/added.png")
         added.write_bytes(TINY_PNG)
@@ -194,7 +209,7 @@ def _recorded(kind: str, path: Path, work: Path) -> List[Dict[str, Any]]:
         print(json.dumps(results[-1]), flush=True)
     finally:
         added.unlink()
-        if kind == "list":
+        if kind in ("list", "csv"):
             path.write_bytes(original)
     return results
 
@@ -225,7 +240,7 @@ def main() -> None:
         result = measure(kind, paths[kind])
         print(json.dumps(result), flush=True)
         results.append(result)
-        if args.recorded and kind != "csv":
+        if args.recorded:
             results += _recorded(kind, paths[kind], args.work)
     load_after = os.getloadavg()
     record = {"files": args.files, "generated_s": took, "load_before": load_before, "load_after": load_after,

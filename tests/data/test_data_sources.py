@@ -82,7 +82,7 @@ def test_a_toy_source_in_one_file_opens_and_trains_in_process(toy, tmp_path):
     assert (dataset.name, len(dataset.train), dataset.image_shape) == ("toy", 12, (1, 12, 12))
     with pytest.raises(TypeError, match="unknown option.*'colour'.*for toy"):
         open_data("toy:6", colour="RGB")
-    with pytest.raises(ValueError, match="stream=true streams a folder.*'toy:6' is not one"):
+    with pytest.raises(ValueError, match="stream=true reads each image when a batch asks for it.*'toy:6' is none"):
         open_data("toy:6", stream=True)
     summary = pretrain(PretrainConfig(data="toy:6", epochs=1, batch_size=8, out=str(tmp_path / "run"), device="cpu",
                                       log_every=1), progress=False, baselines=False)

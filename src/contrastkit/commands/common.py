@@ -72,14 +72,14 @@ _ALIASES = "_config_aliases"
 
 def add_collection_changed_argument(add: Callable[..., Any], what: str) -> None:
     """``--collection-changed {stop,reindex,keep}`` (``add``: a parser's or a group's
-    ``add_argument``): what a run's unlabeled collection does when its files changed since the
-    run recorded its listing (``what``: the command, as the help names it)."""
+    ``add_argument``): what a run's unlabeled collection or image-text CSV does when its files
+    or rows changed since the run recorded them (``what``: the command, as the help names it)."""
     from contrastkit.data import COLLECTION_CHANGED
 
     add("--collection-changed", choices=COLLECTION_CHANGED, default="stop",
-        help=f"what {what} does with a run's unlabeled collection whose files were added or removed since the run "
-             "recorded its listing: stop naming the change (default), reindex (list it again), keep (the recorded "
-             "files still there); unchanged, it is read from the record, not listed again")
+        help=f"what {what} does with a run's unlabeled collection (or image-text CSV) whose files (rows) were added "
+             "or removed since the run recorded them: stop naming the change (default), reindex (read it again), "
+             "keep (the recorded ones still there); unchanged, it is read from the record, not listed again")
 
 
 def add_config_argument(parser: argparse.ArgumentParser, *, aliases: Optional[Mapping[str, str]] = None) -> None:

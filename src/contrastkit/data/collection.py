@@ -66,7 +66,7 @@ from contrastkit.data.streaming import BadItemError, read_image_file
 
 __all__ = ["ImageCollection", "CollectionDataset", "PathList", "open_collection", "collection_files",
            "is_collection_source", "BAD_FILES", "DEFAULT_SIZE", "MAX_SIZE", "check_image_size", "skipped_files", "skipped_reasons",
-           "skipped_reason", "add_skipped", "skips_bad_files", "hash_fraction", "split_by_hash", "SPLITS"]
+           "skipped_reason", "add_skipped", "skips_bad_files", "hash_fraction", "split_by_hash", "SPLITS", "list_entry_path"]
 
 #: What a damaged file does: dropped from its batch and named, or the run stops.
 BAD_FILES = ("skip", "fail")
@@ -408,7 +408,7 @@ def _read_list(source: Path) -> Tuple[PathList, bool]:
         if relative and not entry.startswith("/") and not _ODD_RELATIVE_PART.search(f"/{entry}/"):
             path, held = prefix + entry, entry
         else:
-            path = held = _list_path(entry, root)
+            path = held = list_entry_path(entry, root)
             if relative:  # whole paths from here on, and those before given the prefix
                 relative = False
                 data, ends = _prefixed(PathList._from(data, ends, ""), prefix)
@@ -458,10 +458,11 @@ _ODD_PART = re.compile(r"/\.?/")
 _ODD_RELATIVE_PART = re.compile(r"/\.{0,2}/")
 
 
-def _list_path(entry: str, root: Path) -> str:
-    """``str(Path(entry))`` for an absolute entry of a list, else ``str(root / entry)``: the
-    string is joined directly when ``Path`` would leave it as it is (no empty or ``.`` part, no
-    ``//`` root), which a million lines cost a million ``Path`` objects less."""
+def list_entry_path(entry: str, root: Path) -> str:
+    """The path an entry of a list file (or a CSV's image field) names: ``str(Path(entry))``
+    for an absolute entry, else ``str(root / entry)``, ``root`` the list's folder. The string is
+    joined directly when ``Path`` would leave it as it is (no empty or ``.`` part, no ``//``
+    root), which a million lines cost a million ``Path`` objects less."""
     absolute = os.path.isabs(entry)
     if os.sep == "/" and not _ODD_PART.search(entry + "/" if absolute else f"/{entry}/"):
         if absolute:

@@ -25,7 +25,7 @@ only a collection whose files differ (some added, some gone) is reported as chan
 new listing) or ``"keep"`` (the recorded files, those gone left out and named).
 
 The file is a NumPy ``.npz`` archive read without pickle: per split the paths' bytes and their
-offsets (a :class:`~contrastkit.data.collection.PathList`'s two arrays), the folders' names and
+offsets (a ``contrastkit.data.collection.PathList``'s two arrays), the folders' names and
 times, and one JSON record (``meta``) of the rest.
 """
 
@@ -40,18 +40,19 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from contrastkit._io import atomic_file, escape_undecodable
+from contrastkit._io import atomic_file, escape_line
 
 __all__ = ["COLLECTION_CHANGED", "RACY_SECONDS", "INDEX_VERSION", "CollectionChangedError", "Fingerprint",
-           "RecordedIndex", "check_collection_changed", "compare_names", "change_line", "recorded_source"]
+           "RecordedIndex", "check_collection_changed", "compare_names", "change_line", "recorded_source",
+           "write_record", "read_record", "paths_arrays"]
 
-#: What a collection that changed since its index was recorded does: an error naming the
-#: change and the two choices, a new listing, or the recorded files still there.
+#: What a collection that changed since its index was recorded does (an error naming the
+#: change and the two choices, a new listing, or the recorded files still there).
 COLLECTION_CHANGED = ("stop", "reindex", "keep")
-#: A folder modified this soon before it was listed is listed again to be sure (2 s: the
+#: A folder modified this soon before it was listed is listed again to be sure (2 s, the
 #: coarsest file-system clock in use, FAT's).
 RACY_SECONDS = 2.0
-#: The version of the file's layout (a file of another version is not read: the collection is listed).
+#: The version of the file's layout (a file of another version is not read, and the collection is listed).
 INDEX_VERSION = 1
 _SPLITS = ("train", "val", "test")
 
@@ -104,7 +105,7 @@ class RecordedIndex:
     absolute path), ``root`` (the folder the paths are named relative to, as it was given:
     the collection, or the list's folder) and ``relative`` (whether the paths are held after
     the prefix ``root/``, rather than as whole paths), ``splits`` (``{split: (data, offsets)}``: each split's paths after
-    ``prefix``, a :class:`~contrastkit.data.collection.PathList`'s arrays), ``left_out``
+    ``prefix``, a ``contrastkit.data.collection.PathList``'s arrays), ``left_out``
     (``{escaped path: reason}``), ``color`` (``"L"`` or ``"RGB"``), the fractions and
     ``bad_files`` it was split and listed with, and its :class:`Fingerprint`."""
 
@@ -121,42 +122,38 @@ class RecordedIndex:
     fingerprint: Fingerprint
 
     def write(self, path: "str | os.PathLike[str]") -> None:
-        """Write the index to ``path`` (an ``.npz`` archive, atomically: an interrupted write
-        leaves the former file)."""
-        meta = {"version": INDEX_VERSION, "source": self.source, "root": self.root, "relative": self.relative,
+        """Write the index to ``path`` (:func:`write_record`)."""
+        meta = {"source": self.source, "root": self.root, "relative": self.relative,
                 "prefix": self.prefix, "left_out": self.left_out,
                 "color": self.color, "val_fraction": self.val_fraction, "test_fraction": self.test_fraction,
                 "bad_files": self.bad_files, "kind": self.fingerprint.kind,
                 "listed_at_ns": self.fingerprint.listed_at_ns, "list_sha256": self.fingerprint.list_sha256}
-        arrays: Dict[str, np.ndarray] = {"meta": np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)}
+        arrays: Dict[str, np.ndarray] = {}
         for name in _SPLITS:
             arrays[f"{name}_data"], arrays[f"{name}_offsets"] = self.splits[name]
         names = [relative for relative, _ in self.fingerprint.folders]
         arrays["folder_data"] = np.frombuffer(b"".join(names), dtype=np.uint8)
         arrays["folder_offsets"] = np.concatenate([[0], np.cumsum([len(name) for name in names], dtype=np.int64)])
         arrays["folder_mtimes"] = np.array([mtime for _, mtime in self.fingerprint.folders], dtype=np.int64)
-        with atomic_file(path, "wb") as handle:
-            np.savez(handle, **arrays)
+        write_record(path, meta, arrays)
 
     @classmethod
     def read(cls, path: "str | os.PathLike[str]") -> Optional["RecordedIndex"]:
         """The index in ``path``; ``None`` when the file is damaged or of another layout
         version (the collection is then listed again, as if there were none)."""
+        record = read_record(path)
+        if record is None or record[0].get("kind") not in ("folder", "list"):
+            return None
+        meta, archive = record
         try:
-            with np.load(path, allow_pickle=False) as archive:
-                meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
-                if not isinstance(meta, dict) or meta.get("version") != INDEX_VERSION:
+            splits = {}
+            for name in _SPLITS:
+                data, offsets = archive[f"{name}_data"], archive[f"{name}_offsets"]
+                if not paths_arrays(data, offsets):
                     return None
-                splits = {}
-                for name in _SPLITS:
-                    data = archive[f"{name}_data"]
-                    offsets = archive[f"{name}_offsets"]
-                    if data.dtype != np.uint8 or offsets.dtype != np.int64 or offsets.ndim != 1 or not len(offsets) \
-                            or offsets[0] != 0 or offsets[-1] != len(data) or np.any(np.diff(offsets) < 0):
-                        return None
-                    splits[name] = (data, offsets)
-                folder_data, folder_offsets = archive["folder_data"].tobytes(), archive["folder_offsets"]
-                mtimes = archive["folder_mtimes"]
+                splits[name] = (data, offsets)
+            folder_data, folder_offsets = archive["folder_data"].tobytes(), archive["folder_offsets"]
+            mtimes = archive["folder_mtimes"]
             folders = [(folder_data[start:end], int(mtime))
                        for start, end, mtime in zip(folder_offsets[:-1].tolist(), folder_offsets[1:].tolist(),
                                                     mtimes.tolist())]
@@ -164,7 +161,7 @@ class RecordedIndex:
             left_out = {str(key): str(value) for key, value in dict(meta["left_out"]).items()}
             return cls(str(meta["source"]), str(meta["root"]), bool(meta["relative"]), str(meta["prefix"]), splits, left_out, str(meta["color"]),
                        float(meta["val_fraction"]), float(meta["test_fraction"]), str(meta["bad_files"]), fingerprint)
-        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError):
+        except (ValueError, KeyError, TypeError):
             return None
 
     def describes(self, source: str, val_fraction: float, test_fraction: float, bad_files: str) -> bool:
@@ -186,15 +183,43 @@ class RecordedIndex:
         return sum(len(offsets) - 1 for _, offsets in self.splits.values())
 
 
-def recorded_source(path: "str | os.PathLike[str]") -> Optional[str]:
-    """The collection (its absolute path) whose listing the index file ``path`` records, its
-    JSON record alone read; ``None`` when there is none to read."""
+def write_record(path: "str | os.PathLike[str]", meta: Dict[str, Any], arrays: Dict[str, np.ndarray]) -> None:
+    """Write a data set's record to ``path``: the JSON-able ``meta`` (its ``version``, and its
+    ``kind``: ``"folder"``, ``"list"``, ``"pairs"``, added) and the named ``arrays``, as an
+    ``.npz`` archive read without pickle, atomically (an interrupted write leaves the former file)."""
+    meta = {**meta, "version": INDEX_VERSION}
+    with atomic_file(path, "wb") as handle:
+        np.savez(handle, meta=np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8), **arrays)
+
+
+def read_record(path: "str | os.PathLike[str]", *, meta_only: bool = False
+                ) -> Optional[Tuple[Dict[str, Any], Dict[str, np.ndarray]]]:
+    """``(meta, arrays)`` of the record at ``path`` (:func:`write_record`; ``meta_only``: the
+    arrays are not read); ``None`` when there is none, it is damaged, or of another layout
+    version (the data are then read again, as if there were no record)."""
     try:
         with np.load(path, allow_pickle=False) as archive:
             meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
-        return str(meta["source"]) if isinstance(meta, dict) and meta.get("version") == INDEX_VERSION else None
+            if not isinstance(meta, dict) or meta.get("version") != INDEX_VERSION:
+                return None
+            arrays = {} if meta_only else {name: archive[name] for name in archive.files if name != "meta"}
+        return meta, arrays
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError):
         return None
+
+
+def paths_arrays(data: np.ndarray, offsets: np.ndarray) -> bool:
+    """Whether ``(data, offsets)`` are a ``contrastkit.data.collection.PathList``'s
+    arrays (uint8 bytes, int64 offsets from 0 to their length, never decreasing)."""
+    return bool(data.dtype == np.uint8 and data.ndim == 1 and offsets.dtype == np.int64 and offsets.ndim == 1
+                and len(offsets) and offsets[0] == 0 and offsets[-1] == len(data) and not np.any(np.diff(offsets) < 0))
+
+
+def recorded_source(path: "str | os.PathLike[str]") -> Optional[str]:
+    """The data (a collection, an image-text CSV: its absolute path) whose listing the record
+    at ``path`` holds, its JSON alone read; ``None`` when there is none to read."""
+    record = read_record(path, meta_only=True)
+    return None if record is None else str(record[0].get("source"))
 
 
 def compare_names(recorded: Callable[[], Iterable[bytes]], listed: Callable[[], Iterable[bytes]]
@@ -220,14 +245,18 @@ def _digests(names: Iterable[bytes]) -> np.ndarray:
     return np.frombuffer(buffer, dtype="S16")
 
 
-def change_line(source: str, index_file: str, added: List[bytes], gone: List[bytes], recorded: int) -> str:
-    """The one line that names a changed collection and the two ways on."""
+def change_line(source: str, index_file: str, added: List[bytes], gone: List[bytes], recorded: int,
+                unit: str = "image file", shown: Optional[Callable[[bytes], str]] = None) -> str:
+    """The one line that names a changed collection (``unit``: what it lists, ``"image
+    file"``, ``"row"``; an example of each change, ``shown(item)``, by default its path, written
+    as one line) and the two ways on."""
+    shown = shown or os.fsdecode
     parts = []
     if added:
-        parts.append(f"{len(added):,} image file{'s' if len(added) != 1 else ''} added (e.g. "
-                     f"{escape_undecodable(os.fsdecode(added[0]))})")
+        parts.append(f"{len(added):,} {unit}{'s' if len(added) != 1 else ''} added (e.g. "
+                     f"{escape_line(shown(added[0]))})")
     if gone:
-        parts.append(f"{len(gone):,} gone (e.g. {escape_undecodable(os.fsdecode(gone[0]))})")
-    return (f"{source} changed since it was indexed in {index_file}: {', '.join(parts)}; "
+        parts.append(f"{len(gone):,} gone (e.g. {escape_line(shown(gone[0]))})")
+    return (f"{escape_line(source)} changed since it was indexed in {index_file}: {', '.join(parts)}; "
             f"--collection-changed reindex lists it again, --collection-changed keep reads the "
-            f"{recorded - len(gone):,} recorded files still there")
+            f"{recorded - len(gone):,} recorded {unit}s still there")

@@ -269,8 +269,9 @@ def open_source(source: DataSource, request: DataRequest) -> Any:
         raise ValueError("bad_files=skip applies to unlabeled collections; a labelled data set stops at a "
                          "damaged file (fail)")
     if request.stream and not source.streams:
-        raise ValueError(f"data option stream=true streams a folder of class subfolders of images; "
-                         f"{request.data!r} is not one (it is {source.description or source.name})")
+        raise ValueError(f"data option stream=true reads each image when a batch asks for it: a folder of class "
+                         f"subfolders of images, an unlabeled collection or an image-text CSV; {request.data!r} is none "
+                         f"of them (it is {source.description or source.name})")
     return source.open(request)
 
 
@@ -382,7 +383,8 @@ def _open_pair_csv(request: DataRequest) -> Any:
     from .paired_csv import load_pair_csv
 
     path = Path(request.data).expanduser()
-    return call_with_options(load_pair_csv, str(path), request.options, path=path)
+    return call_with_options(load_pair_csv, str(path), request.options, path=path, stream=bool(request.stream),
+                             index=request.index, collection_changed=request.collection_changed)
 
 
 _BUILTINS: List[DataSource] = [
@@ -404,7 +406,7 @@ _BUILTINS: List[DataSource] = [
                "glyphlab-text: glyphlab scenes paired with generated reports", pairs=True),
     DataSource("digits-text", _name_is("digits-text"), _open_digits_text,
                "digits-text: the digits paired with short texts", pairs=True),
-    DataSource("pair-csv", _is_pair_csv, _open_pair_csv, "a .csv of image, text rows", pairs=True),
+    DataSource("pair-csv", _is_pair_csv, _open_pair_csv, "a .csv of image, text rows", pairs=True, streams=True),
     DataSource("tar-shard-pairs", _is_tar_shards, _tar_shards(paired=True),
                "tar shards of images with .txt captions (img2dataset's layout), read as a stream", pairs=True,
                skips_bad_files=True),

@@ -91,7 +91,7 @@ class SavedRun:
     def build_model(self, image_shape: Any, device: torch.device, encoder: Optional[nn.Module] = None) -> nn.Module:
         """The run's model for images of ``image_shape`` ``(C, H, W)`` with the checkpoint's
         weights, on ``device``; ``encoder``: the architecture of a run given its encoder as a
-        module (see :func:`evaluate_run`). A weights file the run started from is not read
+        module (see :func:`~contrastkit.train.evaluate_run`). A weights file the run started from is not read
         (the checkpoint holds the weights)."""
         tokenizer = get_method(self.config.method).saved_tokenizer(self.folder)
         model = build_model(self.config, image_shape, tokenizer, encoder=encoder, initial_weights=False)
