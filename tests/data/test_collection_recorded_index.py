@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from contrastkit.data import CollectionChangedError, collection, open_collection, open_data
-from contrastkit.data.collection_index import RACY_SECONDS, RecordedIndex
+from contrastkit.data.collection_index import RecordedIndex
 
 
 def _image(path, shade=0):
@@ -93,7 +93,6 @@ def test_a_folder_modified_just_before_its_listing_is_listed_again_and_found_unc
     first = _recorded(root, index)
     again = open_collection(root, index=index)
     assert listings["walk"] == 2 and again.index_state == "verified" and _files(again) == _files(first)
-    assert RACY_SECONDS >= 2.0  # FAT's clock: coarser would be missed
 
 
 @pytest.mark.parametrize("change", ["added", "removed", "folder removed", "hidden file added"])
@@ -191,12 +190,14 @@ def test_a_record_of_another_collection_or_other_options_or_a_damaged_one_is_not
     index = tmp_path / "index.npz"
     first = _recorded(root, index)
     assert open_collection(other, index=index).index_state == "listed"
+    assert open_collection(other, index=index).index_note is None  # (another collection's record: nothing to say)
     assert open_collection(root, index=index, val_fraction=0.3).index_state == "listed"
     assert open_collection(root, index=index, bad_files="fail").index_state == "listed"
     for damage in (b"", b"PK\x03\x04 not an archive", index.read_bytes()[: len(index.read_bytes()) // 2]):
         index.write_bytes(damage)
         damaged = open_collection(root, index=index)
         assert damaged.index_state == "listed" and _files(damaged) == _files(first)
+        assert damaged.index_note.startswith(f"{index} cannot be read") and "\n" not in damaged.index_note
     assert RecordedIndex.read(tmp_path / "missing.npz") is None
 
 
@@ -223,3 +224,21 @@ def test_a_recorded_flat_folder_is_not_looked_at_again_to_tell_its_format(tmp_pa
     monkeypatch.setattr(files, "detect_format", no_look)
     again = open_data(str(root), index=str(index))
     assert again.index_state == "recorded" and _files(again) == _files(first) and listings["walk"] == 1
+
+
+def test_a_folder_put_back_with_its_former_modification_time_is_still_a_change(tmp_path, listings):
+    import shutil
+
+    root = _tree(tmp_path / "photos")
+    _settle(root)
+    index = tmp_path / "index.npz"
+    _recorded(root, index)
+    before, root_before = os.stat(root / "sub").st_mtime_ns, os.stat(root).st_mtime_ns
+    shutil.copytree(root / "sub", tmp_path / "copy")
+    os.remove(tmp_path / "copy" / "img01.png")
+    shutil.rmtree(root / "sub")
+    os.rename(tmp_path / "copy", root / "sub")
+    os.utime(root / "sub", ns=(before, before))  # (cp -a, rsync -t: the former time put back)
+    os.utime(root, ns=(root_before, root_before))  # every folder's modification time as recorded
+    with pytest.raises(CollectionChangedError, match="1 gone"):
+        open_collection(root, index=index)

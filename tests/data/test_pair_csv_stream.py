@@ -158,3 +158,65 @@ def test_convirt_resume_and_embed_read_the_csv_the_run_recorded(tmp_path, csv_re
     assert main(["embed", str(out), "--out", str(tmp_path / "h.npy"), "--quiet"]) == 0
     assert len(csv_reads) == 1, "a command read the CSV's rows again instead of the run's record"
     assert np.load(tmp_path / "h.npy").shape[0] == 41
+
+
+def _former_split_of_texts(path, val_fraction, test_fraction, seed):
+    """The split of each row's text by the rule the CSV has always been split by, written out
+    independently: rows grouped by their image's resolved path (Path.resolve), the images in
+    the order of their first row shuffled with the seed and cut test, val, train."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    ids = {}
+    group = [ids.setdefault(str((path.parent / row["image"]).resolve()), len(ids)) for row in rows]
+    order = np.random.default_rng(seed).permutation(len(ids))
+    n_val, n_test = int(round(val_fraction * len(ids))), int(round(test_fraction * len(ids)))
+    part = {}
+    for position, image in enumerate(order):
+        part[int(image)] = "test" if position < n_test else "val" if position < n_test + n_val else "train"
+    return {row["text"]: part[g] for row, g in zip(rows, group)}
+
+
+def _split_of_texts(dataset):
+    return {text: name for name, split in dataset.splits() for text in split.texts}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_splits_follow_the_former_rule_with_links_and_respelled_paths(tmp_path, seed):
+    path = _pairs(tmp_path, 24)
+    images = tmp_path / "images"
+    os.link(images / "003.png", images / "hard.png")  # a hard link: another image, as it has always been
+    os.symlink("005.png", images / "soft.png")  # a symbolic link: the same image
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("images/hard.png,the hard link,odd\nimages/soft.png,the symbolic link,odd\n"
+                     "images/../images/007.png,seven respelled,odd\n")
+    expected = _former_split_of_texts(path, 0.2, 0.3, seed)
+    for stream in (False, True):
+        dataset = load_paired(path, size=8, val_fraction=0.2, test_fraction=0.3, split_seed=seed, stream=stream)
+        assert _split_of_texts(dataset) == expected
+
+
+def test_rows_keep_their_splits_when_the_csv_changes(tmp_path):
+    path = _pairs(tmp_path, 40)
+    index = tmp_path / "index.npz"
+    first = load_paired(path, size=8, index=str(index))
+    first.index.write(index)
+    before = _split_of_texts(first)
+    lines = path.read_text().splitlines()
+    header, rows = lines[0], lines[1:]
+    path.write_text("\n".join([header] + rows[::-1]) + "\n")  # the same rows in another order
+    verified = load_paired(path, size=8, index=str(index))
+    assert verified.index_state == "verified" and _split_of_texts(verified) == before
+    path.write_text("\n".join([header] + rows[1:] + ["images/039.png,another caption of 39,odd",
+                                                     "images/new.png,a new image,odd"]) + "\n")
+    _image = Image.fromarray(np.zeros((10, 12, 3), dtype=np.uint8))
+    _image.save(tmp_path / "images" / "new.png")
+    kept = load_paired(path, size=8, index=str(index), collection_changed="keep")
+    assert _split_of_texts(kept) == {text: split for text, split in before.items() if text != "picture number 0"}
+    again = load_paired(path, size=8, index=str(index), collection_changed="reindex")
+    after = _split_of_texts(again)
+    assert {text: after[text] for text in before if text in after} == \
+        {text: split for text, split in before.items() if text != "picture number 0"}
+    assert after["another caption of 39"] == before["picture number 39"]  # a recorded image keeps its split
+    assert after["a new image"] in ("train", "val", "test")

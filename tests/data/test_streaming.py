@@ -180,7 +180,7 @@ def test_a_users_map_style_dataset_trains_and_evaluates(tmp_path, method):
 def test_bad_streaming_options_are_clear(tmp_path, folder):
     with pytest.raises(ValueError, match="stream must be true or false"):
         pretrain(config(tmp_path / "a", folder, data_options={"stream": "yes"}), progress=False)
-    with pytest.raises(ValueError, match="not one"):
+    with pytest.raises(ValueError, match="'glyphlab' is none of them"):
         pretrain(config(tmp_path / "b", "glyphlab", data_options={"stream": True}), progress=False)
     with pytest.raises(ValueError, match="workers must be an integer >= 0"):
         pretrain(config(tmp_path / "c", folder, workers=-1), progress=False)

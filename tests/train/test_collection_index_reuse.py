@@ -73,3 +73,31 @@ def test_the_commands_on_a_run_read_its_recorded_listing_and_a_change_is_the_use
     assert len(RecordedIndex.read(run / "collection-index.npz")) == 41  # the run's record is the new listing
     assert main(["embed", str(run), "--out", str(tmp_path / "h3.npy"), "--quiet"]) == 0
     assert "new.png" in _rows(tmp_path / "h3.csv") and len(walks) == listed + 1  # (the reindex's listing alone)
+
+
+def test_a_collection_written_just_before_the_run_is_confirmed_at_its_end(tmp_path, capsys, monkeypatch):
+    # The folders' times are within seconds of the first listing (as when a script writes the
+    # collection and starts the run), so that listing cannot tell a later change by them; the
+    # run's end lists it again, as if ten seconds later, and records that.
+    import types
+
+    photos = write_collection(tmp_path / "photos", 24, ())
+    clock = iter([0, 10 * 10**9])
+    monkeypatch.setattr(collection, "time", types.SimpleNamespace(time_ns=lambda: time.time_ns() + next(clock)))
+    run = tmp_path / "run"
+    assert main(["pretrain", "--data", str(photos), "--out", str(run), "--batch-size", "8", "--epochs", "1",
+                 "--no-report", "--no-baselines", *_SMALL]) == 0
+    walks = []
+    real_walk = collection._walk
+    monkeypatch.setattr(collection, "_walk", lambda *args, **kwargs: walks.append(1) or real_walk(*args, **kwargs))
+    assert main(["embed", str(run), "--out", str(tmp_path / "h.npy"), "--quiet"]) == 0
+    assert walks == [] and len(_rows(tmp_path / "h.csv")) == 24
+
+
+def test_collection_changed_without_resume_is_refused_in_one_line(tmp_path, capsys):
+    photos = write_collection(tmp_path / "photos", 12, ())
+    assert main(["pretrain", "--data", str(photos), "--out", str(tmp_path / "run"), "--collection-changed", "keep",
+                 "--epochs", "1", *_SMALL]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.endswith("error: --collection-changed keep applies to --resume (a new run lists its data as it is "
+                          "now)") and "\n" not in error, error

@@ -61,7 +61,7 @@ from torch import Tensor
 from contrastkit._io import escape_line, escape_undecodable, file_digest, file_kind, open_input
 from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
 from contrastkit.data.collection_index import (CollectionChangedError, Fingerprint, RecordedIndex, change_line,
-                                               check_collection_changed, compare_names)
+                                               check_collection_changed, compare_names, unreadable_note)
 from contrastkit.data.streaming import BadItemError, read_image_file
 
 __all__ = ["ImageCollection", "CollectionDataset", "PathList", "open_collection", "collection_files",
@@ -214,7 +214,7 @@ def _entry_path(folder: str, name: str) -> str:
 
 
 def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip",
-          folders: Optional[List[Tuple[bytes, int]]] = None) -> Tuple[PathList, List[int]]:
+          folders: Optional[List[Tuple[bytes, int, int, int]]] = None) -> Tuple[PathList, List[int]]:
     """The image files below the folder ``source`` in path order (each folder's files by name,
     then its sub-folders by name), hidden files and folders excepted, every file and folder read
     once however it is reached: a symbolic link to a folder is followed unless that folder was
@@ -230,8 +230,9 @@ def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip",
     identity, and the files reached twice are found by sorting the identities afterwards.
 
     ``folders``: a list that receives each folder read (its path's bytes relative to
-    ``source``, ``b""`` for ``source``) with its modification time in ns, as its ``stat`` gave
-    it before it was listed (:class:`~contrastkit.data.collection_index.Fingerprint`)."""
+    ``source``, ``b""`` for ``source``) with its modification and change times in ns and its
+    inode, as its ``stat`` gave them before it was listed
+    (:class:`~contrastkit.data.collection_index.Fingerprint`)."""
     from contrastkit.data.files import IMAGE_EXTENSIONS
 
     root = str(source)
@@ -256,10 +257,11 @@ def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip",
         inodes.append(inode)
 
     start = os.stat(source)
-    stack: List[Tuple[str, str, Tuple[int, int, int]]] = [(root, "", (start.st_dev, start.st_ino, start.st_mtime_ns))]
+    stack: List[Tuple[str, str, Tuple[int, ...]]] = [
+        (root, "", (start.st_dev, start.st_ino, start.st_mtime_ns, start.st_ctime_ns))]
     while stack:
-        folder, relative, (*identity, mtime) = stack.pop()
-        key = (identity[0], identity[1])
+        folder, relative, (device, inode, mtime, ctime) = stack.pop()
+        key = (device, inode)
         if key in folders_read:
             events.append((len(devices), escape_undecodable(folder),
                            f"the folder {escape_undecodable(folders_read[key])}, already read (reached again "
@@ -267,7 +269,7 @@ def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip",
             continue
         folders_read[key] = folder
         if folders is not None:
-            folders.append((os.fsencode(relative.rstrip(os.sep)), mtime))
+            folders.append((os.fsencode(relative.rstrip(os.sep)), mtime, ctime, inode))
         plain: List[str] = []  # files named like images, not links: their names and inodes
         plain_inodes = array("Q")
         others: List[Tuple[str, str, Any]] = []  # folders and links named like images (few): looked at once each
@@ -284,7 +286,8 @@ def _walk(source: Path, left_out: Dict[str, str], bad_files: str = "skip",
                     if is_folder:
                         try:
                             info = entry.stat()
-                            others.append((name, "folder", (info.st_dev, info.st_ino, info.st_mtime_ns)))
+                            others.append((name, "folder", (info.st_dev, info.st_ino, info.st_mtime_ns,
+                                                            info.st_ctime_ns)))
                         except OSError as err:
                             others.append((name, "unreadable", err))
                         continue
@@ -735,6 +738,7 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
     check_collection_changed(collection_changed)
     absolute = os.path.abspath(source)
     recorded = None if index is None or not os.path.isfile(index) else RecordedIndex.read(index)
+    unreadable = unreadable_note(index, source) if recorded is None else None
     is_folder = os.path.isdir(source)
     root_now = str(Path(source) if is_folder else Path(source).parent)
     if recorded is not None and not (recorded.describes(absolute, val_fraction, test_fraction, bad_files)
@@ -748,7 +752,7 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
         parts = {part: PathList(data, offsets, recorded.prefix) for part, (data, offsets) in recorded.splits.items()}
         return _dataset(name, parts, recorded, color or recorded.color, size, bad_files, "recorded", None)
     root, files, relative, left_out, fingerprint = _index(source, bad_files)
-    state, note = "listed", None
+    state, note = "listed", unreadable
     if recorded is not None:
         prefix = os.fsencode(files.prefix)
         added, gone = compare_names(recorded.names, lambda: (prefix + item for item in files.items_bytes()))
@@ -759,15 +763,16 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
             raise CollectionChangedError(change_line(str(source), os.fspath(index), added, gone, len(recorded)))
         elif collection_changed == "reindex":
             state = "reindexed"
-            note = f"{source} changed since it was indexed ({_change(added, gone)}): listed again, {len(files):,} files"
+            note = (f"{escape_line(str(source))} changed since it was indexed ({_change(added, gone)}): listed again, "
+                    f"{len(files):,} files")
         else:
             kept = _without(recorded, set(gone))
             for path in gone:
                 kept.left_out[escape_undecodable(os.fsdecode(path))] = (
                     f"gone since the collection was indexed in {os.fspath(index)}: left out (--collection-changed keep)")
             kept.fingerprint = fingerprint  # (the files added since are left out by choice, not as a change)
-            note = (f"{source} changed since it was indexed ({_change(added, gone)}): reading the {len(kept):,} "
-                    "recorded files still there" + (", not those added" if added else ""))
+            note = (f"{escape_line(str(source))} changed since it was indexed ({_change(added, gone)}): reading the "
+                    f"{len(kept):,} recorded files still there" + (", not those added" if added else ""))
             parts = {part: PathList(data, offsets, kept.prefix) for part, (data, offsets) in kept.splits.items()}
             return _dataset(name, parts, kept, color, size, bad_files, "kept", note)
     if color is None:

@@ -7,13 +7,16 @@ Listing a collection of a million files takes seconds to tens of seconds
 read it back instead of listing again. Whether the collection is still the one indexed is told
 by what lists change cheaply, not by listing it again:
 
-* **a folder**: the modification time of every folder the listing read (the collection's
-  and each one below it). Adding, removing or renaming a file or a sub-folder changes its
-  folder's time; a folder that is gone, or whose time moved, is a change. A folder modified
-  within :data:`RACY_SECONDS` before it was listed may have changed again within the same tick
-  of the file system's clock (git's "racy" files): it counts as changed. A change that puts a
-  folder's time back (a copy that keeps times, ``touch -d``) is not seen; a file's content is
-  not part of the index (a file replaced by another image is read as it now is).
+* **a folder**: the modification and change times and the inode of every folder the listing
+  read (the collection's and each one below it). Adding, removing or renaming a file or a
+  sub-folder changes its folder's times; a folder that is gone, replaced by another (a new
+  inode), or whose times moved, is a change. A folder modified within :data:`RACY_SECONDS`
+  before it was listed may have changed again within the same tick of the file system's clock
+  (git's "racy" files): it counts as changed. The change time cannot be set back (``touch
+  -d`` and a copy that keeps times set it to now), so a folder put back in place with its old
+  modification time is seen too. A file's content is not part of the index (a file replaced
+  by another image is read as it now is), nor is a file outside the collection that a link in
+  it names (removed, it is a damaged file when it is read).
 * **a list file**: the SHA-256 of the list. A file the list names that was removed since is a
   damaged file when it is read (skipped and named under ``bad_files="skip"``), as it is while a
   run reads a collection.
@@ -44,7 +47,7 @@ from contrastkit._io import atomic_file, escape_line
 
 __all__ = ["COLLECTION_CHANGED", "RACY_SECONDS", "INDEX_VERSION", "CollectionChangedError", "Fingerprint",
            "RecordedIndex", "check_collection_changed", "compare_names", "change_line", "recorded_source",
-           "write_record", "read_record", "paths_arrays"]
+           "write_record", "read_record", "paths_arrays", "unreadable_note", "digests"]
 
 #: What a collection that changed since its index was recorded does (an error naming the
 #: change and the two choices, a new listing, or the recorded files still there).
@@ -73,30 +76,40 @@ class CollectionChangedError(ValueError):
 class Fingerprint:
     """What tells whether a collection changed since it was listed: ``kind`` ``"folder"``
     (``folders``: each folder read, as its path's bytes relative to the collection, ``b""`` for
-    the collection itself, and its modification time in ns; ``listed_at_ns``: the clock when
-    the listing started) or ``"list"`` (``list_sha256``: the list file's SHA-256)."""
+    the collection itself, its modification and change times in ns and its inode;
+    ``listed_at_ns``: the clock when the listing started) or ``"list"`` (``list_sha256``: the
+    list file's SHA-256)."""
 
     kind: str
     listed_at_ns: int = 0
-    folders: List[Tuple[bytes, int]] = field(default_factory=list)
+    folders: List[Tuple[bytes, int, int, int]] = field(default_factory=list)
     list_sha256: Optional[str] = None
 
     def changed_folders(self, root: str) -> List[str]:
-        """The folders (their paths under ``root``) that are gone, or whose time differs from
-        the recorded one, or that were modified too soon before the listing to tell
-        (:data:`RACY_SECONDS`); one ``stat`` per folder."""
-        racy_after = self.listed_at_ns - int(RACY_SECONDS * 1e9)
+        """The folders (their paths under ``root``) that are gone, replaced, or whose times
+        differ from the recorded ones, or that were modified too soon before the listing to
+        tell (:meth:`racy`); one ``stat`` per folder."""
+        racy_after = self._racy_after()
         changed = []
-        for relative, mtime in self.folders:
+        for relative, mtime, ctime, inode in self.folders:
             path = os.path.join(root, os.fsdecode(relative)) if relative else root
             try:
-                now = os.stat(path).st_mtime_ns
+                now = os.stat(path)
             except OSError:
                 changed.append(path)
                 continue
-            if now != mtime or mtime >= racy_after:
+            if (now.st_mtime_ns, now.st_ctime_ns, now.st_ino) != (mtime, ctime, inode) or mtime >= racy_after:
                 changed.append(path)
         return changed
+
+    def racy(self) -> bool:
+        """Whether a folder was modified too soon before the listing for its time to tell a
+        later change (:data:`RACY_SECONDS`): such a listing is confirmed by listing again."""
+        racy_after = self._racy_after()
+        return any(mtime >= racy_after for _, mtime, _, _ in self.folders)
+
+    def _racy_after(self) -> int:
+        return self.listed_at_ns - int(RACY_SECONDS * 1e9)
 
 
 @dataclass
@@ -131,10 +144,12 @@ class RecordedIndex:
         arrays: Dict[str, np.ndarray] = {}
         for name in _SPLITS:
             arrays[f"{name}_data"], arrays[f"{name}_offsets"] = self.splits[name]
-        names = [relative for relative, _ in self.fingerprint.folders]
+        names = [folder[0] for folder in self.fingerprint.folders]
         arrays["folder_data"] = np.frombuffer(b"".join(names), dtype=np.uint8)
         arrays["folder_offsets"] = np.concatenate([[0], np.cumsum([len(name) for name in names], dtype=np.int64)])
-        arrays["folder_mtimes"] = np.array([mtime for _, mtime in self.fingerprint.folders], dtype=np.int64)
+        for at, name, kind in ((1, "folder_mtimes", np.int64), (2, "folder_ctimes", np.int64),
+                               (3, "folder_inodes", np.uint64)):
+            arrays[name] = np.array([folder[at] for folder in self.fingerprint.folders], dtype=kind)
         write_record(path, meta, arrays)
 
     @classmethod
@@ -153,10 +168,10 @@ class RecordedIndex:
                     return None
                 splits[name] = (data, offsets)
             folder_data, folder_offsets = archive["folder_data"].tobytes(), archive["folder_offsets"]
-            mtimes = archive["folder_mtimes"]
-            folders = [(folder_data[start:end], int(mtime))
-                       for start, end, mtime in zip(folder_offsets[:-1].tolist(), folder_offsets[1:].tolist(),
-                                                    mtimes.tolist())]
+            times = zip(archive["folder_mtimes"].tolist(), archive["folder_ctimes"].tolist(),
+                        archive["folder_inodes"].tolist())
+            folders = [(folder_data[start:end], *folder)
+                       for start, end, folder in zip(folder_offsets[:-1].tolist(), folder_offsets[1:].tolist(), times)]
             fingerprint = Fingerprint(str(meta["kind"]), int(meta["listed_at_ns"]), folders, meta["list_sha256"])
             left_out = {str(key): str(value) for key, value in dict(meta["left_out"]).items()}
             return cls(str(meta["source"]), str(meta["root"]), bool(meta["relative"]), str(meta["prefix"]), splits, left_out, str(meta["color"]),
@@ -208,6 +223,16 @@ def read_record(path: "str | os.PathLike[str]", *, meta_only: bool = False
         return None
 
 
+def unreadable_note(index: "Optional[str | os.PathLike[str]]", source: Any) -> Optional[str]:
+    """The line that says a record at ``index`` is there but cannot be read (damaged, or of
+    another version), so that ``source`` is read again without telling a change since the
+    record; ``None`` when there is no file at ``index`` or it can be read."""
+    if index is None or not os.path.isfile(index) or read_record(index, meta_only=True) is not None:
+        return None
+    return (f"{index} cannot be read (damaged, or written by another version): {escape_line(str(source))} is read "
+            "again, and a change since it was recorded cannot be told")
+
+
 def paths_arrays(data: np.ndarray, offsets: np.ndarray) -> bool:
     """Whether ``(data, offsets)`` are a ``contrastkit.data.collection.PathList``'s
     arrays (uint8 bytes, int64 offsets from 0 to their length, never decreasing)."""
@@ -229,7 +254,7 @@ def compare_names(recorded: Callable[[], Iterable[bytes]], listed: Callable[[], 
     gives a new pass over its paths' bytes. The paths are compared by their 128-bit BLAKE2b
     digests (16 bytes a path, however long: a million paths compared in ~32 MB; two different
     paths share a digest with a probability of about 2^-128 a pair)."""
-    known, found = _digests(recorded()), _digests(listed())
+    known, found = digests(recorded()), digests(listed())
     added_at = set(np.flatnonzero(~np.isin(found, known)).tolist())
     gone_at = set(np.flatnonzero(~np.isin(known, found)).tolist())
     added = [name for position, name in enumerate(listed()) if position in added_at] if added_at else []
@@ -237,8 +262,9 @@ def compare_names(recorded: Callable[[], Iterable[bytes]], listed: Callable[[], 
     return added, gone
 
 
-def _digests(names: Iterable[bytes]) -> np.ndarray:
-    """The 16-byte BLAKE2b digest of each of ``names``, as an ``S16`` array."""
+def digests(names: Iterable[bytes]) -> np.ndarray:
+    """The 16-byte BLAKE2b digest of each of ``names``, as an ``S16`` array (what
+    :func:`compare_names` compares)."""
     buffer = bytearray()
     for name in names:
         buffer += hashlib.blake2b(name, digest_size=16).digest()

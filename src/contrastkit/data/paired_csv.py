@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import stat
 from array import array
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
@@ -12,10 +13,11 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from contrastkit._io import check_input_size, file_digest, memory_guard, one_line
+from contrastkit._io import check_input_size, escape_line, file_digest, memory_guard, one_line
 from contrastkit.data.base import check_fraction, check_positive_int
 from contrastkit.data.collection_index import (CollectionChangedError, change_line, check_collection_changed,
-                                               compare_names, paths_arrays, read_record, write_record)
+                                               compare_names, digests, paths_arrays, read_record, unreadable_note,
+                                               write_record)
 from contrastkit.data.paired import PairedDataset, PairedSplit
 
 __all__ = ["load_pair_csv", "read_pair_rows", "read_pairs", "PairRows", "PairCsvSplit", "RecordedPairs"]
@@ -96,42 +98,86 @@ def load_pair_csv(path: Union[str, os.PathLike], *, size: int = 32, channels: Op
     if not isinstance(stream, bool):
         raise ValueError(f"stream must be true or false, got {stream!r}")
     check_collection_changed(collection_changed)
+    options = {"val_fraction": float(val_fraction), "test_fraction": float(test_fraction),
+               "split_seed": int(split_seed)}
     with memory_guard(str(path)):
-        record, state, note = _rows_of(path, index, collection_changed)
+        record, state, note = _rows_of(path, index, collection_changed, options)
         rows = record.rows
         group, first = _images_of_rows(rows)
-        split_of_row = _split_of_rows(rows, group, first, val_fraction, test_fraction, split_seed)
-        dataset = (_streamed if stream else _held)(rows, group, split_of_row, size, channels)
+        if record.split_of_row is None:
+            record.split_of_row = _split_of_rows(rows, group, first, val_fraction, test_fraction, split_seed)
+        dataset = (_streamed if stream else _held)(rows, group, record.split_of_row, size, channels)
     dataset.index, dataset.index_state, dataset.index_note = record, state, note
     return dataset
 
 
-def _rows_of(path: Path, index: Optional[Union[str, os.PathLike]],
-             collection_changed: str) -> Tuple["RecordedPairs", str, Optional[str]]:
-    """The CSV's rows to read, as a record, how they were found (``"listed"``, ``"recorded"``,
-    ``"verified"``, ``"reindexed"``, ``"kept"``) and a line for the user when they changed."""
+def _rows_of(path: Path, index: Optional[Union[str, os.PathLike]], collection_changed: str,
+             options: Dict[str, Any]) -> Tuple["RecordedPairs", str, Optional[str]]:
+    """The CSV's rows to read, as a record (with each row's split where a record decides it),
+    how they were found (``"listed"``, ``"recorded"``, ``"verified"``, ``"reindexed"``,
+    ``"kept"``) and a line for the user when they changed. A row that was recorded keeps its
+    split, so does an image that was (by its file, else by its path); an image new since the
+    record goes where the SHA-1 of its path falls (:func:`~contrastkit.data.collection.hash_fraction`),
+    as a collection's files do."""
     digest = file_digest(path)
-    recorded = None if index is None or not os.path.isfile(index) else RecordedPairs.read(index, path)
+    recorded = None if index is None or not os.path.isfile(index) else RecordedPairs.read(index, path, options)
+    note = unreadable_note(index, path) if recorded is None else None
     if recorded is not None and recorded.sha256 == digest:
         return recorded, "recorded", None
     rows = read_pairs(path)
     if recorded is None:
-        return RecordedPairs(rows, digest), "listed", None
+        return RecordedPairs(rows, digest, options), "listed", note
     added, gone = compare_names(recorded.rows.keys, rows.keys)
-    if not added and not gone:
-        return RecordedPairs(rows, digest), "verified", None
-    if collection_changed == "stop":
+    if (added or gone) and collection_changed == "stop":
         raise CollectionChangedError(change_line(str(path), os.fspath(index), added, gone, len(recorded.rows),
                                                  unit="row", shown=_shown_key))
+    shown = escape_line(str(path))
     change = ", ".join(([f"{len(added):,} row{'s' if len(added) != 1 else ''} added"] if added else [])
                        + ([f"{len(gone):,} gone"] if gone else []))
-    if collection_changed == "reindex":
-        return RecordedPairs(rows, digest), "reindexed", f"{path} changed since it was indexed ({change}): read again"
-    kept = recorded.rows.without(set(gone))
-    return RecordedPairs(kept, digest), "kept", (f"{path} changed since it was indexed ({change}): reading the "
-                                                 f"{len(kept):,} recorded rows still in it"
-                                                 + (", not those added" if added else ""))
+    if not added and not gone or collection_changed == "reindex":  # (the same rows, reordered or respelled)
+        fresh = RecordedPairs(rows, digest, options)
+        if rows.splits is None:
+            fresh.split_of_row = _recorded_splits(rows, recorded, options)
+        return (fresh, "verified", None) if not added and not gone else \
+            (fresh, "reindexed", f"{shown} changed since it was indexed ({change}): read again, each image recorded "
+                                 "in its split")
+    still = np.isin(digests(recorded.rows.keys()), digests(rows.keys()))  # the recorded rows still in the CSV
+    kept = RecordedPairs(recorded.rows.take(np.flatnonzero(still)), digest, options)
+    kept.split_of_row = None if recorded.split_of_row is None else recorded.split_of_row[still]
+    return kept, "kept", (f"{shown} changed since it was indexed ({change}): reading the {len(kept.rows):,} "
+                          "recorded rows still in it" + (", not those added" if added else ""))
 
+
+def _recorded_splits(rows: "PairRows", recorded: "RecordedPairs", options: Dict[str, Any]) -> np.ndarray:
+    """Each row's split: its image's recorded split, the image found by its file (device,
+    inode), else by its path; an image not recorded, by the SHA-1 of its first row's path."""
+    from contrastkit.data.collection import hash_fraction
+
+    group, first = _images_of_rows(rows)
+    old = recorded.rows
+    old_split = recorded.split_of_row if recorded.split_of_row is not None else np.zeros(len(old), dtype=np.int8)
+    split = np.full(len(first), -1, dtype=np.int8)
+    for found, known in ((_identities(rows.files[first]), _identities(old.files)),
+                         (digests(rows.images.item_bytes(int(row)) for row in first),
+                          digests(old.images.items_bytes()))):
+        order = np.argsort(known, kind="stable")
+        at = np.minimum(np.searchsorted(known[order], found), len(known) - 1)
+        hit = (known[order][at] == found) & (split < 0)
+        split[hit] = old_split[order[at[hit]]]
+    test, val = options["test_fraction"], options["test_fraction"] + options["val_fraction"]
+    for image in np.flatnonzero(split < 0):
+        place = hash_fraction(rows.images.item(int(first[image])))
+        split[image] = _SPLIT_NAMES.index("test" if place < test else "val" if place < val else "train")
+    return split[group]
+
+
+def _identities(files: np.ndarray) -> np.ndarray:
+    """Each ``(device, inode)`` row of ``files`` as one 16-byte value (``S16``), to sort and search."""
+    return np.ascontiguousarray(files, dtype=np.uint64).view("S16").reshape(-1)
+
+
+#: The device number that marks an identity made from a hard-linked file's real path (no device has it).
+_HARD_LINKED = 2**64 - 1
 
 #: A CSV row: image path, text, label, split, and where it is ("FILE, line N").
 _Row = Tuple[Path, str, Optional[str], Optional[str], str]
@@ -171,10 +217,8 @@ class PairRows:
             yield b"\t".join((self.images.item_bytes(row), self.texts[row].encode("utf-8"), label.encode("utf-8"),
                                split.encode("utf-8")))
 
-    def without(self, keys: set) -> "PairRows":
-        """These rows but those whose :meth:`keys` are in ``keys``."""
-        kept = np.fromiter((key not in keys for key in self.keys()), dtype=bool, count=len(self))
-        at = np.flatnonzero(kept)
+    def take(self, at: np.ndarray) -> "PairRows":
+        """The rows at ``at`` (indices), in that order."""
         return PairRows(self.path, self.images.take(at), [self.texts[i] for i in at],
                         None if self.labels is None else self.labels[at], self.label_names,
                         None if self.splits is None else self.splits[at], self.lines[at], self.files[at])
@@ -193,11 +237,14 @@ def _shown_key(key: bytes) -> str:
 
 class RecordedPairs:
     """An image-text CSV's rows as a run records them (``OUT/collection-index.npz``, written by
-    :func:`contrastkit.data.collection_index.write_record`): the :class:`PairRows` and the
-    SHA-256 of the CSV they were read from."""
+    :func:`contrastkit.data.collection_index.write_record`): the :class:`PairRows`, the SHA-256
+    of the CSV they were read from, the split options (``val_fraction``, ``test_fraction``,
+    ``split_seed``) and each row's split (``split_of_row``, int8 into ``train, val, test``;
+    ``None`` until it is decided)."""
 
-    def __init__(self, rows: PairRows, sha256: str) -> None:
-        self.rows, self.sha256 = rows, sha256
+    def __init__(self, rows: PairRows, sha256: str, options: Dict[str, Any],
+                 split_of_row: Optional[np.ndarray] = None) -> None:
+        self.rows, self.sha256, self.options, self.split_of_row = rows, sha256, dict(options), split_of_row
 
     def write(self, path: Union[str, os.PathLike]) -> None:
         rows = self.rows
@@ -205,18 +252,19 @@ class RecordedPairs:
         arrays = {"images_data": rows.images.data, "images_offsets": rows.images.offsets,
                   "texts_data": np.frombuffer(b"".join(texts), dtype=np.uint8),
                   "texts_offsets": np.concatenate([[0], np.cumsum([len(text) for text in texts], dtype=np.int64)]),
-                  "lines": rows.lines, "files": rows.files}
+                  "lines": rows.lines, "files": rows.files, "split_of_row": self.split_of_row}
         if rows.labels is not None:
             arrays["labels"] = rows.labels
         if rows.splits is not None:
             arrays["splits"] = rows.splits
         write_record(path, {"kind": "pairs", "source": os.path.abspath(rows.path), "csv": str(rows.path),
-                            "sha256": self.sha256, "label_names": rows.label_names}, arrays)
+                            "sha256": self.sha256, "label_names": rows.label_names, "options": self.options}, arrays)
 
     @classmethod
-    def read(cls, path: Union[str, os.PathLike], csv_path: Path) -> Optional["RecordedPairs"]:
+    def read(cls, path: Union[str, os.PathLike], csv_path: Path, options: Dict[str, Any]) -> Optional["RecordedPairs"]:
         """The rows recorded at ``path`` when they are those of the CSV ``csv_path`` named as it
-        is now (its image paths were joined to its folder as named then); else ``None``."""
+        is now (its image paths were joined to its folder as named then), split with
+        ``options``; else ``None``."""
         from contrastkit.data.collection import PathList
 
         record = read_record(path)
@@ -225,7 +273,7 @@ class RecordedPairs:
         meta, arrays = record
         try:
             if meta.get("kind") != "pairs" or meta["source"] != os.path.abspath(csv_path) \
-                    or meta["csv"] != str(csv_path):
+                    or meta["csv"] != str(csv_path) or meta["options"] != options:
                 return None
             images, texts = (arrays["images_data"], arrays["images_offsets"]), (arrays["texts_data"],
                                                                                arrays["texts_offsets"])
@@ -234,17 +282,19 @@ class RecordedPairs:
             count = len(images[1]) - 1
             buffer, ends = texts[0].tobytes(), texts[1].tolist()
             decoded = [buffer[start:end].decode("utf-8") for start, end in zip(ends, ends[1:])]
-            labels, splits = arrays.get("labels"), arrays.get("splits")
+            labels, splits, split_of_row = arrays.get("labels"), arrays.get("splits"), arrays["split_of_row"]
             names = [str(name) for name in meta["label_names"]]
+
+            def codes(values: Optional[np.ndarray], top: int) -> bool:
+                return values is None or (values.shape == (count,) and (not count or 0 <= values.min() <= values.max()
+                                                                        < top))
+
             if len(decoded) != count or arrays["lines"].shape != (count,) or arrays["files"].shape != (count, 2) \
-                    or (labels is not None and (labels.shape != (count,) or (count and not 0 <= labels.min()
-                                                                             <= labels.max() < len(names)))) \
-                    or (splits is not None and (splits.shape != (count,) or (count and not 0 <= splits.min()
-                                                                             <= splits.max() < 3))):
+                    or not codes(labels, len(names)) or not codes(splits, 3) or not codes(split_of_row, 3):
                 return None
             rows = PairRows(csv_path, PathList(*images), decoded, labels, names, splits, arrays["lines"],
                             arrays["files"])
-            return cls(rows, str(meta["sha256"]))
+            return cls(rows, str(meta["sha256"]), options, split_of_row)
         except (KeyError, TypeError, ValueError, UnicodeDecodeError):
             return None
 
@@ -265,7 +315,6 @@ def read_pairs(path: Union[str, os.PathLike]) -> PairRows:
     from contrastkit._io import open_input
 
     path = Path(path)
-    line = 0
     try:
         with open_input(path) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as handle:
             reader = csv.reader(handle)
@@ -273,10 +322,22 @@ def read_pairs(path: Union[str, os.PathLike]) -> PairRows:
                 return _parse_rows(path, reader)
             except csv.Error as err:
                 raise ValueError(f"{path}, line {reader.line_num}: {one_line(err)}") from None
-            finally:
-                line = reader.line_num
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text ({_first_undecodable(path)})") from None
+
+
+def _first_undecodable(path: Path) -> str:
+    """Where the first byte that is not UTF-8 lies in the file ``path``: ``"line N, byte B"``
+    (B counted from the file's start)."""
+    from contrastkit._io import read_input
+
+    data = bytes(read_input(path))
+    try:
+        data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text (line {line + 1}, byte {err.start} of its block)") from None
+        line = data.count(b"\n", 0, err.start) + 1
+        return f"line {line}, byte {err.start}"
+    return "a byte"
 
 
 def _parse_rows(path: Path, reader: Any) -> PairRows:
@@ -299,6 +360,7 @@ def _parse_rows(path: Path, reader: Any) -> PairRows:
     label_codes: Dict[str, int] = {}
     labels, splits, lines = array("q"), array("b"), array("q")
     devices, inodes = array("Q"), array("Q")
+    linked: Dict[str, int] = {}
     for fields in reader:
         if not fields or all(not f.strip() for f in fields):
             continue  # blank line
@@ -320,6 +382,12 @@ def _parse_rows(path: Path, reader: Any) -> PairRows:
             except (OSError, ValueError):
                 raise FileNotFoundError(f"{path}, line {number}: image {image!r} not found (looked for "
                                         f"{image_path!r})") from None
+        device, inode = info.st_dev, info.st_ino
+        if info.st_nlink > 1 and stat.S_ISREG(info.st_mode):
+            # A file with hard links: one image per path it is reached by once links are
+            # followed (os.path.realpath), as rows have always been grouped; two hard links are
+            # two images.
+            device, inode = _HARD_LINKED, linked.setdefault(os.path.realpath(image_path), len(linked))
         if label_at is not None:
             label = fields[label_at].strip()
             if not label:
@@ -335,8 +403,8 @@ def _parse_rows(path: Path, reader: Any) -> PairRows:
         ends.append(len(data))
         texts.append(text)
         lines.append(number)
-        devices.append(info.st_dev)
-        inodes.append(info.st_ino)
+        devices.append(device)
+        inodes.append(inode)
     if not texts:
         raise ValueError(f"{path}: no (image, text) rows after the header")
     names = sorted(label_codes)

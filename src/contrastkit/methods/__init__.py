@@ -28,7 +28,7 @@ Adding a method is one subclass, registered::
 
 from .accumulation import average_gradients, cached_gradient_loss
 from .base import Batch, EvalContext, Method, across_ranks
-from .build import build_model, limit_data, load_data
+from .build import build_model, limit_data, load_data, method_data
 from .config import OPTIMIZERS, RESUME_MAY_CHANGE, DataChoices, PretrainConfig, default_batch_size, resolve_for_data
 from .convirt import Convirt, ConvirtModel
 from .moco import MoCo
@@ -47,7 +47,7 @@ del _method
 
 __all__ = ["Method", "TwoViewMethod", "EvalContext", "Batch", "across_ranks", "METHOD_REGISTRY", "register_method",
            "unregister_method", "get_method", "method_names", "PretrainConfig", "DataChoices", "resolve_for_data",
-           "default_batch_size", "OPTIMIZERS", "RESUME_MAY_CHANGE", "load_data", "limit_data", "build_model",
+           "default_batch_size", "OPTIMIZERS", "RESUME_MAY_CHANGE", "load_data", "method_data", "limit_data", "build_model",
            "ContrastiveModel", "ConvirtModel", "SiglipModel", "SimCLR",
            "MoCo", "SupCon", "DCL", "Simple", "HardNegative", "Convirt", "Siglip", "cached_gradient_loss",
            "average_gradients", "build_optimizer", "build_lr_scheduler", "warmup_cosine", "BatchTap", "observe_batch",

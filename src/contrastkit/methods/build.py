@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -14,7 +15,19 @@ from contrastkit.data import DataSplits, is_iterable_data, limit_splits
 from .config import PretrainConfig
 from .registry import get_method
 
-__all__ = ["load_data", "limit_data", "build_model"]
+__all__ = ["load_data", "method_data", "limit_data", "build_model"]
+
+
+def method_data(method: Any, config: PretrainConfig, *, index: Optional[str] = None,
+                collection_changed: str = "stop") -> DataSplits:
+    """``method.load_data(config)`` with an unlabeled collection's recorded listing (``index``)
+    and what a change since does (``collection_changed``: :func:`~contrastkit.data.open_data`),
+    for a method whose ``load_data`` takes them: a method of one's own that overrides
+    ``load_data(self, config)`` reads its data its own way, as it did before they existed."""
+    parameters = inspect.signature(method.load_data).parameters
+    if "index" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return method.load_data(config, index=index, collection_changed=collection_changed)
+    return method.load_data(config)
 
 
 def load_data(config: PretrainConfig, *, index: Optional[str] = None, collection_changed: str = "stop") -> DataSplits:
@@ -25,7 +38,7 @@ def load_data(config: PretrainConfig, *, index: Optional[str] = None, collection
     read-out read during training (``readout()``: ``train`` its bounded, seeded sample).
     ``index``, ``collection_changed``: an unlabeled collection's recorded listing and what a
     change since does (:func:`~contrastkit.data.open_data`)."""
-    dataset = get_method(config.method).load_data(config, index=index, collection_changed=collection_changed)
+    dataset = method_data(get_method(config.method), config, index=index, collection_changed=collection_changed)
     if is_iterable_data(dataset):
         return limit_splits(dataset.readout(config.workers), val=config.val_limit, test=config.test_limit, seed=config.subset_seed)
     return limit_data(dataset, config)

@@ -41,9 +41,10 @@ from contrastkit.run_writer import FolderStart, RunWriter
 
 from contrastkit.data import (BadItemError, DataSplits, IndexBatchSource, OnDevicePlan, StepBatch, StreamBatchSource,
                               add_skipped, as_data, data_record, hold_on_device, is_iterable_data, read_held_out_files,
-                              check_collection_changed, reading_held_batches, skipped_files, skipped_reasons)
+                              CollectionChangedError, check_collection_changed, reading_held_batches, skipped_files,
+                              skipped_reasons)
 from contrastkit.distributed import rank_seed
-from contrastkit.methods import (RESUME_MAY_CHANGE, DataChoices, EvalContext, Method, PretrainConfig, average_gradients,
+from contrastkit.methods import (RESUME_MAY_CHANGE, method_data, DataChoices, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
                                  resolve_for_data, warmup_cosine)
 from contrastkit.methods.optimization import warmup_steps
@@ -209,6 +210,9 @@ def pretrain(
     if encoder is not None and not isinstance(encoder, torch.nn.Module):
         raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}")
     check_collection_changed(collection_changed)
+    if collection_changed != "stop" and not resume:
+        raise ValueError(f"--collection-changed {collection_changed} applies to --resume (a new run lists its data "
+                         "as it is now)")
     config = config.resolved()
     with limit_threads(config.threads), RunGuard() as guard:
         return _pretrain(config, resume, force, progress, dataset, views, on_epoch_end, baselines, encoder,
@@ -260,6 +264,7 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         raise
     with _after_training(run):
         _close_loggers(run)
+        _confirm_listing(run)
         run.writer.write_summary(summary)
         if on_summary is not None:
             on_summary(summary)  # (rank 0 alone gets here; the folder's lock is held until pretrain returns)
@@ -267,6 +272,24 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
     _leave_group(run)
     _return_encoder(run, encoder)
     return summary
+
+
+def _confirm_listing(run: "_Training") -> None:
+    """A collection's listing recorded within seconds of a change to its folders (a collection
+    written just before the run) cannot tell a later change by the folders' times, so every
+    command would list it again: now, at the run's end, it is listed once more and, the same
+    files, recorded again (rank 0, while the run holds its folder). A collection that changed
+    during the run keeps the record it trained from (the next command names the change)."""
+    listing = run.data.listing
+    racy = getattr(getattr(listing, "fingerprint", None), "racy", None)
+    if racy is None or not racy():
+        return
+    try:
+        opened = method_data(run.plan.method, run.plan.config, index=run.folder.collection_index)
+    except CollectionChangedError:
+        return
+    if getattr(opened, "index_state", None) == "verified":
+        run.writer.write_collection_index(opened.index.write)
 
 
 def _close_loggers(run: "_Training") -> None:
@@ -487,8 +510,8 @@ def _open_data(config: PretrainConfig, method: Method, parallel: Parallel, resum
     reads an unlabeled collection from the listing it recorded while the collection is
     unchanged (``collection_changed``: what a change does); the listing to record is kept."""
     if dataset is None:
-        opened = method.load_data(config, index=folder.collection_index if resume else None,
-                                  collection_changed=collection_changed)
+        opened = method_data(method, config, index=folder.collection_index if resume else None,
+                             collection_changed=collection_changed)
         if parallel.is_main:
             tell_index_note(opened)
     else:

@@ -4,7 +4,6 @@ and ``pretrain --resume`` read runs through it; ``config.json`` itself is read b
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -15,7 +14,6 @@ from torch import nn
 
 from contrastkit import layout
 from contrastkit.manifest import file_sha256
-from contrastkit.run_writer import RunWriter
 from contrastkit.methods import PretrainConfig, build_model, get_method, load_data
 
 from .checkpoint import load_checkpoint
@@ -75,17 +73,13 @@ class SavedRun:
         ``data_options``) read by the run's method. An unlabeled collection the run recorded
         (``collection-index.npz``) is read from its record while it is unchanged;
         ``collection_changed`` says what one that changed does (``"stop"``, ``"reindex"``,
-        ``"keep"``: :func:`contrastkit.data.collection.open_collection`). The record is
-        rewritten only where the collection was listed again and found the same (its folders'
-        times had moved): what the run trained on is never changed here."""
+        ``"keep"``: :func:`contrastkit.data.collection.open_collection`). The record is never
+        written here (the run that holds the folder does: ``pretrain``, ``--resume``)."""
         config = self.config if data is None else replace(self.config, data=data,
                                                           data_options=dict(data_options or {}))
         dataset = load_data(config, index=layout.RunFolder(self.folder).collection_index,
                             collection_changed=collection_changed)
         tell_index_note(dataset)
-        if getattr(dataset, "index_state", None) == "verified":
-            with contextlib.suppress(OSError):  # (a run folder that cannot be written is read as it is)
-                RunWriter(self.folder).write_collection_index(dataset.index.write)
         return dataset
 
     def build_model(self, image_shape: Any, device: torch.device, encoder: Optional[nn.Module] = None) -> nn.Module:
