@@ -19,7 +19,8 @@ is compared, per encoder:
 
 Whole runs on a shared machine spread by more than the probe's cost; ``--steps-only STEPS`` times
 the step itself in one process instead, with and without the probe alternated, and the probe's
-own step alone (``step_costs``; ResNet-18 gets STEPS / 8 steps, at least 3).
+own step alone (``step_costs``; ResNet-18 gets STEPS / 8 steps, at least 3); ``--epoch-only
+REPEATS`` times the evaluation at an epoch's end alone (``time_epoch_evaluation``).
 
 The small CNN trains one whole epoch of the 45,000 training images (default batch); ResNet-18,
 on this CPU about 20x slower a step, trains ``--resnet-train-limit`` images of it (batch 256,
@@ -109,6 +110,31 @@ def step_costs(encoder: str, steps: int, batch: int = 256, threads: int = 0) -> 
             "probe_step_ms": 1e3 * alone, "probe_share": alone / off, "difference_share": on / off - 1}
 
 
+def time_epoch_evaluation(data: str, encoder: str, repeats: int) -> Dict[str, Any]:
+    """The online evaluation at an epoch's end timed alone (``OnlineProbe.evaluate``: the kNN
+    bank's features extracted again, the val sample classified by the kNN and the head), on the
+    data set as ``pretrain --data DATA`` opens it, the run's default kNN settings; medians of
+    ``repeats`` after one warm-up call."""
+    sys.path.insert(0, os.path.join(ROOT, "src"))
+    import torch
+
+    from contrastkit.data import open_data
+    from contrastkit.methods import PretrainConfig, build_model
+    from contrastkit.train.online import OnlineProbe
+
+    config = PretrainConfig(encoder=encoder, data=data).resolved()
+    dataset = open_data(data)
+    model = build_model(config, dataset.image_shape)
+    online = OnlineProbe(model.encoder.out_dim, dataset.num_classes, torch.device("cpu"), seed=0)
+    seconds = []
+    for _ in range(1 + repeats):
+        started = time.perf_counter()
+        online.evaluate(model.encoder, dataset, knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+        seconds.append(time.perf_counter() - started)
+    return {"encoder": encoder, "epoch_evaluation_s": statistics.median(seconds[1:]), "runs": seconds[1:],
+            "bank": min(len(dataset.train), 4096), "val": min(len(dataset.val), 10000)}
+
+
 class _nothing:
     def __enter__(self) -> None:
         return None
@@ -131,7 +157,14 @@ def main() -> None:
     parser.add_argument("--steps-only", type=int, default=0, metavar="STEPS",
                         help="time STEPS training steps with and without the probe in one process instead "
                              "(step_costs), per encoder, and print them as JSON lines")
+    parser.add_argument("--epoch-only", type=int, default=0, metavar="REPEATS",
+                        help="time the online evaluation at an epoch's end alone instead (time_epoch_evaluation), "
+                             "per encoder")
     args = parser.parse_args()
+    if args.epoch_only:
+        for encoder in args.encoders.split(","):
+            print(json.dumps(time_epoch_evaluation(args.data, encoder, args.epoch_only)), flush=True)
+        return
     if args.steps_only:
         for encoder in args.encoders.split(","):
             print(json.dumps(step_costs(encoder, args.steps_only if encoder == "small" else max(3, args.steps_only // 8))),

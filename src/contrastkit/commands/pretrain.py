@@ -159,8 +159,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on labelled data, log every epoch the val accuracy of a linear probe trained beside the encoder on "
              "its detached features (the steps' own forward pass, its own optimizer) and of a kNN on a fixed "
              "sample of training features (metrics.jsonl's online_probe_accuracy, online_knn_accuracy); the "
-             "encoder trains the same without it (default off: its cost per step is measured, "
-             "benchmarks/results/online_probe.md, its evaluation at each epoch's end not yet apart)")
+             "encoder trains the same without it (default off; its cost, about 1 in 100 of a step and 3 in 100 of "
+             "an epoch for the evaluation, is in benchmarks/results/online_probe.md)")
     add("--knn-k", type=int, default=None, help=f"neighbors of the kNN read-out (default {d.knn_k})")
     add("--knn-temperature", type=float, default=None,
         help=f"temperature of the weighted kNN read-out (default {d.knn_temperature})")
