@@ -60,8 +60,8 @@ from torch import Tensor
 
 from contrastkit._io import escape_line, escape_undecodable, file_digest, file_kind, open_input
 from contrastkit.data.base import NO_LABEL, check_fraction, check_positive_int
-from contrastkit.data.collection_index import (CollectionChangedError, Fingerprint, RecordedIndex, change_line,
-                                               check_collection_changed, compare_names, unreadable_note)
+from contrastkit.data.collection_index import (CollectionChangedError, Fingerprint, RecordedIndex, change_counts,
+                                               change_line, check_collection_changed, compare_names, unreadable_note)
 from contrastkit.data.streaming import BadItemError, read_image_file
 
 __all__ = ["ImageCollection", "CollectionDataset", "PathList", "open_collection", "collection_files",
@@ -763,7 +763,7 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
             raise CollectionChangedError(change_line(str(source), os.fspath(index), added, gone, len(recorded)))
         elif collection_changed == "reindex":
             state = "reindexed"
-            note = (f"{escape_line(str(source))} changed since it was indexed ({_change(added, gone)}): listed again, "
+            note = (f"{escape_line(str(source))} changed since it was indexed ({change_counts(added, gone)}): listed again, "
                     f"{len(files):,} files")
         else:
             kept = _without(recorded, set(gone))
@@ -771,7 +771,7 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
                 kept.left_out[escape_undecodable(os.fsdecode(path))] = (
                     f"gone since the collection was indexed in {os.fspath(index)}: left out (--collection-changed keep)")
             kept.fingerprint = fingerprint  # (the files added since are left out by choice, not as a change)
-            note = (f"{escape_line(str(source))} changed since it was indexed ({_change(added, gone)}): reading the "
+            note = (f"{escape_line(str(source))} changed since it was indexed ({change_counts(added, gone)}): reading the "
                     f"{len(kept):,} recorded files still there" + (", not those added" if added else ""))
             parts = {part: PathList(data, offsets, kept.prefix) for part, (data, offsets) in kept.splits.items()}
             return _dataset(name, parts, kept, color, size, bad_files, "kept", note)
@@ -799,12 +799,6 @@ def open_collection(source: Union[str, os.PathLike], *, size: Optional[int] = No
     listing = RecordedIndex(absolute, str(root), relative, files.prefix, {part: (paths.data, paths.offsets) for part, paths in parts.items()},
                             left_out, color, val_fraction, test_fraction, bad_files, fingerprint)
     return _dataset(name, parts, listing, color, size, bad_files, state, note)
-
-
-def _change(added: List[bytes], gone: List[bytes]) -> str:
-    """``"N image files added, M gone"`` (either part left out when there is none)."""
-    parts = [f"{len(added):,} image file{'s' if len(added) != 1 else ''} added"] if added else []
-    return ", ".join(parts + ([f"{len(gone):,} gone"] if gone else []))
 
 
 def _changed_since(recorded: RecordedIndex, source: Union[str, os.PathLike]) -> bool:

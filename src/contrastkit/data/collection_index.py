@@ -47,7 +47,7 @@ from contrastkit._io import atomic_file, escape_line
 
 __all__ = ["COLLECTION_CHANGED", "RACY_SECONDS", "INDEX_VERSION", "CollectionChangedError", "Fingerprint",
            "RecordedIndex", "check_collection_changed", "compare_names", "change_line", "recorded_source",
-           "write_record", "read_record", "paths_arrays", "unreadable_note", "digests"]
+           "write_record", "read_record", "paths_arrays", "unreadable_note", "digests", "change_counts"]
 
 #: What a collection that changed since its index was recorded does (an error naming the
 #: change and the two choices, a new listing, or the recorded files still there).
@@ -269,6 +269,12 @@ def digests(names: Iterable[bytes]) -> np.ndarray:
     for name in names:
         buffer += hashlib.blake2b(name, digest_size=16).digest()
     return np.frombuffer(buffer, dtype="S16")
+
+
+def change_counts(added: List[bytes], gone: List[bytes], unit: str = "image file") -> str:
+    """``"N image files added, M gone"`` (``unit``: what is counted; a part without any is left out)."""
+    parts = [f"{len(added):,} {unit}{'s' if len(added) != 1 else ''} added"] if added else []
+    return ", ".join(parts + ([f"{len(gone):,} gone"] if gone else []))
 
 
 def change_line(source: str, index_file: str, added: List[bytes], gone: List[bytes], recorded: int,

@@ -15,9 +15,9 @@ import torch
 
 from contrastkit._io import check_input_size, escape_line, file_digest, memory_guard, one_line
 from contrastkit.data.base import check_fraction, check_positive_int
-from contrastkit.data.collection_index import (CollectionChangedError, change_line, check_collection_changed,
-                                               compare_names, digests, paths_arrays, read_record, unreadable_note,
-                                               write_record)
+from contrastkit.data.collection_index import (CollectionChangedError, change_counts, change_line,
+                                               check_collection_changed, compare_names, digests, paths_arrays,
+                                               read_record, unreadable_note, write_record)
 from contrastkit.data.paired import PairedDataset, PairedSplit
 
 __all__ = ["load_pair_csv", "read_pair_rows", "read_pairs", "PairRows", "PairCsvSplit", "RecordedPairs"]
@@ -132,8 +132,7 @@ def _rows_of(path: Path, index: Optional[Union[str, os.PathLike]], collection_ch
         raise CollectionChangedError(change_line(str(path), os.fspath(index), added, gone, len(recorded.rows),
                                                  unit="row", shown=_shown_key))
     shown = escape_line(str(path))
-    change = ", ".join(([f"{len(added):,} row{'s' if len(added) != 1 else ''} added"] if added else [])
-                       + ([f"{len(gone):,} gone"] if gone else []))
+    change = change_counts(added, gone, unit="row")
     if not added and not gone or collection_changed == "reindex":  # (the same rows, reordered or respelled)
         fresh = RecordedPairs(rows, digest, options)
         if rows.splits is None:
