@@ -20,7 +20,10 @@ is compared, per encoder:
 Whole runs on a shared machine spread by more than the probe's cost; ``--steps-only STEPS`` times
 the step itself in one process instead, with and without the probe alternated, and the probe's
 own step alone (``step_costs``; ResNet-18 gets STEPS / 8 steps, at least 3); ``--epoch-only
-REPEATS`` times the evaluation at an epoch's end alone (``time_epoch_evaluation``).
+REPEATS`` times the evaluation at an epoch's end alone (``time_epoch_evaluation``);
+``--agreement EPOCHS`` trains one whole default run of EPOCHS epochs with the online probe and
+``--eval-every 5`` and compares, epoch by epoch, the online numbers with the val read-out's
+(``agreement``): do they agree by the end of a run?
 
 The small CNN trains one whole epoch of the 45,000 training images (default batch); ResNet-18,
 on this CPU about 20x slower a step, trains ``--resnet-train-limit`` images of it (batch 256,
@@ -84,7 +87,8 @@ def step_costs(encoder: str, steps: int, batch: int = 256, threads: int = 0) -> 
     config = PretrainConfig(encoder=encoder, batch_size=batch).resolved()
     model = build_model(config, (3, 32, 32))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    online = OnlineProbe(model.encoder.out_dim, 10, torch.device("cpu"), seed=0)
+    online = OnlineProbe(model.encoder.out_dim, 10, torch.device("cpu"), seed=0, knn_k=config.knn_k,
+                         knn_temperature=config.knn_temperature)
     online.attach(model.encoder)
     generator = torch.Generator().manual_seed(0)
     view_a, view_b = (torch.rand(batch, 3, 32, 32, generator=generator) for _ in range(2))
@@ -125,14 +129,75 @@ def time_epoch_evaluation(data: str, encoder: str, repeats: int) -> Dict[str, An
     config = PretrainConfig(encoder=encoder, data=data).resolved()
     dataset = open_data(data)
     model = build_model(config, dataset.image_shape)
-    online = OnlineProbe(model.encoder.out_dim, dataset.num_classes, torch.device("cpu"), seed=0)
+    online = OnlineProbe(model.encoder.out_dim, dataset.num_classes, torch.device("cpu"), seed=0,
+                         knn_k=config.knn_k, knn_temperature=config.knn_temperature)
     seconds = []
     for _ in range(1 + repeats):
         started = time.perf_counter()
-        online.evaluate(model.encoder, dataset, knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+        online.evaluate(model.encoder, dataset)
         seconds.append(time.perf_counter() - started)
     return {"encoder": encoder, "epoch_evaluation_s": statistics.median(seconds[1:]), "runs": seconds[1:],
             "bank": min(len(dataset.train), 4096), "val": min(len(dataset.val), 10000)}
+
+
+def agreement(data: str, epochs: int, eval_every: int, work: str) -> Dict[str, Any]:
+    """One default small-CNN run of ``epochs`` epochs with ``--online-probe --eval-every
+    eval_every`` in ``work`` (resumed when a run is there), and per evaluation epoch the online
+    probe and kNN beside the val probe and val kNN of the same epoch (all on the val split; the
+    online ones on its seeded sample of at most 10,000 images, here all 5,000); then the last
+    epoch's online numbers beside the offline read-out's on test."""
+    out = os.path.join(work, "run")
+    argv = [sys.executable, "-m", "contrastkit", "pretrain", "--data", data, "--out", out, "--epochs", str(epochs),
+            "--eval-every", str(eval_every), "--online-probe", "--no-baselines", "--no-report", "--quiet", "--json",
+            "--device", "cpu"]
+    if os.path.exists(os.path.join(out, "checkpoints", "last.pt")):
+        argv.append("--resume")
+    started = time.perf_counter()
+    process = subprocess.run(argv, capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")})
+    if process.returncode:
+        raise SystemExit(process.stderr[-4000:])
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as handle:
+        summary = json.load(handle)
+    epochs_rows = []
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            if record.get("kind") == "epoch":
+                epochs_rows.append({key: record.get(key) for key in (
+                    "epoch", "loss", "online_probe_accuracy", "online_knn_accuracy", "val_probe_accuracy",
+                    "val_knn_accuracy")})
+    return {"epochs": epochs_rows, "wall": time.perf_counter() - started,
+            "summary": {key: summary.get(key) for key in _KEYS + ("selected_epoch",)}}
+
+
+def agreement_lines(result: Dict[str, Any], command: str, load: Any) -> List[str]:
+    """The markdown section of an :func:`agreement` run."""
+    lines = ["## Online against the val read-out over a whole run", "", "```bash", command, "```", "",
+             f"Load average (1, 5, 15 min) at the end: {tuple(round(x, 2) for x in load)}; the run took "
+             f"{result['wall'] / 60:.1f} min.", "",
+             "| epoch | loss | online probe | val probe | difference | online kNN | val kNN | difference |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def cell(value: Any) -> str:
+        return "-" if value is None else f"{value:.4f}"
+
+    def gap(a: Any, b: Any) -> str:
+        return "-" if a is None or b is None else f"{a - b:+.4f}"
+
+    for row in result["epochs"]:
+        if row["val_probe_accuracy"] is None and row["epoch"] not in (1, len(result["epochs"])):
+            continue
+        lines.append(f"| {row['epoch']} | {row['loss']:.4f} | {cell(row['online_probe_accuracy'])} | "
+                     f"{cell(row['val_probe_accuracy'])} | {gap(row['online_probe_accuracy'], row['val_probe_accuracy'])}"
+                     f" | {cell(row['online_knn_accuracy'])} | {cell(row['val_knn_accuracy'])} | "
+                     f"{gap(row['online_knn_accuracy'], row['val_knn_accuracy'])} |")
+    summary = result["summary"]
+    lines += ["", f"At the end, on test (the offline read-out): probe {cell(summary['probe_accuracy'])}, kNN "
+                  f"{cell(summary['knn_accuracy'])}; the last epoch's online probe "
+                  f"{cell(summary['online_probe_accuracy'])} and online kNN {cell(summary['online_knn_accuracy'])} "
+                  "(on val).", ""]
+    return lines
 
 
 class _nothing:
@@ -160,7 +225,20 @@ def main() -> None:
     parser.add_argument("--epoch-only", type=int, default=0, metavar="REPEATS",
                         help="time the online evaluation at an epoch's end alone instead (time_epoch_evaluation), "
                              "per encoder")
+    parser.add_argument("--agreement", type=int, default=0, metavar="EPOCHS",
+                        help="train one default small-CNN run of EPOCHS epochs with the online probe and "
+                             "--eval-every 5 and append the online numbers beside the val read-out's to --out")
+    parser.add_argument("--work", default=None, help="--agreement's run folder's parent (resumed when there)")
     args = parser.parse_args()
+    if args.agreement:
+        with (tempfile.TemporaryDirectory(prefix="agreement-") if args.work is None else _nothing()) as temporary:
+            result = agreement(args.data, args.agreement, 5, args.work or temporary)
+        print(json.dumps(result), flush=True)
+        command = (f"PYTHONPATH=src python benchmarks/bench_online_probe.py --data CIFAR10_DIR --agreement "
+                   f"{args.agreement}")
+        with open(args.out, "a", encoding="utf-8") as handle:
+            handle.write("\n".join([""] + agreement_lines(result, command, os.getloadavg())))
+        return
     if args.epoch_only:
         for encoder in args.encoders.split(","):
             print(json.dumps(time_epoch_evaluation(args.data, encoder, args.epoch_only)), flush=True)

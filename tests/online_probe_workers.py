@@ -1,6 +1,7 @@
 """Worker functions for tests/distributed/test_online_probe_distributed.py (imported by spawned
 processes): the online probe trained on each rank's share of the batches, and its epoch numbers
-read by each rank's share of the val images and of the kNN's memory."""
+read by each rank's share of the val images and of the kNN's memory; the online view retrieval
+read by each rank's share of each batch of views."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from contrastkit.data.base import Dataset, Split
 from contrastkit.train import online
-from contrastkit.train.online import OnlineProbe
+from contrastkit.train.online import OnlineProbe, OnlineViewRetrieval
 from contrastkit.train.parallel import Parallel
 
 SHAPE, FEATURES, CLASSES, SEED = (1, 4, 4), 6, 3, 5
@@ -42,7 +43,8 @@ def trained(rank: int, world: int):
     """The probe after ``STEPS`` steps on this rank's share of each batch, and its epoch numbers."""
     online.KNN_BANK = BANK
     net, dataset = encoder(), data()
-    probe = OnlineProbe(FEATURES, CLASSES, torch.device("cpu"), seed=SEED, parallel=Parallel(rank, world))
+    probe = OnlineProbe(FEATURES, CLASSES, torch.device("cpu"), seed=SEED, knn_k=3, knn_temperature=0.1,
+                        parallel=Parallel(rank, world))
     probe.attach(net)
     share = BATCH // world
     for view_a, view_b, labels in steps():
@@ -50,9 +52,27 @@ def trained(rank: int, world: int):
         with probe.capturing():
             net(torch.cat([view_a[rows], view_b[rows]]))
         probe.train_step(labels[rows])
-    numbers = probe.evaluate(net, dataset, knn_k=3, knn_temperature=0.1)
+    numbers = probe.evaluate(net, dataset)
     return {"numbers": numbers, "head": {k: v.clone() for k, v in probe.head.state_dict().items()}}
 
 
+class NoisyViews:
+    """Two views of each image: the image plus Gaussian noise (drawn from the global CPU RNG, as
+    the augmentations draw theirs)."""
+
+    def views_of(self, images):
+        return images + 0.3 * torch.randn_like(images), images + 0.3 * torch.randn_like(images)
+
+
+#: Images whose views are made and read at a time: the 7 val images span 3 batches.
+VIEW_BATCH = 3
+
+
+def retrieval(rank: int, world: int):
+    """The online view retrieval's numbers, this rank reading its share of each batch of views."""
+    return OnlineViewRetrieval(NoisyViews(), torch.device("cpu"), seed=SEED, parallel=Parallel(rank, world),
+                               batch_size=VIEW_BATCH).evaluate(encoder(), data())
+
+
 def worker(rank: int, world: int):
-    return trained(rank, world)
+    return {**trained(rank, world), "views": retrieval(rank, world)}

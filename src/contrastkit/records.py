@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 __all__ = ["FORMAT_VERSION", "VERSION_KEY", "PROBE_ACCURACY", "KNN_ACCURACY", "VIEW_RETRIEVAL_TOP1",
-           "ONLINE_PROBE_ACCURACY", "ONLINE_KNN_ACCURACY",
+           "ONLINE_PROBE_ACCURACY", "ONLINE_KNN_ACCURACY", "ONLINE_VIEW_RETRIEVAL_TOP1", "ONLINE_KEYS",
            "RANDOM_INIT", "RAW_PIXEL", "BASELINES", "ENCODERS", "baseline_key", "baseline_numbers",
            "is_baseline_key", "beats_baselines", "ENCODER_NAMES", "table_number", "verdict_line", "SUMMARY_REQUIRED", "summary_to_dict", "summary_from_dict",
            "read_summary", "STEP", "EPOCH", "TAU", "SKIPPED", "TAU_HISTOGRAM", "METRICS_KINDS",
@@ -47,6 +47,11 @@ VIEW_RETRIEVAL_TOP1 = "view_retrieval_top1"
 ONLINE_PROBE_ACCURACY = "online_probe_accuracy"
 #: The online kNN monitor's val accuracy at an epoch's end (``--online-probe``).
 ONLINE_KNN_ACCURACY = "online_knn_accuracy"
+#: The online view retrieval's top-1 rate at an epoch's end (``--online-probe`` on data without
+#: labels; ``online_view_retrieval_top5`` beside it).
+ONLINE_VIEW_RETRIEVAL_TOP1 = "online_view_retrieval_top1"
+#: Every number the online read-out writes into an epoch record, in the order shown.
+ONLINE_KEYS = (ONLINE_PROBE_ACCURACY, ONLINE_KNN_ACCURACY, ONLINE_VIEW_RETRIEVAL_TOP1, "online_view_retrieval_top5")
 
 #: The untrained encoder (the run's model at its initialisation), read out like the trained one.
 RANDOM_INIT = "random_init"

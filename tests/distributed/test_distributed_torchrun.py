@@ -52,6 +52,27 @@ def _checkpoint(out):
     return torch.load(os.path.join(out, "checkpoints", "last.pt"), map_location="cpu", weights_only=False)
 
 
+def _online_numbers_recomputed(out) -> dict:
+    """The online read-out of the run's last checkpoint (its encoder, and its online probe's
+    head), computed again in this one process."""
+    from contrastkit.train.evaluate import readout_views
+    from contrastkit.train.online import OnlineProbe, OnlineViewRetrieval
+    from contrastkit.train.runs import load_run
+
+    saved = load_run(str(out))
+    dataset = saved.load_data()
+    model = saved.build_model(dataset.image_shape, torch.device("cpu"))
+    config = saved.config
+    if dataset.num_classes:
+        online = OnlineProbe(model.encoder.out_dim, dataset.num_classes, torch.device("cpu"), seed=config.seed,
+                             knn_k=config.knn_k, knn_temperature=config.knn_temperature)
+        online.load_state_dict(saved.state["online_probe"])
+    else:
+        online = OnlineViewRetrieval(readout_views(config, dataset, torch.device("cpu")), torch.device("cpu"),
+                                     seed=config.seed)
+    return online.evaluate(model.encoder, dataset)
+
+
 def test_two_process_torchrun_pretrain_writes_one_run_folder_and_resumes(tmp_path):
     out = tmp_path / "run"
     summary = _summary(torchrun(*TINY, "--method", "simclr", "--epochs", "1", "--out", str(out)))
@@ -72,6 +93,12 @@ def test_two_process_torchrun_pretrain_writes_one_run_folder_and_resumes(tmp_pat
     assert steps == sorted(set(steps)) and len(steps) == records[-1]["step"]
     checkpoint = _checkpoint(out)
     assert checkpoint["world_size"] == 2 and len(checkpoint["rng_per_rank"]) == 2
+    # The online read-out (on by default) that the two ranks computed, each its share, is what
+    # one process computes from the checkpoint's encoder and head.
+    online = {key: value for key, value in summary.items() if key.startswith("online_")}
+    assert set(online) == {"online_probe_accuracy", "online_knn_accuracy"}
+    assert online == _online_numbers_recomputed(out)
+    assert checkpoint["online_probe"]["steps"] == summary["steps"]
 
 
 def test_two_process_torchrun_trains_on_an_unlabeled_collection_and_names_every_damaged_file(tmp_path):
@@ -93,6 +120,9 @@ def test_two_process_torchrun_trains_on_an_unlabeled_collection_and_names_every_
     for prefix in ("", "random_init_", "raw_pixel_"):
         assert 0 <= summary[prefix + "view_retrieval_top1"] <= 1
     assert "probe_accuracy" not in summary and summary["steps"] == 5
+    online = {key: value for key, value in summary.items() if key.startswith("online_")}
+    assert set(online) == {"online_view_retrieval_top1", "online_view_retrieval_top5"}
+    assert online == _online_numbers_recomputed(out)  # the two ranks' shares: one process's numbers
     # Each rank skipped the damaged files of its own batches; rank 0 names them all, once.
     named = [line.split("\t")[0] for line in (out / "skipped.txt").read_text().splitlines()]
     assert sorted(os.path.basename(path) for path in named) == sorted(damaged)

@@ -1,6 +1,8 @@
 """The online probe under two processes (gloo, CPU): each rank trains the head on its share of
 each batch (the gradients averaged) and reads its share of the val images and of the kNN's
-memory; the head and the epoch's numbers are those of one process on the whole batches."""
+memory; the head and the epoch's numbers are those of one process on the whole batches. The
+online view retrieval (data without labels) reads each rank's share of each batch of views: its
+numbers are one process's too, and those of the label-free read-out on the same views."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ def two_ranks(tmp_path_factory):
 
 def test_two_ranks_train_the_head_one_process_trains_and_read_its_numbers(two_ranks):
     alone = O.trained(0, 1)
-    initial = O.OnlineProbe(O.FEATURES, O.CLASSES, torch.device("cpu"), seed=O.SEED).head.state_dict()
+    initial = O.OnlineProbe(O.FEATURES, O.CLASSES, torch.device("cpu"), seed=O.SEED, knn_k=3,
+                            knn_temperature=0.1).head.state_dict()
     assert not torch.allclose(alone["head"]["weight"], initial["weight"])  # the steps moved it
     for result in two_ranks:
         for key, value in alone["head"].items():
@@ -28,10 +31,26 @@ def test_two_ranks_train_the_head_one_process_trains_and_read_its_numbers(two_ra
     assert set(alone["numbers"]) == {"online_probe_accuracy", "online_knn_accuracy"}
 
 
+def test_two_ranks_read_the_view_retrieval_of_one_process(two_ranks):
+    from contrastkit.metrics.readout import extract_features, held_out_views, view_retrieval
+
+    alone = O.retrieval(0, 1)
+    assert set(alone) == {"online_view_retrieval_top1", "online_view_retrieval_top5"}
+    for result in two_ranks:
+        assert result["views"] == alone
+    # The label-free read-out's own functions on all the views at once, in one process.
+    net = O.encoder()
+    view_a, view_b = held_out_views(O.data().val, O.NoisyViews(), seed=O.SEED, batch_size=O.VIEW_BATCH)
+    expected = view_retrieval(torch.from_numpy(extract_features(net, view_a, torch.device("cpu"))),
+                              torch.from_numpy(extract_features(net, view_b, torch.device("cpu"))))
+    assert alone == {f"online_{key}": value for key, value in expected.items()}
+    assert 0 < alone["online_view_retrieval_top1"] < 1  # (the noise makes some views miss: a real check)
+
+
 def test_a_rank_alone_would_train_another_head():
     """What each rank sees alone is not the whole batch: the equality above can fail."""
     net = O.encoder()
-    probe = O.OnlineProbe(O.FEATURES, O.CLASSES, torch.device("cpu"), seed=O.SEED)
+    probe = O.OnlineProbe(O.FEATURES, O.CLASSES, torch.device("cpu"), seed=O.SEED, knn_k=3, knn_temperature=0.1)
     probe.attach(net)
     for view_a, view_b, labels in O.steps():
         with probe.capturing():

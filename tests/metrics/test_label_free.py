@@ -46,3 +46,36 @@ def test_the_held_out_loss_is_the_mean_loss_over_batches_of_the_run_size():
     expected = np.mean([float(losses.nt_xent_views(norm(h_a[s:s + 10], dim=1), norm(h_b[s:s + 10], dim=1),
                                                    temperature=0.3)) for s in (0, 10, 20)])
     assert np.isclose(numbers["heldout_loss"], expected, rtol=0, atol=1e-12)
+
+
+class _NoisyViews:
+    def views_of(self, images):
+        return images + torch.randn_like(images), images + torch.randn_like(images)
+
+
+def test_the_views_batch_by_batch_are_the_whole_views_whatever_the_caller_draws_between_batches():
+    from contrastkit.metrics.readout import held_out_view_batches, held_out_views
+
+    images = torch.rand(10, 1, 4, 4)
+    whole_a, whole_b = held_out_views(images, _NoisyViews(), max_samples=8, seed=3, batch_size=3)
+    assert whole_a.shape == (8, 1, 4, 4)
+    torch.manual_seed(11)
+    parts = []
+    for view_a, view_b in held_out_view_batches(images, _NoisyViews(), max_samples=8, seed=3, batch_size=3):
+        parts.append((view_a, view_b))
+        torch.rand(5)  # the caller's own draws between batches (an encoder's dropout, say)
+    assert [a.shape[0] for a, _ in parts] == [3, 3, 2]
+    assert torch.equal(torch.cat([a for a, _ in parts]), whole_a)
+    assert torch.equal(torch.cat([b for _, b in parts]), whole_b)
+    # the caller's stream moved by its own draws only
+    assert torch.equal(torch.rand(3), _after_draws(11, len(parts)))
+    # another seed, other views
+    other_a, _ = held_out_views(images, _NoisyViews(), max_samples=8, seed=4, batch_size=3)
+    assert not torch.equal(other_a, whole_a)
+
+
+def _after_draws(seed, draws):
+    torch.manual_seed(seed)
+    for _ in range(draws):
+        torch.rand(5)
+    return torch.rand(3)

@@ -299,6 +299,47 @@ def test_temperature_schedule_is_drawn_from_tau_records(tmp_path):
     assert bad == 0
 
 
+def _with_online_numbers(run, numbers_of_epoch):
+    """``run``'s metrics.jsonl with each epoch record given ``numbers_of_epoch(epoch)``."""
+    lines = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] == "epoch":
+            record.update(numbers_of_epoch(record["epoch"]))
+        lines.append(json.dumps(record))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("labelled", [True, False])
+def test_the_online_read_out_is_drawn_per_epoch_and_tabled(tmp_path, labelled):
+    from contrastkit.report.figures import training_figure
+    from contrastkit.report.reading import read_metrics
+
+    run = write_run(tmp_path / "run")
+    if labelled:
+        numbers = {e: {"online_probe_accuracy": 0.31 + e / 10, "online_knn_accuracy": 0.27 + e / 10} for e in (1, 2, 3)}
+        columns = {"online_probe_accuracy": "online probe", "online_knn_accuracy": "online kNN"}
+    else:
+        numbers = {e: {"online_view_retrieval_top1": 0.123 * e, "online_view_retrieval_top5": 0.3} for e in (1, 2, 3)}
+        columns = {"online_view_retrieval_top1": "online view retrieval top-1"}
+    _with_online_numbers(run, numbers.get)
+    page = write_report(run).read_text(encoding="utf-8")
+    assert "the validation panel shows the online read-out measured at the end of every epoch" in page
+    for title in columns.values():
+        assert f'<th scope="col" class="num">{title}</th>' in page
+    for epoch in (1, 2, 3):
+        for key in columns:
+            assert f'<td class="num">{numbers[epoch][key]:.4f}</td>' in page, (epoch, key)
+    # The figure's validation panel: each online curve is the epochs' numbers, beside the val kNN.
+    figure = training_figure(read_metrics(run / "metrics.jsonl")[0])
+    panel = next(ax for ax in figure.axes if ax.get_title() == "Validation read-out per epoch")
+    curves = {line.get_label(): line.get_data() for line in panel.lines}
+    for key, title in columns.items():
+        x, y = curves[title]
+        assert list(x) == [1, 2, 3] and list(y) == pytest.approx([numbers[e][key] for e in (1, 2, 3)])
+    assert "val kNN" in curves
+
+
 # ---------------------------------------------------------------- sweep
 
 

@@ -57,6 +57,16 @@ def test_compiled_steps_match_eager_and_resume_exactly(tmp_path, compiler):
     assert _weights(tmp_path / "compiled").keys() == _weights(tmp_path / "eager").keys()
     recorded = json.loads((tmp_path / "compiled" / "config.json").read_text())["config"]
     assert recorded["compile"] is True
+    # The online probe (on by default) reads h through a forward hook, which the compiled encoder
+    # runs too: the head trained at every step, on the compiled step's h. Its Adam step moves each
+    # weight by at most about its learning rate, so the two heads are within that per step.
+    from contrastkit.train.online import PROBE_LR
+
+    eager_head, compiled_head = (torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=False)
+                                 ["online_probe"] for name in ("eager", "compiled"))
+    assert compiled_head["steps"] == eager_head["steps"] == 4
+    assert torch.allclose(compiled_head["head"]["weight"], eager_head["head"]["weight"], rtol=0, atol=4 * PROBE_LR)
+    assert "online_probe_accuracy" in compiled and "online_knn_accuracy" in compiled
 
     class Stop(Exception):
         pass

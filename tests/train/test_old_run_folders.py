@@ -57,8 +57,9 @@ def test_an_old_runs_configuration_and_choices_read_back(old_run):
     (configuration in the former field order) belongs to it."""
     saved = load_run(str(old_run))
     stored = json.loads((old_run / "config.json").read_text(encoding="utf-8"))
-    # A field added since b5568db reads back at its default (online_probe: the run had none).
-    assert saved.config.to_dict() == {**stored["config"], "online_probe": False}
+    # A field added since b5568db reads back at what its absence meant (online_probe: the run had
+    # none, though the online read-out is on by default now) or at its default (select_by).
+    assert saved.config.to_dict() == {**stored["config"], "online_probe": False, "select_by": "val_probe"}
     assert "online_probe" not in stored["config"] and "online_probe" not in saved.state
     assert saved.config.batch_size == 16 and saved.config.queue_size == (16 if saved.config.method == "moco" else None)
     assert list(saved.state["config"]) != list(saved.config.to_dict())  # the former order: read all the same

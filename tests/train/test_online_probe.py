@@ -85,7 +85,8 @@ def test_the_epoch_numbers_are_those_of_the_checkpointed_head_and_encoder(tmp_pa
     assert summary[records.ONLINE_PROBE_ACCURACY] == float(np.mean(predicted == val_y))
     assert state["online_probe"]["steps"] == summary["steps"]
     # The head trained: it is not its initialisation any more.
-    initial = OnlineProbe(train_x.shape[1], dataset.num_classes, torch.device("cpu"), seed=config.seed)
+    initial = OnlineProbe(train_x.shape[1], dataset.num_classes, torch.device("cpu"), seed=config.seed,
+                          knn_k=config.knn_k, knn_temperature=config.knn_temperature)
     assert not torch.equal(initial.head.weight, head.weight)
     # The CSV logger has them in their own group, per epoch.
     with open(out / "metrics.csv", newline="", encoding="utf-8") as handle:
@@ -103,7 +104,7 @@ def test_the_head_trains_on_every_row_the_step_computed_with_the_labels_of_its_i
     view_a, view_b = torch.randn(4, 5), torch.randn(4, 5)
 
     def trained(calls):
-        probe = OnlineProbe(3, 3, torch.device("cpu"), seed=1)
+        probe = OnlineProbe(3, 3, torch.device("cpu"), seed=1, knn_k=3, knn_temperature=0.1)
         probe.attach(encoder)
         with probe.capturing():
             for call in calls:
@@ -114,7 +115,7 @@ def test_the_head_trains_on_every_row_the_step_computed_with_the_labels_of_its_i
         probe.detach()
         return probe.head
 
-    expected = OnlineProbe(3, 3, torch.device("cpu"), seed=1).head
+    expected = OnlineProbe(3, 3, torch.device("cpu"), seed=1, knn_k=3, knn_temperature=0.1).head
     optimizer = torch.optim.Adam(expected.parameters(), lr=PROBE_LR)
     with torch.no_grad():
         h = encoder(torch.cat([view_a, view_b]))
@@ -126,7 +127,7 @@ def test_the_head_trains_on_every_row_the_step_computed_with_the_labels_of_its_i
         torch.testing.assert_close(head.weight, expected.weight, rtol=0, atol=1e-7)
         torch.testing.assert_close(head.bias, expected.bias, rtol=0, atol=1e-7)
     # The same rows with the labels of the other view order: another head (the check can fail).
-    wrong = OnlineProbe(3, 3, torch.device("cpu"), seed=1).head
+    wrong = OnlineProbe(3, 3, torch.device("cpu"), seed=1, knn_k=3, knn_temperature=0.1).head
     torch.nn.functional.cross_entropy(wrong(h), labels.repeat_interleave(2)).backward()
     torch.optim.Adam(wrong.parameters(), lr=PROBE_LR).step()
     assert not torch.allclose(wrong.weight, expected.weight)
@@ -177,16 +178,46 @@ def test_a_resume_without_the_probe_state_would_end_elsewhere(tmp_path, monkeypa
     assert not torch.equal(a["online_probe"]["head"]["weight"], b["online_probe"]["head"]["weight"])
 
 
-def test_unlabeled_data_and_no_online_probe_log_no_online_numbers(tmp_path, one_torch_thread):
-    from _data_fixtures import write_collection
-
+def test_it_is_on_by_default_and_off_with_no_online_probe(tmp_path, one_torch_thread):
+    on = pretrain(tiny_config(tmp_path / "default"), progress=False, baselines=False)
+    assert all(key in on for key in ONLINE) and all(key in _records(tmp_path / "default")[0] for key in ONLINE)
     _run(tmp_path / "off", online_probe=False, epochs=1)
+    assert _records(tmp_path / "off") and not any(key.startswith("online_") for r in _records(tmp_path / "off")
+                                                  for key in r)
+    assert "online_probe" not in _checkpoint(tmp_path / "off")
+
+
+def test_without_labels_it_is_the_view_retrieval_of_the_checkpointed_encoder_on_fixed_val_views(
+        tmp_path, one_torch_thread):
+    from _data_fixtures import write_collection
+    from contrastkit.data import open_data
+    from contrastkit.metrics.readout import held_out_views, view_retrieval
+    from contrastkit.train.evaluate import readout_views
+
     write_collection(tmp_path / "images", damaged=())
-    _run(tmp_path / "unlabeled", data=str(tmp_path / "images"), data_options={"size": 16}, epochs=1)
-    for out in ("off", "unlabeled"):
-        assert _records(tmp_path / out) and not any(key.startswith("online_") for r in _records(tmp_path / out)
-                                                    for key in r)
-        assert "online_probe" not in _checkpoint(tmp_path / out)
+    out = tmp_path / "unlabeled"
+    config = tiny_config(out, data=str(tmp_path / "images"), data_options={"size": 16}, epochs=2,
+                         loggers=["csv"])
+    summary = pretrain(config, progress=False, baselines=False)
+    keys = (records.ONLINE_VIEW_RETRIEVAL_TOP1, "online_view_retrieval_top5")
+    epochs = _records(out)
+    assert [sorted(k for k in r if k.startswith("online_")) for r in epochs] == [sorted(keys)] * 2
+    assert {key: summary[key] for key in keys} == {key: epochs[-1][key] for key in keys}
+    assert _checkpoint(out)["online_probe"] == {"last": {key: summary[key] for key in keys}}
+    # Recomputed with the label-free read-out's own functions from the final checkpoint.
+    resolved = config.resolved()
+    dataset = open_data(resolved.data, seed=resolved.seed, **resolved.data_options)
+    assert 2 <= len(dataset.val) < 2000
+    model = build_model(resolved, dataset.image_shape, initial_weights=False)
+    model.load_state_dict(_checkpoint(out)["model"])
+    view_a, view_b = held_out_views(dataset.val, readout_views(resolved, dataset, torch.device("cpu")),
+                                    seed=resolved.seed)
+    expected = view_retrieval(*(torch.from_numpy(extract_features(model.encoder, v, torch.device("cpu")))
+                                for v in (view_a, view_b)))
+    assert {key: summary[key] for key in keys} == {f"online_{k}": v for k, v in expected.items()}
+    with open(out / "metrics.csv", newline="", encoding="utf-8") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["group"] == "online"]
+    assert {(int(r["epoch"]), r["name"]) for r in rows} == {(e, key[len("online_"):]) for e in (1, 2) for key in keys}
 
 
 def test_a_stream_trains_the_head_on_its_batches(tmp_path, one_torch_thread):
@@ -199,3 +230,53 @@ def test_a_stream_trains_the_head_on_its_batches(tmp_path, one_torch_thread):
     state = _checkpoint(out)
     assert state["online_probe"]["steps"] == summary["steps"] > 0
     assert 0 <= summary[records.ONLINE_PROBE_ACCURACY] <= 1 and 0 <= summary[records.ONLINE_KNN_ACCURACY] <= 1
+
+
+@pytest.mark.parametrize("select_by", ["online_probe", "online_knn"])
+def test_select_by_an_online_number_picks_its_best_epoch_without_refitting_the_val_probe(tmp_path, one_torch_thread,
+                                                                                         select_by):
+    out = tmp_path / select_by
+    summary = _run(out, epochs=3, eval_every=1, select_by=select_by)
+    key = {"online_probe": records.ONLINE_PROBE_ACCURACY, "online_knn": records.ONLINE_KNN_ACCURACY}[select_by]
+    epochs = _records(out)
+    scores = [r[key] for r in epochs]
+    assert summary["selection"]["metric"] == key and summary["selection"]["epochs"] == [1, 2, 3]
+    assert summary["selection"]["scores"] == scores
+    assert summary["selected_epoch"] == 1 + scores.index(max(scores))  # the earliest best
+    assert not any("val_probe_accuracy" in r or "val_knn_accuracy" in r for r in epochs)
+    assert _checkpoint(out)["selection"]["scores"] == scores  # a resumed run keeps them
+
+
+def test_without_labels_the_online_view_retrieval_picks_the_epoch(tmp_path, one_torch_thread):
+    from _data_fixtures import write_collection
+
+    write_collection(tmp_path / "images", damaged=())
+    out = tmp_path / "run"
+    summary = _run(out, data=str(tmp_path / "images"), data_options={"size": 16}, epochs=3, eval_every=1,
+                   select_by="online_view_retrieval")
+    scores = [r[records.ONLINE_VIEW_RETRIEVAL_TOP1] for r in _records(out)]
+    assert summary["selection"]["metric"] == records.ONLINE_VIEW_RETRIEVAL_TOP1
+    assert summary["selection"]["scores"] == scores
+    assert summary["selected_epoch"] == 1 + scores.index(max(scores))
+    assert records.VIEW_RETRIEVAL_TOP1 in summary["selected"]  # the selected epoch's label-free read-out
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"select_by": "online_knn"}, "picks among the eval_every epochs"),
+    ({"select_by": "online_knn", "eval_every": 1, "online_probe": False}, "turns off"),
+    ({"select_by": "knn"}, "select_by must be one of val_probe, online_probe"),
+    ({"select_by": "online_view_retrieval", "eval_every": 1}, "is for images without labels; .* has class labels"),
+])
+def test_a_select_by_the_run_cannot_give_is_refused_by_name(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        pretrain(tiny_config(tmp_path / "run", **options), progress=False, baselines=False)
+
+
+def test_select_by_a_number_of_labels_on_images_without_them_is_refused(tmp_path):
+    from _data_fixtures import write_collection
+
+    write_collection(tmp_path / "images", count=12, damaged=())
+    with pytest.raises(ValueError, match="online_probe needs class labels, and .* has none: select by "
+                                         "online_view_retrieval"):
+        pretrain(tiny_config(tmp_path / "run", data=str(tmp_path / "images"), data_options={"size": 16},
+                             eval_every=1, select_by="online_probe"), progress=False, baselines=False)

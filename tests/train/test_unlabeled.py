@@ -317,7 +317,14 @@ def test_damaged_files_in_val_and_test_are_named_as_training_ones_are(tmp_path, 
     assert json.loads(out.out)["skipped_files"] == 2
     listed = (tmp_path / "run" / "skipped.txt").read_text().splitlines()
     assert sorted(os.path.basename(line.split("\t")[0]) for line in listed) == sorted([in_val, in_test])
-    code, out = _run(capsys, _args(data, tmp_path / "strict", "--no-baselines", "--bad-files", "fail"))
+    code, out = _run(capsys, _args(data, tmp_path / "strict", "--no-baselines", "--bad-files", "fail",
+                                   "--no-online-probe"))
     error = out.err.strip()
     assert code == 2 and error.count("\n") == 0 and in_val in error, error
     assert "held-out file, read after training" in error and "checkpoint of step" in error, error
+    # The online read-out (on by default) reads val at the first epoch's end: the run stops there.
+    code, out = _run(capsys, _args(data, tmp_path / "early", "--no-baselines", "--bad-files", "fail"))
+    error = out.err.strip()
+    assert code == 2 and error.count("\n") == 0 and in_val in error, error
+    assert ("a held-out file, read by the online read-out at the end of epoch 1; no checkpoint was written before "
+            "it; with --no-online-probe the held-out files are read only after training") in error, error

@@ -12,7 +12,8 @@ from contrastkit import layout
 from contrastkit.commands.common import add_collection_changed_argument, add_config_argument, parse_data_options, parse_names, print_result_table
 from contrastkit.data.collection import MAX_SIZE, check_image_size
 from contrastkit.methods import METHOD_REGISTRY, OPTIMIZERS, PretrainConfig, method_names
-from contrastkit.methods.config import DATA_ON_DEVICE, LOGGER_NAMES, ON_NAN, OPTION_GROUPS, PRECISIONS, option_facts
+from contrastkit.methods.config import (DATA_ON_DEVICE, LOGGER_NAMES, ON_NAN, OPTION_GROUPS, PRECISIONS, SELECT_BY,
+                                        option_facts)
 from contrastkit.models import ENCODERS
 from contrastkit.temperature_methods import TEMPERATURE_METHOD_REGISTRY
 from contrastkit.models.text import TEXT_ENCODERS
@@ -147,7 +148,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
     add("--eval-every", type=int, default=None,
         help="epochs between val read-outs (kNN and linear probe, logged to metrics.jsonl); the "
-             "epoch with the best val probe is reported as summary.json's selected block (default 0: never)")
+             "epoch with the best --select-by score is reported as summary.json's selected block (default 0: "
+             "never)")
+    add("--select-by", choices=SELECT_BY, default=None,
+        help="the score that picks the reported epoch among the --eval-every epochs: val_probe refits a linear "
+             "probe on the training features at each of them; online_probe, online_knn (labelled data) and "
+             "online_view_retrieval (images without labels) take the number the online read-out measured at "
+             "that epoch's end, and the val probe is not refitted (default val_probe)")
     add("--checkpoint-every", type=int, default=None, metavar="N",
         help="also write the checkpoint every N steps, not only at the end of each epoch (for long epochs; "
              "default 0: epoch ends only). On SIGTERM or SIGUSR1 a run always checkpoints the step it is in "
@@ -156,11 +163,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a non-finite training loss: stop the run naming the step and the last good checkpoint (stop), or "
              "drop that step's update and count it in summary.json's skipped_steps (skip) (default stop)")
     add("--online-probe", action=argparse.BooleanOptionalAction, default=None,
-        help="on labelled data, log every epoch the val accuracy of a linear probe trained beside the encoder on "
-             "its detached features (the steps' own forward pass, its own optimizer) and of a kNN on a fixed "
-             "sample of training features (metrics.jsonl's online_probe_accuracy, online_knn_accuracy); the "
-             "encoder trains the same without it (default off; its cost, about 1 in 100 of a step and 3 in 100 of "
-             "an epoch for the evaluation, is in benchmarks/results/online_probe.md)")
+        help="log every epoch an online read-out: on labelled data the val accuracy of a linear probe trained "
+             "beside the encoder on its detached features (the steps' own forward pass, its own optimizer) and of "
+             "a kNN on a fixed sample of training features (metrics.jsonl's online_probe_accuracy, "
+             "online_knn_accuracy); on images without labels the view retrieval of 2,000 val images "
+             "(online_view_retrieval_top1); the encoder trains the same without it (default on; its cost, about 1 "
+             "in 100 of a step and 3 in 100 of an epoch for the evaluation, is in "
+             "benchmarks/results/online_probe.md)")
     add("--knn-k", type=int, default=None, help=f"neighbors of the kNN read-out (default {d.knn_k})")
     add("--knn-temperature", type=float, default=None,
         help=f"temperature of the weighted kNN read-out (default {d.knn_temperature})")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PretrainConfig", "DataChoices", "resolve_for_data", "OPTIMIZERS", "LOGGER_NAMES", "RESUME_MAY_CHANGE",
            "OPTION_GROUPS", "option_facts",
-           "LIGHTNING_APPLIES", "PRECISIONS", "DATA_ON_DEVICE", "ON_NAN",
+           "LIGHTNING_APPLIES", "PRECISIONS", "DATA_ON_DEVICE", "ON_NAN", "SELECT_BY", "ABSENT_FROM_OLD_RECORDS",
            "check_positive_int",
            "check_positive_float", "default_batch_size", "SMALLEST_DEFAULT_BATCH", "LARGEST_DEFAULT_BATCH",
            "IMAGES_PER_BATCH_ROW"]
@@ -44,6 +44,13 @@ TENSORBOARD_MISSING = ("--logger tensorboard needs the tensorboard package: pip 
 
 #: What a non-finite training loss does: stop the run, or skip that step's update (``on_nan``).
 ON_NAN = ("stop", "skip")
+#: What may pick the reported epoch among the ``eval_every`` epochs (``select_by``), the val
+#: linear probe refitted at each of them or a number the online read-out measured at that epoch's
+#: end (``contrastkit.train.selection`` says each rule).
+SELECT_BY = ("val_probe", "online_probe", "online_knn", "online_view_retrieval")
+#: What a configuration recorded before a field existed meant by leaving it out, where that is
+#: not the field's default (a run recorded before the online read-out had none).
+ABSENT_FROM_OLD_RECORDS: Dict[str, Any] = {"online_probe": False}
 
 
 # The batch a run takes when none is given grows with the training set (default_batch_size).
@@ -305,9 +312,11 @@ class PretrainConfig:
     eval_every: int = _option(0, group="run", resume=True)  # epochs between val read-outs picking the epoch (0: never)
     checkpoint_every: int = _option(0, group="run", resume=True)  # steps between checkpoints in an epoch (0: ends)
     on_nan: str = _option("stop", group="run", resume=True)  # a non-finite loss: "stop" the run, or "skip" the update
-    # The online linear probe and kNN monitor (contrastkit.train.online), logged every epoch on
-    # labelled data; the encoder trains the same with or without them.
-    online_probe: bool = _option(False, group="run")
+    select_by: str = _option("val_probe", group="run")  # the score that picks the epoch (SELECT_BY)
+    # The online read-out (contrastkit.train.online), logged every epoch: the online linear probe
+    # and kNN monitor on labelled data, the view retrieval of held-out images without labels;
+    # the encoder trains the same with or without it.
+    online_probe: bool = _option(True, group="run")
     knn_k: int = _option(20, group="run")
     knn_temperature: float = _option(0.07, group="run")
     out: str = _option(os.path.join("runs", "pretrain"), group="run", resume=True)
@@ -380,6 +389,14 @@ class PretrainConfig:
             raise ValueError(f"on_nan must be one of {ON_NAN}, got {c.on_nan!r}")
         if not isinstance(c.online_probe, bool):
             raise ValueError(f"online_probe must be true or false, got {c.online_probe!r}")
+        if c.select_by not in SELECT_BY:
+            raise ValueError(f"select_by must be one of {', '.join(SELECT_BY)}, got {c.select_by!r}")
+        if c.select_by != "val_probe" and not c.eval_every:
+            raise ValueError(f"select_by {c.select_by} picks among the eval_every epochs: give eval_every "
+                             "(--eval-every N), or leave select_by at val_probe")
+        if c.select_by.startswith("online_") and not c.online_probe:
+            raise ValueError(f"select_by {c.select_by} reads the online read-out, which online_probe false "
+                             "(--no-online-probe) turns off")
         check_positive_int(c.knn_k, "knn_k")
         c.knn_temperature = check_positive_float(c.knn_temperature, "knn_temperature")
         _resolve_accumulation(c)
@@ -412,6 +429,13 @@ class PretrainConfig:
         if unknown:
             raise ValueError(f"unknown configuration keys {unknown}")
         return cls(**data)
+
+    @classmethod
+    def from_record(cls, data: Dict[str, Any]) -> "PretrainConfig":
+        """The configuration a run recorded (its config.json or checkpoint): :meth:`from_dict`,
+        with a field the record predates at what its absence meant then
+        (``contrastkit.methods.config.ABSENT_FROM_OLD_RECORDS``), else at its default."""
+        return cls.from_dict({**ABSENT_FROM_OLD_RECORDS, **data})
 
 
 def resolve_for_data(config: PretrainConfig, train_size: int, *,

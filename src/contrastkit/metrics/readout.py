@@ -10,7 +10,7 @@ pixels. Neither depends on a training run, so a caller may keep their numbers
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from .probe import knn_accuracy, linear_probe
 
 __all__ = ["extract_features", "pixel_features", "baseline_pixel_images", "RAW_PIXEL_SIDE", "evaluate_features",
            "evaluate_encoders", "BaselineStore",
-           "held_out_views", "view_retrieval", "label_free_numbers", "evaluate_without_labels", "LABEL_FREE_SAMPLES",
+           "held_out_views", "held_out_view_batches", "view_retrieval", "label_free_numbers", "evaluate_without_labels", "LABEL_FREE_SAMPLES",
            "LABEL_FREE_ROWS", "ReadoutPartFailed", "readout_part"]
 
 
@@ -196,24 +196,53 @@ LABEL_FREE_ROWS = (("view retrieval top-1", records.VIEW_RETRIEVAL_TOP1),
 LABEL_FREE_SAMPLES = 2000
 
 
-@torch.no_grad()
+def held_out_view_batches(split: Any, views: Any, *, max_samples: int = LABEL_FREE_SAMPLES, seed: int = 0,
+                          batch_size: int = 256, workers: int = 0) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    """The two augmented views ``(view_a, view_b)`` of :func:`held_out_views` a batch of at most
+    ``batch_size`` images at a time, as the view maker returns them (its device and dtype), in
+    the split's order: a caller that reads them out batch by batch never holds every view. The
+    views are those :func:`held_out_views` returns, whatever the caller does between batches: the
+    reading and the views draw from their own CPU generator state, seeded once and swapped in
+    around each batch, and the caller's stream is left as it was."""
+    own = _seeded_cpu_state(seed)
+    batches: Optional[Iterator[torch.Tensor]] = None
+    count = 0
+    while count < max_samples:
+        caller = torch.get_rng_state()  # the caller's CPU stream, left as it was between batches
+        torch.set_rng_state(own)
+        try:
+            with torch.no_grad():
+                if batches is None:  # (a loader draws its seed here: from the seeded stream)
+                    batches = iter(image_batches(split, batch_size, workers))
+                batch = next(batches, None)
+                pair = None if batch is None else views.views_of(batch[:max_samples - count])
+            own = torch.get_rng_state()
+        finally:
+            torch.set_rng_state(caller)
+        if pair is None:
+            return
+        count += pair[0].shape[0]
+        yield pair
+
+
+def _seeded_cpu_state(seed: int) -> torch.Tensor:
+    """The CPU generator's state after ``torch.manual_seed(seed)``, the global one untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return torch.get_rng_state()
+
+
 def held_out_views(split: Any, views: Any, *, max_samples: int = LABEL_FREE_SAMPLES, seed: int = 0,
                    batch_size: int = 256, workers: int = 0) -> Any:
     """Two augmented views ``(view_a, view_b)`` ``(n, C, H, W)`` float32 (CPU) of the first
     ``max_samples`` images of ``split`` (any storage, read by :func:`~contrastkit.data.image_batches`),
     made by the view maker's ``views_of`` under ``seed`` in a forked RNG, so that every encoder
     read out on them sees the same views and the caller's RNG stream is left untouched."""
-    parts_a, parts_b, count = [], [], 0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for batch in image_batches(split, batch_size, workers):
-            batch = batch[:max_samples - count]
-            view_a, view_b = views.views_of(batch)
-            parts_a.append(view_a.float().cpu())
-            parts_b.append(view_b.float().cpu())
-            count += batch.shape[0]
-            if count >= max_samples:
-                break
+    parts_a, parts_b = [], []
+    for view_a, view_b in held_out_view_batches(split, views, max_samples=max_samples, seed=seed,
+                                                batch_size=batch_size, workers=workers):
+        parts_a.append(view_a.float().cpu())
+        parts_b.append(view_b.float().cpu())
     return torch.cat(parts_a), torch.cat(parts_b)
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from contrastkit.records import EPOCH, PROBE_ACCURACY, STEP, TAU, TAU_HISTOGRAM, baseline_key
+from contrastkit.records import (EPOCH, ONLINE_KNN_ACCURACY, ONLINE_PROBE_ACCURACY, ONLINE_VIEW_RETRIEVAL_TOP1,
+                                 PROBE_ACCURACY, STEP, TAU, TAU_HISTOGRAM, baseline_key)
 
 from .reading import BASELINES, READOUTS, REPRESENTATION_KEYS, mean_std, number
 
-__all__ = ["training_figure", "readout_figure", "profile_figure", "geometry_figure", "accuracy_vs_tau_figure",
+__all__ = ["EPOCH_READOUT_CURVES", "training_figure", "readout_figure", "profile_figure", "geometry_figure", "accuracy_vs_tau_figure",
            "batch_figure", "map_figure", "diagnostics_by_tau_figure", "tau_histogram_figure", "CLASS_COLORS"]
 
 #: One colour per class (matplotlib's tab10, then tab20's light tones).
@@ -39,14 +40,26 @@ def _style(ax: Any) -> None:
         ax.spines[side].set_visible(False)
 
 
+#: The per-epoch read-out numbers that the training figure's validation panel draws, each as
+#: ``(epoch record key, label, colour, line style)``; the val read-out of the ``--eval-every``
+#: epochs solid, the online read-out of every epoch dashed.
+EPOCH_READOUT_CURVES = (("val_knn_accuracy", "val kNN", "#7b3fc4", "-"),
+                        ("val_probe_accuracy", "val probe", "#2457c5", "-"),
+                        (ONLINE_KNN_ACCURACY, "online kNN", "#7b3fc4", "--"),
+                        (ONLINE_PROBE_ACCURACY, "online probe", "#2457c5", "--"),
+                        (ONLINE_VIEW_RETRIEVAL_TOP1, "online view retrieval top-1", "#d9480f", "--"))
+
+
 def training_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
-    """Loss, temperature, learning rate and validation kNN accuracy over training (the panels
-    that ``records``, from ``metrics.jsonl``, have values for)."""
+    """Loss, temperature, learning rate and the validation read-out per epoch (the val kNN and
+    probe of the ``--eval-every`` epochs, the online read-out of every epoch,
+    :data:`EPOCH_READOUT_CURVES`) over training (the panels that ``records``, from
+    ``metrics.jsonl``, have values for)."""
     steps = [r for r in records if r.get("kind") == STEP and number(r.get("step")) is not None]
     epochs = [r for r in records if r.get("kind") == EPOCH and number(r.get("step")) is not None]
     taus = [r for r in records if r.get("kind") in (STEP, TAU) and number(r.get("tau")) is not None
             and number(r.get("step")) is not None]
-    validation = [r for r in epochs if number(r.get("val_knn_accuracy")) is not None]
+    validation = [r for r in epochs if any(number(r.get(key)) is not None for key, *_ in EPOCH_READOUT_CURVES)]
     batch = [r for r in steps if number(r.get("positive_probability")) is not None]
     panels = []
     if steps or epochs:
@@ -130,10 +143,19 @@ def training_figure(records: Sequence[Dict[str, Any]]) -> Optional[Any]:
             ax.set_ylabel("learning rate")
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         else:
-            ax.plot([r["epoch"] for r in validation], [r["val_knn_accuracy"] for r in validation],
-                    color="#7b3fc4", marker="o", markersize=3.5, linewidth=2)
-            ax.set_title("Validation kNN accuracy")
-            ax.set_ylabel("accuracy")
+            drawn = []
+            for key, label, color, style in EPOCH_READOUT_CURVES:
+                points = [(r["epoch"], number(r.get(key))) for r in validation if number(r.get(key)) is not None]
+                if points:
+                    ax.plot([e for e, _ in points], [v for _, v in points], color=color, linestyle=style, marker="o",
+                            markersize=3.5, linewidth=2, label=label)
+                    drawn.append(label)
+            if drawn == ["val kNN"]:  # (the panel as it was before the online read-out)
+                ax.set_title("Validation kNN accuracy")
+            else:
+                ax.set_title("Validation read-out per epoch")
+                ax.legend(frameon=False, fontsize=8)
+            ax.set_ylabel("accuracy" if not drawn[-1].startswith("online view") else "accuracy / top-1")
             ax.set_xlabel("epoch")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             continue

@@ -220,11 +220,16 @@ def _training_section(page: Page, run: RunFiles) -> None:
     figure = training_figure(run.records)
     if figure is not None:
         batch = any(r.get("positive_probability") is not None for r in run.records)
+        online = any(key in r for r in run.records for key in records.ONLINE_KEYS)
         parts.append(page.figure(figure, "Loss, temperature and learning rate over training steps (from metrics.jsonl)"
                                  + ("; the batch panels are read from each logged step's own batch: mean p+, mean "
                                     "effective negatives e^H (of the number of negatives, dotted) and the mean "
-                                    "similarity of the positive, the hardest negative and all negatives." if batch
-                                    else "."),
+                                    "similarity of the positive, the hardest negative and all negatives" if batch
+                                    else "")
+                                 + ("; the validation panel shows the online read-out measured at the end of every "
+                                    "epoch (dashed: the online probe and kNN monitor, or without labels the view "
+                                    "retrieval of held-out images) beside the val read-out of the --eval-every "
+                                    "epochs (solid)" if online else "") + ".",
                                  "training curves"))
     elif run.records or run.has_metrics:
         parts.append(page.paragraph("metrics.jsonl has no step or epoch records yet."))
@@ -248,17 +253,21 @@ def _training_section(page: Page, run: RunFiles) -> None:
         page.section("Training", *parts, section_id="training")
 
 
+#: The per-epoch read-out columns of the epoch table, each shown when some epoch has it.
+_EPOCH_COLUMNS = (("val_knn_accuracy", "val kNN accuracy"), ("val_probe_accuracy", "val probe accuracy"),
+                  (records.ONLINE_PROBE_ACCURACY, "online probe"), (records.ONLINE_KNN_ACCURACY, "online kNN"),
+                  (records.ONLINE_VIEW_RETRIEVAL_TOP1, "online view retrieval top-1"))
+
+
 def _epoch_table(page: Page, epochs: Sequence[Dict[str, Any]]) -> str:
-    """Loss, tau, learning rate (and validation kNN accuracy) of the last epochs."""
+    """Loss, tau, learning rate (and the val and online read-out numbers) of the last epochs."""
     header = ["epoch", "step", "loss", "τ", "learning rate"]
-    has_val = any(number(r.get("val_knn_accuracy")) is not None for r in epochs)
-    if has_val:
-        header.append("val kNN accuracy")
+    columns = [(key, title) for key, title in _EPOCH_COLUMNS if any(number(r.get(key)) is not None for r in epochs)]
+    header += [title for _, title in columns]
     rows = []
     for r in epochs[-MAX_TABLE_ROWS:]:
         row = [r.get("epoch"), r.get("step"), number(r.get("loss")), number(r.get("tau")), number(r.get("lr"))]
-        if has_val:
-            row.append(number(r.get("val_knn_accuracy")))
+        row += [number(r.get(key)) for key, _ in columns]
         rows.append(row)
     return page.table(header, rows, numeric=[True] * len(header))
 

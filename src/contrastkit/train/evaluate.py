@@ -23,7 +23,14 @@ from .baselines import BaselineCache
 from .runs import SavedRun, load_run
 from .setup import limit_threads, resolve_device
 
-__all__ = ["evaluate_model", "evaluate_run", "evaluate_on_labelled"]
+__all__ = ["evaluate_model", "evaluate_run", "evaluate_on_labelled", "readout_views"]
+
+
+def readout_views(config: PretrainConfig, dataset: DataSplits, device: torch.device) -> Any:
+    """The view maker whose two views of each held-out image the label-free read-out matches
+    (the run's augmentation at its ``view_strength``, on ``device``): the read-out at the end
+    and the online view retrieval during training make the same views."""
+    return make_views(dataset, mode="augment", device=device, strength=config.view_strength)
 
 
 def evaluate_model(config: PretrainConfig, model: nn.Module, dataset: DataSplits, device: torch.device, *,
@@ -41,7 +48,7 @@ def evaluate_model(config: PretrainConfig, model: nn.Module, dataset: DataSplits
                                    raw_pixels=raw_pixels, knn_k=config.knn_k, knn_temperature=config.knn_temperature,
                                    workers=config.workers, baselines=baselines)
     elif not get_method(config.method).paired:  # images without labels
-        views = make_views(dataset, mode="augment", device=device, strength=config.view_strength)
+        views = readout_views(config, dataset, device)
         # the run's (config.json records it); only a configuration never fitted to its data asks
         # the data (not every time: a stream's read-out sample is not the split the queue was checked on)
         batch_size = config.batch_size if config.batch_size is not None else \

@@ -470,6 +470,13 @@ class StepFaults:
                              f"{self._last_good()}. Lower --lr or raise --temperature and start over",
                              step, float("nan"))
 
+    def held_out_damaged(self, err: BaseException, epoch: int) -> ValueError:
+        """The error of a run that the online read-out stopped at the end of epoch ``epoch``:
+        it read a damaged held-out file under ``--bad-files fail`` (``err`` names the file)."""
+        return ValueError(f"{err} (a held-out file, read by the online read-out at the end of epoch {epoch}; "
+                          f"{self._last_good()}; with --no-online-probe the held-out files are read only after "
+                          "training)")
+
     def _last_good(self) -> str:
         if self.last_checkpoint is None:
             return "no checkpoint was written before it"

@@ -8,7 +8,8 @@ and passes them to each :class:`Logger`:
 * ``epoch/loss``, ``epoch/tau``, ... per epoch, and ``val/...`` (``val/knn_accuracy``,
   ``val/geometry/h/uniformity``, ...) on the epochs with a val evaluation;
 * ``online/probe_accuracy`` and ``online/knn_accuracy`` per epoch: the online probe and kNN
-  monitor (``--online-probe``, :mod:`contrastkit.train.online`);
+  monitor; without labels ``online/view_retrieval_top1`` and ``_top5`` (the online read-out,
+  on unless ``--no-online-probe``, :mod:`contrastkit.train.online`);
 * ``summary/...`` at the end: the probe table (``summary/probe_accuracy``,
   ``summary/random_init_probe_accuracy``, ``summary/raw_pixel_knn_accuracy``, ...) and the
   geometry of the test split (``summary/representation/h/alignment``, ...); for an unlabeled

@@ -47,6 +47,7 @@ from contrastkit.distributed import rank_seed
 from contrastkit.methods import (RESUME_MAY_CHANGE, method_data, DataChoices, EvalContext, Method, PretrainConfig, average_gradients,
                                  build_lr_scheduler, build_model, build_optimizer, get_method, limit_data,
                                  resolve_for_data, warmup_cosine)
+from contrastkit.methods.config import ABSENT_FROM_OLD_RECORDS
 from contrastkit.methods.optimization import warmup_steps
 from contrastkit.methods.precision import StepPrecision, channels_last_batch
 from contrastkit.methods.step import after_optimizer_step, before_loss, keeps_sample_state
@@ -59,13 +60,13 @@ from contrastkit.models import OBJECT_PREFIX, describe_encoder, unwrap_encoder
 from .checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from .faults import (Preempted, ReadoutFailed, RunGuard, StepFaults, disk_full, launch_id, restart_resumes,
                      restarts_allowed, own_start_launch, write_failed)
-from .evaluate import evaluate_model
+from .evaluate import evaluate_model, readout_views
 from .last_batch import save_last_batch
 from .loggers import Loggers, open_loggers
-from .online import OnlineProbe
+from .online import OnlineProbe, OnlineViewRetrieval
 from .parallel import LossForward, Parallel, setup
 from .runs import tell_index_note
-from .selection import val_probe_accuracy
+from .selection import SELECTION_SCORES, val_probe_accuracy
 from .state import Trainables, TrainState
 from .setup import compile_encoder, compile_failure, eager_calls, limit_threads, resolve_device
 
@@ -84,8 +85,8 @@ def _check_resumable(state: Dict[str, Any], config: PretrainConfig, path: str) -
     stored = state["config"]
     if not isinstance(stored, dict):
         raise ValueError(f"checkpoint {path} has no readable configuration")
-    # A key added since the checkpoint was written has its default there.
-    stored = {**PretrainConfig().to_dict(), **stored}
+    # A key added since the checkpoint was written has its default there, or what its absence meant.
+    stored = {**PretrainConfig().to_dict(), **ABSENT_FROM_OLD_RECORDS, **stored}
     current = config.to_dict()
     differing = sorted(key for key in set(stored) | set(current)
                        if key not in RESUME_MAY_CHANGE and stored.get(key) != current.get(key))
@@ -595,16 +596,38 @@ def _build_trainables(plan: _Plan, data: _Data, model: torch.nn.Module, step_los
                             given_encoder=encoder if config.encoder.startswith(OBJECT_PREFIX) else None)
 
 
-def _online_probe(plan: _Plan, data: _Data, model: torch.nn.Module) -> Optional[OnlineProbe]:
-    """The online probe and kNN monitor (``--online-probe``, on labelled data), its hook on the
-    encoder; ``None`` otherwise."""
+def _online_probe(plan: _Plan, data: _Data, model: torch.nn.Module) -> Optional[Any]:
+    """The online read-out (``--online-probe``): on labelled data the online probe and kNN
+    monitor, its hook on the encoder; on images without labels the online view retrieval;
+    ``None`` without the option and for image-text pairs without labels."""
     config = plan.config
-    if not config.online_probe or not data.dataset.num_classes:
+    _check_select_by(config, data.dataset, plan.method)
+    if not config.online_probe:
         return None
-    online = OnlineProbe(model.encoder.out_dim, data.dataset.num_classes, plan.device, seed=config.seed,
-                         parallel=plan.parallel)
+    if data.dataset.num_classes:
+        online: Any = OnlineProbe(model.encoder.out_dim, data.dataset.num_classes, plan.device, seed=config.seed,
+                                  knn_k=config.knn_k, knn_temperature=config.knn_temperature, parallel=plan.parallel)
+    elif not plan.method.paired:
+        online = OnlineViewRetrieval(readout_views(config, data.dataset, plan.device), plan.device, seed=config.seed,
+                                     parallel=plan.parallel)
+    else:
+        return None
     online.attach(model.encoder)
     return online
+
+
+def _check_select_by(config: PretrainConfig, dataset: Any, method: Method) -> None:
+    """A ``select_by`` the data can give, or a ``ValueError`` naming what can (the
+    configuration checked the rest, :meth:`PretrainConfig.resolved`)."""
+    labelled = bool(dataset.num_classes)
+    if config.select_by in ("online_probe", "online_knn") and not labelled:
+        raise ValueError(f"--select-by {config.select_by} needs class labels, and {dataset.name} has none: select by "
+                         + ("val_probe (image-text pairs have no online read-out)" if method.paired
+                            else "online_view_retrieval"))
+    if config.select_by == "online_view_retrieval" and (labelled or method.paired):
+        raise ValueError(f"--select-by online_view_retrieval is for images without labels; {dataset.name} "
+                         + ("has class labels: select by online_probe, online_knn or val_probe" if labelled
+                            else "holds image-text pairs: select by val_probe"))
 
 
 def _batch_source(plan: _Plan, data: _Data) -> Tuple[Any, OnDevicePlan]:
@@ -750,7 +773,9 @@ def _train(run: _Training, progress: Optional[bool],
 def _online_line(record: Dict[str, Any]) -> str:
     """The progress line's part for the online probe's numbers of the last epoch ("" without)."""
     parts = [f"{name} {record[key]:.3f}" for name, key in (("probe", records.ONLINE_PROBE_ACCURACY),
-                                                           ("knn", records.ONLINE_KNN_ACCURACY)) if key in record]
+                                                           ("knn", records.ONLINE_KNN_ACCURACY),
+                                                           ("view top-1", records.ONLINE_VIEW_RETRIEVAL_TOP1))
+             if key in record]
     return ("  online " + "  ".join(parts)) if parts else ""
 
 
@@ -1002,15 +1027,19 @@ def _end_epoch(run: _Training, loss_sum: torch.Tensor, seconds: float, metrics: 
     record = records.metrics_record(records.EPOCH, epoch=run.state.epoch, step=run.state.step, loss=epoch_loss,
                                     tau=run.trainables.model.temperature.value, lr=run.trainables.scheduler.get_last_lr()[0],
                                     train_seconds=run.state.train_seconds)
+    if run.trainables.online is not None:  # every rank evaluates its share
+        # of rank 0's encoder: DDP gives the other ranks its buffers only at the next forward
+        parallel.broadcast_buffers(run.trainables.model)
+        try:
+            with eager_calls(config.compile):
+                record.update(run.trainables.online.evaluate(run.trainables.model.encoder, run.data.dataset,
+                                                             workers=config.workers))
+        except BadItemError as err:  # --bad-files fail: a damaged val file
+            raise run.faults.held_out_damaged(err, run.state.epoch) from None
     evaluating = config.eval_every and (run.state.epoch % config.eval_every == 0 or run.state.epoch == config.epochs)
     if evaluating and parallel.is_main:
         with eager_calls(config.compile):  # the read-out's calls run eagerly (no compilation per batch size)
             _evaluate_epoch(run, record)
-    if run.trainables.online is not None:  # every rank evaluates its share
-        with eager_calls(config.compile):
-            record.update(run.trainables.online.evaluate(run.trainables.model.encoder, run.data.dataset,
-                                                         knn_k=config.knn_k, knn_temperature=config.knn_temperature,
-                                                         workers=config.workers))
     metrics.write(records.metrics_line(record))
     if run.monitor.tau_histogram is not None:  # the distribution of the per-anchor temperatures of the epoch
         run.monitor.tau_histogram.merged(parallel.reduce)
@@ -1051,7 +1080,11 @@ def _evaluate_epoch(run: _Training, record: Dict[str, Any]) -> None:
     """The val numbers of an ``eval_every`` epoch into ``record`` (rank 0), and the epoch's
     candidacy for the reported one."""
     config = run.plan.config
-    if run.data.dataset.num_classes:
+    if config.select_by != "val_probe":  # the online read-out's number of this epoch, measured above
+        key = SELECTION_SCORES[config.select_by][0]
+        if key in record:  # (the online probe has no accuracy before its head trained a step)
+            run.state.selection.observe(run.state.epoch, record[key], run.trainables.model)
+    elif run.data.dataset.num_classes:
         # One extraction of the train and val features serves the kNN and the probe.
         features = tuple(extract_features(run.trainables.model.encoder, split, run.plan.device,
                                           workers=config.workers) for split in (run.data.dataset.train, run.data.dataset.val))
@@ -1079,7 +1112,8 @@ def _summarise(run: _Training, baselines: bool) -> Dict[str, Any]:
         numbers = evaluate_model(config, run.trainables.model, run.data.dataset, run.plan.device, baseline_encoder=baseline,
                                  raw_pixels=baselines)
         numbers.update(run.plan.method.test_metrics(run.eval_context()))
-        selected = run.state.selection.report(run.state.epoch, numbers, lambda state: _evaluate_snapshot(run, state))
+        selected = run.state.selection.report(run.state.epoch, numbers, lambda state: _evaluate_snapshot(run, state),
+                                              select_by=config.select_by)
     except (ReadoutPartFailed, MemoryError, RuntimeError) as err:
         # The trained weights are safe in the last checkpoint: say so, and how to read them out.
         reason = str(err) if isinstance(err, ReadoutPartFailed) else \

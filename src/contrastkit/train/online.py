@@ -38,12 +38,12 @@ from contrastkit import records
 from contrastkit.data import subset_split
 from contrastkit.methods import average_gradients
 from contrastkit.metrics import knn_predict
-from contrastkit.metrics.readout import extract_features
+from contrastkit.metrics.readout import extract_features, held_out_view_batches, view_retrieval
 
 from .checkpoint import rng_state, set_rng_state
 from .parallel import Parallel
 
-__all__ = ["OnlineProbe", "KNN_BANK", "VAL_SAMPLES", "PROBE_LR"]
+__all__ = ["OnlineProbe", "OnlineViewRetrieval", "KNN_BANK", "VAL_SAMPLES", "VIEW_SAMPLES", "PROBE_LR"]
 
 #: Training images in the kNN monitor's memory (a seeded sample; the whole split when smaller).
 KNN_BANK = 4096
@@ -51,6 +51,9 @@ KNN_BANK = 4096
 VAL_SAMPLES = 10000
 #: The online probe's learning rate (Adam; constant).
 PROBE_LR = 1e-3
+#: Val images whose two views the online view retrieval matches (the first ones of the split; the
+#: label-free read-out's 2,000, which give its top-5 rate to about a percent).
+VIEW_SAMPLES = 2000
 
 
 class OnlineProbe:
@@ -61,12 +64,14 @@ class OnlineProbe:
         feature_dim: the size of ``h``; ``num_classes``: the classes of the labels.
         device: where the head trains (the run's device).
         seed: the head's initialisation and the samples of the bank and of val.
+        knn_k, knn_temperature: the kNN monitor's neighbors and temperature (the run's read-out's).
         parallel: the run's process group (``contrastkit.train.parallel.Parallel``; default: one process).
     """
 
-    def __init__(self, feature_dim: int, num_classes: int, device: torch.device, *, seed: int,
-                 parallel: Any = None) -> None:
+    def __init__(self, feature_dim: int, num_classes: int, device: torch.device, *, seed: int, knn_k: int,
+                 knn_temperature: float, parallel: Any = None) -> None:
         self.num_classes, self.seed, self.device = int(num_classes), int(seed), device
+        self.knn_k, self.knn_temperature = int(knn_k), float(knn_temperature)
         self.parallel = parallel or Parallel()
         with torch.random.fork_rng(devices=[]):  # the run's own RNG stream is left as it was
             torch.manual_seed(self.seed)
@@ -137,8 +142,7 @@ class OnlineProbe:
 
     # -- at the epoch's end ---------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, encoder: nn.Module, dataset: Any, *, knn_k: int, knn_temperature: float,
-                 workers: int = 0) -> Dict[str, float]:
+    def evaluate(self, encoder: nn.Module, dataset: Any, *, workers: int = 0) -> Dict[str, float]:
         """The epoch's numbers (every rank calls it): ``online_knn_accuracy`` and, once the
         head has trained, ``online_probe_accuracy``, on the val sample. The RNG states are
         restored afterwards (a loader drawing its seed does not move the training's stream)."""
@@ -159,7 +163,7 @@ class OnlineProbe:
         val_y = dataset.val.labels.cpu().numpy()[val_rows[self._share(len(val_rows))]]
         counts = torch.zeros(3, dtype=torch.float64)
         if len(val_y):
-            predicted = knn_predict(memory, bank_y, val_x, k=knn_k, temperature=knn_temperature,
+            predicted = knn_predict(memory, bank_y, val_x, k=self.knn_k, temperature=self.knn_temperature,
                                     num_classes=self.num_classes)
             counts[0] = float((predicted == val_y).sum())
             logits = self.head(torch.from_numpy(val_x).to(self.device))
@@ -195,6 +199,87 @@ class OnlineProbe:
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state.get("steps", 0))
         self.last = {str(k): float(v) for k, v in dict(state.get("last", {})).items()}
+
+
+class OnlineViewRetrieval:
+    """The online read-out of a run on images without labels: the view retrieval of a fixed
+    held-out set at each epoch's end (the module docstring). It trains nothing, so it has no
+    hook and no step; the same protocol as :class:`OnlineProbe` (``attach``, ``capturing``,
+    ``train_step``, ``evaluate``, ``last``, ``state_dict``), so the run holds either.
+
+    Args:
+        views: the run's read-out view maker (``views_of(images) -> (view_a, view_b)``).
+        device: where the encoder runs; ``seed``: the views' seed (the run's).
+        parallel: the run's process group (default: one process). Each rank reads its share of
+            each batch's views (every ``world_size``-th image), the features are gathered, and
+            every rank computes the same numbers as one process would.
+        batch_size: the images whose views are made and read at a time.
+    """
+
+    def __init__(self, views: Any, device: torch.device, *, seed: int, parallel: Any = None,
+                 batch_size: int = 256) -> None:
+        self.views, self.device, self.seed, self.batch_size = views, device, int(seed), int(batch_size)
+        self.parallel = parallel or Parallel()
+        self.last: Dict[str, float] = {}
+
+    def attach(self, encoder: nn.Module) -> None:
+        """Nothing: the view retrieval reads no training step."""
+
+    def detach(self) -> None:
+        """Nothing (:meth:`attach` added no hook)."""
+
+    def capturing(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def train_step(self, labels: Optional[Tensor]) -> None:
+        """Nothing: there is no head to train."""
+
+    @torch.no_grad()
+    def evaluate(self, encoder: nn.Module, dataset: Any, *, workers: int = 0) -> Dict[str, float]:
+        """The epoch's ``online_view_retrieval_top1`` and ``_top5`` on the first
+        :data:`VIEW_SAMPLES` val images (nothing when val has fewer than 2). Every rank calls it."""
+        if len(dataset.val) < 2:
+            return {}
+        state = rng_state()
+        rows: List[np.ndarray] = []
+        mine_a: List[np.ndarray] = []
+        mine_b: List[np.ndarray] = []
+        start, rank, world = 0, self.parallel.rank, self.parallel.world_size
+        try:
+            for view_a, view_b in held_out_view_batches(dataset.val, self.views, max_samples=VIEW_SAMPLES,
+                                                        seed=self.seed, batch_size=self.batch_size, workers=workers):
+                n = int(view_a.shape[0])
+                mine = torch.arange((rank - start) % world, n, world)
+                if len(mine):
+                    for kept, views in ((mine_a, view_a), (mine_b, view_b)):
+                        kept.append(extract_features(encoder, views[mine.to(views.device)], self.device)
+                                    .reshape(len(mine), -1))
+                    rows.append(mine.numpy() + start)
+                start += n
+        finally:
+            set_rng_state(state)
+        pieces = self.parallel.gather_objects((np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64),
+                                               _rows_of(mine_a), _rows_of(mine_b)))
+        filled = [piece for piece in pieces if len(piece[0])]  # (a rank may have had no rows)
+        order = np.concatenate([piece[0] for piece in filled])
+        h_a = np.empty((start, filled[0][1].shape[1]), dtype=np.float32)
+        h_b = np.empty_like(h_a)
+        h_a[order] = np.concatenate([piece[1] for piece in filled])
+        h_b[order] = np.concatenate([piece[2] for piece in filled])
+        numbers = view_retrieval(torch.from_numpy(h_a), torch.from_numpy(h_b))
+        self.last = {f"online_{key}": value for key, value in numbers.items()}
+        return dict(self.last)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"last": dict(self.last)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.last = {str(k): float(v) for k, v in dict(state.get("last", {})).items()}
+
+
+def _rows_of(parts: List[np.ndarray]) -> np.ndarray:
+    """``parts`` stacked (an empty ``(0,)`` array without any)."""
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
 
 
 def _sample(n: int, size: int, seed: int) -> np.ndarray:

@@ -76,6 +76,14 @@ class Parallel:
                                        "max": dist.ReduceOp.MAX}[op])
         return value
 
+    def broadcast_buffers(self, module: nn.Module) -> None:
+        """Give every rank rank 0's buffers of ``module`` (BatchNorm's running statistics), as
+        DistributedDataParallel does at the start of each forward: after a step, the other
+        ranks hold the statistics of their own last batch until then."""
+        if self.active:
+            for buffer in module.buffers():
+                dist.broadcast(buffer, src=0)
+
     def gather_objects(self, obj: Any) -> List[Any]:
         if not self.active:
             return [obj]

@@ -36,7 +36,7 @@ def read_run_config(run_dir: str, record: Optional[Dict[str, Any]] = None) -> Pr
     path = layout.RunFolder(run_dir).config
     try:
         stored = layout.read_run_record(run_dir) if record is None else record
-        return PretrainConfig.from_dict(_with_temperature_method(stored["config"]))
+        return PretrainConfig.from_record(_with_temperature_method(stored["config"]))
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{path} is not a valid run configuration: {err}") from None
 
@@ -132,7 +132,7 @@ def load_run(run_dir: str, *, checkpoint: Optional[str] = None) -> SavedRun:
     state = load_checkpoint(path)
     # Compared as configurations, so that a field added since the run was written (at its default) matches.
     try:
-        same = PretrainConfig.from_dict(_with_temperature_method(state["config"])).to_dict() == config.to_dict()
+        same = PretrainConfig.from_record(_with_temperature_method(state["config"])).to_dict() == config.to_dict()
     except (TypeError, ValueError):
         same = False
     if not same:

@@ -1,14 +1,19 @@
 """Picking the epoch to report: the read-out protocol of the textbook, section 30.2 (exercise F5).
 
 The validation split picks the epoch, the test split is read once. At every evaluation epoch
-(``eval_every``, and always the last epoch) the run scores its encoder by the **val linear
-probe**: a probe fitted on 80 % of the training split, its ``C`` chosen on the other 20 %
+(``eval_every``, and always the last epoch) the run scores its encoder by ``select_by``
+(:data:`SELECTION_SCORES`). By default that is the **val linear probe**: a probe fitted on 80 % of the training split, its ``C`` chosen on the other 20 %
 (a class-stratified split with the run's ``subset_seed``), and its accuracy on the val split.
 Neither test nor the val labels pick ``C`` here, so the score that picks the epoch never saw
 the numbers it is compared by. The encoder with the best score (the earliest on ties) is kept
 as a snapshot of the whole model (in memory and in the checkpoint, so a resumed run picks the
 same epoch); at the end its test numbers are read once with the usual protocol
-(:func:`contrastkit.train.evaluate.evaluate_model`) next to the last epoch's.
+(``contrastkit.train.evaluate.evaluate_model``) next to the last epoch's. With
+``select_by`` one of the online read-out's numbers (:mod:`contrastkit.train.online`: the online
+probe, the kNN monitor, or without labels the view retrieval), the score of an evaluation epoch is
+that number, measured on val at the epoch's end anyway, and no probe is refitted: solo-learn's
+and lightly's way of watching a run, here also picking its epoch (and the only way a run without
+labels can pick one).
 
 ``summary.json`` then holds (the same rule for every method, wherever the data carry labels):
 
@@ -34,8 +39,10 @@ from torch import nn
 
 from contrastkit import records
 
-__all__ = ["SELECTION_METRIC", "SELECTION_RULE", "HELD_OUT_FRACTION", "EpochSelection", "val_probe_accuracy",
-           "selected_numbers"]
+from .online import KNN_BANK, VAL_SAMPLES, VIEW_SAMPLES
+
+__all__ = ["SELECTION_METRIC", "SELECTION_RULE", "SELECTION_SCORES", "HELD_OUT_FRACTION", "EpochSelection",
+           "val_probe_accuracy", "selected_numbers"]
 
 #: The name of the score that picks the epoch (also its key in the epoch records).
 SELECTION_METRIC = "val_probe_accuracy"
@@ -43,6 +50,22 @@ SELECTION_METRIC = "val_probe_accuracy"
 HELD_OUT_FRACTION = 0.2
 SELECTION_RULE = ("the evaluation epoch (every eval_every epochs and the last) with the best val linear probe "
                   "accuracy (probe fitted on 80% of train, C chosen on the other 20%); the earliest on ties")
+_ONLINE_RULE = ("the evaluation epoch (every eval_every epochs and the last) with the best {what}, measured on val at "
+                "the epoch's end; the earliest on ties")
+#: The epoch record's key of each ``select_by`` score and the rule that ``summary.json``'s
+#: ``selection`` states (the names of ``contrastkit.methods.config.SELECT_BY``).
+SELECTION_SCORES = {
+    "val_probe": (SELECTION_METRIC, SELECTION_RULE),
+    "online_probe": (records.ONLINE_PROBE_ACCURACY, _ONLINE_RULE.format(
+        what=f"online linear probe accuracy (a head trained beside the encoder on the training batches' detached h; "
+             f"at most {VAL_SAMPLES} val images)")),
+    "online_knn": (records.ONLINE_KNN_ACCURACY, _ONLINE_RULE.format(
+        what=f"online kNN accuracy (its memory a fixed sample of at most {KNN_BANK} training images; at most "
+             f"{VAL_SAMPLES} val images)")),
+    "online_view_retrieval": (records.ONLINE_VIEW_RETRIEVAL_TOP1, _ONLINE_RULE.format(
+        what=f"online view retrieval top-1 (two fixed augmented views of each of the first {VIEW_SAMPLES} val "
+             f"images)")),
+}
 
 
 def val_probe_accuracy(encoder: nn.Module, dataset: Any, device: torch.device, *, seed: int = 0,
@@ -108,16 +131,19 @@ class EpochSelection:
             raise ValueError("the checkpoint's epoch selection is inconsistent (scores, epochs and snapshot differ)")
 
     def report(self, last_epoch: int, last_numbers: Dict[str, Any],
-               evaluate_state: Callable[[Dict[str, torch.Tensor]], Dict[str, Any]]) -> Dict[str, Any]:
+               evaluate_state: Callable[[Dict[str, torch.Tensor]], Dict[str, Any]],
+               select_by: str = "val_probe") -> Dict[str, Any]:
         """The ``summary.json`` keys of the module docstring. ``last_numbers`` are the last
         epoch's held-out numbers; ``evaluate_state(state_dict)`` reads the test numbers of the
-        snapshot (called only when the selected epoch is not the last)."""
+        snapshot (called only when the selected epoch is not the last); ``select_by``: what
+        scored the epochs (:data:`~contrastkit.train.selection.SELECTION_SCORES`)."""
+        metric, rule = SELECTION_SCORES[select_by]
         own = {key: value for key, value in last_numbers.items() if not records.is_baseline_key(key)}
         if self.best_epoch is None:
             return {"selected_epoch": last_epoch, "selected": own, "selection": None}
         selected = own if self.best_epoch == last_epoch else evaluate_state(self.best_state)
         return {"selected_epoch": int(self.best_epoch), "selected": selected,
-                "selection": {"metric": SELECTION_METRIC, "rule": SELECTION_RULE, "epochs": list(self.epochs),
+                "selection": {"metric": metric, "rule": rule, "epochs": list(self.epochs),
                               "scores": list(self.scores)}}
 
 

@@ -6,8 +6,10 @@ checkpoint's keys.
 The keys (a checkpoint is a flat dict; ``contrastkit.train.checkpoint`` checks them on load):
 
 * ``model``, ``optimizer``, ``scheduler``, ``precision`` (the gradient scaler): :class:`Trainables`;
-  with ``--online-probe`` on labelled data also ``online_probe`` (the online probe's head, its
-  optimizer and the last epoch's numbers, :class:`~contrastkit.train.online.OnlineProbe`).
+  with the online read-out (on unless ``--no-online-probe``) also ``online_probe``: on labelled
+  data the online probe's head, its optimizer and the last epoch's numbers
+  (:class:`~contrastkit.train.online.OnlineProbe`), without labels the last epoch's view
+  retrieval (:class:`~contrastkit.train.online.OnlineViewRetrieval`).
 * ``epoch`` (epochs done), ``step`` (optimizer steps done, skipped ones included),
   ``train_seconds``, ``epoch_losses`` (one mean loss per epoch done), ``selection`` (the val
   probe's candidates, :class:`~contrastkit.train.selection.EpochSelection`), the fault counters
@@ -44,8 +46,9 @@ class Trainables:
     the training forward ``step_loss`` (DDP-wrapped under torchrun), the temperature
     ``schedule`` and the caller's encoder module when its class cannot rebuild it
     (``given_encoder``: the random-init baseline then starts from it). ``online``: the online
-    probe (:class:`~contrastkit.train.online.OnlineProbe`; ``None`` when the run has none),
-    whose own head and optimizer the checkpoint holds too."""
+    read-out (:class:`~contrastkit.train.online.OnlineProbe`, whose own head and optimizer the
+    checkpoint holds too, or :class:`~contrastkit.train.online.OnlineViewRetrieval`; ``None``
+    when the run has none)."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
