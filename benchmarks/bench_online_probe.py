@@ -117,27 +117,34 @@ def step_costs(encoder: str, steps: int, batch: int = 256, threads: int = 0) -> 
 def time_epoch_evaluation(data: str, encoder: str, repeats: int) -> Dict[str, Any]:
     """The online evaluation at an epoch's end timed alone (``OnlineProbe.evaluate``: the kNN
     bank's features extracted again, the val sample classified by the kNN and the head), on the
-    data set as ``pretrain --data DATA`` opens it, the run's default kNN settings; medians of
-    ``repeats`` after one warm-up call."""
+    data set as ``pretrain --data DATA`` opens it, the run's default kNN settings; and the online
+    view retrieval a run without labels does instead (``OnlineViewRetrieval.evaluate``: two
+    views of each of 2,000 val images made and encoded); medians of ``repeats`` after one
+    warm-up call."""
     sys.path.insert(0, os.path.join(ROOT, "src"))
     import torch
 
     from contrastkit.data import open_data
     from contrastkit.methods import PretrainConfig, build_model
-    from contrastkit.train.online import OnlineProbe
+    from contrastkit.train.evaluate import readout_views
+    from contrastkit.train.online import OnlineProbe, OnlineViewRetrieval
 
     config = PretrainConfig(encoder=encoder, data=data).resolved()
     dataset = open_data(data)
     model = build_model(config, dataset.image_shape)
     online = OnlineProbe(model.encoder.out_dim, dataset.num_classes, torch.device("cpu"), seed=0,
                          knn_k=config.knn_k, knn_temperature=config.knn_temperature)
-    seconds = []
+    # The same images without their labels: the online view retrieval of 2,000 val images.
+    views = OnlineViewRetrieval(readout_views(config, dataset, torch.device("cpu")), torch.device("cpu"), seed=0)
+    seconds: Dict[str, List[float]] = {"probe": [], "views": []}
     for _ in range(1 + repeats):
-        started = time.perf_counter()
-        online.evaluate(model.encoder, dataset)
-        seconds.append(time.perf_counter() - started)
-    return {"encoder": encoder, "epoch_evaluation_s": statistics.median(seconds[1:]), "runs": seconds[1:],
-            "bank": min(len(dataset.train), 4096), "val": min(len(dataset.val), 10000)}
+        for name, evaluation in (("probe", online), ("views", views)):
+            started = time.perf_counter()
+            evaluation.evaluate(model.encoder, dataset)
+            seconds[name].append(time.perf_counter() - started)
+    return {"encoder": encoder, "epoch_evaluation_s": statistics.median(seconds["probe"][1:]),
+            "runs": seconds["probe"][1:], "bank": min(len(dataset.train), 4096), "val": min(len(dataset.val), 10000),
+            "view_retrieval_s": statistics.median(seconds["views"][1:]), "view_runs": seconds["views"][1:]}
 
 
 def agreement(data: str, epochs: int, eval_every: int, work: str) -> Dict[str, Any]:

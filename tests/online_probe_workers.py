@@ -74,5 +74,27 @@ def retrieval(rank: int, world: int):
                                batch_size=VIEW_BATCH).evaluate(encoder(), data())
 
 
+def damaged(rank: int, world: int) -> str:
+    """The error each rank raises when rank 1's share of the kNN's memory holds a damaged file
+    (only rank 1 reads it: the others must not wait for it in the next collective)."""
+    from contrastkit.data import BadItemError
+
+    probe = OnlineProbe(FEATURES, CLASSES, torch.device("cpu"), seed=SEED, knn_k=3, knn_temperature=0.1,
+                        parallel=Parallel(rank, world))
+    features = probe._features
+
+    def reading(encoder, split, rows, workers):
+        if rank == 1:
+            raise BadItemError("photos/broken.jpg: cannot read image")
+        return features(encoder, split, rows, workers)
+
+    probe._features = reading
+    try:
+        probe.evaluate(encoder(), data())
+    except BadItemError as err:
+        return str(err)
+    return "no error"
+
+
 def worker(rank: int, world: int):
-    return {**trained(rank, world), "views": retrieval(rank, world)}
+    return {**trained(rank, world), "views": retrieval(rank, world), "damaged": damaged(rank, world)}

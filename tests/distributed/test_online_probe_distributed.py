@@ -47,6 +47,12 @@ def test_two_ranks_read_the_view_retrieval_of_one_process(two_ranks):
     assert 0 < alone["online_view_retrieval_top1"] < 1  # (the noise makes some views miss: a real check)
 
 
+def test_a_damaged_file_one_rank_reads_stops_every_rank(two_ranks):
+    """Only rank 1 read it; rank 0 would otherwise wait for rank 1 in the kNN's gather."""
+    assert two_ranks[1]["damaged"] == "photos/broken.jpg: cannot read image"
+    assert "another process" in two_ranks[0]["damaged"]
+
+
 def test_a_rank_alone_would_train_another_head():
     """What each rank sees alone is not the whole batch: the equality above can fail."""
     net = O.encoder()

@@ -280,3 +280,30 @@ def test_select_by_a_number_of_labels_on_images_without_them_is_refused(tmp_path
                                          "online_view_retrieval"):
         pretrain(tiny_config(tmp_path / "run", data=str(tmp_path / "images"), data_options={"size": 16},
                              eval_every=1, select_by="online_probe"), progress=False, baselines=False)
+
+
+def test_a_resumed_run_may_turn_the_online_read_out_on_or_off(tmp_path, one_torch_thread):
+    """It does not change the encoder's training: the resumed run trains the same weights either
+    way; turned on, the head starts at the resumed step."""
+    class Stop(Exception):
+        pass
+
+    def stop(epoch, record):
+        raise Stop
+
+    straight = _run(tmp_path / "straight", online_probe=False)
+    for first, then in ((False, True), (True, False)):
+        out = tmp_path / f"{first}-{then}"
+        with pytest.raises(Stop):  # after the first of 2 epochs, its checkpoint written
+            pretrain(tiny_config(out, epochs=2, online_probe=first), progress=False, on_epoch_end=stop)
+        steps = _checkpoint(out)["step"]
+        summary = pretrain(tiny_config(out, epochs=2, online_probe=then), resume=True, progress=False,
+                           baselines=False)
+        assert [all(key in r for key in ONLINE) for r in _records(out)] == [first, then]
+        assert all(key in summary for key in ONLINE) == then
+        if then:
+            assert 0 < _checkpoint(out)["online_probe"]["steps"] == summary["steps"] - steps
+        assert summary["final_loss"] == straight["final_loss"]
+        weights, resumed = _checkpoint(tmp_path / "straight")["model"], _checkpoint(out)["model"]
+        for key, value in weights.items():
+            assert torch.equal(value, resumed[key]), (first, then, key)

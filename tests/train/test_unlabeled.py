@@ -326,5 +326,5 @@ def test_damaged_files_in_val_and_test_are_named_as_training_ones_are(tmp_path, 
     code, out = _run(capsys, _args(data, tmp_path / "early", "--no-baselines", "--bad-files", "fail"))
     error = out.err.strip()
     assert code == 2 and error.count("\n") == 0 and in_val in error, error
-    assert ("a held-out file, read by the online read-out at the end of epoch 1; no checkpoint was written before "
-            "it; with --no-online-probe the held-out files are read only after training") in error, error
+    assert ("(read by the online read-out at the end of epoch 1; no checkpoint was written before it; with "
+            "--no-online-probe a held-out file is read only after training)") in error, error

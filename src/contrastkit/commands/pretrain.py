@@ -147,7 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "$XDG_CACHE_HOME/contrastkit or ~/.cache/contrastkit), off, or a folder (default auto)")
     add("--log-every", type=int, default=None, help=f"steps between metrics records (default {d.log_every})")
     add("--eval-every", type=int, default=None,
-        help="epochs between val read-outs (kNN and linear probe, logged to metrics.jsonl); the "
+        help="epochs between val read-outs (kNN and linear probe, logged to metrics.jsonl; with --select-by "
+             "online_... the online numbers of those epochs instead); the "
              "epoch with the best --select-by score is reported as summary.json's selected block (default 0: "
              "never)")
     add("--select-by", choices=SELECT_BY, default=None,

@@ -315,8 +315,9 @@ class PretrainConfig:
     select_by: str = _option("val_probe", group="run")  # the score that picks the epoch (SELECT_BY)
     # The online read-out (contrastkit.train.online), logged every epoch: the online linear probe
     # and kNN monitor on labelled data, the view retrieval of held-out images without labels;
-    # the encoder trains the same with or without it.
-    online_probe: bool = _option(True, group="run")
+    # the encoder trains the same with or without it, so a resumed run may turn it on or off
+    # (turned on, its head starts at the resumed step).
+    online_probe: bool = _option(True, group="run", resume=True)
     knn_k: int = _option(20, group="run")
     knn_temperature: float = _option(0.07, group="run")
     out: str = _option(os.path.join("runs", "pretrain"), group="run", resume=True)

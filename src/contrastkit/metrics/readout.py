@@ -226,10 +226,9 @@ def held_out_view_batches(split: Any, views: Any, *, max_samples: int = LABEL_FR
 
 
 def _seeded_cpu_state(seed: int) -> torch.Tensor:
-    """The CPU generator's state after ``torch.manual_seed(seed)``, the global one untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return torch.get_rng_state()
+    """The CPU generator's state after ``torch.manual_seed(seed)``, made by a generator of its
+    own (every global one, the GPUs' too, untouched)."""
+    return torch.Generator().manual_seed(seed).get_state()
 
 
 def held_out_views(split: Any, views: Any, *, max_samples: int = LABEL_FREE_SAMPLES, seed: int = 0,

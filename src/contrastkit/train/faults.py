@@ -472,10 +472,10 @@ class StepFaults:
 
     def held_out_damaged(self, err: BaseException, epoch: int) -> ValueError:
         """The error of a run that the online read-out stopped at the end of epoch ``epoch``:
-        it read a damaged held-out file under ``--bad-files fail`` (``err`` names the file)."""
-        return ValueError(f"{err} (a held-out file, read by the online read-out at the end of epoch {epoch}; "
-                          f"{self._last_good()}; with --no-online-probe the held-out files are read only after "
-                          "training)")
+        it read a damaged file (a val image, or a training image of the kNN monitor's memory)
+        under ``--bad-files fail`` (``err`` names the file)."""
+        return ValueError(f"{err} (read by the online read-out at the end of epoch {epoch}; {self._last_good()}; "
+                          "with --no-online-probe a held-out file is read only after training)")
 
     def _last_good(self) -> str:
         if self.last_checkpoint is None:

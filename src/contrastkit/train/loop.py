@@ -1082,8 +1082,11 @@ def _evaluate_epoch(run: _Training, record: Dict[str, Any]) -> None:
     config = run.plan.config
     if config.select_by != "val_probe":  # the online read-out's number of this epoch, measured above
         key = SELECTION_SCORES[config.select_by][0]
-        if key in record:  # (the online probe has no accuracy before its head trained a step)
+        if key in record:
             run.state.selection.observe(run.state.epoch, record[key], run.trainables.model)
+        else:  # no labelled batch trained the head yet, or val had fewer than 2 readable images
+            warnings.warn(f"--select-by {config.select_by}: epoch {run.state.epoch} has no {key}, so it cannot be "
+                          "picked", stacklevel=1)
     elif run.data.dataset.num_classes:
         # One extraction of the train and val features serves the kNN and the probe.
         features = tuple(extract_features(run.trainables.model.encoder, split, run.plan.device,

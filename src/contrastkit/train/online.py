@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from contrastkit import records
-from contrastkit.data import subset_split
+from contrastkit.data import BadItemError, subset_split
 from contrastkit.methods import average_gradients
 from contrastkit.metrics import knn_predict
 from contrastkit.metrics.readout import extract_features, held_out_view_batches, view_retrieval
@@ -147,13 +147,19 @@ class OnlineProbe:
         head has trained, ``online_probe_accuracy``, on the val sample. The RNG states are
         restored afterwards (a loader drawing its seed does not move the training's stream)."""
         state = rng_state()
+        bank_rows = _sample(len(dataset.train), KNN_BANK, self.seed)
+        val_rows = _sample(len(dataset.val), VAL_SAMPLES, self.seed + 1)
+        damaged: Optional[BadItemError] = None
         try:
-            bank_rows = _sample(len(dataset.train), KNN_BANK, self.seed)
-            val_rows = _sample(len(dataset.val), VAL_SAMPLES, self.seed + 1)
             bank_x = self._features(encoder, dataset.train, bank_rows[self._share(len(bank_rows))], workers)
             val_x = self._features(encoder, dataset.val, val_rows[self._share(len(val_rows))], workers)
+        except BadItemError as err:  # a damaged file in this rank's share: every rank stops, not only this one
+            damaged = err
         finally:
             set_rng_state(state)
+        if self.parallel.any(damaged is not None)[0]:
+            raise damaged if damaged is not None else BadItemError(
+                "a damaged image file, which another process names, in the online read-out's images")
         # The whole bank on every rank, in the sample's order (each rank extracted rows r::world).
         pieces = self.parallel.gather_objects(bank_x)
         memory = np.empty((len(bank_rows), pieces[0].shape[1]), dtype=np.float32)
@@ -241,6 +247,7 @@ class OnlineViewRetrieval:
         if len(dataset.val) < 2:
             return {}
         state = rng_state()
+        damaged: Optional[BadItemError] = None
         rows: List[np.ndarray] = []
         mine_a: List[np.ndarray] = []
         mine_b: List[np.ndarray] = []
@@ -256,8 +263,15 @@ class OnlineViewRetrieval:
                                     .reshape(len(mine), -1))
                     rows.append(mine.numpy() + start)
                 start += n
+        except BadItemError as err:  # (every rank reads every image, so every rank meets it)
+            damaged = err
         finally:
             set_rng_state(state)
+        if self.parallel.any(damaged is not None)[0]:
+            raise damaged if damaged is not None else BadItemError(
+                "a damaged image file, which another process names, in the online read-out's images")
+        if start < 2:  # (a val split whose files were skipped as damaged: nothing to retrieve among)
+            return {}
         pieces = self.parallel.gather_objects((np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64),
                                                _rows_of(mine_a), _rows_of(mine_b)))
         filled = [piece for piece in pieces if len(piece[0])]  # (a rank may have had no rows)
