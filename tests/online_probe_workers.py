@@ -74,6 +74,22 @@ def retrieval(rank: int, world: int):
                                batch_size=VIEW_BATCH).evaluate(encoder(), data())
 
 
+def mismatched(rank: int, world: int):
+    """The view retrieval when rank 1 reads one val image fewer (a file it skipped as damaged,
+    or changed since rank 0 read it): its numbers, and the warnings it gave."""
+    import warnings
+
+    dataset = data()
+    if rank == 1:
+        dataset = Dataset("tiny", dataset.class_names, dataset.train,
+                          Split(dataset.val.images[:-1], dataset.val.labels[:-1]), dataset.test, SHAPE)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        numbers = OnlineViewRetrieval(NoisyViews(), torch.device("cpu"), seed=SEED, parallel=Parallel(rank, world),
+                                      batch_size=VIEW_BATCH).evaluate(encoder(), dataset)
+    return {"numbers": numbers, "warnings": [str(w.message) for w in caught]}
+
+
 def damaged(rank: int, world: int) -> str:
     """The error each rank raises when rank 1's share of the kNN's memory holds a damaged file
     (only rank 1 reads it: the others must not wait for it in the next collective)."""
@@ -97,4 +113,5 @@ def damaged(rank: int, world: int) -> str:
 
 
 def worker(rank: int, world: int):
-    return {**trained(rank, world), "views": retrieval(rank, world), "damaged": damaged(rank, world)}
+    return {**trained(rank, world), "views": retrieval(rank, world), "damaged": damaged(rank, world),
+            "mismatched": mismatched(rank, world)}

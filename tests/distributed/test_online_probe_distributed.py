@@ -47,6 +47,12 @@ def test_two_ranks_read_the_view_retrieval_of_one_process(two_ranks):
     assert 0 < alone["online_view_retrieval_top1"] < 1  # (the noise makes some views miss: a real check)
 
 
+def test_ranks_that_read_different_val_images_give_no_view_retrieval_rather_than_a_wrong_one(two_ranks):
+    for result in two_ranks:
+        assert result["mismatched"]["numbers"] == {}
+        assert any("its processes read [6, 7] val images" in w for w in result["mismatched"]["warnings"])
+
+
 def test_a_damaged_file_one_rank_reads_stops_every_rank(two_ranks):
     """Only rank 1 read it; rank 0 would otherwise wait for rank 1 in the kNN's gather."""
     assert two_ranks[1]["damaged"] == "photos/broken.jpg: cannot read image"

@@ -28,6 +28,7 @@ the counts are summed, so the numbers are the single-process ones for the same w
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
@@ -273,9 +274,15 @@ class OnlineViewRetrieval:
         if start < 2:  # (a val split whose files were skipped as damaged: nothing to retrieve among)
             return {}
         pieces = self.parallel.gather_objects((np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64),
-                                               _rows_of(mine_a), _rows_of(mine_b)))
+                                               _rows_of(mine_a), _rows_of(mine_b), start))
         filled = [piece for piece in pieces if len(piece[0])]  # (a rank may have had no rows)
         order = np.concatenate([piece[0] for piece in filled])
+        if any(piece[3] != start for piece in pieces) or np.unique(order).size != start:
+            # The ranks read different images (a file skipped by one rank, changed since the other
+            # read it): no number rather than a wrong one, this epoch.
+            warnings.warn(f"the online view retrieval gives no numbers this epoch: its processes read "
+                          f"{sorted({piece[3] for piece in pieces})} val images", stacklevel=1)
+            return {}
         h_a = np.empty((start, filled[0][1].shape[1]), dtype=np.float32)
         h_b = np.empty_like(h_a)
         h_a[order] = np.concatenate([piece[1] for piece in filled])
