@@ -199,12 +199,28 @@ def agreement_lines(result: Dict[str, Any], command: str, load: Any) -> List[str
                      f"{cell(row['val_probe_accuracy'])} | {gap(row['online_probe_accuracy'], row['val_probe_accuracy'])}"
                      f" | {cell(row['online_knn_accuracy'])} | {cell(row['val_knn_accuracy'])} | "
                      f"{gap(row['online_knn_accuracy'], row['val_knn_accuracy'])} |")
+    scored = [row for row in result["epochs"] if row["val_probe_accuracy"] is not None]
+    for online, val, name in (("online_probe_accuracy", "val_probe_accuracy", "probe"),
+                              ("online_knn_accuracy", "val_knn_accuracy", "kNN")):
+        a, b = [row[online] for row in scored], [row[val] for row in scored]
+        best_online = scored[a.index(max(a))]["epoch"]
+        best_val = scored[b.index(max(b))]["epoch"]
+        lines += ["", f"- {name}: over the {len(scored)} evaluation epochs the online and val numbers have a Spearman "
+                      f"rank correlation of {_spearman(a, b):.3f}; the best online {name} is at epoch {best_online}, "
+                      f"the best val {name} at epoch {best_val} (the earliest on ties)."]
     summary = result["summary"]
     lines += ["", f"At the end, on test (the offline read-out): probe {cell(summary['probe_accuracy'])}, kNN "
                   f"{cell(summary['knn_accuracy'])}; the last epoch's online probe "
                   f"{cell(summary['online_probe_accuracy'])} and online kNN {cell(summary['online_knn_accuracy'])} "
                   "(on val).", ""]
     return lines
+
+
+def _spearman(a: List[float], b: List[float]) -> float:
+    """Spearman's rank correlation of ``a`` and ``b`` (ties at their mean rank)."""
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
 
 
 class _nothing:
