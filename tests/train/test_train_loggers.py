@@ -90,6 +90,12 @@ def test_tensorboard_event_file_reads_back_with_tensorboards_reader(logged_run):
     (probe,) = events.Scalars("summary/probe_accuracy")
     assert probe.step == summary["steps"] and probe.value == pytest.approx(summary["probe_accuracy"], rel=1e-6)
     assert "summary/probe_table/text_summary" in events.Tags()["tensors"]
+    # The online read-out (on by default) of every epoch, at the epoch's last step.
+    epochs = [r for r in _records(out) if r["kind"] == "epoch"]
+    for key in ("online_probe_accuracy", "online_knn_accuracy"):
+        logged = events.Scalars("online/" + key[len("online_"):])
+        assert [e.step for e in logged] == [r["step"] for r in epochs]
+        assert [e.value for e in logged] == pytest.approx([r[key] for r in epochs], rel=1e-6)
 
 
 def test_cli_logger_csv_and_tensorboard_end_to_end(tmp_path, capsys, one_torch_thread):
