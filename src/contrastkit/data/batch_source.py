@@ -26,7 +26,7 @@ from contrastkit.data.base import NO_LABEL
 from contrastkit.data.loader import ignore_stop_signals
 from contrastkit.data.collection import skips_bad_files
 from contrastkit.data.iterable import DamagedSample
-from contrastkit.data.loader import DeviceIndexBatches, EpochBatchSampler, end_workers, make_loader
+from contrastkit.data.loader import DeviceIndexBatches, EpochBatchSampler, make_loader
 from contrastkit.data.streaming import BadItemError
 
 __all__ = ["StepBatch", "IndexBatchSource", "StreamBatchSource"]
@@ -117,10 +117,7 @@ class IndexBatchSource:
         """Any position fits (the step in the epoch is all there is)."""
 
     def close(self) -> None:
-        """End the loader's worker processes (before an evaluation starts its own, or when the
-        run stops on an error)."""
-        if self.loader is not None:
-            end_workers(self.loader)
+        """End the loader's worker processes (before an evaluation starts its own)."""
         self.loader = None
 
 
@@ -222,8 +219,6 @@ class StreamBatchSource:
 
     def close(self) -> None:
         """End the loader's worker processes."""
-        if self.loader is not None:
-            end_workers(self.loader)
         self.loader = None
 
 

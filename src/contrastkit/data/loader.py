@@ -24,7 +24,7 @@ from contrastkit.data.base import check_positive_int
 from contrastkit.data.collection import skip_item, skips_bad_files
 from contrastkit.data.streaming import BadItemError, in_memory
 
-__all__ = ["EpochBatchSampler", "EpochKeys", "DeviceIndexBatches", "make_loader", "end_workers", "read_images", "read_present_images",
+__all__ = ["EpochBatchSampler", "EpochKeys", "DeviceIndexBatches", "make_loader", "read_images", "read_present_images",
            "DamagedItem", "SkippingItems", "collate_skipping", "record_damaged", "STOP_SIGNALS", "ignore_stop_signals"]
 
 #: The signals that stop a run at the end of its current step (a scheduler's preemption; the
@@ -216,43 +216,25 @@ class _StreamLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Tuple[Tensor, Tensor]]:
-        try:
-            for images, indices, reasons in self.loader:
-                bad = indices < 0
-                if bool(bad.any()):
-                    marked = [(-1 - int(i), reason) for i, reason in zip(indices.tolist(), reasons) if i < 0]
-                    if not self.skip:
-                        index, reason = marked[0]
-                        self.split[self._key(index)]  # raises the item's own error (UnreadableImageError, ...)
-                        raise BadItemError(reason)  # it read this time (back, or changed again): the worker's reason
-                    for index, reason in marked:
-                        skip_item(self.split, index, BadItemError(reason))
-                    images, indices = images[~bad], indices[~bad]
-                    if indices.numel() == 0 and not self.keep_emptied:
-                        continue
-                yield images, indices
-        except Exception:
-            end_workers(self.loader)
-            raise
+        for images, indices, reasons in self.loader:
+            bad = indices < 0
+            if bool(bad.any()):
+                marked = [(-1 - int(i), reason) for i, reason in zip(indices.tolist(), reasons) if i < 0]
+                if not self.skip:
+                    index, reason = marked[0]
+                    self.split[self._key(index)]  # raises the item's own error (UnreadableImageError, ...)
+                    raise BadItemError(reason)  # it read this time (back, or changed again): the worker's reason
+                for index, reason in marked:
+                    skip_item(self.split, index, BadItemError(reason))
+                images, indices = images[~bad], indices[~bad]
+                if indices.numel() == 0 and not self.keep_emptied:
+                    continue
+            yield images, indices
 
     def _key(self, index: int) -> Any:
         """The key the workers read item ``index`` by (with the epoch for a keyed split)."""
         sampler = self.loader.batch_sampler
         return (index, sampler.epoch) if isinstance(sampler, EpochKeys) else index
-
-
-def end_workers(loader: Any) -> None:
-    """End the persistent worker processes of ``loader`` (a ``DataLoader``, or what
-    :func:`make_loader` returns) now, if it has any running. They otherwise live as long as the
-    loader, which an error's traceback can keep until a later garbage collection, and torch's
-    shutdown there can wait for them 5 s twice each. Lightning ends a loader's workers the same
-    way (torch has no public call for it)."""
-    loader = loader.loader if isinstance(loader, _StreamLoader) else loader
-    iterator = getattr(loader, "_iterator", None)
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
-        loader._iterator = None
 
 
 def make_loader(split: Any, *, batch_size: int = 256, workers: int = 0, batch_sampler: Optional[Sampler] = None,

@@ -262,8 +262,6 @@ def _pretrain(config: PretrainConfig, resume: bool, force: bool, progress: Optio
         # stopped the run fails too, and must not replace it.
         with contextlib.suppress(OSError):
             _close_loggers(run)
-        with contextlib.suppress(Exception):  # the training loader's workers end now, not at a collection
-            run.data.source.close()
         raise
     with _after_training(run):
         _close_loggers(run)
