@@ -147,20 +147,11 @@ class OnlineProbe:
         """The epoch's numbers (every rank calls it): ``online_knn_accuracy`` and, once the
         head has trained, ``online_probe_accuracy``, on the val sample. The RNG states are
         restored afterwards (a loader drawing its seed does not move the training's stream)."""
-        state = rng_state()
         bank_rows = _sample(len(dataset.train), KNN_BANK, self.seed)
         val_rows = _sample(len(dataset.val), VAL_SAMPLES, self.seed + 1)
-        damaged: Optional[BadItemError] = None
-        try:
+        with _reading(self.parallel):
             bank_x = self._features(encoder, dataset.train, bank_rows[self._share(len(bank_rows))], workers)
             val_x = self._features(encoder, dataset.val, val_rows[self._share(len(val_rows))], workers)
-        except BadItemError as err:  # a damaged file in this rank's share: every rank stops, not only this one
-            damaged = err
-        finally:
-            set_rng_state(state)
-        if self.parallel.any(damaged is not None)[0]:
-            raise damaged if damaged is not None else BadItemError(
-                "a damaged image file, which another process names, in the online read-out's images")
         # The whole bank on every rank, in the sample's order (each rank extracted rows r::world).
         pieces = self.parallel.gather_objects(bank_x)
         memory = np.empty((len(bank_rows), pieces[0].shape[1]), dtype=np.float32)
@@ -247,13 +238,11 @@ class OnlineViewRetrieval:
         :data:`VIEW_SAMPLES` val images (nothing when val has fewer than 2). Every rank calls it."""
         if len(dataset.val) < 2:
             return {}
-        state = rng_state()
-        damaged: Optional[BadItemError] = None
         rows: List[np.ndarray] = []
         mine_a: List[np.ndarray] = []
         mine_b: List[np.ndarray] = []
         start, rank, world = 0, self.parallel.rank, self.parallel.world_size
-        try:
+        with _reading(self.parallel):
             for view_a, view_b in held_out_view_batches(dataset.val, self.views, max_samples=VIEW_SAMPLES,
                                                         seed=self.seed, batch_size=self.batch_size, workers=workers):
                 n = int(view_a.shape[0])
@@ -264,13 +253,6 @@ class OnlineViewRetrieval:
                                     .reshape(len(mine), -1))
                     rows.append(mine.numpy() + start)
                 start += n
-        except BadItemError as err:  # (every rank reads every image, so every rank meets it)
-            damaged = err
-        finally:
-            set_rng_state(state)
-        if self.parallel.any(damaged is not None)[0]:
-            raise damaged if damaged is not None else BadItemError(
-                "a damaged image file, which another process names, in the online read-out's images")
         if start < 2:  # (a val split whose files were skipped as damaged: nothing to retrieve among)
             return {}
         pieces = self.parallel.gather_objects((np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64),
@@ -296,6 +278,25 @@ class OnlineViewRetrieval:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.last = {str(k): float(v) for k, v in dict(state.get("last", {})).items()}
+
+
+@contextlib.contextmanager
+def _reading(parallel: Any) -> Iterator[None]:
+    """The online read-out reads images inside: the run's RNG states are restored after it (a
+    loader drawing its seed does not move the training's stream), and a damaged file that any
+    rank met stops every rank, the others with a pointer to it (they would otherwise wait for
+    that rank in the next collective)."""
+    state = rng_state()
+    damaged: Optional[BadItemError] = None
+    try:
+        yield
+    except BadItemError as err:
+        damaged = err
+    finally:
+        set_rng_state(state)
+    if parallel.any(damaged is not None)[0]:
+        raise damaged if damaged is not None else BadItemError(
+            "a damaged image file, which another process names, in the online read-out's images")
 
 
 def _rows_of(parts: List[np.ndarray]) -> np.ndarray:
